@@ -1,0 +1,45 @@
+# Two commands for a fresh machine:
+#   make demo   set everything up, then run the main job
+#   make test   set everything up, then run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup system-packages benchmark clean
+
+demo: setup
+	$(BIN)/spade demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+setup: system-packages $(STAMP)
+
+$(STAMP): requirements.txt setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==24.3.1
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+# bubblewrap runs the generated environments; as root we install it, otherwise we say how.
+system-packages:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing bubblewrap"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	else \
+		echo "spade needs bubblewrap to sandbox generated code. Install it, then rerun:"; \
+		echo "  Debian/Ubuntu: sudo apt-get install bubblewrap"; \
+		echo "  Fedora/RHEL:   sudo dnf install bubblewrap"; \
+		echo "  Arch:          sudo pacman -S bubblewrap"; \
+		echo "(or run without it, unsafely: SPADE_SANDBOX_ISOLATION=unsafe-local)"; \
+		exit 1; \
+	fi
+
+benchmark: setup
+	$(BIN)/python benchmarks/sandbox_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

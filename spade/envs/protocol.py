@@ -1,0 +1,122 @@
+"""The environment contract (SPEC sections 3-4) and the vocabulary of failures.
+
+A generated environment is a Python class with ``reset(seed=None) -> (str, dict)`` and
+``step(action: str) -> (str, float, bool, bool, dict)``. Everything that can go wrong while
+admitting or running one is exactly one :class:`ErrorKind`, raised at one :class:`Stage`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class ErrorKind(str, enum.Enum):
+    SYNTAX_ERROR = "syntax_error"
+    NO_ENV_CLASS = "no_env_class"
+    IMPORT_BLOCKED = "import_blocked"
+    INIT_ERROR = "init_error"
+    RESET_ERROR = "reset_error"
+    STEP_ERROR = "step_error"
+    BAD_RETURN = "bad_return"
+    NOT_SERIALIZABLE = "not_serializable"
+    OUTPUT_TOO_LARGE = "output_too_large"
+    EXIT_CALLED = "exit_called"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    MEMORY_LIMIT = "memory_limit"
+    CPU_LIMIT = "cpu_limit"
+    SANDBOX_VIOLATION = "sandbox_violation"
+    SOURCE_TOO_LARGE = "source_too_large"
+    NONDETERMINISTIC_RESET = "nondeterministic_reset"
+    PROTOCOL_ERROR = "protocol_error"
+
+
+class Stage(str, enum.Enum):
+    """Where a failure happened: an admission stage, or a runtime call."""
+
+    EXTRACT = "extract"
+    SYNTAX = "syntax"
+    LOAD = "load"
+    SMOKE = "smoke"
+    DETERMINISM = "determinism"
+    RESET = "reset"
+    STEP = "step"
+    CLOSE = "close"
+    SERVICE = "service"
+
+
+@dataclass(frozen=True)
+class EnvError:
+    """One classified failure.
+
+    ``infrastructure`` is True when the sandbox itself failed (a sandbox process died, the
+    supervisor went away): the caller should retry, not penalise the environment.
+    """
+
+    kind: ErrorKind
+    stage: Stage
+    message: str
+    infrastructure: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "stage": self.stage.value,
+            "message": self.message,
+            "infrastructure": self.infrastructure,
+        }
+
+
+class EnvFault(Exception):
+    """The environment misbehaved. Penalise it; do not retry."""
+
+    def __init__(self, error: EnvError):
+        super().__init__(f"{error.kind.value} at {error.stage.value}: {error.message}")
+        self.error = error
+
+
+class InfrastructureFault(EnvFault):
+    """The sandbox failed through no fault of the environment. Retry elsewhere."""
+
+
+def raise_for(error: EnvError) -> None:
+    raise (InfrastructureFault if error.infrastructure else EnvFault)(error)
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    observation: str
+    info: dict[str, Any] = field(default_factory=dict)
+    output: str = ""  # what the environment printed, capped
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    output: str = ""
+
+    def as_tuple(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return (self.observation, self.reward, self.terminated, self.truncated, self.info)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def episode_return(rewards: list[float], terminated: bool) -> float:
+    """SPEC 1.3: the last step's reward clipped to [-1, 1] if the episode terminated, else 0.
+
+    Intermediate rewards are progress signals and are not summed.
+    """
+    if not terminated or not rewards:
+        return 0.0
+    last = float(rewards[-1])
+    if not math.isfinite(last):
+        return 0.0
+    return max(-1.0, min(1.0, last))

@@ -1,0 +1,78 @@
+"""Settings of the sandbox service (the ``sandbox:`` section of a config file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from ...config import from_mapping, require
+from .runtime.limits import DEFAULT_ALLOWED_IMPORTS, ChildLimits
+
+Isolation = Literal["bubblewrap", "unsafe-local"]
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Every limit of the sandbox, with the defaults documented in the README.
+
+    ``isolation: unsafe-local`` runs the zygote without bubblewrap (no namespaces, no uid change),
+    keeping the layers the kernel offers (rlimits, Landlock, seccomp); every start warns.
+    """
+
+    isolation: Isolation = "bubblewrap"
+    pool_size: int = 2
+    max_envs_per_sandbox: int = 256
+    warm_children: int = 2
+    memory_limit_mb: int = 1024
+    cpu_limit_s: int = 60
+    open_files: int = 64
+    recursion_limit: int = 2000
+    max_source_bytes: int = 512 * 1024
+    max_observation_chars: int = 65_536
+    max_frame_bytes: int = 1 << 20
+    max_captured_output_bytes: int = 16_384
+    load_timeout_s: float = 30.0
+    reset_timeout_s: float = 30.0
+    step_timeout_s: float = 30.0
+    start_timeout_s: float = 60.0
+    allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
+    bwrap_path: str = "bwrap"
+
+    def __post_init__(self) -> None:
+        for key in ("pool_size", "max_envs_per_sandbox", "memory_limit_mb", "cpu_limit_s", "open_files",
+                    "recursion_limit", "max_source_bytes", "max_observation_chars", "max_frame_bytes"):
+            require(getattr(self, key) > 0, f"sandbox.{key}", "must be positive")
+        require(self.warm_children >= 0, "sandbox.warm_children", "must be zero or more")
+        require(self.max_captured_output_bytes >= 0, "sandbox.max_captured_output_bytes", "must be zero or more")
+        require(self.recursion_limit >= 100, "sandbox.recursion_limit", "must be at least 100")
+        require(self.open_files >= 16, "sandbox.open_files", "must be at least 16")
+        require(self.memory_limit_mb >= 64, "sandbox.memory_limit_mb", "must be at least 64")
+        for key in ("load_timeout_s", "reset_timeout_s", "step_timeout_s", "start_timeout_s"):
+            require(getattr(self, key) > 0, f"sandbox.{key}", "must be positive")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, where: str = "sandbox") -> "SandboxConfig":
+        return from_mapping(cls, data, where=where)
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["allowed_imports"] = list(self.allowed_imports)
+        return data
+
+    def child_limits(self, readable_paths: tuple[str, ...]) -> ChildLimits:
+        strict = self.isolation == "bubblewrap"
+        return ChildLimits(
+            memory_bytes=self.memory_limit_mb << 20,
+            cpu_seconds=self.cpu_limit_s,
+            open_files=self.open_files,
+            recursion_limit=self.recursion_limit,
+            max_observation_chars=self.max_observation_chars,
+            max_frame_bytes=self.max_frame_bytes,
+            max_captured_output_bytes=self.max_captured_output_bytes,
+            allowed_imports=self.allowed_imports,
+            readable_paths=readable_paths,
+            require_landlock=strict,
+            require_seccomp=strict,
+        )

@@ -1,0 +1,403 @@
+"""The hardened child: one per environment, forked by the zygote, talking to the supervisor.
+
+After fork the child locks itself down (``harden``) before it sees any generated code, then
+serves requests on its socket: ``load`` (compile, execute, pick and instantiate the class),
+``reset``, ``step``, ``close``, and the two self-test probes. Everything the environment returns
+is checked here first, so the common mistakes come back with a precise kind; the supervisor
+checks again, because code running here can forge anything this process would send.
+"""
+
+from __future__ import annotations
+
+import builtins
+import gc
+import inspect
+import json
+import math
+import os
+import resource
+import socket
+import sys
+import traceback
+import types
+from typing import Any, NoReturn
+
+from . import framing, landlock, seccomp
+from .limits import ChildLimits
+
+EXIT_HARDENING_FAILED = 70
+EXIT_MEMORY = 71
+MAX_REQUEST_BYTES = 64 << 20
+MODULE_NAME = "environment"
+FILENAME = "<environment>"
+_MESSAGE_LIMIT = 2_000
+
+
+class ImportBlocked(ImportError):
+    pass
+
+
+class Rejected(Exception):
+    """A classified failure raised by the child's own checks."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def harden(channel: socket.socket, limits: ChildLimits) -> dict[str, Any]:
+    """Apply every layer that can be applied from inside; returns what was applied."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    keep = channel.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    applied: dict[str, Any] = {}
+    _set_limit(resource.RLIMIT_AS, limits.memory_bytes)
+    _set_limit(resource.RLIMIT_CPU, limits.cpu_seconds, hard=limits.cpu_seconds + 1)
+    _set_limit(resource.RLIMIT_NOFILE, limits.open_files)
+    _set_limit(resource.RLIMIT_FSIZE, limits.file_size_bytes)
+    _set_limit(resource.RLIMIT_NPROC, 0)
+    _set_limit(resource.RLIMIT_CORE, 0)
+    applied["rlimits"] = True
+    try:
+        applied["landlock_abi"] = landlock.restrict(list(limits.readable_paths))
+    except landlock.LandlockUnavailable:
+        if limits.require_landlock:
+            raise
+        applied["landlock_abi"] = 0
+    try:
+        seccomp.install(os.getpid())
+        applied["seccomp"] = True
+    except seccomp.SeccompUnavailable:
+        if limits.require_seccomp:
+            raise
+        applied["seccomp"] = False
+    sys.setrecursionlimit(limits.recursion_limit)
+    return applied
+
+
+def _set_limit(which: int, soft: int, hard: int | None = None) -> None:
+    resource.setrlimit(which, (soft, soft if hard is None else hard))
+
+
+def run(channel: socket.socket, limits: ChildLimits) -> NoReturn:
+    """Entry point after fork. Never returns."""
+    try:
+        applied = harden(channel, limits)
+    except BaseException:  # noqa: BLE001 - any failure here means "do not run code"
+        os._exit(EXIT_HARDENING_FAILED)
+    try:
+        EnvHost(channel, limits, applied).serve()
+    except MemoryError:
+        os._exit(EXIT_MEMORY)
+    except BaseException:  # noqa: BLE001
+        os._exit(1)
+    os._exit(0)
+
+
+class CapturedOutput:
+    """Stands in for stdout/stderr: keeps the first ``cap`` characters, counts the rest."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.parts: list[str] = []
+        self.kept = 0
+        self.dropped = 0
+
+    def write(self, text: Any) -> int:
+        text = str(text)
+        room = self.cap - self.kept
+        if room > 0:
+            piece = text[:room]
+            self.parts.append(piece)
+            self.kept += len(piece)
+            self.dropped += len(text) - len(piece)
+        else:
+            self.dropped += len(text)
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def take(self) -> tuple[str, int]:
+        text, dropped = "".join(self.parts), self.dropped
+        self.parts, self.kept, self.dropped = [], 0, 0
+        return text, dropped
+
+
+class EnvHost:
+    def __init__(self, channel: socket.socket, limits: ChildLimits, applied: dict[str, Any]):
+        self.channel = channel
+        self.limits = limits
+        self.applied = applied
+        self.env: Any = None
+        self.output = CapturedOutput(limits.max_captured_output_bytes)
+        sys.stdout = sys.stderr = self.output  # type: ignore[assignment]
+
+    def serve(self) -> None:
+        handlers = {
+            "load": self._load,
+            "reset": self._reset,
+            "step": self._step,
+            "selftest": self._selftest,
+            "selftest_seccomp": self._selftest_seccomp,
+        }
+        while True:
+            request = framing.recv_frame(self.channel, MAX_REQUEST_BYTES)
+            if request is None or request.get("op") == "close":
+                return
+            seq = request.get("seq")
+            handler = handlers.get(request.get("op"))
+            if handler is None:
+                self._reply(seq, error=("protocol_error", f"unknown op {request.get('op')!r}"))
+                continue
+            fatal = self._call(seq, handler, request)
+            if fatal:
+                return
+
+    def _call(self, seq: Any, handler: Any, request: dict[str, Any]) -> bool:
+        """Run one handler; reply; True when the child must stop afterwards."""
+        default_kind = {"load": "init_error", "reset": "reset_error"}.get(request["op"], "step_error")
+        try:
+            result = handler(request)
+        except Rejected as exc:
+            return self._reply(seq, error=(exc.kind, exc.message))
+        except MemoryError:
+            self.env = None
+            gc.collect()
+            return self._reply(seq, error=("memory_limit", "the environment ran out of memory"), fatal=True)
+        except BaseException as exc:  # noqa: BLE001 - generated code may raise anything
+            kind = _classify(exc, default_kind)
+            return self._reply(seq, error=(kind, _describe(exc)), fatal=kind == "exit_called")
+        return self._reply(seq, result=result)
+
+    def _reply(self, seq: Any, *, result: Any = None, error: tuple[str, str] | None = None,
+               fatal: bool = False) -> bool:
+        output, dropped = self.output.take()
+        message: dict[str, Any] = {"seq": seq, "output": output, "output_dropped": dropped}
+        if error is None:
+            message.update(ok=True, result=result)
+            frame = _encode_or_none(message)
+            if frame is None or len(frame) - framing.HEADER.size > self.limits.max_frame_bytes:
+                error = ("output_too_large" if frame is not None else "not_serializable",
+                         "the reply does not fit in a frame" if frame is not None
+                         else "the result is not JSON-serialisable")
+                fatal = True
+        if error is not None:
+            kind, text = error
+            message = {"seq": seq, "ok": False, "output": output[:2_000], "output_dropped": dropped,
+                       "error": {"kind": kind, "message": text[:_MESSAGE_LIMIT]}}
+            frame = framing.encode(message)
+        self.channel.sendall(frame)
+        return fatal or error is not None
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _load(self, request: dict[str, Any]) -> dict[str, Any]:
+        source = request["source"]
+        try:
+            code = compile(source, FILENAME, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            raise Rejected("syntax_error", _describe_syntax_error(exc)) from None
+        module = types.ModuleType(MODULE_NAME)
+        module.__dict__["__builtins__"] = _guarded_builtins(frozenset(self.limits.allowed_imports))
+        sys.modules[MODULE_NAME] = module
+        try:
+            exec(code, module.__dict__)
+        except Rejected:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            kind = _classify(exc, "init_error")
+            raise Rejected(kind, "module body raised " + _describe(exc)) from None
+        env_class = _choose_env_class(module)
+        max_turns = request.get("max_turns")
+        kwargs = {"max_turns": max_turns} if max_turns is not None and _accepts(env_class, "max_turns") else {}
+        self.env = env_class(**kwargs)
+        env_max_turns = getattr(self.env, "max_turns", None)
+        if not isinstance(env_max_turns, int) or isinstance(env_max_turns, bool) or env_max_turns <= 0:
+            env_max_turns = None
+        return {"class_name": env_class.__name__, "max_turns": env_max_turns}
+
+    def _reset(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._require_env()
+        returned = self.env.reset(seed=request.get("seed"))
+        if not isinstance(returned, tuple) or len(returned) != 2:
+            raise Rejected("bad_return", f"reset() must return (observation, info), got {_shape(returned)}")
+        observation, info = returned
+        return {"observation": self._check_observation(observation, "reset"),
+                "info": _check_info(info, "reset")}
+
+    def _step(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._require_env()
+        action = request["action"]
+        returned = self.env.step(action)
+        if not isinstance(returned, tuple) or len(returned) != 5:
+            raise Rejected("bad_return", "step() must return (observation, reward, terminated, truncated, "
+                                         f"info), got {_shape(returned)}")
+        observation, reward, terminated, truncated, info = returned
+        return {
+            "observation": self._check_observation(observation, "step"),
+            "reward": _check_reward(reward),
+            "terminated": _check_flag(terminated, "terminated"),
+            "truncated": _check_flag(truncated, "truncated"),
+            "info": _check_info(info, "step"),
+        }
+
+    def _selftest(self, request: dict[str, Any]) -> dict[str, Any]:
+        probe_path = request.get("write_probe", "/tmp/spade-selftest")
+        read_probe = request.get("read_probe", "/proc/self/status")
+        report = dict(self.applied)
+        report["write_blocked"] = _blocked(lambda: open(probe_path, "w").close())
+        report["read_blocked"] = _blocked(lambda: open(read_probe, "rb").close())
+        report["uid"] = os.getuid()
+        report["rlimit_as"] = resource.getrlimit(resource.RLIMIT_AS)[1]
+        report["rlimit_cpu"] = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        report["rlimit_nofile"] = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        report["rlimit_fsize"] = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        report["rlimit_nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        report["environ"] = sorted(os.environ)
+        return report
+
+    def _selftest_seccomp(self, request: dict[str, Any]) -> dict[str, Any]:
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()  # must be fatal under seccomp
+        return {"survived": True}
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def _require_env(self) -> None:
+        if self.env is None:
+            raise Rejected("protocol_error", "no environment loaded")
+
+    def _check_observation(self, observation: Any, call: str) -> str:
+        if not isinstance(observation, str):
+            raise Rejected("bad_return", f"{call}() observation must be str, got {type(observation).__name__}")
+        if len(observation) > self.limits.max_observation_chars:
+            raise Rejected("output_too_large", f"{call}() observation has {len(observation)} characters, "
+                                               f"limit {self.limits.max_observation_chars}")
+        return observation
+
+
+def _check_reward(reward: Any) -> float:
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise Rejected("bad_return", f"reward must be a real number, got {type(reward).__name__}")
+    value = float(reward)
+    if not math.isfinite(value):
+        raise Rejected("bad_return", f"reward must be finite, got {value}")
+    return value
+
+
+def _check_flag(flag: Any, name: str) -> bool:
+    if not isinstance(flag, bool):
+        raise Rejected("bad_return", f"{name} must be bool, got {type(flag).__name__}")
+    return flag
+
+
+def _check_info(info: Any, call: str) -> dict[str, Any]:
+    if not isinstance(info, dict):
+        raise Rejected("bad_return", f"{call}() info must be dict, got {type(info).__name__}")
+    try:
+        text = json.dumps(info, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise Rejected("not_serializable", f"{call}() info is not JSON-serialisable: {exc}"[:_MESSAGE_LIMIT]) from None
+    decoded = json.loads(text)
+    if framing.too_deep(decoded):
+        raise Rejected("not_serializable", f"{call}() info is nested deeper than {framing.MAX_JSON_DEPTH}")
+    return decoded  # what the client will see: json turns non-string keys into strings
+
+
+def _encode_or_none(message: dict[str, Any]) -> bytes | None:
+    try:
+        return framing.encode(message)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _blocked(action: Any) -> bool:
+    try:
+        action()
+    except OSError:
+        return True
+    return False
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a {len(value)}-tuple"
+    return type(value).__name__
+
+
+def _classify(exc: BaseException, default_kind: str) -> str:
+    if isinstance(exc, MemoryError):
+        return "memory_limit"
+    if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
+        return "exit_called"
+    if isinstance(exc, ImportError):
+        return "import_blocked"
+    return default_kind
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception and the lines of generated code it passed through."""
+    lines = [f"{type(exc).__name__}: {exc}"[:500]]
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == FILENAME]
+    for frame in frames[-3:]:
+        lines.append(f"  line {frame.lineno}, in {frame.name}")
+    return "\n".join(lines)
+
+
+def _describe_syntax_error(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"line {exc.lineno}: {exc.msg}"
+    return str(exc)
+
+
+def _guarded_builtins(allowed: frozenset[str]) -> dict[str, Any]:
+    real_import = builtins.__import__
+
+    def guarded_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
+                       level: int = 0) -> Any:
+        top = name.partition(".")[0]
+        if level != 0 or top not in allowed:
+            raise ImportBlocked(f"import of {name!r} is not allowed in an environment "
+                                f"(standard-library modules for computation only)")
+        return real_import(name, globals, locals, fromlist, level)
+
+    namespace = dict(builtins.__dict__)
+    namespace["__import__"] = guarded_import
+    for name in ("open", "input", "breakpoint", "help", "exit", "quit"):
+        namespace.pop(name, None)
+    return namespace
+
+
+def _choose_env_class(module: types.ModuleType) -> type:
+    """The one environment class: defined here, name ends in ``Env``; the most derived, last defined."""
+    candidates = [value for value in module.__dict__.values()
+                  if isinstance(value, type) and value.__name__.endswith("Env")
+                  and value.__module__ == MODULE_NAME]
+    leaves = [cls for cls in candidates if not any(other is not cls and issubclass(other, cls) for other in candidates)]
+    if not leaves:
+        raise Rejected("no_env_class", "no class whose name ends in 'Env' is defined")
+    chosen = leaves[-1]
+    for method in ("reset", "step"):
+        if not callable(getattr(chosen, method, None)):
+            raise Rejected("no_env_class", f"class {chosen.__name__} has no {method}() method")
+    return chosen
+
+
+def _accepts(env_class: type, keyword: str) -> bool:
+    try:
+        parameters = inspect.signature(env_class).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == keyword or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
