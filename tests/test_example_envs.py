@@ -5,14 +5,14 @@ import importlib.util
 import json
 import math
 import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from example_solvers import SOLVERS  # noqa: E402
-
 ENV_DIR = pathlib.Path(__file__).resolve().parent.parent / "examples" / "envs"
+_solvers_spec = importlib.util.spec_from_file_location("example_solvers", ENV_DIR.parent / "solvers.py")
+_solvers = importlib.util.module_from_spec(_solvers_spec)
+_solvers_spec.loader.exec_module(_solvers)
+SOLVERS = _solvers.SOLVERS
 ENV_FILES = sorted(ENV_DIR.glob("*.py"))
 STEMS = [path.stem for path in ENV_FILES]
 SEEDS = range(20)

@@ -1,4 +1,7 @@
-"""Scripted solvers for the hand-written example environments in examples/envs/.
+"""Scripted reference solvers for the hand-written example environments in examples/envs/.
+
+The tests use them to prove every example is winnable; ``spade demo`` plays them through the
+sandbox beside a random policy.
 
 Each solver plays one episode through the public reset/step API only. It reads the observation
 text (never the environment's attributes) and returns the transcript as a list of

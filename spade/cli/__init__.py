@@ -1,0 +1,44 @@
+"""The ``spade`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from ..config import ConfigError
+from ..envs.sandbox.client import SandboxUnavailable
+from . import demo, env_commands
+from .common import UsageError
+
+EXIT_USAGE = 2
+EXIT_SANDBOX_UNAVAILABLE = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spade", description="Self-play in environments the model writes itself.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    env_commands.add_parser(commands)
+    demo.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `spade env check ... | head` ends quietly
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (UsageError, ConfigError) as exc:
+        print(f"spade: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SandboxUnavailable as exc:
+        print(f"spade: {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_UNAVAILABLE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Admitting a generated environment (SPEC section 3), stage by stage.
+
+extract -> syntax -> load -> smoke -> determinism. The first failing stage rejects the candidate
+and is named in the verdict with the error kind. Everything past ``syntax`` runs in the sandbox.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..designer.extract import extract_code
+from .protocol import EnvError, EnvFault, ErrorKind, InfrastructureFault, Stage, StepResult
+from .sandbox.client import SandboxedEnv, SandboxService
+
+SMOKE_SEED = 42
+SECOND_SEED = 123
+PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{a}", "hello")
+REWARD_BOUND = 10.0
+
+
+@dataclass(frozen=True)
+class AdmissionVerdict:
+    admitted: bool
+    code: str
+    class_name: str | None = None
+    max_turns: int | None = None
+    error: EnvError | None = None
+    first_observation: str | None = None
+    repairs: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self, path: str | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {} if path is None else {"path": path}
+        data.update(
+            admitted=self.admitted,
+            class_name=self.class_name,
+            error=None if self.error is None else {
+                "kind": self.error.kind.value, "stage": self.error.stage.value, "message": self.error.message},
+            first_observation=self.first_observation,
+            timings_ms={stage: round(ms, 3) for stage, ms in self.timings_ms.items()},
+        )
+        return data
+
+
+class _Rejection(Exception):
+    def __init__(self, error: EnvError):
+        super().__init__(error.message)
+        self.error = error
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+
+    def stage(self, name: Stage) -> "_StageClock":
+        return _StageClock(self.timings, name.value)
+
+
+class _StageClock:
+    def __init__(self, timings: dict[str, float], name: str):
+        self.timings, self.name = timings, name
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.timings[self.name] = (time.perf_counter() - self.start) * 1000.0
+
+
+async def admit(service: SandboxService, response: str, *, max_turns: int | None = None,
+                seed: int = SMOKE_SEED, probe_actions: tuple[str, ...] = PROBE_ACTIONS,
+                max_repair_passes: int = 20) -> AdmissionVerdict:
+    """Run every admission stage on a designer response (or plain source).
+
+    Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
+    """
+    timer = _Timer()
+    with timer.stage(Stage.EXTRACT):
+        extraction = extract_code(response, max_repair_passes=max_repair_passes)
+    code = extraction.code
+    partial = dict(code=code, repairs=extraction.repairs, timings_ms=timer.timings)
+    if not code.strip():
+        error = EnvError(ErrorKind.SYNTAX_ERROR, Stage.EXTRACT, "the response contains no code")
+        return AdmissionVerdict(False, error=error, **partial)
+    with timer.stage(Stage.SYNTAX):
+        syntax_error = extraction.syntax_error
+    if syntax_error is not None:
+        return AdmissionVerdict(False, error=EnvError(ErrorKind.SYNTAX_ERROR, Stage.SYNTAX, syntax_error), **partial)
+
+    env: SandboxedEnv | None = None
+    first_observation: str | None = None
+    try:
+        with timer.stage(Stage.LOAD):
+            env = await _staged(service.open(code, max_turns=max_turns), Stage.LOAD)
+        with timer.stage(Stage.SMOKE):
+            first_observation = await _smoke_test(env, seed, probe_actions)
+        with timer.stage(Stage.DETERMINISM):
+            again = await _staged(env.reset(seed=seed), Stage.DETERMINISM)
+            if again.observation != first_observation:
+                raise _Rejection(EnvError(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
+                                          f"reset(seed={seed}) gave a different first observation the second time"))
+    except _Rejection as rejection:
+        return AdmissionVerdict(False, class_name=env.class_name if env else None, error=rejection.error,
+                                first_observation=first_observation, **partial)
+    finally:
+        if env is not None:
+            await env.close()
+    return AdmissionVerdict(True, class_name=env.class_name, max_turns=env.max_turns,
+                            first_observation=first_observation, **partial)
+
+
+async def _staged(awaitable: Any, stage: Stage) -> Any:
+    """Await a sandbox call; an environment fault becomes a rejection labelled with ``stage``."""
+    try:
+        return await awaitable
+    except InfrastructureFault:
+        raise
+    except EnvFault as fault:
+        error = fault.error
+        message = error.message if stage in (Stage.LOAD,) else f"{error.stage.value}(): {error.message}"
+        raise _Rejection(EnvError(error.kind, stage, message)) from None
+
+
+async def _smoke_test(env: SandboxedEnv, seed: int, probe_actions: tuple[str, ...]) -> str:
+    first = await _staged(env.reset(seed=seed), Stage.SMOKE)
+    if not first.observation.strip():
+        raise _Rejection(EnvError(ErrorKind.BAD_RETURN, Stage.SMOKE, f"reset(seed={seed}) returned an empty observation"))
+    for action in probe_actions:
+        result = await _staged(env.step(action), Stage.SMOKE)
+        _check_reward_bound(result, action)
+        if result.terminated or result.truncated:
+            break
+    await _staged(env.reset(seed=SECOND_SEED), Stage.SMOKE)
+    return first.observation
+
+
+def _check_reward_bound(result: StepResult, action: str) -> None:
+    if not (math.isfinite(result.reward) and -REWARD_BOUND <= result.reward <= REWARD_BOUND):
+        raise _Rejection(EnvError(ErrorKind.BAD_RETURN, Stage.SMOKE,
+                                  f"step({action!r}) returned reward {result.reward}, outside "
+                                  f"[-{REWARD_BOUND:g}, {REWARD_BOUND:g}]"))

@@ -1,0 +1,129 @@
+"""Playing one episode of a sandboxed environment with a policy (SPEC section 4).
+
+The policy is an async callback from the conversation so far to the next assistant message. The
+runner parses the action out of it, steps the environment, applies the turn budget, and scores
+the episode with the return rule: the last reward, clipped to [-1, 1], if and only if the episode
+terminated.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from ..agent.actions import parse_action
+from ..agent.prompts import first_user_message, later_user_message
+from .protocol import EnvError, EnvFault, InfrastructureFault, episode_return
+from .sandbox.client import SandboxedEnv
+
+DEFAULT_MAX_TURNS = 25
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system", "user" or "assistant"
+    content: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+Policy = Callable[[list[Message]], Awaitable[str]]
+
+
+class StopEpisode(Exception):
+    """Raised by a policy that cannot go on (context budget spent, response cut off without EOS).
+
+    The episode ends unterminated, so its return is 0.
+    """
+
+
+class EndReason(str, enum.Enum):
+    TERMINATED = "terminated"
+    TRUNCATED = "truncated"  # the environment said so
+    TURN_BUDGET = "turn_budget"
+    POLICY_STOPPED = "policy_stopped"
+    ENV_ERROR = "env_error"
+
+
+@dataclass(frozen=True)
+class Turn:
+    response: str
+    action: str
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+
+
+@dataclass
+class EpisodeResult:
+    seed: int | None
+    messages: list[Message]
+    turns: list[Turn] = field(default_factory=list)
+    end_reason: EndReason = EndReason.TURN_BUDGET
+    error: EnvError | None = None
+    stop_detail: str = ""
+
+    @property
+    def rewards(self) -> list[float]:
+        return [turn.reward for turn in self.turns]
+
+    @property
+    def terminated(self) -> bool:
+        return self.end_reason is EndReason.TERMINATED
+
+    @property
+    def episode_return(self) -> float:
+        return episode_return(self.rewards, self.terminated)
+
+
+def turn_budget(configured: int, env_max_turns: int | None) -> int:
+    """The configured budget, or the environment's own ``max_turns`` when that is smaller."""
+    if env_max_turns is not None and 0 < env_max_turns < configured:
+        return env_max_turns
+    return configured
+
+
+async def play_episode(env: SandboxedEnv, policy: Policy, *, seed: int | None = None,
+                       max_turns: int = DEFAULT_MAX_TURNS, hint: str | None = None,
+                       system_prompt: str | None = None) -> EpisodeResult:
+    """Play until the environment ends the episode or a budget runs out.
+
+    An environment fault ends the episode with return 0 and is recorded in ``error``;
+    an :class:`InfrastructureFault` propagates, since the episode must be retried, not scored.
+    """
+    messages = [Message("system", system_prompt)] if system_prompt else []
+    episode = EpisodeResult(seed, messages)
+    try:
+        first = await env.reset(seed=seed)
+    except InfrastructureFault:
+        raise
+    except EnvFault as fault:
+        episode.end_reason, episode.error = EndReason.ENV_ERROR, fault.error
+        return episode
+    messages.append(Message("user", first_user_message(first.observation, hint)))
+    for _ in range(turn_budget(max_turns, env.max_turns)):
+        try:
+            response = await policy(list(messages))
+        except StopEpisode as stop:
+            episode.end_reason, episode.stop_detail = EndReason.POLICY_STOPPED, str(stop)
+            return episode
+        messages.append(Message("assistant", response))
+        action = parse_action(response)
+        try:
+            result = await env.step(action)
+        except InfrastructureFault:
+            raise
+        except EnvFault as fault:
+            episode.end_reason, episode.error = EndReason.ENV_ERROR, fault.error
+            return episode
+        episode.turns.append(Turn(response, action, result.observation, result.reward,
+                                  result.terminated, result.truncated))
+        if result.terminated or result.truncated:
+            episode.end_reason = EndReason.TERMINATED if result.terminated else EndReason.TRUNCATED
+            return episode
+        messages.append(Message("user", later_user_message(result.observation)))
+    episode.end_reason = EndReason.TURN_BUDGET
+    return episode

@@ -1,0 +1,50 @@
+"""Shared fixtures: a real sandbox service (bubblewrap) driven from synchronous tests."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Awaitable, TypeVar
+
+import pytest
+
+from spade.envs.sandbox.client import SandboxService
+from spade.envs.sandbox.config import SandboxConfig
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_ENVS = sorted((ROOT / "examples" / "envs").glob("*.py"))
+
+# Short timeouts so hostile tests finish fast; the defaults (30 s) are for real runs.
+FAST_LIMITS = dict(load_timeout_s=5.0, reset_timeout_s=3.0, step_timeout_s=3.0, memory_limit_mb=256)
+
+
+class SandboxHarness:
+    """A sandbox service plus the event loop it lives on, for plain (non-async) tests."""
+
+    def __init__(self, config: SandboxConfig):
+        self.loop = asyncio.new_event_loop()
+        self.config = config
+        self.service: SandboxService = self.run(SandboxService.start(config))
+
+    def run(self, awaitable: Awaitable[T], timeout: float = 60.0) -> T:
+        return self.loop.run_until_complete(asyncio.wait_for(awaitable, timeout))
+
+    def close(self) -> None:
+        self.run(self.service.close())
+        self.loop.close()
+
+
+def make_harness(**overrides: Any) -> SandboxHarness:
+    if shutil.which("bwrap") is None and overrides.get("isolation") != "unsafe-local":
+        pytest.fail("bubblewrap is not installed: run 'make test', which installs it")
+    return SandboxHarness(SandboxConfig(**{**FAST_LIMITS, **overrides}))
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[SandboxHarness]:
+    harness = make_harness()
+    yield harness
+    harness.close()
