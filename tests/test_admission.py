@@ -1,0 +1,158 @@
+"""The admission pipeline (SPEC section 3) end to end through the real sandbox."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from spade.envs.admission import admit
+from spade.envs.protocol import ErrorKind, Stage
+
+from conftest import EXAMPLE_ENVS
+
+GOOD = textwrap.dedent('''
+    import random
+
+    class GuessEnv:
+        def __init__(self, max_turns=8):
+            self.max_turns = max_turns
+
+        def reset(self, seed=None):
+            self.rng = random.Random(seed)
+            self.secret = self.rng.randint(1, 100)
+            self.turn = 0
+            return f"Guess a number from 1 to 100. Seed-dependent banner {self.rng.random():.6f}", {}
+
+        def step(self, action):
+            self.turn += 1
+            digits = "".join(c for c in action if c.isdigit())
+            if digits and int(digits) == self.secret:
+                return "right", 1.0, True, False, {}
+            hint = "higher" if digits and int(digits) < self.secret else "lower"
+            return hint, 0.0, False, self.turn >= self.max_turns, {"turn": self.turn}
+''')
+
+
+def verdict_for(sandbox, source: str, **kwargs):
+    return sandbox.run(admit(sandbox.service, source, **kwargs))
+
+
+@pytest.mark.parametrize("path", EXAMPLE_ENVS, ids=lambda p: p.stem)
+def test_every_example_is_admitted(sandbox, path):
+    """The hand-written examples pass every stage and report their class and first observation."""
+    verdict = verdict_for(sandbox, path.read_text())
+    assert verdict.admitted, verdict.error
+    assert verdict.class_name.endswith("Env")
+    assert verdict.first_observation
+    assert set(verdict.timings_ms) == {"extract", "syntax", "load", "smoke", "determinism"}
+
+
+def test_fenced_response_with_fstring_bug_is_repaired_and_admitted(sandbox):
+    """A designer response in markdown with a bad f-string field is extracted, repaired, admitted."""
+    broken = GOOD.replace('return "right"', 'return f"right, written {as digits}"')
+    response = f"Here is the environment.\n\n```python\n{broken}\n```\nEnjoy."
+    verdict = verdict_for(sandbox, response)
+    assert verdict.admitted, verdict.error
+    assert verdict.repairs == 1
+    assert "{{as digits}}" in verdict.code
+
+
+def test_empty_response_is_rejected_at_extract(sandbox):
+    verdict = verdict_for(sandbox, "I cannot write that.\n```python\n```")
+    assert not verdict.admitted
+    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.SYNTAX_ERROR, Stage.EXTRACT)
+
+
+def test_syntax_error_is_rejected_before_the_sandbox(sandbox):
+    verdict = verdict_for(sandbox, "class BrokenEnv:\n    def reset(self:\n        pass\n")
+    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.SYNTAX_ERROR, Stage.SYNTAX)
+    assert "timings_ms" in verdict.to_json() and "load" not in verdict.timings_ms
+
+
+@pytest.mark.parametrize("source, kind", [
+    ("class Board:\n    pass\n", ErrorKind.NO_ENV_CLASS),
+    ("import os\nclass AEnv:\n    pass\n", ErrorKind.IMPORT_BLOCKED),
+    ("class AEnv:\n    def __init__(self):\n        raise ValueError('boom')\n"
+     "    def reset(self, seed=None):\n        return 'x', {}\n    def step(self, a):\n        return 'x', 0.0, True, False, {}\n",
+     ErrorKind.INIT_ERROR),
+])
+def test_load_stage_failures(sandbox, source, kind):
+    verdict = verdict_for(sandbox, source)
+    assert (verdict.error.kind, verdict.error.stage) == (kind, Stage.LOAD)
+
+
+SMOKE_CASES = {
+    "empty observation": (GOOD.replace('return f"Guess a number from 1 to 100. Seed-dependent banner '
+                                       '{self.rng.random():.6f}", {}', 'return "", {}'),
+                          ErrorKind.BAD_RETURN, "empty observation"),
+    "reset raises": (GOOD.replace("self.secret = self.rng.randint(1, 100)", "self.secret = 1 / 0"),
+                     ErrorKind.RESET_ERROR, "ZeroDivisionError"),
+    "step raises": (GOOD.replace("self.turn += 1", "self.turn += undefined_name"),
+                    ErrorKind.STEP_ERROR, "NameError"),
+    "step returns 4-tuple": (GOOD.replace('return hint, 0.0, False, self.turn >= self.max_turns, {"turn": self.turn}',
+                                          'return hint, 0.0, False, {}'),
+                             ErrorKind.BAD_RETURN, "4-tuple"),
+    "reward out of range": (GOOD.replace("return hint, 0.0,", "return hint, 11.5,"),
+                            ErrorKind.BAD_RETURN, "outside [-10, 10]"),
+    "reward is a string": (GOOD.replace("return hint, 0.0,", "return hint, '0.0',"),
+                           ErrorKind.BAD_RETURN, "real number"),
+    "info not serialisable": (GOOD.replace('{"turn": self.turn}', '{"turn": object()}'),
+                              ErrorKind.NOT_SERIALIZABLE, "JSON"),
+    "reset with second seed fails": (GOOD.replace("self.turn = 0", "self.turn = 0\n        assert seed != 123"),
+                                     ErrorKind.RESET_ERROR, "AssertionError"),
+}
+
+
+@pytest.mark.parametrize("name", SMOKE_CASES)
+def test_smoke_stage_failures(sandbox, name):
+    source, kind, fragment = SMOKE_CASES[name]
+    verdict = verdict_for(sandbox, source)
+    assert not verdict.admitted
+    assert (verdict.error.kind, verdict.error.stage) == (kind, Stage.SMOKE)
+    assert fragment in verdict.error.message
+
+
+def test_unseeded_randomness_is_rejected_as_nondeterministic(sandbox):
+    """The first observation must be a function of the seed (this project's addition to the paper)."""
+    source = "import random\n" + GOOD.replace("{self.rng.random():.6f}", "{random.random():.6f}")
+    verdict = verdict_for(sandbox, source)
+    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM)
+
+
+def test_state_leaking_across_resets_is_rejected(sandbox):
+    source = GOOD.replace("self.turn = 0\n", "self.turn = 0\n        self.resets = getattr(self, 'resets', 0) + 1\n") \
+                 .replace("{self.rng.random():.6f}", "{self.resets}")
+    verdict = verdict_for(sandbox, source)
+    assert verdict.error.kind is ErrorKind.NONDETERMINISTIC_RESET
+
+
+def test_probing_stops_when_the_episode_ends(sandbox):
+    """An environment that terminates on its first step is not stepped again after the end."""
+    source = textwrap.dedent('''
+        class OneShotEnv:
+            def reset(self, seed=None):
+                self.done = False
+                return "answer once", {}
+            def step(self, action):
+                if self.done:
+                    raise RuntimeError("stepped after the end")
+                self.done = True
+                return "over", 0.0, True, False, {}
+    ''')
+    verdict = verdict_for(sandbox, source)
+    assert verdict.admitted, verdict.error
+
+
+def test_max_turns_is_passed_when_accepted(sandbox):
+    verdict = verdict_for(sandbox, GOOD, max_turns=3)
+    assert verdict.admitted and verdict.max_turns == 3
+    verdict = verdict_for(sandbox, GOOD.replace("def __init__(self, max_turns=8):", "def __init__(self):")
+                          .replace("self.max_turns = max_turns", "self.max_turns = 8"), max_turns=3)
+    assert verdict.admitted and verdict.max_turns == 8
+
+
+def test_json_verdict_has_the_documented_keys(sandbox):
+    data = verdict_for(sandbox, GOOD).to_json("env.py")
+    assert list(data) == ["path", "admitted", "class_name", "error", "first_observation", "timings_ms"]
+    assert data["admitted"] is True and data["error"] is None
