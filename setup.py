@@ -7,9 +7,21 @@ from setuptools import find_packages, setup
 HERE = Path(__file__).parent
 
 
-def pinned_requirements() -> list[str]:
-    lines = (HERE / "requirements.txt").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+def pinned_requirements() -> dict[str, list[str]]:
+    """requirements.txt, split at its '# <section>' comments: the first block is what spade needs."""
+    sections: dict[str, list[str]] = {"install": []}
+    current = "install"
+    for line in (HERE / "requirements.txt").read_text().splitlines():
+        line = line.strip()
+        if line.startswith("# ") and len(line.split()) == 2:
+            current = line[2:]
+            sections.setdefault(current, [])
+        elif line and not line.startswith("#"):
+            sections[current].append(line)
+    return sections
+
+
+REQUIREMENTS = pinned_requirements()
 
 
 setup(
@@ -19,6 +31,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["spade", "spade.*", "megatron_patches", "megatron_patches.*"]),
     package_data={"spade.envs.sandbox": ["runtime/*.py"]},
-    install_requires=pinned_requirements(),
+    install_requires=REQUIREMENTS.pop("install"),
+    extras_require=REQUIREMENTS,
     entry_points={"console_scripts": ["spade=spade.cli:main"]},
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import resource
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -468,8 +469,16 @@ async def _main(channel_fd: int) -> int:
     return 0 if report.ok else 1
 
 
+def _raise_open_file_limit() -> None:
+    """One socket per live environment: allow as many as the hard limit permits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 16, hard))
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides when we stop
+    _raise_open_file_limit()
     sys.exit(asyncio.run(_main(int(sys.argv[1]))))
 
 
