@@ -1,6 +1,6 @@
 """Throughput and latency of the environment sandbox, next to the baselines it is judged against.
 
-    python benchmarks/sandbox_bench.py [--episodes N] [--concurrency C] [--json]
+    python benchmarks/sandbox_bench.py [--episodes N] [--concurrency C] [--rounds R] [--json]
 
 One run measures, side by side:
 
@@ -12,6 +12,9 @@ One run measures, side by side:
 4. fork-per-episode from a 4 GiB parent and from a small parent (in a separate, spawned process
    so the 4 GiB is freed afterwards);
 5. the sandbox again while the calling process (the one that owns the service) holds 4 GiB.
+
+Sections 1, 2 and 5 run in R rounds that alternate the small and the 4 GiB caller, each round on a
+fresh service; the figures pool the rounds and the 4 GiB ratio is the median of the paired rounds.
 
 It ends with a targets block (PASS/FAIL). See /work/shared/notes/sandbox.md for earlier figures.
 """
@@ -94,13 +97,29 @@ class EpisodeRun:
     concurrency: int = 1
     latency: Latency | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    samples: list[float] = field(default_factory=list, repr=False)  # what ``latency`` summarises
 
     @property
     def per_s(self) -> float:
         return self.episodes / self.seconds if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "episodes_per_s": self.per_s}
+        data = asdict(self)
+        del data["samples"]
+        return {**data, "episodes_per_s": self.per_s}
+
+    @classmethod
+    def timed(cls, label: str, episodes: int, seconds: float, concurrency: int, samples: list[float],
+              **extra: Any) -> "EpisodeRun":
+        return cls(label, episodes, seconds, concurrency, Latency.of(samples), dict(extra), list(samples))
+
+
+def pooled(label: str, runs: list[EpisodeRun]) -> EpisodeRun:
+    """Several rounds of one measurement as one: total episodes over total time, latencies pooled."""
+    samples = [value for run in runs for value in run.samples]
+    return EpisodeRun.timed(label, sum(r.episodes for r in runs), sum(r.seconds for r in runs),
+                            runs[0].concurrency, samples, rounds=len(runs),
+                            round_per_s=[round(r.per_s, 1) for r in runs])
 
 
 def percentile(values: list[float], pct: int) -> float:
@@ -140,8 +159,7 @@ async def sandbox_episodes(service: SandboxService, episodes: int, concurrency: 
     await asyncio.gather(*(one(-1 - i) for i in range(WARMUP_EPISODES)))
     started = time.perf_counter()
     opens = await asyncio.gather(*(one(i) for i in range(episodes)))
-    elapsed = time.perf_counter() - started
-    return EpisodeRun(label, episodes, elapsed, concurrency, Latency.of(list(opens)))
+    return EpisodeRun.timed(label, episodes, time.perf_counter() - started, concurrency, list(opens))
 
 
 async def sequential_instantiation(service: SandboxService, samples: int, label: str) -> EpisodeRun:
@@ -155,25 +173,55 @@ async def sequential_instantiation(service: SandboxService, samples: int, label:
         env = await service.open(ENV_SOURCE, max_turns=STEPS)
         times.append(time.perf_counter() - t0)
         await env.close()
-    return EpisodeRun(label, samples, time.perf_counter() - started, 1, Latency.of(times))
+    return EpisodeRun.timed(label, samples, time.perf_counter() - started, 1, times)
 
 
-async def sandbox_suite(episodes: int, concurrency: int, *, tag: str, with_c1: bool) -> dict[str, Any]:
-    """A fresh service: (1) at C [and 1], (2) sequential open. Also the service start time."""
+@dataclass
+class SandboxRound:
+    """One fresh service: episodes at C (and at 1), sequential opens, and how it started."""
+
+    concurrent: EpisodeRun
+    open_seq: EpisodeRun
+    c1: EpisodeRun | None
+    service_start_s: float
+    isolation: list[str]
+    caller_rss_mib: float
+
+
+async def sandbox_round(episodes: int, concurrency: int, *, with_c1: bool) -> SandboxRound:
     t0 = time.perf_counter()
     service = await SandboxService.start(SandboxConfig())
     start_s = time.perf_counter() - t0
     try:
-        runs = {"concurrent": await sandbox_episodes(service, episodes, concurrency, f"sandbox{tag} c={concurrency}")}
-        if with_c1:
-            runs["c1"] = await sandbox_episodes(service, episodes, 1, f"sandbox{tag} c=1")
-        runs["open_seq"] = await sequential_instantiation(service, INSTANTIATION_SAMPLES, f"open{tag} sequential")
-        stats = await service.stats()
-        layers = service.report.layers
+        concurrent = await sandbox_episodes(service, episodes, concurrency, "concurrent")
+        c1 = await sandbox_episodes(service, episodes, 1, "c1") if with_c1 else None
+        open_seq = await sequential_instantiation(service, INSTANTIATION_SAMPLES, "open_seq")
+        isolation = [name for name, ok in service.report.layers.items() if ok]
     finally:
         await service.close()
-    return {"runs": runs, "service_start_s": start_s, "stats": stats,
-            "isolation": [name for name, ok in layers.items() if ok]}
+    return SandboxRound(concurrent, open_seq, c1, start_s, isolation, vm_rss_bytes() / 2**20)
+
+
+def caller_comparison(episodes: int, concurrency: int, rounds: int,
+                      progress: Any) -> tuple[list[SandboxRound], list[SandboxRound]]:
+    """Sections 1, 2 and 5: alternate a small caller and a 4 GiB caller, ``rounds`` times each.
+
+    Alternating pairs the two under the same background conditions; on a small shared VM a single
+    run of either moves by 20-30 % from one minute to the next. The 4 GiB is allocated and touched
+    in this process before its fresh service starts, and freed after each round.
+    """
+    small: list[SandboxRound] = []
+    big: list[SandboxRound] = []
+    for index in range(rounds):
+        progress(f"  round {index + 1}/{rounds}: small caller")
+        small.append(asyncio.run(sandbox_round(episodes, concurrency, with_c1=index == 0)))
+        progress(f"  round {index + 1}/{rounds}: 4 GiB caller")
+        ballast = hold_touched(BIG_PARENT_BYTES)
+        try:
+            big.append(asyncio.run(sandbox_round(episodes, concurrency, with_c1=False)))
+        finally:
+            del ballast
+    return small, big
 
 
 # -- 3: in-process exec floor -------------------------------------------------------------------
@@ -199,7 +247,7 @@ def exec_floor(episodes: int) -> EpisodeRun:
         t0 = time.perf_counter()
         play_in_process(seed)
         times.append(time.perf_counter() - t0)
-    return EpisodeRun("exec floor (no isolation)", episodes, time.perf_counter() - started, 1, Latency.of(times))
+    return EpisodeRun.timed("exec floor (no isolation)", episodes, time.perf_counter() - started, 1, times)
 
 
 # -- 4: fork per episode (runs in a spawned process) -------------------------------------------
@@ -264,10 +312,10 @@ def fork_run(label: str, hold_bytes: int, max_episodes: int) -> EpisodeRun:
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         raw = pool.submit(fork_episodes, hold_bytes, max_episodes, FORK_TIME_CAP_S).result()
     fork_call = Latency.of(raw["fork_call_s"])
-    return EpisodeRun(label, raw["episodes"], raw["seconds"], 1, Latency.of(raw["episode_s"]),
-                      {"parent_rss_mib": raw["rss_bytes"] / 2**20, "touch_s": raw["touch_s"],
-                       "fork_call_p50_ms": fork_call.p50_ms, "fork_call_p95_ms": fork_call.p95_ms,
-                       "capped_by_time": raw["capped_by_time"]})
+    return EpisodeRun.timed(label, raw["episodes"], raw["seconds"], 1, raw["episode_s"],
+                            parent_rss_mib=raw["rss_bytes"] / 2**20, touch_s=raw["touch_s"],
+                            fork_call_p50_ms=fork_call.p50_ms, fork_call_p95_ms=fork_call.p95_ms,
+                            capped_by_time=raw["capped_by_time"])
 
 
 # -- machine and report --------------------------------------------------------------------------
@@ -292,38 +340,49 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def build_report(args: argparse.Namespace, small: dict[str, Any], big: dict[str, Any], floor: EpisodeRun,
-                 fork_big: EpisodeRun, fork_small: EpisodeRun, caller_rss: int, wall_s: float) -> dict[str, Any]:
-    sandbox = small["runs"]["concurrent"]
-    big_run = big["runs"]["concurrent"]
-    open_seq = small["runs"]["open_seq"].latency
-    big_open = big["runs"]["open_seq"].latency
-    assert open_seq is not None and big_open is not None
-    eps_ratio = big_run.per_s / sandbox.per_s if sandbox.per_s else 0.0
+def build_report(args: argparse.Namespace, small: list[SandboxRound], big: list[SandboxRound],
+                 floor: EpisodeRun, fork_big: EpisodeRun, fork_small: EpisodeRun, wall_s: float) -> dict[str, Any]:
+    c = args.concurrency
+    sandbox = pooled(f"sandbox c={c}", [r.concurrent for r in small])
+    c1 = small[0].c1
+    assert c1 is not None
+    c1.label = "sandbox c=1"
+    open_seq = pooled("open sequential", [r.open_seq for r in small])
+    big_run = pooled(f"sandbox 4GiB caller c={c}", [r.concurrent for r in big])
+    big_open = pooled("open 4GiB caller sequential", [r.open_seq for r in big])
+    assert open_seq.latency is not None and big_open.latency is not None
+    # paired per round, then the median: robust to one round landing in a noisy minute
+    eps_ratios = [b.concurrent.per_s / s.concurrent.per_s for s, b in zip(small, big)]
+    open_ratios = [b.open_seq.latency.p50_ms / s.open_seq.latency.p50_ms  # type: ignore[union-attr]
+                   for s, b in zip(small, big)]
+    eps_ratio = statistics.median(eps_ratios)
     ratios = {
         "big_caller_episodes": eps_ratio,
-        "big_caller_open_p50": big_open.p50_ms / open_seq.p50_ms if open_seq.p50_ms else float("nan"),
-        "sandbox_over_exec_floor": sandbox.per_s / floor.per_s if floor.per_s else float("nan"),
+        "big_caller_episodes_per_round": [round(x, 3) for x in eps_ratios],
+        "big_caller_episodes_pooled": big_run.per_s / sandbox.per_s,
+        "big_caller_open_p50": statistics.median(open_ratios),
+        "big_caller_open_p50_per_round": [round(x, 3) for x in open_ratios],
+        "sandbox_over_exec_floor": sandbox.per_s / floor.per_s,
         "sandbox_over_fork_4gib": sandbox.per_s / fork_big.per_s if fork_big.per_s else float("nan"),
-        "sandbox_over_fork_small": sandbox.per_s / fork_small.per_s if fork_small.per_s else float("nan"),
+        "sandbox_over_fork_small": sandbox.per_s / fork_small.per_s,
     }
     targets = {
         "episodes_per_s": {"value": sandbox.per_s, "target": f">= {TARGET_EPISODES_PER_S:g}",
                            "pass": sandbox.per_s >= TARGET_EPISODES_PER_S},
-        "open_p50_ms": {"value": open_seq.p50_ms, "target": f"<= {TARGET_OPEN_P50_MS:g}",
-                        "pass": open_seq.p50_ms <= TARGET_OPEN_P50_MS},
+        "open_p50_ms": {"value": open_seq.latency.p50_ms, "target": f"<= {TARGET_OPEN_P50_MS:g}",
+                        "pass": open_seq.latency.p50_ms <= TARGET_OPEN_P50_MS},
         "big_caller_episodes_ratio": {"value": eps_ratio, "target": f">= {TARGET_BIG_CALLER_RATIO:g}",
                                       "pass": eps_ratio >= TARGET_BIG_CALLER_RATIO},
     }
-    runs = [sandbox, small["runs"]["c1"], small["runs"]["open_seq"], floor, fork_big, fork_small,
-            big_run, big["runs"]["open_seq"]]
+    runs = [sandbox, c1, open_seq, floor, fork_big, fork_small, big_run, big_open]
     return {
         "machine": machine_info(),
-        "settings": {"episodes": args.episodes, "concurrency": args.concurrency, "steps": STEPS,
+        "settings": {"episodes": args.episodes, "concurrency": c, "steps": STEPS, "rounds": args.rounds,
                      "instantiation_samples": INSTANTIATION_SAMPLES, "fork_time_cap_s": FORK_TIME_CAP_S},
-        "isolation": small["isolation"],
-        "service_start_s": {"small_caller": small["service_start_s"], "big_caller": big["service_start_s"]},
-        "big_caller_rss_mib": caller_rss / 2**20,
+        "isolation": small[0].isolation,
+        "service_start_ms": {"small_caller": [round(r.service_start_s * 1e3, 1) for r in small],
+                             "big_caller": [round(r.service_start_s * 1e3, 1) for r in big]},
+        "caller_rss_mib": {"small_caller": small[0].caller_rss_mib, "big_caller": big[0].caller_rss_mib},
         "runs": {run.label: run.to_json() for run in runs},
         "ratios": ratios,
         "targets": targets,
@@ -337,11 +396,13 @@ def print_table(report: dict[str, Any]) -> None:
           f"kernel {m['kernel']}, python {m['python']}")
     print(f"isolation layers: {', '.join(report['isolation'])}")
     s = report["settings"]
-    print(f"settings: {s['episodes']} episodes of {s['steps']} steps, concurrency {s['concurrency']}, "
-          f"{s['instantiation_samples']} sequential opens; service start "
-          f"{report['service_start_s']['small_caller'] * 1e3:.0f} ms (small caller), "
-          f"{report['service_start_s']['big_caller'] * 1e3:.0f} ms (4 GiB caller, RSS "
-          f"{report['big_caller_rss_mib']:.0f} MiB)")
+    print(f"settings: {s['episodes']} episodes of {s['steps']} steps at concurrency {s['concurrency']} and "
+          f"{s['instantiation_samples']} sequential opens per round, {s['rounds']} rounds alternating a small "
+          f"and a 4 GiB caller")
+    rss = report["caller_rss_mib"]
+    starts = report["service_start_ms"]
+    print(f"caller RSS: small {rss['small_caller']:.0f} MiB, big {rss['big_caller']:.0f} MiB; service start ms: "
+          f"small {starts['small_caller']}, big {starts['big_caller']}")
     print()
     header = f"{'measurement':<34} {'n':>5} {'conc':>4} {'seconds':>8} {'per s':>9} {'p50 ms':>8} {'p95 ms':>8}  note"
     print(header)
@@ -356,6 +417,8 @@ def print_table(report: dict[str, Any]) -> None:
         latency = run["latency"] or {}
         note = next((text for key, text in notes.items() if label.startswith(key) or key in label), "")
         extra = run["extra"]
+        if "round_per_s" in extra:
+            note += f"; per round/s {extra['round_per_s']}"
         if "fork_call_p50_ms" in extra:
             note += (f"; fork() call p50 {extra['fork_call_p50_ms']:.2f} ms; parent RSS "
                      f"{extra['parent_rss_mib']:.0f} MiB" + ("; stopped by time cap" if extra["capped_by_time"] else ""))
@@ -365,8 +428,10 @@ def print_table(report: dict[str, Any]) -> None:
     print()
     r = report["ratios"]
     print("ratios:")
-    print(f"  4 GiB caller / small caller, episodes/s   {r['big_caller_episodes']:.3f}")
-    print(f"  4 GiB caller / small caller, open p50     {r['big_caller_open_p50']:.3f}")
+    print(f"  4 GiB caller / small caller, episodes/s   {r['big_caller_episodes']:.3f} (median of rounds "
+          f"{r['big_caller_episodes_per_round']}; pooled {r['big_caller_episodes_pooled']:.3f})")
+    print(f"  4 GiB caller / small caller, open p50     {r['big_caller_open_p50']:.3f} (median of rounds "
+          f"{r['big_caller_open_p50_per_round']})")
     print(f"  sandbox / exec floor                      {r['sandbox_over_exec_floor']:.4f}")
     print(f"  sandbox / fork-per-episode from 4 GiB     {r['sandbox_over_fork_4gib']:.2f}")
     print(f"  sandbox / fork-per-episode, small parent  {r['sandbox_over_fork_small']:.2f}")
@@ -385,32 +450,31 @@ def print_table(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=600)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--episodes", type=int, default=600, help="episodes per sandbox run (default 600)")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent episodes (default 16)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating small/4 GiB caller rounds (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
-    progress = (lambda message: print(message, file=sys.stderr, flush=True)) if not args.json else (lambda _m: None)
+    quiet = args.json
+
+    def progress(message: str) -> None:
+        if not quiet:
+            print(message, file=sys.stderr, flush=True)
+
     wall = time.perf_counter()
-
-    progress("[1/5] sandbox, small caller ...")
-    small = asyncio.run(sandbox_suite(args.episodes, args.concurrency, tag="", with_c1=True))
-    progress("[2/5] in-process exec floor ...")
+    progress("[1/4] in-process exec floor ...")
     floor = exec_floor(args.episodes)
-    progress("[3/5] fork per episode from a 4 GiB parent ...")
+    progress("[2/4] fork per episode from a 4 GiB parent ...")
     fork_big = fork_run("fork/episode, 4 GiB parent", BIG_PARENT_BYTES, FORK_BIG_MAX_EPISODES)
-    progress("[4/5] fork per episode from a small parent ...")
+    progress("[3/4] fork per episode from a small parent ...")
     fork_small = fork_run("fork/episode, small parent", 0, FORK_SMALL_MAX_EPISODES)
-    progress("[5/5] sandbox, 4 GiB caller ...")
-    ballast = hold_touched(BIG_PARENT_BYTES)
-    caller_rss = vm_rss_bytes()
-    try:
-        big = asyncio.run(sandbox_suite(args.episodes, args.concurrency, tag=" 4GiB caller", with_c1=False))
-    finally:
-        del ballast
+    progress("[4/4] sandbox, small and 4 GiB caller ...")
+    small, big = caller_comparison(args.episodes, args.concurrency, args.rounds, progress)
 
-    report = build_report(args, small, big, floor, fork_big, fork_small, caller_rss, time.perf_counter() - wall)
+    report = build_report(args, small, big, floor, fork_big, fork_small, time.perf_counter() - wall)
     if args.json:
-        print(json.dumps(report, indent=None))
+        print(json.dumps(report))
     else:
         print_table(report)
     return 0
