@@ -53,6 +53,7 @@ class SandboxService:
         self._reader_task: asyncio.Task[None] | None = None
         self._restart_lock = asyncio.Lock()
         self._closed = False
+        self.generation = 0  # counts supervisor launches; environments belong to one generation
 
     @classmethod
     async def start(cls, config: SandboxConfig | None = None) -> "SandboxService":
@@ -61,6 +62,7 @@ class SandboxService:
         return service
 
     async def _launch(self) -> None:
+        self.generation += 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {**os.environ, "PYTHONPATH": PACKAGE_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         try:
@@ -113,15 +115,22 @@ class SandboxService:
         return self._process is not None and self._process.poll() is None and self._reader_task is not None \
             and not self._reader_task.done()
 
-    async def _request(self, op: str, **payload: Any) -> dict[str, Any]:
+    async def _request(self, op: str, *, generation: int | None = None, **payload: Any) -> dict[str, Any]:
         if not self.running:
             error = EnvError(ErrorKind.CRASHED, Stage.SERVICE, "the sandbox supervisor is not running", True)
             raise InfrastructureFault(error)
+        if generation is not None and generation != self.generation:
+            error = EnvError(ErrorKind.CRASHED, Stage.SERVICE,
+                             "the sandbox supervisor restarted; this environment went with the old one", True)
+            raise InfrastructureFault(error)
         request_id = next(self._ids)
+        frame = framing.encode({"id": request_id, "op": op, **payload})
+        if len(frame) > self.config.request_frame_bytes:
+            raise ValueError(f"{op} request of {len(frame)} bytes exceeds the sandbox's request limit")
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         assert self._writer is not None
-        self._writer.write(framing.encode({"id": request_id, "op": op, **payload}))
+        self._writer.write(frame)
         reply = await future
         if not reply.get("ok"):
             raise_for(_error_from_json(reply.get("error", {})))
@@ -141,8 +150,9 @@ class SandboxService:
             raise_for(EnvError(ErrorKind.SOURCE_TOO_LARGE, Stage.LOAD,
                                f"source is {size} bytes, limit {self.config.max_source_bytes}"))
         await self._ensure_running()
-        result = await self._request("open", source=source, max_turns=max_turns)
-        return SandboxedEnv(self, result["env"], result["class_name"], result["max_turns"])
+        generation = self.generation
+        result = await self._request("open", generation=generation, source=source, max_turns=max_turns)
+        return SandboxedEnv(self, generation, result["env"], result["class_name"], result["max_turns"])
 
     async def stats(self) -> dict[str, Any]:
         return await self._request("stats")
@@ -174,19 +184,25 @@ class SandboxService:
 class SandboxedEnv:
     """One live environment in the sandbox. Calls on it are serialised by the supervisor."""
 
-    def __init__(self, service: SandboxService, env_id: int, class_name: str, max_turns: int | None):
+    def __init__(self, service: SandboxService, generation: int, env_id: int, class_name: str,
+                 max_turns: int | None):
         self._service = service
+        self._generation = generation
         self.env_id = env_id
         self.class_name = class_name
         self.max_turns = max_turns
         self.closed = False
 
     async def reset(self, seed: int | None = None) -> ResetResult:
-        result = await self._service._request("reset", env=self.env_id, seed=seed)
+        result = await self._call("reset", seed=seed)
         return ResetResult(result["observation"], result["info"], result.get("output", ""))
 
     async def step(self, action: str) -> StepResult:
-        result = await self._service._request("step", env=self.env_id, action=action)
+        """Raises ValueError for an action longer than ``sandbox.max_action_chars``."""
+        if len(action) > self._service.config.max_action_chars:
+            raise ValueError(f"action of {len(action)} characters exceeds sandbox.max_action_chars "
+                             f"({self._service.config.max_action_chars})")
+        result = await self._call("step", action=action)
         return StepResult(result["observation"], float(result["reward"]), result["terminated"],
                           result["truncated"], result["info"], result.get("output", ""))
 
@@ -195,9 +211,12 @@ class SandboxedEnv:
             return
         self.closed = True
         try:
-            await self._service._request("close", env=self.env_id)
+            await self._call("close")
         except InfrastructureFault:
             pass
+
+    async def _call(self, op: str, **payload: Any) -> dict[str, Any]:
+        return await self._service._request(op, generation=self._generation, env=self.env_id, **payload)
 
     async def __aenter__(self) -> "SandboxedEnv":
         return self

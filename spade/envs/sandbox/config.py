@@ -28,6 +28,7 @@ class SandboxConfig:
     open_files: int = 64
     recursion_limit: int = 2000
     max_source_bytes: int = 512 * 1024
+    max_action_chars: int = 262_144
     max_observation_chars: int = 65_536
     max_frame_bytes: int = 1 << 20
     max_captured_output_bytes: int = 16_384
@@ -40,7 +41,8 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         for key in ("pool_size", "max_envs_per_sandbox", "memory_limit_mb", "cpu_limit_s", "open_files",
-                    "recursion_limit", "max_source_bytes", "max_observation_chars", "max_frame_bytes"):
+                    "recursion_limit", "max_source_bytes", "max_action_chars", "max_observation_chars",
+                    "max_frame_bytes"):
             require(getattr(self, key) > 0, f"sandbox.{key}", "must be positive")
         require(self.warm_children >= 0, "sandbox.warm_children", "must be zero or more")
         require(self.max_captured_output_bytes >= 0, "sandbox.max_captured_output_bytes", "must be zero or more")
@@ -60,6 +62,12 @@ class SandboxConfig:
         data = asdict(self)
         data["allowed_imports"] = list(self.allowed_imports)
         return data
+
+    @property
+    def request_frame_bytes(self) -> int:
+        """The largest client request: JSON may spend 12 bytes on one character (an escaped
+        astral character), so a source or action at its limit always fits."""
+        return 12 * max(self.max_source_bytes, self.max_action_chars) + 64 * 1024
 
     def child_limits(self, readable_paths: tuple[str, ...]) -> ChildLimits:
         strict = self.isolation == "bubblewrap"

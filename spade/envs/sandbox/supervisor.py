@@ -32,7 +32,6 @@ CHILD_REPORTABLE_KINDS = frozenset({
     ErrorKind.OUTPUT_TOO_LARGE, ErrorKind.EXIT_CALLED, ErrorKind.MEMORY_LIMIT,
 })
 EXIT_WAIT_S = 3.0
-CLIENT_FRAME_SLACK = 64 * 1024
 
 
 class Fault(Exception):
@@ -328,8 +327,9 @@ class Supervisor:
         if op == "step":
             env = self.get_env(request.get("env"), Stage.STEP)
             action = request.get("action")
-            if not isinstance(action, str):
-                raise fault(ErrorKind.PROTOCOL_ERROR, Stage.STEP, "action must be a string")
+            if not isinstance(action, str) or len(action) > self.config.max_action_chars:
+                raise fault(ErrorKind.PROTOCOL_ERROR, Stage.STEP,
+                            f"action must be a string of at most {self.config.max_action_chars} characters")
             reply = await self.call(env, "step", {"action": action}, self.config.step_timeout_s, Stage.STEP)
             return _with_output(reply)
         if op == "close":
@@ -342,7 +342,7 @@ class Supervisor:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         tasks: set[asyncio.Task[None]] = set()
-        limit = self.config.max_source_bytes * 4 + CLIENT_FRAME_SLACK
+        limit = self.config.request_frame_bytes
         while True:
             try:
                 request = await _read_frame(reader, limit)

@@ -291,7 +291,10 @@ class EnvHost:
 def _check_reward(reward: Any) -> float:
     if isinstance(reward, bool) or not isinstance(reward, (int, float)):
         raise Rejected("bad_return", f"reward must be a real number, got {type(reward).__name__}")
-    value = float(reward)
+    try:
+        value = float(reward)
+    except OverflowError:
+        raise Rejected("bad_return", "reward is an integer too large for a float") from None
     if not math.isfinite(value):
         raise Rejected("bad_return", f"reward must be finite, got {value}")
     return value
@@ -349,7 +352,11 @@ def _classify(exc: BaseException, default_kind: str) -> str:
 
 def _describe(exc: BaseException) -> str:
     """The exception and the lines of generated code it passed through."""
-    lines = [f"{type(exc).__name__}: {exc}"[:500]]
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - a hostile __str__ must not stop the report
+        text = "<the exception could not be printed>"
+    lines = [f"{type(exc).__name__}: {text}"[:500]]
     frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == FILENAME]
     for frame in frames[-3:]:
         lines.append(f"  line {frame.lineno}, in {frame.name}")
@@ -357,8 +364,10 @@ def _describe(exc: BaseException) -> str:
 
 
 def _describe_syntax_error(exc: BaseException) -> str:
-    if isinstance(exc, SyntaxError):
+    if isinstance(exc, SyntaxError) and exc.lineno is not None:
         return f"line {exc.lineno}: {exc.msg}"
+    if isinstance(exc, SyntaxError):
+        return str(exc.msg)
     return str(exc)
 
 
@@ -368,7 +377,9 @@ def _guarded_builtins(allowed: frozenset[str]) -> dict[str, Any]:
     def guarded_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
                        level: int = 0) -> Any:
         top = name.partition(".")[0]
-        if level != 0 or top not in allowed:
+        if level != 0:
+            raise ImportBlocked("relative imports are not allowed in an environment")
+        if top not in allowed:
             raise ImportBlocked(f"import of {name!r} is not allowed in an environment "
                                 f"(standard-library modules for computation only)")
         return real_import(name, globals, locals, fromlist, level)
