@@ -44,7 +44,6 @@ class Stage(str, enum.Enum):
     DETERMINISM = "determinism"
     RESET = "reset"
     STEP = "step"
-    CLOSE = "close"
     SERVICE = "service"
 
 
