@@ -48,3 +48,22 @@ def sandbox() -> Iterator[SandboxHarness]:
     harness = make_harness()
     yield harness
     harness.close()
+
+
+def _cuda_available() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU-marked tests run where CUDA is; elsewhere they are reported as skipped, with the reason."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (run tools/gpu_check.sh on a GPU machine)")
+        for item in gpu_items:
+            item.add_marker(skip)
