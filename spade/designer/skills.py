@@ -1,0 +1,233 @@
+"""The designer's skills (SPEC 5) and which of them are active at each regeneration (SPEC 1.1).
+
+Every environment the designer writes targets one skill. At regeneration number ``r`` (that is,
+step ``r * k``) a curriculum picks the active skills, and environment slot ``i`` of the new set gets
+``active[i % len(active)]``.
+
+- ``games``: a round-robin window of 3 over the 6 game skills, moving by 3 each regeneration, so
+  the two halves alternate: skills 0-2, then 3-5, then 0-2 again ...
+- ``tool_use``: all 6 tool-use skills every time.
+- ``two_skill`` curriculum (the paper's ablation, as defined here): only the first two skills of the
+  list, both active at every regeneration (a window of 2 over 2 skills).
+
+The skill list and the window are configurable (:class:`SkillSettings`). Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeVar, get_args
+
+__all__ = [
+    "ALL_SKILLS",
+    "CURRICULA",
+    "Curriculum",
+    "DOMAINS",
+    "Domain",
+    "GAME_SKILLS",
+    "Skill",
+    "SkillSettings",
+    "TOOL_USE_SKILLS",
+    "active_skills",
+    "domain_skills",
+    "skill_by_name",
+    "slot_skills",
+]
+
+Domain = Literal["games", "tool_use"]
+Curriculum = Literal["full", "two_skill"]
+DOMAINS: tuple[str, ...] = get_args(Domain)
+CURRICULA: tuple[str, ...] = get_args(Curriculum)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Skill:
+    """A skill name and the description the designer prompt shows for it."""
+
+    name: str
+    description: str
+
+
+GAME_SKILLS: tuple[Skill, ...] = (
+    Skill(
+        "Mathematical Reasoning",
+        "The goal is a quantity that has to be worked out over several steps: arithmetic, algebra, "
+        "number theory, counting or probability, with the pieces revealed through play.",
+    ),
+    Skill(
+        "Logical Deduction",
+        "A hidden configuration is pinned down from clues and feedback; every answer must follow "
+        "from ruling out the possibilities that contradict what has been observed.",
+    ),
+    Skill(
+        "Spatial Reasoning",
+        "Positions, directions, grids, maps or shapes that the agent cannot see all at once; it "
+        "must keep track of where things are and how moves change them.",
+    ),
+    Skill(
+        "Pattern Recognition",
+        "A hidden rule produces sequences, symbols or transformations; the agent probes it, "
+        "states the rule it has induced and applies it to new cases.",
+    ),
+    Skill(
+        "Optimization",
+        "Among many feasible choices under constraints the agent must find the best one "
+        "(cheapest, shortest, largest), guided by feedback on how good each attempt is.",
+    ),
+    Skill(
+        "Causal Inference",
+        "A hidden system of causes and effects; the agent intervenes on variables and observes the "
+        "results to separate real causes from coincidences and predict an outcome.",
+    ),
+)
+
+TOOL_USE_SKILLS: tuple[Skill, ...] = (
+    Skill(
+        "API Orchestration",
+        "Several tools must be called in the right order, with the output of one call supplying "
+        "the arguments of the next.",
+    ),
+    Skill(
+        "Data Retrieval",
+        "The agent looks up, filters and combines records through query tools to obtain exactly "
+        "the information a request needs before acting on it.",
+    ),
+    Skill(
+        "State Modification",
+        "Records in the backend have to be created, changed or removed precisely as asked, "
+        "without disturbing anything else.",
+    ),
+    Skill(
+        "Error Recovery",
+        "Some calls fail or are rejected; the agent reads the error, fixes its arguments or picks "
+        "another route, and still completes the task.",
+    ),
+    Skill(
+        "Tool Selection",
+        "Look-alike and distractor tools are on offer; the agent must choose the one that fits "
+        "each request and fill in its required parameters.",
+    ),
+    Skill(
+        "Multi-Step Workflows",
+        "Dependent instructions arrive one at a time; the agent finishes each before the next and "
+        "carries earlier results forward.",
+    ),
+)
+
+ALL_SKILLS: tuple[Skill, ...] = GAME_SKILLS + TOOL_USE_SKILLS
+_BY_NAME = {skill.name: skill for skill in ALL_SKILLS}
+
+
+def skill_by_name(name: str) -> Skill:
+    """The built-in skill called ``name``; ValueError listing the known names otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown skill {name!r}; known skills: {', '.join(_BY_NAME)}") from None
+
+
+def domain_skills(domain: Domain) -> tuple[Skill, ...]:
+    """The six skills of ``domain`` (``"games"`` or ``"tool_use"``), in SPEC order."""
+    if domain == "games":
+        return GAME_SKILLS
+    if domain == "tool_use":
+        return TOOL_USE_SKILLS
+    raise ValueError(f"domain: {domain!r} is not allowed; choose one of: {', '.join(DOMAINS)}")
+
+
+def active_skills(
+    domain: Domain,
+    regeneration_index: int,
+    window: int | None = None,
+    *,
+    skills: Sequence[Skill] | None = None,
+    curriculum: Curriculum = "full",
+) -> tuple[Skill, ...]:
+    """The skills active at regeneration number ``regeneration_index`` (``step // k``).
+
+    ``skills`` defaults to the domain's six. ``window`` defaults to 3 for games and to the whole
+    list for tool use. With ``n`` skills and window ``w`` the active skills are ``w`` consecutive
+    ones (wrapping around) starting at ``(regeneration_index * w) % n``. ``curriculum="two_skill"``
+    keeps only the first two skills with a window of 2 (any other explicit window is an error).
+    """
+    if not _is_int(regeneration_index) or regeneration_index < 0:
+        raise ValueError(f"regeneration_index: must be an integer >= 0, got {regeneration_index!r}")
+    defaults = domain_skills(domain)  # also validates ``domain``
+    pool = tuple(skills) if skills is not None else defaults
+    if curriculum == "two_skill":
+        if window not in (None, 2):
+            raise ValueError(f"window: the two_skill curriculum uses a window of 2, got {window}")
+        if len(pool) < 2:
+            raise ValueError(f"skills: the two_skill curriculum needs at least 2 skills, got {len(pool)}")
+        pool, window = pool[:2], 2
+    elif curriculum != "full":
+        raise ValueError(f"curriculum: {curriculum!r} is not allowed; choose one of: {', '.join(CURRICULA)}")
+    if not pool:
+        raise ValueError("skills: empty; at least one skill is needed")
+    if window is None:
+        window = 3 if domain == "games" else len(pool)
+    if not _is_int(window) or not 1 <= window <= len(pool):
+        raise ValueError(f"window: must be an integer in [1, {len(pool)}], got {window!r}")
+    start = (regeneration_index * window) % len(pool)
+    return tuple(pool[(start + j) % len(pool)] for j in range(window))
+
+
+def slot_skills(active: Sequence[T], n_slots: int) -> list[T]:
+    """Skill of each environment slot: slot ``i`` gets ``active[i % len(active)]``."""
+    if not _is_int(n_slots) or n_slots < 0:
+        raise ValueError(f"n_slots: must be an integer >= 0, got {n_slots!r}")
+    if len(active) == 0:
+        raise ValueError("active: empty; at least one skill is needed")
+    return [active[i % len(active)] for i in range(n_slots)]
+
+
+@dataclass(frozen=True)
+class SkillSettings:
+    """Configurable curriculum.
+
+    ``skills``: names of built-in skills (see :data:`ALL_SKILLS`) replacing the domain's list, in
+    rotation order; ``None`` keeps the domain's six. ``window``: skills active per regeneration;
+    ``None`` means the domain default (games 3, tool use all). ``curriculum``: ``"full"`` or
+    ``"two_skill"``.
+    """
+
+    curriculum: Curriculum = "full"
+    skills: tuple[str, ...] | None = None
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.curriculum not in CURRICULA:
+            raise ValueError(
+                f"curriculum: {self.curriculum!r} is not allowed; choose one of: {', '.join(CURRICULA)}"
+            )
+        if self.skills is not None:
+            if len(self.skills) == 0:
+                raise ValueError("skills: empty; list at least one skill or leave it unset")
+            if len(set(self.skills)) != len(self.skills):
+                raise ValueError(f"skills: duplicate names in {list(self.skills)}")
+            for name in self.skills:
+                skill_by_name(name)
+        if self.window is not None and (not _is_int(self.window) or self.window < 1):
+            raise ValueError(f"window: must be an integer >= 1, got {self.window!r}")
+        if self.curriculum == "two_skill" and self.window not in (None, 2):
+            raise ValueError(f"window: the two_skill curriculum uses a window of 2, got {self.window}")
+
+    def skill_list(self, domain: Domain) -> tuple[Skill, ...]:
+        """The configured skills, or the domain's six."""
+        if self.skills is None:
+            return domain_skills(domain)
+        return tuple(skill_by_name(name) for name in self.skills)
+
+    def active(self, domain: Domain, regeneration_index: int) -> tuple[Skill, ...]:
+        """:func:`active_skills` with these settings."""
+        skills = self.skill_list(domain)
+        return active_skills(
+            domain, regeneration_index, self.window, skills=skills, curriculum=self.curriculum
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,337 @@
+"""The delayed designer buffer (SPEC 1.4, 1.5) and the learning-potential designer reward.
+
+A designer sample written at regeneration step ``s`` cannot be scored at once: its reward needs the
+no-hint returns of every step of the environment's window ``s .. s+k-1``. :class:`DesignerBuffer`
+holds the sample from ``s`` and releases it, with its reward, at step ``s + k``, to be trained on
+together with that step's agent samples.
+
+Lifecycle of one environment ``e`` generated at step ``s``::
+
+    buffer.add(s, e, skill, sample_ref, hint_returns, nohint_returns)     # plays of step s
+    buffer.record_window_returns(s + 1, e, returns)                        # ... each later step
+    buffer.record_window_returns(s + k - 1, e, returns)
+    released = buffer.release(s + k)                                       # reward computed here
+
+Stale samples and log-probs: the buffer stores only an opaque ``sample_ref`` (a JSON value naming
+where the designer's token ids and rollout log-probs are kept). Whoever keeps that sample must leave
+its rollout log-probs exactly as they were at generation time, never recomputed under the newer
+policy: the sample is ``k`` policy updates stale, and the trainer's truncated importance sampling
+(``w = clamp(exp(logp_train - logp_rollout), 0, 2)``) corrects for exactly that staleness only if
+``logp_rollout`` is the original.
+
+The buffer round-trips through JSON (:meth:`DesignerBuffer.to_json`,
+:meth:`DesignerBuffer.from_json`) so that a resumed run releases exactly what the interrupted one
+would have. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .rewards import RewardSettings, _mean, _require_finite, designer_reward
+
+__all__ = [
+    "DesignerBuffer",
+    "LearningPotentialReward",
+    "PendingDesignerSample",
+    "ReleasedDesignerSample",
+]
+
+_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LearningPotentialReward:
+    """The EMA learning-potential designer reward (the paper's ablation), as defined here.
+
+    For one environment, take the per-step mean no-hint return over its window in step order,
+    ``m_0`` (step ``s``), ``m_1``, ... (steps with no plays are skipped). Start two exponential
+    moving averages at ``fast = slow = m_0`` and for every later mean ``m``::
+
+        fast += fast_alpha * (m - fast)
+        slow += slow_alpha * (m - slow)
+
+    The reward is ``min(1, |fast - slow| / scale)``: how fast the agent's performance on the
+    environment is moving (in either direction) at the end of the window, in [0, 1]. A window of
+    one step gives 0. The defaults (0.5, 0.1, scale 0.2) are this project's choice.
+
+    Called with the same three inputs as :func:`~spade.selfplay.rewards.designer_reward`, except
+    that the window arrives grouped by step and without step ``s`` (which is
+    ``nohint_returns_regen``). ``hint_returns`` does not enter the value: this reward replaces the
+    hint-based regret.
+    """
+
+    fast_alpha: float = 0.5
+    slow_alpha: float = 0.1
+    scale: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("fast_alpha", "slow_alpha", "scale"):
+            _require_finite(getattr(self, name), name)
+        if not 0 < self.slow_alpha < self.fast_alpha <= 1:
+            raise ValueError(
+                f"fast_alpha, slow_alpha: need 0 < slow_alpha < fast_alpha <= 1, "
+                f"got {self.slow_alpha}, {self.fast_alpha}"
+            )
+        if self.scale <= 0:
+            raise ValueError(f"scale: must be > 0, got {self.scale}")
+
+    @classmethod
+    def from_settings(cls, settings: RewardSettings) -> "LearningPotentialReward":
+        return cls(settings.lp_fast_alpha, settings.lp_slow_alpha, settings.lp_scale)
+
+    def progress(self, step_means: Sequence[float]) -> float:
+        """The reward from the per-step mean no-hint returns, in step order (non-empty)."""
+        if len(step_means) == 0:
+            raise ValueError("step_means: empty; at least one step is needed")
+        first, *rest = (_require_finite(m, "step_means") for m in step_means)
+        fast = slow = first
+        for m in rest:
+            fast += self.fast_alpha * (m - fast)
+            slow += self.slow_alpha * (m - slow)
+        return min(1.0, abs(fast - slow) / self.scale)
+
+    def __call__(
+        self,
+        hint_returns: Sequence[float],
+        nohint_returns_regen: Sequence[float],
+        nohint_returns_later_steps: Sequence[Sequence[float]],
+    ) -> float:
+        """``nohint_returns_regen``: plays of step ``s`` (non-empty); ``nohint_returns_later_steps``:
+        one list per later step ``s+1 .. s+k-1``, in order (empty lists are skipped)."""
+        del hint_returns  # not part of this reward
+        means = [_mean(nohint_returns_regen, "nohint_returns_regen")]
+        for step in nohint_returns_later_steps:
+            if len(step):
+                means.append(_mean(step, "nohint_returns_later_steps"))
+        return self.progress(means)
+
+
+@dataclass(frozen=True)
+class PendingDesignerSample:
+    """One designer sample waiting for its window to close.
+
+    ``nohint_returns`` are the no-hint plays of the generation step itself; ``later_returns`` holds
+    ``(step, returns)`` for the later steps of the window, in step order.
+    """
+
+    env_id: str
+    skill: str
+    generated_step: int
+    sample_ref: Any
+    hint_returns: tuple[float, ...]
+    nohint_returns: tuple[float, ...]
+    later_returns: tuple[tuple[int, tuple[float, ...]], ...] = ()
+
+    def window_returns(self) -> list[float]:
+        """All no-hint returns of the window so far, step ``s`` first."""
+        out = list(self.nohint_returns)
+        for _step, returns in self.later_returns:
+            out.extend(returns)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "env_id": self.env_id,
+            "skill": self.skill,
+            "generated_step": self.generated_step,
+            "sample_ref": self.sample_ref,
+            "hint_returns": list(self.hint_returns),
+            "nohint_returns": list(self.nohint_returns),
+            "later_returns": [[step, list(returns)] for step, returns in self.later_returns],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "PendingDesignerSample":
+        return cls(
+            env_id=data["env_id"],
+            skill=data["skill"],
+            generated_step=int(data["generated_step"]),
+            sample_ref=data["sample_ref"],
+            hint_returns=tuple(float(r) for r in data["hint_returns"]),
+            nohint_returns=tuple(float(r) for r in data["nohint_returns"]),
+            later_returns=tuple(
+                (int(step), tuple(float(r) for r in returns)) for step, returns in data["later_returns"]
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class ReleasedDesignerSample:
+    """A designer sample whose window has closed, with its reward.
+
+    ``win`` is the mean no-hint return over all plays of the window (the plateau's input);
+    ``regret`` is the raw hint regret at the generation step (not floored, not normalised);
+    ``reward`` is the selected designer reward. ``n_window_plays`` counts the window's no-hint plays
+    and ``window_steps`` lists the steps that contributed any (a short list flags a gap).
+    """
+
+    env_id: str
+    skill: str
+    generated_step: int
+    reward: float
+    win: float
+    regret: float
+    sample_ref: Any
+    n_window_plays: int
+    window_steps: tuple[int, ...]
+
+
+class DesignerBuffer:
+    """Designer samples held back ``k`` steps until their window's no-hint returns are in.
+
+    The reward is chosen by ``settings.designer_reward``: ``"regret_plateau"`` uses
+    :func:`~spade.selfplay.rewards.designer_reward`, ``"learning_potential"`` uses
+    :class:`LearningPotentialReward`. Advantages are not computed here: pass the ``reward`` and
+    ``skill`` of one :meth:`release` to :func:`~spade.selfplay.rewards.designer_advantages`.
+    """
+
+    def __init__(self, k: int, settings: RewardSettings | None = None) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k: must be an integer >= 1, got {k!r}")
+        self.k = k
+        self.settings = settings if settings is not None else RewardSettings()
+        self._pending: list[PendingDesignerSample] = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DesignerBuffer):
+            return NotImplemented
+        return (self.k, self.settings, self._pending) == (other.k, other.settings, other._pending)
+
+    @property
+    def pending(self) -> tuple[PendingDesignerSample, ...]:
+        """The samples not yet released, in the order they were added."""
+        return tuple(self._pending)
+
+    def add(
+        self,
+        step: int,
+        env_id: str,
+        skill: str,
+        sample_ref: Any,
+        hint_returns: Sequence[float],
+        nohint_returns: Sequence[float],
+    ) -> None:
+        """Hold the designer sample of environment ``env_id`` generated at ``step``.
+
+        ``hint_returns`` and ``nohint_returns`` are the plays of ``step`` itself (both non-empty).
+        ``sample_ref`` must be a JSON value that survives a round trip unchanged (str, number, list,
+        dict of those). An ``env_id`` may not have two pending samples whose windows overlap.
+        """
+        _require_step(step)
+        if not isinstance(env_id, str) or not isinstance(skill, str):
+            raise ValueError("env_id and skill: must be strings")
+        for other in self._pending:
+            if other.env_id == env_id and abs(other.generated_step - step) < self.k:
+                raise ValueError(
+                    f"env_id {env_id!r}: already pending from step {other.generated_step}; "
+                    f"windows of k={self.k} steps would overlap"
+                )
+        try:
+            same = json.loads(json.dumps(sample_ref)) == sample_ref
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            raise ValueError(f"sample_ref: must be a JSON value that round-trips unchanged: {sample_ref!r}")
+        self._pending.append(
+            PendingDesignerSample(
+                env_id=env_id,
+                skill=skill,
+                generated_step=step,
+                sample_ref=sample_ref,
+                hint_returns=_returns(hint_returns, "hint_returns", allow_empty=False),
+                nohint_returns=_returns(nohint_returns, "nohint_returns", allow_empty=False),
+            )
+        )
+
+    def record_window_returns(self, step: int, env_id: str, returns: Sequence[float]) -> None:
+        """Add no-hint returns of ``env_id`` played at ``step``, a later step of its window.
+
+        ``step`` must satisfy ``s < step < s + k`` for the pending sample of ``env_id`` generated
+        at ``s`` (KeyError otherwise). Repeated calls for one step accumulate.
+        """
+        _require_step(step)
+        values = _returns(returns, "returns", allow_empty=True)
+        for index, entry in enumerate(self._pending):
+            if entry.env_id == env_id and entry.generated_step < step < entry.generated_step + self.k:
+                later = dict(entry.later_returns)
+                later[step] = later.get(step, ()) + values
+                later_returns = tuple(sorted(later.items()))
+                self._pending[index] = dataclasses.replace(entry, later_returns=later_returns)
+                return
+        raise KeyError(f"no pending designer sample for env_id {env_id!r} whose window holds step {step}")
+
+    def release(self, step: int) -> list[ReleasedDesignerSample]:
+        """Remove and score every sample with ``generated_step + k <= step``.
+
+        Ordered by generation step, then by order of :meth:`add`. A window missing some steps is
+        scored on the plays recorded.
+        """
+        _require_step(step)
+        due = [entry for entry in self._pending if entry.generated_step + self.k <= step]
+        if not due:
+            return []
+        self._pending = [entry for entry in self._pending if entry.generated_step + self.k > step]
+        due.sort(key=lambda entry: entry.generated_step)  # stable: keeps add order within a step
+        return [self._score(entry) for entry in due]
+
+    def _score(self, entry: PendingDesignerSample) -> ReleasedDesignerSample:
+        window = entry.window_returns()
+        if self.settings.designer_reward == "learning_potential":
+            reward = LearningPotentialReward.from_settings(self.settings)(
+                entry.hint_returns, entry.nohint_returns, [returns for _step, returns in entry.later_returns]
+            )
+        else:
+            reward = designer_reward(
+                entry.hint_returns, entry.nohint_returns, window, **self.settings.blend_kwargs()
+            )
+        steps = [entry.generated_step] + [step for step, returns in entry.later_returns if returns]
+        return ReleasedDesignerSample(
+            env_id=entry.env_id,
+            skill=entry.skill,
+            generated_step=entry.generated_step,
+            reward=reward,
+            win=_mean(window, "window"),
+            regret=_mean(entry.hint_returns, "hint_returns") - _mean(entry.nohint_returns, "nohint_returns"),
+            sample_ref=entry.sample_ref,
+            n_window_plays=len(window),
+            window_steps=tuple(steps),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot: ``k``, the reward settings and every pending sample."""
+        return {
+            "version": _FORMAT_VERSION,
+            "k": self.k,
+            "settings": dataclasses.asdict(self.settings),
+            "pending": [entry.to_json() for entry in self._pending],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "DesignerBuffer":
+        """Rebuild a buffer from :meth:`to_json`; the stored ``k`` and settings are restored."""
+        version = data.get("version")
+        if version != _FORMAT_VERSION:
+            raise ValueError(f"version: expected {_FORMAT_VERSION}, got {version!r}")
+        buffer = cls(int(data["k"]), RewardSettings(**data["settings"]))
+        buffer._pending = [PendingDesignerSample.from_json(entry) for entry in data["pending"]]
+        return buffer
+
+
+def _require_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step: must be an integer >= 0, got {step!r}")
+
+
+def _returns(values: Sequence[float], name: str, *, allow_empty: bool) -> tuple[float, ...]:
+    if not allow_empty and len(values) == 0:
+        raise ValueError(f"{name}: empty; at least one return is needed")
+    return tuple(_require_finite(v, name) for v in values)
+

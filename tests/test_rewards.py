@@ -1,0 +1,322 @@
+"""Rewards and advantages (SPEC 1.3, 1.4) against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spade.envs import protocol
+from spade.selfplay import rewards
+from spade.selfplay.rewards import (
+    RewardSettings,
+    agent_advantages,
+    designer_advantage_scale,
+    designer_advantages,
+    designer_reward,
+    episode_return,
+    plateau,
+)
+
+approx = pytest.approx
+
+# ---------------------------------------------------------------------------------- episode_return
+
+
+def test_episode_return_is_the_protocol_definition():
+    assert rewards.episode_return is protocol.episode_return
+
+
+@pytest.mark.parametrize(
+    "step_rewards, terminated, expected",
+    [
+        ([0.2, 0.5, 1.0], True, 1.0),  # last reward, not the sum 1.7
+        ([0.2, 0.7], True, 0.7),  # not 0.9
+        ([0.5, 2.0], True, 1.0),  # clipped to 1
+        ([-3.0], True, -1.0),  # clipped to -1
+        ([1.0], False, 0.0),  # not terminated (truncated / out of turns)
+        ([], True, 0.0),  # empty
+        ([1.0, float("nan")], True, 0.0),  # non-finite last reward
+        ([1.0, float("inf")], True, 0.0),
+    ],
+)
+def test_episode_return(step_rewards, terminated, expected):
+    assert episode_return(step_rewards, terminated) == expected
+
+
+# ------------------------------------------------------------------------------------------ plateau
+
+
+@pytest.mark.parametrize(
+    "win, expected",
+    [
+        (0.5, 1.0),  # inside [0.4, 0.6]
+        (0.4, 1.0),  # edges are inside
+        (0.6, 1.0),
+        (0.3, 0.6),  # 1 - (0.4 - 0.3) / 0.25 = 1 - 0.4 = 0.6
+        (0.7, 0.6),  # 1 - (0.7 - 0.6) / 0.25 = 0.6
+        (0.2, 0.2),  # 1 - (0.4 - 0.2) / 0.25 = 1 - 0.8 = 0.2
+        (0.8, 0.2),  # 1 - (0.8 - 0.6) / 0.25 = 0.2
+        (0.15, 0.0),  # 0.4 - 0.25: the foot of the ramp
+        (0.85, 0.0),  # 0.6 + 0.25
+        (0.0, 0.0),
+        (1.0, 0.0),
+        (-1.0, 0.0),
+    ],
+)
+def test_plateau_defaults(win, expected):
+    assert plateau(win) == approx(expected, abs=1e-12)
+
+
+def test_plateau_custom_band():
+    # lo 0.2, hi 0.3, ramp 0.1: at 0.35 -> 1 - (0.35 - 0.3) / 0.1 = 0.5 ; at 0.1 -> 1 - 0.1/0.1 = 0
+    assert plateau(0.35, lo=0.2, hi=0.3, ramp=0.1) == approx(0.5)
+    assert plateau(0.1, lo=0.2, hi=0.3, ramp=0.1) == approx(0.0, abs=1e-12)
+    # lo == hi is allowed: a peak. 0.45 with lo = hi = 0.5, ramp 0.2 -> 1 - 0.05/0.2 = 0.75
+    assert plateau(0.45, lo=0.5, hi=0.5, ramp=0.2) == approx(0.75)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(lo=0.7, hi=0.6), "lo"),
+        (dict(ramp=0.0), "ramp"),
+        (dict(ramp=-0.1), "ramp"),
+        (dict(win=float("nan")), "win"),
+        (dict(hi=float("inf")), "hi"),
+    ],
+)
+def test_plateau_rejects(kwargs, name):
+    args = {"win": 0.5, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        plateau(**args)
+
+
+@given(st.floats(-2, 3), st.floats(0, 1), st.floats(0, 0.5), st.floats(0.01, 1))
+def test_plateau_in_unit_interval(win, lo, width, ramp):
+    assert 0.0 <= plateau(win, lo, lo + width, ramp) <= 1.0
+
+
+@given(st.floats(0, 1), st.floats(0, 1), st.floats(0, 0.5), st.floats(0.01, 1))
+def test_plateau_symmetric(distance, lo, width, ramp):
+    hi = lo + width
+    assert plateau(lo - distance, lo, hi, ramp) == approx(plateau(hi + distance, lo, hi, ramp), abs=1e-9)
+
+
+@given(st.floats(-1, 2), st.floats(-1, 2))
+def test_plateau_monotone_below_and_above(a, b):
+    a, b = sorted((a, b))
+    if b <= 0.4:
+        assert plateau(a) <= plateau(b)
+    if a >= 0.6:
+        assert plateau(a) >= plateau(b)
+
+
+# ---------------------------------------------------------------------------------- designer_reward
+
+
+def test_designer_reward_regret_and_plateau():
+    # regret = 0.59 - 0.5 = 0.09 ; 0.09 / 0.15 = 0.6
+    # win = (0.5 + 0.3 + 0.2 + 0.6) / 4 = 1.6 / 4 = 0.4 -> plateau 1
+    # blend = 0.4 * 0.6 + 0.6 * 1 = 0.24 + 0.6 = 0.84
+    assert designer_reward([0.59], [0.5], [0.5, 0.3, 0.2, 0.6]) == approx(0.84)
+
+
+def test_designer_reward_regret_floored_at_zero():
+    # regret = mean([0, 0]) - mean([1, 0]) = 0 - 0.5 = -0.5 -> clipped to 0
+    # win = 3 / 4 = 0.75 -> plateau = 1 - (0.75 - 0.6) / 0.25 = 0.4
+    # blend = 0.4 * 0 + 0.6 * 0.4 = 0.24
+    assert designer_reward([0.0, 0.0], [1.0, 0.0], [1.0, 1.0, 1.0, 0.0]) == approx(0.24)
+
+
+def test_designer_reward_regret_capped_at_one():
+    # regret = 1 - 0 = 1 ; 1 / 0.15 = 6.67 -> clipped to 1 ; win = 0 -> plateau 0 ; blend = 0.4
+    assert designer_reward([1.0, 1.0], [0.0, 0.0], [0.0] * 8) == approx(0.4)
+
+
+def test_designer_reward_win_over_all_window_plays():
+    # 4 wins among 16 plays of the window (16 no-hint plays at step s, none later, or any split):
+    # win = 4 / 16 = 0.25 -> plateau = 1 - (0.4 - 0.25) / 0.25 = 0.4
+    # regret = 0.5 - 0.5 = 0 ; blend = 0.6 * 0.4 = 0.24
+    window = [1.0] * 4 + [0.0] * 12
+    assert designer_reward([1.0, 0.0], [1.0, 0.0], window) == approx(0.24)
+
+
+def test_designer_reward_custom_numbers():
+    # regret = mean([1, 0]) - mean([0, 0, 0, 1]) = 0.5 - 0.25 = 0.25 ; 0.25 / 0.5 = 0.5
+    # win = (0 + 0 + 1) / 3 = 1/3 ; band [0.2, 0.3], ramp 0.1 -> 1 - (1/3 - 0.3) / 0.1 = 2/3
+    # blend = 0.2 * 0.5 + 0.8 * 2/3 = 0.1 + 0.5333... = 0.6333...
+    value = designer_reward(
+        [1.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0],
+        regret_scale=0.5, regret_weight=0.2, plateau_weight=0.8, lo=0.2, hi=0.3, ramp=0.1,
+    )
+    assert value == approx(0.1 + 0.8 * 2 / 3)
+
+
+@pytest.mark.parametrize("empty", ["hint_returns", "nohint_returns_regen", "nohint_returns_window"])
+def test_designer_reward_empty_names_argument(empty):
+    args = {"hint_returns": [1.0], "nohint_returns_regen": [0.0], "nohint_returns_window": [0.5]}
+    args[empty] = []
+    with pytest.raises(ValueError, match=empty):
+        designer_reward(**args)
+
+
+def test_designer_reward_rejects_non_finite_and_bad_scale():
+    with pytest.raises(ValueError, match="nohint_returns_window"):
+        designer_reward([1.0], [0.0], [float("nan")])
+    with pytest.raises(ValueError, match="regret_scale"):
+        designer_reward([1.0], [0.0], [0.5], regret_scale=0.0)
+
+
+@given(
+    st.lists(st.floats(-1, 1), min_size=1, max_size=20),
+    st.lists(st.floats(-1, 1), min_size=1, max_size=20),
+    st.lists(st.floats(-1, 1), min_size=1, max_size=60),
+)
+def test_designer_reward_bounded(hint, regen, window):
+    assert 0.0 <= designer_reward(hint, regen, window) <= 1.0 + 1e-12
+
+
+# -------------------------------------------------------------------------------- agent_advantages
+
+
+def test_agent_advantages_two_wins_two_losses():
+    # mean = 0.5 ; population std = sqrt(4 * 0.25 / 4) = 0.5
+    # (1 - 0.5) / (0.5 + 1e-8) = 0.99999998 ; (0 - 0.5) / (0.5 + 1e-8) = -0.99999998
+    expected = 0.5 / (0.5 + 1e-8)
+    assert agent_advantages([1.0, 0.0, 0.0, 1.0]) == approx([expected, -expected, -expected, expected], rel=1e-12)
+    assert expected == approx(0.99999998, rel=1e-12)
+
+
+def test_agent_advantages_one_win():
+    # mean = 0.25 ; variance = (0.75^2 + 3 * 0.25^2) / 4 = (0.5625 + 0.1875) / 4 = 0.1875
+    # std = 0.4330127 ; 0.75 / 0.4330127 = 1.7320508 ; -0.25 / 0.4330127 = -0.5773503
+    assert agent_advantages([1.0, 0.0, 0.0, 0.0]) == approx([1.7320508, -0.5773503, -0.5773503, -0.5773503], rel=1e-6)
+
+
+def test_agent_advantages_degenerate():
+    assert agent_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]  # exactly, despite 0.3's rounding
+    assert agent_advantages([1.0]) == [0.0]
+    assert agent_advantages([]) == []
+    with pytest.raises(ValueError, match="returns"):
+        agent_advantages([1.0, float("nan")])
+
+
+@given(st.lists(st.floats(-1, 1), min_size=2, max_size=32))
+def test_agent_advantages_centred_and_scaled(returns):
+    advantages = agent_advantages(returns)
+    assert math.fsum(advantages) == approx(0.0, abs=1e-6)
+    mean = math.fsum(returns) / len(returns)
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in returns) / len(returns))
+    if std > 1e-3:
+        second_moment = math.fsum(a * a for a in advantages) / len(advantages)
+        assert second_moment == approx(1.0, rel=1e-4)
+
+
+# ----------------------------------------------------------------------------- designer_advantages
+
+
+def test_designer_advantages_by_skill():
+    # skill A: rewards 0.8, 0.4 -> mean 0.6 -> +0.2, -0.2 -> times 32 -> +6.4, -6.4
+    # skill B: rewards 0.6, 0.2 -> mean 0.4 -> +0.2, -0.2 -> +6.4, -6.4
+    # skill C: one environment -> 0
+    result = designer_advantages([0.8, 0.4, 0.6, 0.2, 0.5], ["A", "A", "B", "B", "C"], 32.0)
+    assert result == approx([6.4, -6.4, 6.4, -6.4, 0.0], abs=1e-12)
+
+
+def test_designer_advantages_interleaved_and_no_std():
+    # skill X: 1.0, 0.0, 0.5 -> mean 0.5 -> 0.5, -0.5, 0 ; skill Y: 0.3, 0.1 -> mean 0.2 -> 0.1, -0.1
+    # scale 2 -> 1.0, -1.0, 0.0 ; 0.2, -0.2 (not divided by a std: Y stays smaller than X)
+    result = designer_advantages([1.0, 0.3, 0.0, 0.1, 0.5], ["X", "Y", "X", "Y", "X"], 2.0)
+    assert result == approx([1.0, 0.2, -1.0, -0.2, 0.0], abs=1e-12)
+
+
+def test_designer_advantages_errors():
+    assert designer_advantages([], [], 32.0) == []
+    with pytest.raises(ValueError, match="length"):
+        designer_advantages([1.0, 0.5], ["A"], 1.0)
+    with pytest.raises(ValueError, match="scale"):
+        designer_advantages([1.0], ["A"], float("nan"))
+    with pytest.raises(ValueError, match="scale"):
+        designer_advantages([1.0], ["A"], -1.0)
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 1), st.sampled_from("ABCD")), max_size=30),
+    st.floats(0, 64),
+)
+def test_designer_advantages_sum_to_zero_per_skill(pairs, scale):
+    result = designer_advantages([r for r, _ in pairs], [s for _, s in pairs], scale)
+    for skill in "ABCD":
+        assert math.fsum(a for a, (_, s) in zip(result, pairs) if s == skill) == approx(0.0, abs=1e-9)
+
+
+# ------------------------------------------------------------------------ designer_advantage_scale
+
+
+def test_designer_advantage_scale():
+    assert designer_advantage_scale(192, 24, 4) == 32.0  # games: 192 / 24 * 4 = 32
+    assert designer_advantage_scale(192, 24, 8) == 50.0  # tool use: 192 / 24 * 8 = 64 -> cap 50
+    assert designer_advantage_scale(384, 24, 4) == 50.0  # 16 plays/env: 384 / 24 * 4 = 64 -> cap 50
+    assert designer_advantage_scale(96, 24, 4) == 16.0  # 96 / 24 * 4 = 16
+    assert designer_advantage_scale(192, 24, 4, cap=10.0) == 10.0  # 32 -> cap 10
+    assert designer_advantage_scale(0, 24, 4) == 0.0
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [((192, 0, 4), "n_designer_samples"), ((-1, 24, 4), "n_agent_samples"), ((192, 24, 0), "k"), ((192, 24, 4, 0.0), "cap")],
+)
+def test_designer_advantage_scale_rejects(args, name):
+    with pytest.raises(ValueError, match=name):
+        designer_advantage_scale(*args)
+
+
+# --------------------------------------------------------------------------------- RewardSettings
+
+
+def test_reward_settings_defaults_match_spec():
+    settings = RewardSettings()
+    assert settings.blend_kwargs() == {
+        "regret_scale": 0.15, "regret_weight": 0.4, "plateau_weight": 0.6, "lo": 0.4, "hi": 0.6, "ramp": 0.25,
+    }
+    assert settings.advantage_cap == 50.0
+    assert settings.designer_reward == "regret_plateau"
+    assert (settings.lp_fast_alpha, settings.lp_slow_alpha) == (0.5, 0.1)
+    # the kwargs feed designer_reward: regret 0.09 -> 0.6 ; win 0.5 -> 1 ; 0.24 + 0.6 = 0.84
+    assert designer_reward([0.59], [0.5], [0.5], **settings.blend_kwargs()) == approx(0.84)
+
+
+def test_reward_settings_is_frozen():
+    with pytest.raises(AttributeError):
+        RewardSettings().regret_scale = 0.2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(designer_reward="ema"), "regret_plateau, learning_potential"),
+        (dict(plateau_lo=0.7), "plateau_lo"),
+        (dict(plateau_ramp=0.0), "plateau_ramp"),
+        (dict(regret_scale=-1.0), "regret_scale"),
+        (dict(lp_slow_alpha=0.6), "lp_slow_alpha"),
+        (dict(lp_scale=float("nan")), "lp_scale"),
+        (dict(advantage_cap=0.0), "advantage_cap"),
+    ],
+)
+def test_reward_settings_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RewardSettings(**kwargs)
+
+
+def test_reward_settings_from_config_mapping():
+    from spade.config import ConfigError, from_mapping
+
+    settings = from_mapping(RewardSettings, {"designer_reward": "learning_potential", "regret_scale": 1}, where="rewards")
+    assert settings.designer_reward == "learning_potential" and settings.regret_scale == 1.0
+    with pytest.raises(ConfigError, match="rewards.designer_reward.*learning_potential"):
+        from_mapping(RewardSettings, {"designer_reward": "bogus"}, where="rewards")
+    with pytest.raises(ConfigError, match="plateau_lo"):
+        from_mapping(RewardSettings, {"plateau_lo": 0.9}, where="rewards")
