@@ -10,6 +10,8 @@ import sys
 from ..config import ConfigError
 from ..envs.sandbox.client import SandboxUnavailable
 from . import demo, env_commands
+from . import score
+from . import memory
 from .common import UsageError
 
 EXIT_USAGE = 2
@@ -21,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     env_commands.add_parser(commands)
     demo.add_parser(commands)
+    score.add_parser(commands)
+    memory.add_parser(commands)
     return parser
 
 
