@@ -66,6 +66,6 @@ def to_transformers_state(
         gate_up = [torch.cat((p["gate_proj"], p["up_proj"])) for p in order]
         out[f"{prefix}.gate_up_proj"] = torch.stack(gate_up)
         out[f"{prefix}.down_proj"] = torch.stack([p["down_proj"] for p in order])
-    if spec.tie_embeddings and "lm_head.weight" in model_state_names:
+    if spec.tie_embeddings and "lm_head.weight" in model_state_names and "model.embed_tokens.weight" in checkpoint_state:
         out["lm_head.weight"] = checkpoint_state["model.embed_tokens.weight"]
     return out

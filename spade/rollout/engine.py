@@ -1,0 +1,140 @@
+"""The rollout-engine interface: token ids in; token ids, log-probs and a finish reason out.
+
+Everything above the engine (episode runner, designer calls, weight-sync bridge) talks to a
+``RolloutEngine`` and nothing else, so the in-process transformers engine (``hf``) and the SGLang
+servers (``sglang``) are interchangeable (ARCHITECTURE principle 2).
+
+Which distribution the log-probs come from
+------------------------------------------
+``GenerationResult.logprobs[i]`` is ``log_softmax(logits / T)[token_ids[i]]`` where ``logits`` are
+the model's full-vocabulary logits at that position under the weights of ``weight_version`` and
+``T`` is ``SamplingParams.temperature``. The log-softmax is taken over the whole vocabulary, *before*
+top-k / top-p truncation, so a sampled token's log-prob does not depend on the truncation
+settings. This is exactly what the trainer computes with
+``spade.rl.logprobs.token_logprobs(hidden, weight, targets, temperature=T)``, which makes the
+truncated-importance-sampling ratio ``exp(logp_train - logp_rollout)`` compare like with like.
+With ``temperature == 0`` (greedy) the log-probs are taken at ``T = 1``.
+
+Tokens are *sampled* from that same tempered distribution after top-k then top-p truncation and
+renormalisation (the order SGLang uses).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Optional
+
+from torch import Tensor
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion.
+
+    ``temperature == 0`` means greedy. ``top_p == 1`` and ``top_k is None`` switch truncation off.
+    ``stop_token_ids`` end the completion (the stop token is included in the output); engines also
+    stop at the model's own end-of-sequence ids. ``seed`` makes the completion reproducible: the
+    same seed, prompt and weights give the same tokens whatever else is in the batch (up to
+    floating-point ties). ``None`` draws a fresh seed.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: Optional[int] = None
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None (off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The ``T`` of ``log_softmax(logits / T)`` for the returned log-probs."""
+        return 1.0 if self.greedy else float(self.temperature)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt (token ids) to complete."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The completion: generated ids (stop token included), one log-prob per id, why it ended
+    ("stop": a stop/EOS token, "length": max_new_tokens or the context limit, "abort": the engine
+    was closed), and the weight version that produced every token of it."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
+        object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs"
+            )
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+
+
+class EngineClosed(RuntimeError):
+    """``generate`` or ``update_weights`` was called after ``close()``."""
+
+
+class RolloutEngine(abc.ABC):
+    """Async generation service. Concurrent ``generate`` calls are batched by the engine."""
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int:
+        """The version of the weights new requests are served with (0 before any update)."""
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Complete one prompt. Each result is produced entirely by one weight version."""
+
+    @abc.abstractmethod
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Load HF checkpoint-named tensors (any subset of the model) and set ``weight_version``.
+
+        Takes effect between batches: in-flight completions finish on the old weights.
+        """
+
+    async def release_memory(self) -> None:
+        """Free accelerator memory (KV cache, weights) while the trainer runs; no-op by default."""
+
+    async def resume_memory(self) -> None:
+        """Undo ``release_memory``; no-op by default."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop serving: queued and in-flight requests finish with ``finish_reason="abort"``
+        (keeping what was generated); later calls raise ``EngineClosed``. Idempotent."""

@@ -1,0 +1,441 @@
+"""In-process rollout engine on transformers (CPU or one GPU): the embedded default and test engine.
+
+Generation is this module's own loop over the model's forward with a KV cache, not
+``model.generate``, so that every request keeps its own sampling settings, stop tokens and random
+stream, and the log-prob of each sampled token comes out of the same logits it was sampled from
+(``engine.py`` says which distribution).
+
+Batching. ``generate`` puts the request on a queue and awaits a future. One asyncio task per
+engine collects queued requests (up to ``max_batch_size``, waiting at most ``batch_wait_ms`` for
+more after the first) and runs the batch to completion on a single worker thread, so the event
+loop stays free. Batches are static: requests that arrive meanwhile form the next batch. Inside a
+batch the prompts are left-padded, with an attention mask and explicit position ids (each row
+counts from 0 at its first real token); rows that finish are dropped from the KV cache.
+
+Randomness. Each request owns a ``torch.Generator`` seeded from ``SamplingParams.seed`` and draws
+exactly one exponential variable per vocabulary entry per step; the token is
+``argmax(p / noise)`` over the truncated distribution ``p`` (an exact sample of ``p``). The stream
+therefore depends only on the request, and the same seed gives the same tokens whoever shares the
+batch (left padding changes logits only at rounding level).
+
+Weights. ``update_weights`` takes checkpoint-named tensors (``spade.models.loading.hf_weights``
+yields them: one tensor per expert for MoE) and copies them in place into the transformers model;
+per-expert tensors of a layer are collected until the layer is complete and then fused with
+``spade.models.transformers_state.to_transformers_state``. The copy waits for the running batch
+and runs before the next one, so every result is produced by exactly one weight version. A failed
+update may leave the model partly updated; the version is only bumped on success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from .engine import (
+    EngineClosed,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+)
+
+_PER_EXPERT = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+@dataclass
+class EngineStats:
+    """Counters for tests and metrics (updated by the worker thread)."""
+
+    batches: int = 0
+    forward_calls: int = 0
+    sequences: int = 0
+    generated_tokens: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future
+    seed: int
+
+
+@dataclass
+class _Row:
+    """One request's state inside a running batch."""
+
+    pending: _Pending
+    generator: torch.Generator
+    limit: int  # tokens this row may still generate in total
+    stop_ids: frozenset[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: Optional[FinishReason] = None
+
+
+ModelSource = Union[str, Path, Any, tuple[Any, Any]]
+
+
+class HFEngine(RolloutEngine):
+    """transformers causal LM served through ``RolloutEngine``.
+
+    ``model``: a local HF directory, a transformers model, or ``(model, tokenizer)``. A model object
+    is moved to ``device``/``dtype`` in place. ``eos_token_ids``: ids that always end a completion
+    (default: the generation config's and tokenizer's EOS; ``()`` for none).
+    ``max_context_tokens``: prompt plus completion limit (default: the config's
+    ``max_position_embeddings``).
+    """
+
+    def __init__(
+        self,
+        model: ModelSource,
+        tokenizer: Any = None,
+        *,
+        device: Union[str, torch.device] = "cpu",
+        dtype: Union[torch.dtype, str] = torch.float32,
+        max_batch_size: int = 8,
+        batch_wait_ms: float = 2.0,
+        eos_token_ids: Optional[Sequence[int]] = None,
+        max_context_tokens: Optional[int] = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if batch_wait_ms < 0:
+            raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        if isinstance(model, tuple):
+            model, tokenizer = model
+        if isinstance(model, (str, Path)):
+            model, tokenizer = _load_pretrained(Path(model), dtype, tokenizer)
+        self.model = model.to(device=self.device, dtype=dtype).eval()
+        self.tokenizer = tokenizer
+        self.eos_token_ids: frozenset[int] = frozenset(
+            _default_eos_ids(self.model, tokenizer) if eos_token_ids is None else eos_token_ids
+        )
+        self.max_context_tokens = int(
+            max_context_tokens or getattr(self.model.config, "max_position_embeddings", 1 << 30)
+        )
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.stats = EngineStats()
+        self._weight_version = 0
+        self._closed = False
+        self._abort = threading.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._seeds = random.SystemRandom()
+        # per event loop; created on first use (see _attach)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._queue: deque[_Pending] = deque()
+        self._wakeup: Optional[asyncio.Event] = None
+        self._model_lock: Optional[asyncio.Lock] = None
+        self._task: Optional[asyncio.Task] = None
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self._check_open()
+        loop = self._attach()
+        seed = request.sampling.seed
+        if seed is None:
+            seed = self._seeds.getrandbits(63)
+        pending = _Pending(request, loop.create_future(), seed)
+        self._queue.append(pending)
+        self._wakeup.set()
+        return await pending.future
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        self._check_open()
+        self._attach()
+        async with self._model_lock:
+            self._copy_weights(named_tensors)
+            self._weight_version = int(version)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._abort.set()
+        loop, task = self._loop, self._task
+        if task is not None and not task.done() and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wakeup.set)  # _serve aborts the queue and shuts down
+        else:
+            self._executor.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ batching loop
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+
+    def _attach(self) -> asyncio.AbstractEventLoop:
+        """Start the batching task on the running loop (again if an earlier loop has ended)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._task is not None and not self._task.done() and not self._loop.is_closed():
+                raise RuntimeError("HFEngine is already serving another running event loop")
+            self._loop = loop
+            self._queue = deque()
+            self._wakeup = asyncio.Event()
+            self._model_lock = asyncio.Lock()
+            self._task = loop.create_task(self._serve(), name="hf-engine-batcher")
+        return loop
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                while not self._queue and not self._closed:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                if self._closed:
+                    break
+                await self._wait_for_more(loop)
+                batch = self._take_batch()
+                if not batch:
+                    continue
+                async with self._model_lock:
+                    try:
+                        results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+                    except Exception as error:  # noqa: BLE001 - handed to every waiting caller
+                        for item in batch:
+                            if not item.future.done():
+                                item.future.set_exception(error)
+                        continue
+                for item, result in zip(batch, results):
+                    if not item.future.done():
+                        item.future.set_result(result)
+        finally:
+            if self._closed:
+                while self._queue:
+                    item = self._queue.popleft()
+                    if not item.future.done():
+                        item.future.set_result(_empty_result("abort", self._weight_version))
+                self._executor.shutdown(wait=False)
+
+    async def _wait_for_more(self, loop: asyncio.AbstractEventLoop) -> None:
+        deadline = loop.time() + self.batch_wait_s
+        while len(self._queue) < self.max_batch_size and not self._closed:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        while self._queue and len(batch) < self.max_batch_size:
+            item = self._queue.popleft()
+            if not item.future.done():  # skip callers that gave up while queued
+                batch.append(item)
+        return batch
+
+    # ------------------------------------------------------------------ inference (worker thread)
+
+    @torch.inference_mode()
+    def _run_batch(self, batch: list[_Pending]) -> list[GenerationResult]:
+        version = self._weight_version
+        rows = [self._new_row(item) for item in batch]
+        for row in rows:
+            if row.limit <= 0:
+                row.finish = "length"
+        live = [row for row in rows if row.finish is None]
+        self.stats.batches += 1
+        self.stats.batch_sizes.append(len(live))
+        self.stats.sequences += len(rows)
+        if live:
+            self._decode(live)
+        return [
+            GenerationResult(row.tokens, row.logprobs, row.finish or "abort", version) for row in rows
+        ]
+
+    def _new_row(self, item: _Pending) -> _Row:
+        sampling = item.request.sampling
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(item.seed)
+        room = self.max_context_tokens - len(item.request.prompt_ids)
+        return _Row(
+            pending=item,
+            generator=generator,
+            limit=min(sampling.max_new_tokens, room),
+            stop_ids=frozenset(sampling.stop_token_ids) | self.eos_token_ids,
+        )
+
+    def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
+        self.stats.forward_calls += 1
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    def _decode(self, rows: list[_Row]) -> None:
+        from transformers import DynamicCache
+
+        prompts = [row.pending.request.prompt_ids for row in rows]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt):] = torch.tensor(prompt, device=self.device)
+            mask[i, width - len(prompt):] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, mask, positions, cache)
+        positions = positions[:, -1:]
+        while True:
+            next_ids = self._sample(rows, logits)
+            keep = [i for i, row in enumerate(rows) if row.finish is None]
+            if not keep:
+                return
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                rows = [rows[i] for i in keep]
+                mask, positions = mask[index], positions[index]
+                next_ids = [next_ids[i] for i in keep]
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            positions = positions + 1
+            step_ids = torch.tensor(next_ids, device=self.device).unsqueeze(1)
+            logits = self._forward(step_ids, mask, positions, cache)
+
+    def _sample(self, rows: list[_Row], logits: Tensor) -> list[int]:
+        """Pick each row's next token, record it with its log-prob, and mark finished rows."""
+        temperatures = torch.tensor(
+            [row.pending.request.sampling.logprob_temperature for row in rows],
+            dtype=torch.float32, device=logits.device,
+        )
+        logp = torch.log_softmax(logits.float() / temperatures.unsqueeze(1), dim=-1)
+        aborting = self._abort.is_set()
+        chosen: list[int] = []
+        for row, row_logp in zip(rows, logp):
+            token = _choose(row_logp, row.pending.request.sampling, row.generator)
+            chosen.append(token)
+            row.tokens.append(token)
+            row.logprobs.append(float(row_logp[token]))
+            self.stats.generated_tokens += 1
+            if token in row.stop_ids:
+                row.finish = "stop"
+            elif len(row.tokens) >= row.limit:
+                row.finish = "length"
+            elif aborting or row.pending.future.done():  # engine closed / caller gave up
+                row.finish = "abort"
+        return chosen
+
+    # ------------------------------------------------------------------ weights
+
+    @torch.no_grad()
+    def _copy_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        targets = self.model.state_dict()  # detached views of the live parameters
+        fused_names = {n for n in targets if n != "lm_head.weight"}
+        experts: dict[str, dict[str, Tensor]] = {}
+        for name, tensor in named_tensors:
+            match = _PER_EXPERT.match(name)
+            if match and f"{match[1]}.gate_up_proj" in targets:
+                group = experts.setdefault(match[1], {})
+                group[name] = tensor
+                if len(group) == 3 * targets[f"{match[1]}.gate_up_proj"].shape[0]:
+                    from spade.models.transformers_state import to_transformers_state
+
+                    fused = to_transformers_state(group, fused_names, self._model_spec())
+                    for fused_name, value in fused.items():
+                        _copy_into(targets, fused_name, value)
+                    del experts[match[1]]
+            else:
+                _copy_into(targets, name, tensor)
+        if experts:
+            missing = {prefix: 3 * targets[f"{prefix}.gate_up_proj"].shape[0] - len(group)
+                       for prefix, group in experts.items()}
+            raise ValueError(f"incomplete expert tensors (prefix: missing count): {missing}")
+
+    def _model_spec(self):
+        from spade.models import read_model_spec
+
+        return read_model_spec(self.model.config)
+
+
+def _copy_into(targets: dict[str, Tensor], name: str, value: Tensor) -> None:
+    if name not in targets:
+        raise KeyError(f"update_weights: {name!r} is not a tensor of this model")
+    target = targets[name]
+    if tuple(target.shape) != tuple(value.shape):
+        raise ValueError(f"update_weights: {name} has shape {tuple(value.shape)}, "
+                         f"the model expects {tuple(target.shape)}")
+    target.copy_(value)
+
+
+def _choose(logp: Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+    """Greedy argmax, or an exact sample of the top-k / top-p truncated distribution."""
+    if sampling.greedy:
+        return int(torch.argmax(logp))
+    vocab = logp.numel()
+    top_k = min(sampling.top_k or vocab, vocab)
+    if top_k == vocab and sampling.top_p >= 1.0:
+        weights = logp.exp()
+    else:
+        if top_k < vocab:
+            values, ids = torch.topk(logp, top_k)
+        else:
+            values, ids = torch.sort(logp, descending=True)
+        if sampling.top_p < 1.0:
+            probs = torch.softmax(values, dim=0)
+            before = torch.cumsum(probs, dim=0) - probs  # mass of strictly better candidates
+            kept = before < sampling.top_p  # the best candidate always stays
+            values, ids = values[kept], ids[kept]
+        weights = torch.zeros_like(logp)
+        weights[ids] = torch.softmax(values, dim=0)
+    noise = torch.empty_like(logp).exponential_(generator=generator)
+    return int(torch.argmax(weights / noise))
+
+
+def _empty_result(reason: FinishReason, version: int) -> GenerationResult:
+    return GenerationResult((), (), reason, version)
+
+
+def _load_pretrained(directory: Path, dtype: torch.dtype, tokenizer: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+    if tokenizer is None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(directory)
+        except (OSError, ValueError):
+            tokenizer = None
+    return model, tokenizer
+
+
+def _default_eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    config = getattr(model, "generation_config", None)
+    value = getattr(config, "eos_token_id", None) if config is not None else None
+    if isinstance(value, int):
+        ids.add(value)
+    elif value:
+        ids.update(int(v) for v in value)
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
