@@ -35,8 +35,13 @@ Policy = Callable[[list[Message]], Awaitable[str]]
 class StopEpisode(Exception):
     """Raised by a policy that cannot go on (context budget spent, response cut off without EOS).
 
-    The episode ends unterminated, so its return is 0.
+    The episode ends unterminated, so its return is 0. ``response`` is the cut-off reply, if any:
+    it is recorded in the conversation but not played.
     """
+
+    def __init__(self, reason: str, response: str | None = None):
+        super().__init__(reason)
+        self.response = response
 
 
 class EndReason(str, enum.Enum):
@@ -108,6 +113,8 @@ async def play_episode(env: SandboxedEnv, policy: Policy, *, seed: int | None = 
         try:
             response = await policy(list(messages))
         except StopEpisode as stop:
+            if stop.response is not None:
+                messages.append(Message("assistant", stop.response))
             episode.end_reason, episode.stop_detail = EndReason.POLICY_STOPPED, str(stop)
             return episode
         messages.append(Message("assistant", response))

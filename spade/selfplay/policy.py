@@ -1,0 +1,55 @@
+"""The agent policy for the episode runner, backed by a rollout engine and token-exact.
+
+The runner (``spade.envs.runner``) speaks messages; training needs the exact token sequence the
+engine saw and produced. ``EnginePolicy`` keeps a :class:`~spade.rollout.conversation.Conversation`
+beside the runner's message list: each call appends only the messages the runner added since the
+last call (as template deltas), generates, appends the generated ids verbatim and returns their
+text. A reply cut off by its token limit, or a context / turn budget that is spent, stops the
+episode (return 0, SPEC section 4); the tokens generated so far stay in the sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..envs.runner import Message, StopEpisode
+from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
+from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
+
+
+class EnginePolicy:
+    """One episode's policy. Create a new one per episode (it owns that episode's tokens)."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer: Any, sampling: SamplingParams, *,
+                 max_context_tokens: int, chat_format: ChatFormat | None = None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.max_context_tokens = max_context_tokens
+        self.chat_format = chat_format
+        self.conversation: Conversation | None = None
+        self.weight_versions: list[int] = []
+        self._consumed = 0  # runner messages already in the conversation
+
+    async def __call__(self, messages: list[Message]) -> str:
+        new = [m.to_dict() for m in messages[self._consumed:]]
+        try:
+            if self.conversation is None:
+                self.conversation = Conversation(self.tokenizer, new, max_context_tokens=self.max_context_tokens,
+                                                 chat_format=self.chat_format)
+            else:
+                self.conversation.append_messages(new)
+        except BudgetExceeded as exceeded:
+            raise StopEpisode(f"{exceeded.reason} budget spent") from None
+        self._consumed = len(messages) + 1  # the runner appends our reply next
+        conversation = self.conversation
+        seed = None if self.sampling.seed is None else self.sampling.seed + conversation.turns
+        sampling = replace(self.sampling, max_new_tokens=conversation.max_new_tokens(self.sampling.max_new_tokens),
+                           seed=seed)
+        result = await self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling))
+        self.weight_versions.append(result.weight_version)
+        text = conversation.append_generated(result.token_ids, result.logprobs, result.finish_reason)
+        if result.finish_reason != "stop":
+            raise StopEpisode(f"the reply ended without end-of-turn ({result.finish_reason})", response=text)
+        return text
