@@ -1,0 +1,156 @@
+"""Process group and Megatron parallel state for one ``ParallelLayout``.
+
+``init_parallel`` is the first call of a training process. It joins (or creates) the
+torch.distributed world: from torchrun's environment (``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/
+``MASTER_PORT``) when present, otherwise as a world of one; gloo on CPU, nccl with CUDA. It then
+applies ``megatron_patches`` (CPU support), initialises ``megatron.core.parallel_state`` for the
+layout (data parallelism is what is left of the world) and seeds torch and Megatron's named RNG
+streams. Calling it again with the same layout reuses everything; with another layout the model
+parallel groups are rebuilt inside the same world (tests use that to run several layouts in one
+launch). ``teardown_parallel`` undoes it.
+
+Sequence parallelism is not part of the parallel state (it is a model config flag); the layout
+carries it to the model builder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from spade.models import ParallelLayout, RankCoords
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """Where this process sits: world, data-parallel and model-parallel coordinates."""
+
+    layout: ParallelLayout
+    world_size: int
+    rank: int
+    local_rank: int
+    dp_size: int
+    dp_rank: int
+    coords: RankCoords
+    device: torch.device
+    backend: str
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords.is_last_stage(self.layout)
+
+
+def data_parallel_size(layout: ParallelLayout, world_size: int) -> int:
+    """World size divided by ``tp * pp``; raises ValueError when a layout does not fit the world."""
+    model_parallel = layout.tp * layout.pp
+    if world_size % model_parallel:
+        raise ValueError(
+            f"world size {world_size} is not a multiple of tp * pp = {layout.tp} * {layout.pp}"
+        )
+    expert_parallel = layout.ep * layout.expert_tp * layout.pp
+    if world_size % expert_parallel:
+        raise ValueError(
+            f"world size {world_size} is not a multiple of ep * etp * pp = "
+            f"{layout.ep} * {layout.expert_tp} * {layout.pp}"
+        )
+    if layout.sequence_parallel and layout.tp == 1:
+        raise ValueError("sequence_parallel needs tensor parallelism (tp > 1)")
+    return world_size // model_parallel
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _init_process_group(backend: Optional[str], timeout_minutes: int) -> None:
+    if dist.is_initialized():
+        return
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    else:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(0)
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+            timeout=timeout,
+        )
+
+
+def _current_sizes() -> tuple[int, int, int, int]:
+    from megatron.core import parallel_state as ps
+
+    return (
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_pipeline_model_parallel_world_size(),
+        ps.get_expert_model_parallel_world_size(),
+        ps.get_expert_tensor_parallel_world_size(),
+    )
+
+
+def init_parallel(
+    layout: ParallelLayout = ParallelLayout(),
+    *,
+    seed: int = 1234,
+    backend: Optional[str] = None,
+    timeout_minutes: int = 30,
+) -> ParallelContext:
+    """Join the world, set up Megatron's parallel state for ``layout`` and seed the RNGs."""
+    import megatron_patches
+    from megatron.core import parallel_state as ps
+
+    megatron_patches.apply_all()
+    _init_process_group(backend, timeout_minutes)
+    world_size = dist.get_world_size()
+    dp_size = data_parallel_size(layout, world_size)
+
+    wanted = (layout.tp, layout.pp, layout.ep, layout.expert_tp)
+    if ps.model_parallel_is_initialized() and _current_sizes() != wanted:
+        ps.destroy_model_parallel()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tp,
+            pipeline_model_parallel_size=layout.pp,
+            expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.expert_tp,
+            distributed_timeout_minutes=timeout_minutes,
+        )
+    megatron_patches.seed_model_parallel_rng(seed)
+
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+    return ParallelContext(
+        layout=layout,
+        world_size=world_size,
+        rank=dist.get_rank(),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        dp_size=dp_size,
+        dp_rank=ps.get_data_parallel_rank(),
+        coords=RankCoords.current(),
+        device=device,
+        backend=dist.get_backend(),
+    )
+
+
+def teardown_parallel(*, destroy_process_group: bool = True) -> None:
+    """Destroy Megatron's parallel state and (by default) the process group."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if destroy_process_group and dist.is_initialized():
+        dist.destroy_process_group()

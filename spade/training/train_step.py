@@ -1,0 +1,291 @@
+"""One GRPO update with Megatron, and the no-grad log-prob pass.
+
+Loss normalisation. ``spade.rl.loss.policy_loss`` returns a mean over the micro-batch it sees.
+Averaging such means over micro-batches or data-parallel ranks would weight tokens by how the
+batch happened to be split. Instead each micro-batch's loss function returns the *sum*
+``mean * count`` together with ``count`` (loss tokens for ``token_mean``, sequences with a loss
+token for ``seq_mean_token_mean``), the model config has ``calculate_per_token_loss`` (set by
+``build_model``), so neither the schedule nor DDP rescales anything, and ``finalize_model_grads``
+divides every gradient once by the global count (summed over micro-batches, broadcast along the
+pipeline, all-reduced over data-parallel ranks). The step's loss and gradients are therefore
+those of one ``policy_loss`` call on the whole global batch, however it is split into
+micro-batches and ranks. The reported metrics are reduced the same way (token- or count-weighted
+sums, all-reduced over data-parallel ranks, broadcast from the last pipeline stage).
+
+A micro-batch without ``old_logprobs`` uses the current log-probs, detached (ratio 1: the
+on-policy case of a single update per batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from spade.config import require
+from spade.rl.loss import AGGREGATIONS, policy_loss
+
+from .batching import MicroBatch
+from .model_io import is_last_stage, micro_batch_logprobs, stage_forward
+from .schedule import device as _device
+from .schedule import run_schedule
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """GRPO loss knobs (SPEC section 1 step 5) and the log-prob computation."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    tis_cap: float = 2.0
+    kl_coef: float = 0.0
+    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    temperature: float = 1.0
+    logprob_chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        require(self.aggregation in AGGREGATIONS, "aggregation",
+                f"{self.aggregation!r} is not allowed; choose one of: {', '.join(AGGREGATIONS)}")
+        require(0.0 <= self.eps_low < 1.0, "eps_low", f"must be in [0, 1), got {self.eps_low}")
+        require(self.eps_high >= 0.0, "eps_high", f"must be >= 0, got {self.eps_high}")
+        require(self.tis_cap > 0.0, "tis_cap", f"must be > 0, got {self.tis_cap}")
+        require(self.kl_coef >= 0.0, "kl_coef", f"must be >= 0, got {self.kl_coef}")
+        require(self.temperature > 0.0, "temperature", f"must be > 0, got {self.temperature}")
+        require(self.logprob_chunk_size >= 1, "logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
+
+
+@dataclass(frozen=True)
+class LossSummary:
+    """Loss metrics of a whole step (global batch), as ``LossMetrics`` would give for one call."""
+
+    loss: float
+    pg_loss: float
+    clip_frac_low: float
+    clip_frac_high: float
+    ratio_mean: float
+    tis_weight_mean: float
+    tis_clip_frac: float
+    kl_mean: float
+    loss_tokens: int
+    tokens: int
+    samples: int
+
+    @property
+    def clip_frac(self) -> float:
+        return self.clip_frac_low + self.clip_frac_high
+
+
+@dataclass(frozen=True)
+class TrainStepMetrics(LossSummary):
+    """``LossSummary`` plus the optimizer side of the step."""
+
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    micro_batches: int = 0
+    skipped: bool = False  # the optimizer rejected the update (e.g. fp16 overflow)
+
+    def to_dict(self) -> dict[str, float]:
+        out = {k: (float(v) if not isinstance(v, bool) else v) for k, v in dataclasses.asdict(self).items()}
+        out["clip_frac"] = self.clip_frac
+        return out
+
+
+_TOKEN_WEIGHTED = ("clip_frac_low", "clip_frac_high", "ratio_mean", "tis_weight_mean", "tis_clip_frac", "kl_mean")
+_FIELDS = ("loss", "pg_loss", *_TOKEN_WEIGHTED, "count", "loss_tokens", "tokens", "samples")
+
+
+class _Totals:
+    """Weighted sums of per-micro-batch ``LossMetrics`` (fp64, reduced across ranks at the end)."""
+
+    def __init__(self) -> None:
+        self.values = torch.zeros(len(_FIELDS), dtype=torch.float64)
+
+    def add(self, metrics, count: int, micro_batch: MicroBatch) -> None:
+        tokens = metrics.num_tokens
+        row = dict(loss=metrics.loss * count, pg_loss=metrics.pg_loss * count, count=count,
+                   loss_tokens=tokens, tokens=micro_batch.num_tokens,
+                   samples=len(micro_batch.sample_indices))
+        row.update({name: getattr(metrics, name) * tokens for name in _TOKEN_WEIGHTED})
+        self.values += torch.tensor([row[name] for name in _FIELDS], dtype=torch.float64)
+
+    def add_counts(self, micro_batch: MicroBatch) -> None:
+        """A micro-batch without loss tokens: only its tokens and samples count."""
+        self.values[_FIELDS.index("tokens")] += micro_batch.num_tokens
+        self.values[_FIELDS.index("samples")] += len(micro_batch.sample_indices)
+
+    def reduce(self) -> LossSummary:
+        from megatron.core import parallel_state as ps
+
+        values = self.values.to(_device())
+        dp_group = ps.get_data_parallel_group()
+        if dist.get_world_size(dp_group) > 1:
+            dist.all_reduce(values, group=dp_group)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
+                           group=ps.get_pipeline_model_parallel_group())
+        total = dict(zip(_FIELDS, values.cpu().tolist()))
+        count, tokens = max(total["count"], 1.0), max(total["loss_tokens"], 1.0)
+        return LossSummary(
+            loss=total["loss"] / count,
+            pg_loss=total["pg_loss"] / count,
+            **{name: total[name] / tokens for name in _TOKEN_WEIGHTED},
+            loss_tokens=int(round(total["loss_tokens"])),
+            tokens=int(round(total["tokens"])),
+            samples=int(round(total["samples"])),
+        )
+
+
+def _loss_func(micro_batch: MicroBatch, settings: LossSettings, totals: _Totals, logprobs: Tensor):
+    if micro_batch.num_loss_tokens == 0:
+        # Nothing to train on (a filler micro-batch, or all-prompt samples): a zero that keeps
+        # the graph, so the backward and its collectives still run on this rank.
+        totals.add_counts(micro_batch)
+        return (logprobs * 0.0).sum(), torch.zeros((), dtype=torch.int, device=logprobs.device), {}
+    old = micro_batch.old_logprobs if micro_batch.old_logprobs is not None else logprobs.detach()
+    loss, metrics = policy_loss(
+        logprobs,
+        old,
+        micro_batch.advantages,
+        micro_batch.loss_mask,
+        eps_low=settings.eps_low,
+        eps_high=settings.eps_high,
+        rollout_logprobs=micro_batch.rollout_logprobs,
+        tis_cap=settings.tis_cap,
+        ref_logprobs=micro_batch.ref_logprobs,
+        kl_coef=settings.kl_coef,
+        aggregation=settings.aggregation,
+    )
+    if settings.aggregation == "token_mean":
+        count = micro_batch.num_loss_tokens
+    else:
+        count = micro_batch.num_loss_sequences
+    totals.add(metrics, count, micro_batch)
+    # A sum, not a mean: finalize_model_grads divides by the global count (module docstring).
+    return loss * count, torch.tensor(count, dtype=torch.int, device=loss.device), {}
+
+
+def _train_step_fn(settings: LossSettings, totals: _Totals, model: torch.nn.Module, micro_batch: MicroBatch):
+    output = stage_forward(model, micro_batch)
+    if not is_last_stage(model):
+        return output, None
+    logprobs = micro_batch_logprobs(
+        model, output, micro_batch, temperature=settings.temperature, chunk_size=settings.logprob_chunk_size
+    )
+    return logprobs, partial(_loss_func, micro_batch, settings, totals)
+
+
+def _check_config(model_chunks: Sequence[torch.nn.Module]) -> None:
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model_chunks[0])
+    if not config.calculate_per_token_loss or config.finalize_model_grads_func is None:
+        raise RuntimeError(
+            "the model config is not prepared for train_step (calculate_per_token_loss and "
+            "finalize_model_grads_func): build the model with spade.training.model_provider.build_model"
+        )
+
+
+def forward_backward(
+    model_chunks: Sequence[torch.nn.Module],
+    micro_batches: Sequence[MicroBatch],
+    loss_settings: LossSettings = LossSettings(),
+) -> LossSummary:
+    """Zero the gradient buffers, run forward and backward over all micro-batches and finalize
+    the gradients (DP reduction and division by the global count); no optimizer step. The
+    gradients are left in each parameter's ``main_grad``."""
+    _check_config(model_chunks)
+    for chunk in model_chunks:
+        chunk.zero_grad_buffer()
+    totals = _Totals()
+    run_schedule(model_chunks, micro_batches, partial(_train_step_fn, loss_settings, totals), forward_only=False)
+    return totals.reduce()
+
+
+def train_step(
+    model_chunks: Sequence[torch.nn.Module],
+    optimizer,
+    scheduler,
+    micro_batches: Sequence[MicroBatch],
+    loss_settings: LossSettings = LossSettings(),
+) -> TrainStepMetrics:
+    """One optimizer update on this rank's micro-batches (the global batch is the union over
+    data-parallel ranks). ``scheduler`` (an ``OptimizerParamScheduler``) advances after a
+    successful update; ``lr`` reports the rate used by this update."""
+    import megatron_patches
+
+    optimizer.zero_grad()
+    summary = forward_backward(model_chunks, micro_batches, loss_settings)
+    lr = float(optimizer.param_groups[0]["lr"]) if optimizer.param_groups else 0.0
+    with megatron_patches.cpu_device_mode():
+        updated, grad_norm, _ = optimizer.step()
+        if grad_norm is None and updated:
+            grad_norm = optimizer.get_grad_norm()
+    if updated and scheduler is not None:
+        scheduler.step(increment=1)
+    return TrainStepMetrics(
+        **dataclasses.asdict(summary),
+        grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
+        lr=lr,
+        micro_batches=len(micro_batches),
+        skipped=not updated,
+    )
+
+
+def _logprob_step_fn(
+    temperature: float, chunk_size: int, store: dict, model: torch.nn.Module, micro_batch: MicroBatch
+):
+    output = stage_forward(model, micro_batch)
+    if not is_last_stage(model):
+        return output, None
+    logprobs = micro_batch_logprobs(model, output, micro_batch, temperature=temperature, chunk_size=chunk_size)
+    for row, index in enumerate(micro_batch.sample_indices):
+        length = int(micro_batch.lengths[row]) - 1
+        store[index] = logprobs[row, :length].detach().float().cpu()
+
+    def loss_func(output_tensor: Tensor):
+        zero = output_tensor.new_zeros(())
+        return zero, torch.zeros((), dtype=torch.int, device=zero.device), {}
+
+    return logprobs, loss_func
+
+
+@torch.no_grad()
+def compute_logprobs(
+    model_chunks: Sequence[torch.nn.Module],
+    micro_batches: Sequence[MicroBatch],
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> list[Tensor]:
+    """Log-probs of every sample's targets under the current weights, without gradients (old
+    log-probs before an update, or reference log-probs with the reference weights loaded).
+
+    Returns one fp32 CPU tensor of ``len(token_ids) - 1`` values per sample, indexed like the
+    sample list the micro-batches were made from; identical on every rank of a data-parallel
+    replica (computed on the last pipeline stage and broadcast).
+    """
+    from megatron.core import parallel_state as ps
+
+    store: dict[int, Tensor] = {}
+    run_schedule(model_chunks, micro_batches, partial(_logprob_step_fn, temperature, chunk_size, store),
+                 forward_only=True)
+    lengths: dict[int, int] = {}
+    for micro_batch in micro_batches:
+        for row, index in enumerate(micro_batch.sample_indices):
+            lengths[index] = int(micro_batch.lengths[row]) - 1
+    order = sorted(lengths)
+    if order != list(range(len(order))):
+        raise ValueError("micro-batches must cover sample indices 0..n-1 exactly once")
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        flat = (torch.cat([store[i] for i in order]) if store
+                else torch.zeros(sum(lengths.values()), dtype=torch.float32)).to(_device())
+        dist.broadcast(flat, src=ps.get_pipeline_model_parallel_last_rank(),
+                       group=ps.get_pipeline_model_parallel_group())
+        return list(torch.split(flat.cpu(), [lengths[i] for i in order]))
+    return [store[i] for i in order]
