@@ -16,6 +16,11 @@ does two things, only while it is open and only when CUDA is unavailable:
 2. It makes ``torch.cuda.current_device()`` return ``0`` and ``torch.cuda.synchronize()`` a no-op;
    device 0 is then rewritten to the CPU by the mode.
 
+3. It runs the ``backward`` of custom ``autograd.Function``s under the same mode: the autograd
+   engine does not carry torch-function modes into them, and Megatron's tensor- and
+   sequence-parallel backward passes allocate on ``torch.cuda.current_device()``. This wraps
+   ``torch.autograd.function.BackwardCFunction.apply``, what the engine calls for such a backward.
+
 Choice: a context manager, not something ``apply_all()`` installs for the whole process, because
 (a) function modes are per thread, so a global install would silently not cover other threads;
 (b) the mode costs a Python call per torch operation; and (c) the in-process rollout engine
@@ -35,6 +40,7 @@ import threading
 from typing import Any, Iterator
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 
 from ._util import cuda_available
@@ -103,6 +109,14 @@ def _synchronize_nothing(device: Any = None) -> None:
     return None
 
 
+_original_backward_apply = BackwardCFunction.apply
+
+
+def _backward_apply_in_cpu_mode(self: Any, *args: Any) -> Any:
+    with CudaToCpuMode():
+        return _original_backward_apply(self, *args)
+
+
 @contextlib.contextmanager
 def _cuda_queries_answered_by_cpu() -> Iterator[None]:
     global _swap_depth
@@ -112,6 +126,7 @@ def _cuda_queries_answered_by_cpu() -> Iterator[None]:
             _saved["synchronize"] = torch.cuda.synchronize
             torch.cuda.current_device = _current_device_is_zero
             torch.cuda.synchronize = _synchronize_nothing
+            BackwardCFunction.apply = _backward_apply_in_cpu_mode
         _swap_depth += 1
     try:
         yield
@@ -121,6 +136,7 @@ def _cuda_queries_answered_by_cpu() -> Iterator[None]:
             if _swap_depth == 0:
                 torch.cuda.current_device = _saved.pop("current_device")
                 torch.cuda.synchronize = _saved.pop("synchronize")
+                BackwardCFunction.apply = _original_backward_apply
 
 
 @contextlib.contextmanager

@@ -458,3 +458,23 @@ def test_ddp_and_optimizer_train_under_cpu_device_mode(dtype, distributed_optimi
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert not torch.equal(before, model.embedding.word_embeddings.weight.detach())
+
+
+def test_cpu_device_mode_reaches_custom_function_backward():
+    """The autograd engine drops torch-function modes in custom backward; the patch restores it."""
+
+    class AllocatesOnCurrentDevice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2 + torch.zeros(grad.shape, device=torch.cuda.current_device())
+
+    x = torch.ones(3, requires_grad=True)
+    with megatron_patches.cpu_device_mode():
+        AllocatesOnCurrentDevice.apply(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    with pytest.raises(Exception):  # outside the mode the same backward reaches for a GPU
+        AllocatesOnCurrentDevice.apply(torch.ones(3, requires_grad=True)).sum().backward()

@@ -12,6 +12,8 @@ import dataclasses
 import math
 
 import pytest
+
+from spade.models.builder import build_transformer_config
 import torch
 
 from megatron_fixtures import megatron_world  # noqa: F401  (fixture)
@@ -358,7 +360,7 @@ def test_build_model_checks_layout_and_options():
     with pytest.raises(RuntimeError, match="tp, pp, ep, etp"):
         build_model(spec, ParallelLayout(tp=2), options=FP32)
     with pytest.raises(ValueError, match="perform_initialization"):
-        build_model(spec, ParallelLayout(tp=2), options=dataclasses.replace(FP32, perform_initialization=False))
+        build_transformer_config(spec, ParallelLayout(tp=2), dataclasses.replace(FP32, perform_initialization=False))
 
 
 @pytest.mark.usefixtures("megatron_world")

@@ -68,6 +68,12 @@ def build_transformer_config(
     """The TransformerConfig that reproduces ``spec`` under ``layout``."""
     from megatron.core.transformer import TransformerConfig
 
+    if not options.perform_initialization and max(layout.tp, layout.expert_tp) > 1:
+        # Megatron tags tensor-parallel weights (tensor_model_parallel, partition_dim) only inside
+        # its init helpers; untagged shards count on TP rank 0 only in the gradient norm.
+        raise ValueError("perform_initialization=False leaves tensor-parallel weights untagged under "
+                         "tp/etp > 1 (wrong gradient norm and clipping); keep it True, loaded weights "
+                         "overwrite the initialisation")
     dtype = options.resolved_dtype()
     moe = spec.moe
     moe_fields = {}
@@ -116,6 +122,7 @@ def build_transformer_config(
         expert_tensor_parallel_size=layout.expert_tp,
         sequence_parallel=layout.sequence_parallel,
         params_dtype=dtype,
+        pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         use_cpu_initialization=not torch.cuda.is_available(),

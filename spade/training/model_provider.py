@@ -14,11 +14,9 @@ handful of ``TransformerConfig`` fields the train step relies on, so a model fro
 * each GPTModel is tagged with the unpadded vocabulary size (``VOCAB_SIZE_ATTR``), which the
   log-prob path needs to keep Megatron's padded vocabulary rows out of the softmax.
 
-Build and DDP wrapping run inside ``cpu_device_mode()`` (a no-op with CUDA). The GPTModel is built
-here rather than by ``spade.models.builder.build_gpt_model`` only to set ``pipeline_dtype``, which
-the builder omits and Megatron requires for pp > 1 (see ``_build_gpt``). Random initialisation is
-kept even when HF weights are loaded: it is where Megatron tags tensor-parallel weights, which the
-gradient norm relies on.
+Build and DDP wrapping run inside ``cpu_device_mode()`` (a no-op with CUDA). Random initialisation
+is kept even when HF weights are loaded: it is where Megatron tags tensor-parallel weights, which
+the gradient norm relies on (the builder refuses to skip it under tensor parallelism).
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import torch
 from torch import Tensor
 
 from spade.models import ModelSpec, ParallelLayout, RankCoords
-from spade.models.builder import BuildOptions, build_layer_spec, build_transformer_config, naming_for
+from spade.models.builder import BuildOptions, build_gpt_model, naming_for
 from spade.models.loading import load_hf_state
 
 VOCAB_SIZE_ATTR = "spade_vocab_size"
@@ -76,36 +74,6 @@ def _check_parallel_state(layout: ParallelLayout) -> None:
         raise RuntimeError(f"parallel state has (tp, pp, ep, etp) = {sizes}, the layout wants {wanted}")
 
 
-def _build_gpt(spec: ModelSpec, layout: ParallelLayout, options: BuildOptions) -> torch.nn.Module:
-    """``spade.models.builder.build_gpt_model`` with ``pipeline_dtype`` set in the config.
-
-    The builder leaves ``pipeline_dtype`` unset, which Megatron rejects for pp > 1 ("When using
-    pipeline parallelism, pipeline_dtype must be specified"). Until the builder sets it, the
-    config is built for one stage and re-created with the real stage count and the dtype
-    (``TransformerConfig.__post_init__`` is idempotent on its own output).
-    """
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-
-    config = build_transformer_config(spec, dataclasses.replace(layout, pp=1), options)
-    config = dataclasses.replace(
-        config, pipeline_model_parallel_size=layout.pp, pipeline_dtype=config.params_dtype
-    )
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=build_layer_spec(spec, options.resolved_use_te()),
-        vocab_size=layout.padded_vocab_size(spec.vocab_size),
-        max_sequence_length=spec.max_position_embeddings,
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
-        parallel_output=True,
-        share_embeddings_and_output_weights=spec.tie_embeddings,
-        position_embedding_type="rope",
-        rotary_percent=1.0,
-        rotary_base=spec.rope_theta,
-    )
-
-
 def _prepare_config(config) -> None:
     from megatron.core.distributed import finalize_model_grads
 
@@ -136,14 +104,6 @@ def build_model(
     from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
     from megatron.core.transformer.module import Float16Module
 
-    if not options.perform_initialization and max(layout.tp, layout.expert_tp) > 1:
-        # Megatron tags tensor-parallel weights (``tensor_model_parallel``, ``partition_dim``,
-        # ``partition_stride``) only inside its weight-init helpers; untagged shards are counted
-        # on TP rank 0 only by the gradient norm, so clipping would go wrong.
-        raise ValueError(
-            "perform_initialization=False leaves tensor-parallel weights untagged under tp/etp > 1 "
-            "(wrong gradient norm and clipping); keep it True, loaded weights overwrite the init"
-        )
     _check_parallel_state(layout)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=grad_reduce_in_fp32,
@@ -151,7 +111,7 @@ def build_model(
         use_distributed_optimizer=use_distributed_optimizer,
     )
     with megatron_patches.cpu_device_mode():
-        gpt = _build_gpt(spec, layout, options)
+        gpt = build_gpt_model(spec, layout, options)
         setattr(gpt, VOCAB_SIZE_ATTR, spec.vocab_size)
         for param in gpt.parameters():
             set_defaults_if_not_set_tensor_model_parallel_attributes(param)

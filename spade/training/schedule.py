@@ -8,8 +8,7 @@
 * checks the micro-batches against the model (sequence length a multiple of TP under sequence
   parallelism, packed input only with an attention that supports it);
 * moves them to the device and runs ``get_forward_backward_func()`` (the pipeline schedule when
-  pp > 1) inside ``cpu_device_mode()`` (and ``backward_in_cpu_device_mode()``, see
-  ``cpu_backward``).
+  pp > 1) inside ``cpu_device_mode()``.
 
 ``step_fn(model, micro_batch)`` returns what Megatron's ``forward_step_func`` returns:
 ``(output_tensor, loss_func)``.
@@ -23,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from .batching import MicroBatch, filler_micro_batch
-from .cpu_backward import backward_in_cpu_device_mode
 from .model_io import supports_packed_sequences
 
 
@@ -106,7 +104,7 @@ def run_schedule(
     _reset_moe_aux_loss_scale()
     iterators = [iter(batches) for _ in chunks]
     forward_backward = get_forward_backward_func()
-    with megatron_patches.cpu_device_mode(), backward_in_cpu_device_mode():
+    with megatron_patches.cpu_device_mode():
         forward_backward(
             forward_step_func=forward_step,
             data_iterator=iterators if len(chunks) > 1 else iterators[0],
