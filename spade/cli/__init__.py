@@ -9,9 +9,7 @@ import sys
 
 from ..config import ConfigError
 from ..envs.sandbox.client import SandboxUnavailable
-from . import demo, env_commands
-from . import score
-from . import memory
+from . import demo, env_commands, memory, score
 from .common import UsageError
 
 EXIT_USAGE = 2
