@@ -168,3 +168,18 @@ def test_vocab_parallel_two_ranks_match_single_rank():
     # The two ranks share one stdout pipe, so their lines may interleave: count, don't split.
     assert result.stdout.count("OK rank 0 ") == 3, output  # 3 cases per rank
     assert result.stdout.count("OK rank 1 ") == 3, output
+
+
+def test_vocab_size_keeps_padded_rows_out_of_the_softmax():
+    """Rows past vocab_size (Megatron's padding) get no probability and no gradient."""
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 2, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(12, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 9, (2, 5))
+    ours = token_logprobs(hidden, weight, targets, chunk_size=3, vocab_size=9)
+    reference = logprobs_from_logits(torch.einsum("tbh,vh->btv", hidden, weight[:9]), targets)
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-12)
+    ours.sum().backward()
+    assert torch.all(weight.grad[9:] == 0)
+    with pytest.raises(ValueError, match="vocabulary ids"):
+        token_logprobs(hidden, weight, torch.full((2, 5), 10), vocab_size=9)

@@ -4,7 +4,7 @@
 (recognised by its ``spade_checkpoint.json``; tokenizer and config come from its ``hf/``). The
 Megatron model scores, never transformers: its final hidden states go through
 ``spade.rl.logprobs.token_logprobs`` against this rank's (vocab-parallel) output-layer shard. The
-rows Megatron adds to pad the vocabulary are kept out of the softmax with a bias column, so the
+rows Megatron adds to pad the vocabulary are kept out of the softmax (``vocab_size``), so the
 result is the log-softmax over the real vocabulary only, as in transformers.
 
 Input: JSON lines, each an object with exactly one of ``text`` (tokenised with the tokenizer's
@@ -294,25 +294,6 @@ def _output_weight(model):
     return model.output_layer.weight
 
 
-def _mask_padded_vocab(hidden, weight, vocab_size: int, tp_rank: int):
-    """Append a bias column: 0 for real vocabulary rows, a huge negative number for padding rows.
-
-    ``hidden @ weight.T`` then equals the original logits on real ids and pushes padding ids out
-    of the softmax (a finite value: ``token_logprobs`` multiplies picked logits by 0 on ranks that
-    do not own the target).
-    """
-    import torch
-
-    rows = weight.shape[0]
-    first = tp_rank * rows
-    very_negative = -1e30 if torch.finfo(weight.dtype).max > 1e31 else torch.finfo(weight.dtype).min / 2
-    bias = torch.zeros(rows, 1, dtype=weight.dtype, device=weight.device)
-    padded = torch.arange(first, first + rows, device=weight.device) >= vocab_size
-    bias[padded] = very_negative
-    ones = torch.ones(*hidden.shape[:-1], 1, dtype=hidden.dtype, device=hidden.device)
-    return torch.cat((hidden, ones), dim=-1), torch.cat((weight, bias), dim=1)
-
-
 def score_batch(model, sequences: Sequence[Sequence[int]], vocab_size: int) -> list[list[Optional[float]]]:
     """Log-probs of each sequence's tokens (first one None) under this rank's Megatron model."""
     import torch
@@ -338,10 +319,9 @@ def score_batch(model, sequences: Sequence[Sequence[int]], vocab_size: int) -> l
         hidden = model(ids, positions, None)  # [T(/tp with SP), B, H]
         if sequence_parallel and tp > 1:
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        hidden, weight = _mask_padded_vocab(hidden, _output_weight(model), vocab_size,
-                                            ps.get_tensor_model_parallel_rank())
         group = ps.get_tensor_model_parallel_group() if tp > 1 else None
-        logprobs = token_logprobs(hidden, weight, targets, tp_group=group).float().cpu()
+        logprobs = token_logprobs(hidden, _output_weight(model), targets, tp_group=group,
+                                  vocab_size=vocab_size).float().cpu()
     return [[None] + logprobs[row, : len(s) - 1].tolist() for row, s in enumerate(sequences)]
 
 

@@ -14,6 +14,10 @@ Tensor parallelism: ``output_weight`` may be this rank's vocabulary shard ``[V /
 the sum of exponentials are all-reduced over ``tp_group``, and the target logit comes from the
 rank that owns the id (an all-reduce sum of picks that are zero elsewhere). ``hidden`` must be
 identical on every rank of the group.
+
+Padded vocabulary: Megatron pads the output layer to a multiple of ``128 * tp`` rows. With
+``vocab_size`` (the true, unpadded size) the rows from that id on get a logit of -inf, so they
+take no probability mass and no gradient, and the result matches a model without the padding.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def token_logprobs(
     temperature: float = 1.0,
     tp_group: Any = None,
     reduce_hidden_grad: bool = True,
+    vocab_size: int | None = None,
 ) -> Tensor:
     """Log-probs ``[B, T]`` of ``targets`` under ``softmax(hidden @ output_weight.T / temperature)``.
 
@@ -54,7 +59,7 @@ def token_logprobs(
     shard. With ``reduce_hidden_grad`` (default) the hidden gradient is summed over the group,
     so every rank receives the full gradient, as after Megatron's copy-to-TP-region; pass False
     when the surrounding code reduces it itself (e.g. a sequence-parallel gather whose backward
-    is a reduce-scatter).
+    is a reduce-scatter). ``vocab_size`` keeps padded vocabulary rows out of the softmax.
     """
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [T, B, H], got shape {tuple(hidden.shape)}")
@@ -73,6 +78,11 @@ def token_logprobs(
     vocab_local = output_weight.shape[0]
     vocab_start = 0 if tp_group is None else dist.get_rank(group=tp_group) * vocab_local
     vocab_total = vocab_local if tp_group is None else vocab_local * dist.get_world_size(group=tp_group)
+    if vocab_size is not None:
+        if not 0 < vocab_size <= vocab_total:
+            raise ValueError(f"vocab_size must be in [1, {vocab_total}], got {vocab_size}")
+        vocab_total = vocab_size
+    real_local = max(0, min(vocab_local, vocab_total - vocab_start))
     flat_targets = targets.transpose(0, 1).reshape(-1).long()
     if flat_targets.numel() and (int(flat_targets.min()) < 0 or int(flat_targets.max()) >= vocab_total):
         raise ValueError(f"targets must be vocabulary ids in [0, {vocab_total})")
@@ -84,6 +94,7 @@ def token_logprobs(
         chunk_size,
         float(temperature),
         vocab_start,
+        real_local,
         tp_group,
         reduce_hidden_grad,
     )
@@ -94,10 +105,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float, real_local: int) -> Tensor:
     logits = torch.matmul(hidden, weight.t()).to(_compute_dtype(hidden.dtype))
     if temperature != 1.0:
         logits.div_(temperature)
+    if real_local < logits.shape[1]:
+        logits[:, real_local:] = float("-inf")  # padded vocabulary rows
     return logits
 
 
@@ -114,6 +127,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         chunk_size: int,
         temperature: float,
         vocab_start: int,
+        real_local: int,
         tp_group: Any,
         reduce_hidden_grad: bool,
     ) -> Tensor:
@@ -124,11 +138,11 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         logsumexp = torch.empty(num_tokens, dtype=dtype, device=hidden.device)
         for start in range(0, num_tokens, chunk_size):
             stop = min(start + chunk_size, num_tokens)
-            logits = _chunk_logits(hidden[start:stop], weight, temperature)
+            logits = _chunk_logits(hidden[start:stop], weight, temperature, real_local)
             local_ids = targets[start:stop] - vocab_start
             owned = (local_ids >= 0) & (local_ids < vocab_local)
             picked = logits.gather(1, local_ids.clamp(0, vocab_local - 1).unsqueeze(1)).squeeze(1)
-            picked = picked * owned.to(dtype)
+            picked = torch.where(owned, picked, torch.zeros((), dtype=dtype, device=picked.device))
             row_max = logits.max(dim=1).values
             if tp_group is not None:
                 dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp_group)
@@ -145,6 +159,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         ctx.chunk_size = chunk_size
         ctx.temperature = temperature
         ctx.vocab_start = vocab_start
+        ctx.real_local = real_local
         ctx.tp_group = tp_group
         ctx.reduce_hidden_grad = reduce_hidden_grad
         return logprobs
@@ -164,7 +179,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             stop = min(start + ctx.chunk_size, num_tokens)
             h = hidden[start:stop]
             # d logp / d raw_logits = (onehot(target) - softmax) / temperature, times grad_output.
-            grad_logits = _chunk_logits(h, weight, ctx.temperature)
+            grad_logits = _chunk_logits(h, weight, ctx.temperature, ctx.real_local)
             grad_logits.sub_(logsumexp[start:stop].unsqueeze(1)).exp_()
             grad_logits.mul_(-scale[start:stop].unsqueeze(1))
             local_ids = targets[start:stop] - ctx.vocab_start
@@ -184,4 +199,4 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=ctx.tp_group)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None

@@ -19,12 +19,8 @@ and the tensor-parallel group. Two details:
   ``token_logprobs`` runs with ``reduce_hidden_grad=False``.
 * Padded vocabulary. Megatron allocates ``layout.padded_vocab_size`` rows; rows past the true
   vocabulary must not enter the softmax (HF loading pads with zero rows, whose logit 0 would
-  otherwise add ``exp(0)`` to the normaliser). ``token_logprobs`` has no option for that, so on a
-  rank whose shard holds padded rows the hidden states get an extra constant-1 feature and the
-  weight an extra column that is 0 for real rows and a huge negative number for padded rows: the
-  padded logits become ``-1e30`` (a finite stand-in in fp16), their softmax weight and their
-  gradients exactly 0. This costs a copy of the weight shard and of the hidden states on the
-  ranks that hold padded rows; a ``vocab_size`` argument to ``token_logprobs`` would remove it.
+  otherwise add ``exp(0)`` to the normaliser). ``token_logprobs(..., vocab_size=...)`` gives them
+  a logit of -inf, so their softmax weight and gradients are exactly 0.
   Targets are real token ids and never point at a padded row.
 """
 
@@ -39,7 +35,6 @@ from torch import Tensor
 from .batching import MicroBatch
 from .model_provider import true_vocab_size
 
-_PADDED_LOGIT = -1.0e30  # exp() of it is exactly 0 in fp32; fp16 gets a smaller finite value
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -93,15 +88,6 @@ def output_weight(model: torch.nn.Module) -> Tensor:
     return gpt.output_layer.weight
 
 
-def _without_padded_rows(hidden: Tensor, weight: Tensor, real_rows: int) -> tuple[Tensor, Tensor]:
-    """Append a constant-1 feature to ``hidden`` and a column to ``weight`` that sends rows
-    ``real_rows:`` to a logit of -1e30 (see the module docstring)."""
-    column = torch.zeros(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
-    column[real_rows:] = max(_PADDED_LOGIT, torch.finfo(weight.dtype).min / 4)
-    ones = torch.ones(*hidden.shape[:-1], 1, dtype=hidden.dtype, device=hidden.device)
-    return torch.cat([hidden, ones], dim=-1), torch.cat([weight, column], dim=1)
-
-
 def hidden_to_logprobs(
     model: torch.nn.Module,
     hidden: Tensor,
@@ -128,17 +114,7 @@ def hidden_to_logprobs(
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
         else:
             hidden = copy_to_tensor_model_parallel_region(hidden)
-            if hidden.requires_grad:
-                # Megatron's backward all-reduces ``grad.contiguous()`` and returns the original
-                # tensor, so a non-contiguous gradient (the slice the padded-row concatenation
-                # below hands back) would silently skip the reduction on that rank.
-                hidden.register_hook(torch.Tensor.contiguous)
     hidden = hidden.to(weight.dtype)
-    shard = weight.shape[0]
-    first_id = ps.get_tensor_model_parallel_rank() * shard
-    real_rows = min(shard, max(0, true_vocab_size(gpt) - first_id))
-    if real_rows < shard:
-        hidden, weight = _without_padded_rows(hidden, weight, real_rows)
     return token_logprobs(
         hidden,
         weight,
@@ -147,6 +123,7 @@ def hidden_to_logprobs(
         temperature=temperature,
         tp_group=tp_group if tp_size > 1 else None,
         reduce_hidden_grad=False,
+        vocab_size=true_vocab_size(gpt),
     )
 
 
