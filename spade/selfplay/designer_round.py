@@ -1,0 +1,258 @@
+"""One regeneration (SPEC 1.1): designer attempts per slot, admission, hints, and the saved set.
+
+For each slot of the new set (slot ``i`` gets ``active[i % n_active]``) up to ``max_attempts``
+designer calls are made, one after the other; each attempt draws a fresh corpus document with an
+rng derived from ``(seed, step, slot, attempt)`` (so a resumed run draws the same ones), builds the
+designer prompt with the memory block for the slot's skill, generates, and runs the admission
+checks in the sandbox. The first admitted candidate fills the slot and gets one hint call; a slot
+whose attempts all fail stays empty. Slots run concurrently (the engine batches their calls).
+
+On disk (``run_dir``):
+
+* ``rejected/step_SSSSSS/slot{i}_attempt{j}.json``: every failed attempt with its reason
+  (``kind``, ``stage``, ``message``), the raw designer response and the document key;
+* ``envs/step_SSSSSS/ENV_ID.py``, ``ENV_ID.hint.txt``, ``ENV_ID.json``: the admitted set.
+
+``fixed_pool`` loads the fixed-environment baseline's set from a directory instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..designer.corpus import Corpus, attempt_rng
+from ..designer.memory import Memory, format_memory_block
+from ..designer.prompts import DesignerRequest, clean_hint, designer_messages, hint_messages
+from ..designer.skills import Skill, slot_skills
+from ..envs.admission import AdmissionVerdict, admit
+from ..envs.protocol import InfrastructureFault
+from ..envs.sandbox.client import SandboxService
+from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
+from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
+from .samples import derive_seed, sample_fields
+from .settings import SelfPlaySettings
+
+
+@dataclass
+class EnvSpec:
+    """One environment of the current set (JSON round-trips through ``to_json``/``from_json``)."""
+
+    env_id: str
+    slot: int
+    skill: str
+    source: str
+    hint: str
+    class_name: str
+    max_turns: int | None
+    generated_step: int
+    document: str | None = None
+    attempts: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "EnvSpec":
+        return cls(**data)
+
+
+@dataclass
+class Rejection:
+    slot: int
+    attempt: int
+    skill: str
+    kind: str
+    stage: str
+    message: str
+
+
+@dataclass
+class RegenerationResult:
+    envs: list[EnvSpec] = field(default_factory=list)
+    designer_fields: dict[str, dict[str, Any]] = field(default_factory=dict)  # env_id -> sample fields
+    attempts: int = 0
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+def step_dir(run_dir: Path, kind: str, step: int) -> Path:
+    return run_dir / kind / f"step_{step:06d}"
+
+
+def env_id_for(step: int, slot: int) -> str:
+    return f"s{step:06d}-e{slot:02d}"
+
+
+class DesignerRound:
+    """Regenerates the environment set of one regeneration step."""
+
+    def __init__(self, settings: SelfPlaySettings, *, sandbox: SandboxService, engine: RolloutEngine,
+                 tokenizer: Any, chat_format: ChatFormat, corpus: Corpus | None, memory: Memory | None,
+                 run_dir: Path, seed: int, stop_token_ids: tuple[int, ...] = ()):
+        self.settings = settings
+        self.sandbox = sandbox
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.chat_format = chat_format
+        self.corpus = corpus
+        self.memory = memory
+        self.run_dir = run_dir
+        self.seed = seed
+        self.stop_token_ids = stop_token_ids
+
+    # ------------------------------------------------------------------ designer set
+
+    async def regenerate(self, step: int) -> RegenerationResult:
+        s = self.settings
+        active = s.skills.active(s.domain, step // s.k)
+        skills = slot_skills(active, s.envs_per_set)
+        outcomes = await asyncio.gather(*(self._fill_slot(step, slot, skill) for slot, skill in enumerate(skills)))
+        result = RegenerationResult()
+        for attempts, rejections, admitted in outcomes:
+            result.attempts += attempts
+            result.rejections += rejections
+            if admitted is not None:
+                spec, fields = admitted
+                result.envs.append(spec)
+                result.designer_fields[spec.env_id] = fields
+        self.save_set(step, result.envs)
+        return result
+
+    async def _fill_slot(self, step: int, slot: int, skill: Skill):
+        s = self.settings
+        rejections: list[Rejection] = []
+        for attempt in range(s.max_attempts):
+            document = None
+            if s.use_corpus and self.corpus is not None:
+                document = self.corpus.sample(attempt_rng(self.seed, step, slot, attempt))
+            block = ""
+            if s.use_memory and self.memory is not None:
+                selection = self.memory.select_examples(skill.name, attempt_rng(self.seed, "memory", step, slot, attempt))
+                block = format_memory_block(selection)
+            request = DesignerRequest(skill=skill, document=None if document is None else document.text,
+                                      memory_block=block, difficulty=s.difficulty, max_turns=s.max_turns)
+            record: dict[str, Any] = {"step": step, "slot": slot, "attempt": attempt, "skill": skill.name,
+                                      "document": None if document is None else document.key}
+            try:
+                conversation = Conversation(self.tokenizer, designer_messages(request),
+                                            max_context_tokens=s.max_context_tokens, chat_format=self.chat_format)
+            except BudgetExceeded as exc:
+                rejections.append(self._reject(record, "prompt_too_long", "generate", str(exc), ""))
+                continue
+            sampling = SamplingParams(
+                temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
+                max_new_tokens=max(1, conversation.max_new_tokens(s.designer_max_tokens)),
+                stop_token_ids=self.stop_token_ids, seed=derive_seed(self.seed, "designer", step, slot, attempt))
+            try:
+                generated = await asyncio.wait_for(
+                    self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling)),
+                    s.designer_timeout_s)
+            except asyncio.TimeoutError:
+                rejections.append(self._reject(record, "timeout", "generate",
+                                               f"designer generation took over {s.designer_timeout_s:g} s", ""))
+                continue
+            if not generated.token_ids:
+                rejections.append(self._reject(record, "no_output", "generate",
+                                               f"the engine returned nothing ({generated.finish_reason})", ""))
+                continue
+            response = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason)
+            record["finish_reason"] = generated.finish_reason
+            verdict = await self._admit(response)
+            if verdict is None:
+                rejections.append(self._reject(record, "crashed", "service",
+                                               "the sandbox failed on every try (infrastructure)", response))
+                continue
+            if not verdict.admitted:
+                assert verdict.error is not None
+                rejections.append(self._reject(record, verdict.error.kind.value, verdict.error.stage.value,
+                                               verdict.error.message, response))
+                continue
+            hint = await self.make_hint(verdict.code, step, slot)
+            spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
+                           class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
+                           document=record["document"], attempts=attempt + 1)
+            return attempt + 1, rejections, (spec, sample_fields(conversation))
+        return s.max_attempts, rejections, None
+
+    async def _admit(self, response: str) -> AdmissionVerdict | None:
+        """The admission verdict; None when the sandbox failed on every try (not the candidate's fault)."""
+        for _ in range(self.settings.max_play_retries + 1):
+            try:
+                return await asyncio.wait_for(admit(self.sandbox, response, max_turns=self.settings.max_turns),
+                                              self.settings.admission_timeout_s)
+            except (InfrastructureFault, asyncio.TimeoutError):
+                continue
+        return None
+
+    def _reject(self, record: dict[str, Any], kind: str, stage: str, message: str, response: str) -> Rejection:
+        directory = step_dir(self.run_dir, "rejected", record["step"])
+        directory.mkdir(parents=True, exist_ok=True)
+        data = {**record, "reason": {"kind": kind, "stage": stage, "message": message}, "response": response}
+        path = directory / f"slot{record['slot']}_attempt{record['attempt']}.json"
+        path.write_text(json.dumps(data, indent=1))
+        return Rejection(record["slot"], record["attempt"], record["skill"], kind, stage, message)
+
+    async def make_hint(self, source: str, step: int, slot: int) -> str:
+        """One hint call (hint temperature) on the admitted source; "" when it fails or times out."""
+        s = self.settings
+        try:
+            conversation = Conversation(self.tokenizer, hint_messages(source), max_context_tokens=s.max_context_tokens,
+                                        chat_format=self.chat_format)
+        except BudgetExceeded:
+            return ""
+        sampling = SamplingParams(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
+                                  max_new_tokens=max(1, conversation.max_new_tokens(s.hint_max_tokens)),
+                                  stop_token_ids=self.stop_token_ids, seed=derive_seed(self.seed, "hint", step, slot))
+        try:
+            generated = await asyncio.wait_for(
+                self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling)), s.hint_timeout_s)
+        except asyncio.TimeoutError:
+            return ""
+        if not generated.token_ids:
+            return ""
+        text = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason)
+        return clean_hint(text, s.hint_max_chars)
+
+    # ------------------------------------------------------------------ fixed pool
+
+    async def fixed_pool(self, step: int) -> RegenerationResult:
+        """The baseline's set: every admissible ``*.py`` of ``fixed_env_dir`` (sorted), hints from
+        ``NAME.hint.txt`` when present. Skills come from the curriculum by slot, as for designed sets."""
+        s = self.settings
+        assert s.fixed_env_dir is not None
+        directory = Path(s.fixed_env_dir)
+        files = sorted(directory.glob("*.py"))
+        skills = slot_skills(s.skills.active(s.domain, step // s.k), max(1, len(files)))
+        result = RegenerationResult()
+        for slot, path in enumerate(files):
+            result.attempts += 1
+            verdict = await self._admit(path.read_text())
+            record = {"step": step, "slot": slot, "attempt": 0, "skill": skills[slot].name, "document": str(path)}
+            if verdict is None or not verdict.admitted:
+                error = None if verdict is None else verdict.error
+                result.rejections.append(self._reject(
+                    record, "crashed" if error is None else error.kind.value,
+                    "service" if error is None else error.stage.value,
+                    "sandbox failure" if error is None else error.message, path.read_text()))
+                continue
+            hint_path = path.with_name(path.stem + ".hint.txt")
+            hint = hint_path.read_text().strip() if hint_path.is_file() else ""
+            result.envs.append(EnvSpec(env_id=f"fixed-{path.stem}", slot=slot, skill=skills[slot].name,
+                                       source=verdict.code, hint=hint, class_name=verdict.class_name or "",
+                                       max_turns=verdict.max_turns, generated_step=step, document=str(path)))
+        self.save_set(step, result.envs)
+        return result
+
+    # ------------------------------------------------------------------ disk
+
+    def save_set(self, step: int, envs: list[EnvSpec]) -> None:
+        directory = step_dir(self.run_dir, "envs", step)
+        directory.mkdir(parents=True, exist_ok=True)
+        for env in envs:
+            (directory / f"{env.env_id}.py").write_text(env.source)
+            (directory / f"{env.env_id}.hint.txt").write_text(env.hint)
+            meta = {k: v for k, v in env.to_json().items() if k not in ("source", "hint")}
+            (directory / f"{env.env_id}.json").write_text(json.dumps(meta, indent=1))

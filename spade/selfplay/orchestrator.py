@@ -1,0 +1,274 @@
+"""The self-play step orchestrator: SPEC section 1, steps 1-4 and 6 (the caller does step 5).
+
+``Orchestrator.run_step(step)``:
+
+1. **Regenerate** when ``step % k == 0`` (:mod:`.designer_round`): active skills of regeneration
+   ``step // k``, up to ``max_attempts`` designer attempts per slot (all slots concurrently), admission
+   in the sandbox, one hint per admitted environment; rejected candidates and the new set are
+   written under ``run_dir``. The new set replaces the old one. With ``designer_enabled=False`` the
+   set is the fixed pool of ``fixed_env_dir`` instead.
+2. **Play** (:mod:`.plays`): every environment ``g_nohint`` times without hint, and at the
+   regeneration step also ``g_hint`` times with the hint (measured, never trained).
+3. **Agent samples**: per environment, advantages are the z-scores of its no-hint returns of this
+   step; one sample per no-hint play that generated anything.
+4. **Designer samples**: the designer call of each admitted environment (prompt + whole response,
+   loss on the response) waits in a :class:`DesignerBuffer` with the returns of step ``s``; later
+   steps of the window add their no-hint returns; at step ``s + k`` the buffer releases it with its
+   reward and the released set gets ``designer_advantages`` (centred per skill, scaled by
+   ``designer_advantage_scale(n_agent_samples_this_step, n_released, k)``). Emitted only if
+   ``train_designer``.
+6. **Memory**: after the plays of a regeneration step, one record per environment (win rate = share
+   of no-hint plays with return > 0, raw regret = mean hinted return - mean no-hint return, step s).
+
+Resume. ``state_dict()`` is JSON-serialisable: the current set (sources, hints, ids, skills,
+generation step), the delay buffer, and the pending designer samples (token ids, masks, rollout
+log-probs as lists). There is no mutable rng: every random choice (corpus document, memory
+examples, sampling seeds, reset seeds) comes from a seed derived from ``(seed, step, slot/env,
+attempt/play)``, so ``load_state_dict`` plus the same ``seed`` continues exactly. The memory
+database is not in the state: the caller rolls it back with ``memory.rollback(checkpoint_step)``
+when resuming, before the next ``run_step``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..designer.corpus import Corpus
+from ..designer.memory import Memory, MemoryRecord, win_rate
+from ..envs.sandbox.client import SandboxService
+from ..rollout.conversation import ChatFormat
+from ..rollout.engine import RolloutEngine
+from ..training.batching import TrainSample
+from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
+from .designer_round import DesignerRound, EnvSpec, RegenerationResult
+from .plays import Play, Player
+from .rewards import agent_advantages, designer_advantage_scale, designer_advantages
+from .samples import train_sample
+from .settings import SelfPlaySettings
+
+STATE_VERSION = 1
+LEARNABLE_BAND = (0.2, 0.8)
+
+
+@dataclass
+class StepOutput:
+    """What one step hands to the trainer.
+
+    ``agent_samples`` (role "agent") and ``designer_samples`` (role "designer") are separate lists
+    (``TrainSample`` has no role field); ``agent_info`` / ``designer_info`` run parallel to them
+    with ``role``, ``env_id``, ``skill`` and the return / reward behind each sample.
+    ``metrics``: ``agent/*``, ``designer/*``, ``env/*``, ``time/*`` floats; per-regeneration keys
+    (``env/admitted``, ``env/rejected*``, ``designer/attempts``, ``agent/hint_*``) appear only at
+    regeneration steps, the designer reward means only when something was released.
+    """
+
+    step: int
+    agent_samples: list[TrainSample] = field(default_factory=list)
+    designer_samples: list[TrainSample] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    agent_info: list[dict[str, Any]] = field(default_factory=list)
+    designer_info: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def samples(self) -> list[TrainSample]:
+        """Agent samples then designer samples: the union trained on this step."""
+        return self.agent_samples + self.designer_samples
+
+
+class Orchestrator:
+    def __init__(self, settings: SelfPlaySettings, *, sandbox: SandboxService, engine: RolloutEngine, tokenizer: Any,
+                 corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
+                 stop_token_ids: tuple[int, ...] | None = None):
+        if settings.domain != "games":
+            raise NotImplementedError("the orchestrator plays games (SPEC 4, games); the tool-use protocol is "
+                                      "not implemented by the episode runner yet")
+        self.settings = settings
+        self.memory = memory
+        self.run_dir = Path(run_dir)
+        self.seed = int(seed)
+        self.chat_format = ChatFormat(tokenizer)
+        if stop_token_ids is None:  # the template's end-of-turn token, when it is a special token
+            first = self.chat_format.closing[0]
+            stop_token_ids = (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
+        common = dict(sandbox=sandbox, engine=engine, tokenizer=tokenizer, chat_format=self.chat_format,
+                      seed=self.seed, stop_token_ids=tuple(stop_token_ids))
+        self.designer = DesignerRound(settings, corpus=corpus, memory=memory, run_dir=self.run_dir, **common)
+        self.player = Player(settings, **common)
+        self.envs: list[EnvSpec] = []
+        self.buffer = DesignerBuffer(settings.k, settings.rewards)
+        self.pending_samples: dict[str, dict[str, Any]] = {}  # sample_ref (env_id) -> designer sample fields
+        self.last_step: int | None = None
+
+    # ------------------------------------------------------------------ the step
+
+    async def run_step(self, step: int) -> StepOutput:
+        s = self.settings
+        out = StepOutput(step)
+        metrics = out.metrics
+        regenerate = step % s.k == 0
+        started = time.perf_counter()
+        new_fields: dict[str, dict[str, Any]] = {}
+        if regenerate:
+            regen = await (self.designer.regenerate(step) if s.designer_enabled else self.designer.fixed_pool(step))
+            self.envs = regen.envs
+            new_fields = regen.designer_fields
+            self._regeneration_metrics(regen, metrics)
+        designed = time.perf_counter()
+
+        plays = await self.player.play_all(step, self.player.requests(self.envs, with_hint=regenerate))
+        played = time.perf_counter()
+        nohint: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
+        hinted: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
+        for play in plays:
+            (hinted if play.hinted else nohint)[play.env_id].append(play)
+
+        self._agent_samples(out, nohint)
+        pending_ids = {entry.env_id for entry in self.buffer.pending}
+        if not regenerate:
+            for env in self.envs:
+                if env.env_id in pending_ids:
+                    self.buffer.record_window_returns(step, env.env_id, [p.episode_return for p in nohint[env.env_id]])
+        released = self.buffer.release(step)
+        self._designer_samples(out, released)
+        if regenerate and s.designer_enabled:
+            for env in self.envs:
+                h = [p.episode_return for p in hinted[env.env_id]]
+                n = [p.episode_return for p in nohint[env.env_id]]
+                fields = new_fields.get(env.env_id)
+                if h and n and fields is not None:
+                    self.buffer.add(step, env.env_id, env.skill, env.env_id, h, n)
+                    self.pending_samples[env.env_id] = fields
+            if s.use_memory and self.memory is not None:
+                self._remember(step, nohint, hinted)
+
+        self._play_metrics(out, nohint, hinted, regenerate)
+        metrics["designer/pending"] = float(len(self.buffer))
+        metrics["time/designer_s"] = designed - started
+        metrics["time/play_s"] = played - designed
+        self.last_step = step
+        return out
+
+    def _agent_samples(self, out: StepOutput, nohint: dict[str, list[Play]]) -> None:
+        skills = {env.env_id: env.skill for env in self.envs}
+        for env_id, env_plays in nohint.items():
+            advantages = agent_advantages([p.episode_return for p in env_plays])
+            for play, advantage in zip(env_plays, advantages):
+                sample = None if play.fields is None else train_sample(play.fields, advantage)
+                if sample is None:
+                    continue
+                out.agent_samples.append(sample)
+                out.agent_info.append({"role": "agent", "env_id": env_id, "skill": skills[env_id],
+                                       "index": play.index, "return": play.episode_return, "advantage": advantage})
+
+    def _designer_samples(self, out: StepOutput, released: list[ReleasedDesignerSample]) -> None:
+        metrics = out.metrics
+        metrics["designer/released"] = float(len(released))
+        if not released:
+            return
+        metrics["designer/reward_mean"] = _mean([r.reward for r in released])
+        metrics["designer/regret_mean"] = _mean([r.regret for r in released])
+        metrics["designer/win_mean"] = _mean([r.win for r in released])
+        scale = designer_advantage_scale(len(out.agent_samples), len(released), self.settings.k,
+                                         self.settings.rewards.advantage_cap)
+        advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], scale)
+        metrics["designer/advantage_scale"] = scale
+        for entry, advantage in zip(released, advantages):
+            fields = self.pending_samples.pop(entry.sample_ref, None)
+            if not self.settings.train_designer or fields is None:
+                continue
+            sample = train_sample(fields, advantage)
+            if sample is None:
+                continue
+            out.designer_samples.append(sample)
+            out.designer_info.append({"role": "designer", "env_id": entry.env_id, "skill": entry.skill,
+                                      "generated_step": entry.generated_step, "reward": entry.reward,
+                                      "regret": entry.regret, "win": entry.win, "advantage": advantage})
+        metrics["designer/samples"] = float(len(out.designer_samples))
+
+    def _remember(self, step: int, nohint: dict[str, list[Play]], hinted: dict[str, list[Play]]) -> None:
+        assert self.memory is not None
+        records = []
+        for env in self.envs:
+            n = [p.episode_return for p in nohint[env.env_id]]
+            if not n:
+                continue
+            h = [p.episode_return for p in hinted[env.env_id]]
+            regret = _mean(h) - _mean(n) if h else 0.0
+            records.append(MemoryRecord(env_id=env.env_id, skill=env.skill, step=step, win_rate=win_rate(n),
+                                        regret=regret, source=env.source, hint=env.hint, class_name=env.class_name,
+                                        metadata={"document": env.document, "attempts": env.attempts,
+                                                  "nohint_plays": len(n), "hint_plays": len(h)}))
+        self.memory.add_many(records)
+
+    # ------------------------------------------------------------------ metrics
+
+    def _regeneration_metrics(self, regen: RegenerationResult, metrics: dict[str, float]) -> None:
+        metrics["designer/attempts"] = float(regen.attempts)
+        metrics["env/admitted"] = float(len(regen.envs))
+        metrics["env/rejected"] = float(len(regen.rejections))
+        for kind, count in sorted(Counter(r.kind for r in regen.rejections).items()):
+            metrics[f"env/rejected_{kind}"] = float(count)
+
+    def _play_metrics(self, out: StepOutput, nohint: dict[str, list[Play]], hinted: dict[str, list[Play]],
+                      regenerate: bool) -> None:
+        metrics = out.metrics
+        plays = [p for env_plays in nohint.values() for p in env_plays]
+        returns = [p.episode_return for p in plays]
+        metrics["agent/episodes"] = float(len(plays))
+        metrics["agent/samples"] = float(len(out.agent_samples))
+        metrics["agent/infra_dropped"] = float(self.player.infrastructure_failures)
+        if plays:
+            mean = _mean(returns)
+            metrics["agent/return_mean"] = mean
+            metrics["agent/return_std"] = math.sqrt(_mean([(r - mean) ** 2 for r in returns]))
+            metrics["agent/win_rate"] = win_rate(returns)
+            metrics["agent/turns_mean"] = _mean([float(p.turns) for p in plays])
+        if regenerate:
+            hint_returns = [p.episode_return for env_plays in hinted.values() for p in env_plays]
+            metrics["agent/hint_episodes"] = float(len(hint_returns))
+            if hint_returns:
+                metrics["agent/hint_return_mean"] = _mean(hint_returns)
+        metrics["env/set_size"] = float(len(self.envs))
+        rates = [win_rate([p.episode_return for p in env_plays]) for env_plays in nohint.values() if env_plays]
+        if rates:
+            lo, hi = LEARNABLE_BAND
+            metrics["env/learnable_share"] = sum(lo <= r <= hi for r in rates) / len(rates)
+
+    # ------------------------------------------------------------------ resume
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state (see the module docstring); the memory DB is not included."""
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "last_step": self.last_step,
+            "envs": [env.to_json() for env in self.envs],
+            "designer_buffer": self.buffer.to_json(),
+            "pending_samples": {key: dict(value) for key, value in self.pending_samples.items()},
+            "infrastructure_failures": self.player.infrastructure_failures,
+            "rng": {"kind": "derived", "seed": self.seed},  # all draws come from derived seeds: no mutable rng
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"orchestrator state version {state.get('version')!r}, expected {STATE_VERSION}")
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"orchestrator state was written with seed {state['seed']}, this run uses {self.seed}: "
+                             "resuming would not continue the same run")
+        buffer = DesignerBuffer.from_json(state["designer_buffer"])
+        if buffer.k != self.settings.k:
+            raise ValueError(f"orchestrator state has k={buffer.k}, the settings say k={self.settings.k}")
+        self.buffer = buffer
+        self.last_step = state.get("last_step")
+        self.envs = [EnvSpec.from_json(env) for env in state["envs"]]
+        self.pending_samples = {key: dict(value) for key, value in state["pending_samples"].items()}
+        self.player.infrastructure_failures = int(state.get("infrastructure_failures", 0))
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)

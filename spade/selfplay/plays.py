@@ -1,0 +1,109 @@
+"""Playing the environment set (SPEC 1.2): no-hint plays every step, hinted plays at regeneration.
+
+Every play opens a fresh sandboxed instance of its environment, runs ``play_episode`` with a new
+:class:`EnginePolicy` and closes the instance. Seeds are derived from ``(seed, step, env_id, i)``:
+play ``i`` of the hinted and of the no-hint arm reset the environment with the same seed (like for
+like), and sample with different seeds. An :class:`InfrastructureFault` (sandbox failure) drops the
+attempt and retries the play, up to ``max_play_retries`` times; a play that never gets through is
+left out, never scored. Plays run concurrently, at most ``max_concurrent_episodes`` at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from ..envs.protocol import EnvFault, InfrastructureFault
+from ..envs.runner import EndReason, EpisodeResult, play_episode
+from ..envs.sandbox.client import SandboxService
+from ..rollout.conversation import ChatFormat
+from ..rollout.engine import RolloutEngine, SamplingParams
+from .designer_round import EnvSpec
+from .policy import EnginePolicy
+from .samples import derive_seed, sample_fields
+from .settings import SelfPlaySettings
+
+
+@dataclass
+class Play:
+    """One scored play. ``fields`` is the conversation's sample (None when nothing was generated)."""
+
+    env_id: str
+    hinted: bool
+    index: int
+    episode_return: float
+    turns: int
+    end_reason: str
+    fields: dict[str, Any] | None
+
+
+@dataclass
+class PlayRequest:
+    env: EnvSpec
+    hinted: bool
+    index: int
+
+
+class Player:
+    def __init__(self, settings: SelfPlaySettings, *, sandbox: SandboxService, engine: RolloutEngine,
+                 tokenizer: Any, chat_format: ChatFormat, seed: int, stop_token_ids: tuple[int, ...] = ()):
+        self.settings = settings
+        self.sandbox = sandbox
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.chat_format = chat_format
+        self.seed = seed
+        self.stop_token_ids = stop_token_ids
+        self.infrastructure_failures = 0  # plays dropped after every retry failed (cumulative)
+
+    def requests(self, envs: list[EnvSpec], *, with_hint: bool) -> list[PlayRequest]:
+        s = self.settings
+        out = [PlayRequest(env, False, i) for env in envs for i in range(s.g_nohint)]
+        if with_hint:
+            out += [PlayRequest(env, True, i) for env in envs if env.hint for i in range(s.g_hint)]
+        return out
+
+    async def play_all(self, step: int, requests: list[PlayRequest]) -> list[Play]:
+        """The scored plays, in the order of ``requests`` (dropped plays left out)."""
+        semaphore = asyncio.Semaphore(self.settings.max_concurrent_episodes)
+
+        async def bounded(request: PlayRequest) -> Play | None:
+            async with semaphore:
+                return await self._play(step, request)
+
+        results = await asyncio.gather(*(bounded(r) for r in requests))
+        return [play for play in results if play is not None]
+
+    async def _play(self, step: int, request: PlayRequest) -> Play | None:
+        s = self.settings
+        env_seed = derive_seed(self.seed, "reset", step, request.env.env_id, request.index)
+        arm = "hint" if request.hinted else "nohint"
+        sampling = SamplingParams(temperature=s.agent_temperature, top_p=s.top_p, top_k=s.top_k,
+                                  max_new_tokens=s.agent_max_tokens, stop_token_ids=self.stop_token_ids,
+                                  seed=derive_seed(self.seed, "agent", step, request.env.env_id, arm, request.index))
+        for _ in range(s.max_play_retries + 1):
+            policy = EnginePolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+                                  chat_format=self.chat_format)
+            try:
+                result = await self._episode(request, policy, env_seed)
+            except InfrastructureFault:
+                continue
+            fields = None if policy.conversation is None else sample_fields(policy.conversation)
+            return Play(request.env.env_id, request.hinted, request.index, result.episode_return, len(result.turns),
+                        result.end_reason.value, fields)
+        self.infrastructure_failures += 1
+        return None
+
+    async def _episode(self, request: PlayRequest, policy: EnginePolicy, env_seed: int) -> EpisodeResult:
+        try:
+            env = await self.sandbox.open(request.env.source, max_turns=self.settings.max_turns)
+        except InfrastructureFault:
+            raise
+        except EnvFault as fault:  # an admitted environment that no longer loads: scored as a failed play
+            return EpisodeResult(env_seed, [], end_reason=EndReason.ENV_ERROR, error=fault.error)
+        try:
+            return await play_episode(env, policy, seed=env_seed, max_turns=self.settings.max_turns,
+                                      hint=request.env.hint if request.hinted else None)
+        finally:
+            await env.close()

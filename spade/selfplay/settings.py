@@ -1,0 +1,106 @@
+"""Every number of the self-play step (SPEC sections 1, 2), with the SPEC defaults.
+
+``SelfPlaySettings`` is a frozen dataclass loadable with :func:`spade.config.from_mapping` (the
+nested ``rewards`` and ``skills`` sections too); ``__post_init__`` rejects out-of-range values with
+a :class:`~spade.config.ConfigError` that names the key (``selfplay.<field>``).
+
+No-hint plays per environment per step (``g_nohint``). The paper's text says 16; its released code
+played 8 (global batch 192 / 24 environments). This project defaults to 16. The cost is linear:
+every step plays ``envs_per_set * g_nohint`` trained episodes (24 x 16 = 384 instead of 192), so
+rollout time, the number of agent samples in the Megatron update, and the activation / log-prob
+memory of that update all double relative to the paper's code (each sample is up to
+``max_context_tokens`` = 32,768 tokens). Set ``g_nohint: 8`` to reproduce the paper's code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..config import require
+from ..designer.prompts import DIFFICULTIES
+from ..designer.skills import DOMAINS, Domain, SkillSettings
+from .rewards import RewardSettings
+
+Difficulty = Literal["easy", "medium", "hard"]
+
+_WHERE = "selfplay"
+
+
+@dataclass(frozen=True)
+class SelfPlaySettings:
+    """One self-play step (SPEC 1) and its ablation switches.
+
+    Ablations: ``use_corpus=False`` (designer prompts without a document), ``use_memory=False``
+    (no memory block, no memory records), ``train_designer=False`` (frozen designer: designer
+    samples are never emitted), ``designer_enabled=False`` (fixed-pool baseline: the environments
+    are the ``*.py`` files of ``fixed_env_dir``, each with an optional hint in ``NAME.hint.txt``;
+    no designer calls, no designer samples).
+    """
+
+    domain: Domain = "games"
+    k: int = 4                       # regeneration interval (tool use: 8)
+    envs_per_set: int = 24           # B
+    g_nohint: int = 16               # no-hint plays per env per step (paper code: 8; see module doc)
+    g_hint: int = 16                 # hinted plays per env, regeneration step only (never trained)
+    max_attempts: int = 5            # designer attempts per slot
+    designer_temperature: float = 0.6
+    agent_temperature: float = 0.6
+    hint_temperature: float = 0.3
+    top_p: float = 0.95
+    top_k: int | None = 20
+    designer_max_tokens: int = 16384  # 8B thinking: 20,000
+    agent_max_tokens: int = 8192      # per turn
+    hint_max_tokens: int = 4096       # tool use: 2,048
+    max_turns: int = 25               # an environment's own smaller max_turns wins
+    max_context_tokens: int = 32768   # agent episodes; also caps designer and hint calls
+    difficulty: Difficulty = "medium"
+    max_concurrent_episodes: int = 64
+    max_play_retries: int = 3         # retries of a play (or an admission) after an InfrastructureFault
+    designer_timeout_s: float = 300.0  # one designer generation
+    admission_timeout_s: float = 60.0  # validation of one candidate
+    hint_timeout_s: float = 120.0      # one hint generation
+    hint_max_chars: int = 1000
+    memory_capacity: int = 200
+    use_corpus: bool = True
+    use_memory: bool = True
+    train_designer: bool = True
+    designer_enabled: bool = True
+    fixed_env_dir: str | None = None
+    rewards: RewardSettings = field(default_factory=RewardSettings)
+    skills: SkillSettings = field(default_factory=SkillSettings)
+
+    def __post_init__(self) -> None:
+        def key(name: str) -> str:
+            return f"{_WHERE}.{name}"
+
+        require(self.domain in DOMAINS, key("domain"), f"{self.domain!r} is not allowed; choose one of: "
+                f"{', '.join(DOMAINS)}")
+        for name in ("k", "envs_per_set", "g_nohint", "max_attempts", "designer_max_tokens",
+                     "agent_max_tokens", "hint_max_tokens", "max_turns", "max_context_tokens",
+                     "max_concurrent_episodes", "hint_max_chars", "memory_capacity"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key(name),
+                    f"must be an integer >= 1, got {value!r}")
+        require(isinstance(self.g_hint, int) and not isinstance(self.g_hint, bool) and self.g_hint >= 0,
+                key("g_hint"), f"must be an integer >= 0, got {self.g_hint!r}")
+        require(isinstance(self.max_play_retries, int) and self.max_play_retries >= 0, key("max_play_retries"),
+                f"must be an integer >= 0, got {self.max_play_retries!r}")
+        for name in ("designer_temperature", "agent_temperature", "hint_temperature"):
+            value = getattr(self, name)
+            require(0.0 <= value <= 10.0, key(name), f"must be in [0, 10], got {value}")
+        require(0.0 < self.top_p <= 1.0, key("top_p"), f"must be in (0, 1], got {self.top_p}")
+        require(self.top_k is None or self.top_k >= 1, key("top_k"), f"must be >= 1 or null (off), got {self.top_k}")
+        for name in ("designer_timeout_s", "admission_timeout_s", "hint_timeout_s"):
+            value = getattr(self, name)
+            require(value > 0, key(name), f"must be > 0, got {value}")
+        require(self.difficulty in DIFFICULTIES, key("difficulty"),
+                f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
+        require(self.designer_enabled or bool(self.fixed_env_dir), key("fixed_env_dir"),
+                "the fixed-pool baseline (designer_enabled: false) needs a directory of environment .py files")
+        require(isinstance(self.rewards, RewardSettings), key("rewards"), "must be a rewards section")
+        require(isinstance(self.skills, SkillSettings), key("skills"), "must be a skills section")
+        try:
+            self.skills.active(self.domain, 0)
+        except ValueError as exc:
+            require(False, key("skills"), str(exc))
