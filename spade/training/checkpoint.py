@@ -563,18 +563,19 @@ def _write_hf_dir(hf_dir: Path, hf_config: Mapping[str, Any], tokenizer_dir: Opt
 
 def _install(staging: Path, target: Path) -> None:
     """Rename the complete staging directory to ``target``, replacing an old checkpoint there."""
-    _fsync_dir(staging)
+    fsync_dir(staging)
     old = None
     if target.exists():
         old = target.with_name(f"{target.name}.old-{uuid.uuid4().hex[:12]}")
         os.rename(target, old)
     os.rename(staging, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or new file in ``path`` durable (best effort)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -1,0 +1,298 @@
+"""The one typed configuration tree of ``spade train``.
+
+A training config is YAML with these top-level sections (every one optional; defaults are the
+SPEC numbers)::
+
+    include: base.yaml        # optional: a file (or list of files) merged underneath this one
+    model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16}
+    parallel:  {tp, pp, ep, etp, sequence_parallel}
+    optimizer: spade.training.OptimizerSettings
+    loss:      spade.training.LossSettings
+    selfplay:  spade.selfplay.settings.SelfPlaySettings
+    sandbox:   spade.envs.sandbox.SandboxConfig
+    engine:    {kind: hf, max_batch_size, batch_wait_ms, device}
+    corpus:    spade.designer.corpus.CorpusSettings
+    run:       {steps, checkpoint_every, seed, micro_batch_tokens, log_every, keep_checkpoints}
+
+``load_train_config(path, overrides)`` reads the file (resolving ``include:`` relative to the
+including file; later files and the including file win, mappings merge key by key), applies
+dotted command-line overrides ``key.sub=value`` (values parsed as YAML scalars, so ``3``, ``0.5``,
+``true``, ``null``, ``[a, b]`` work), and validates every section with
+:func:`spade.config.from_mapping`: an unknown key or a wrong type raises ``ConfigError`` naming
+the full key (``selfplay.k``, ``run.steps``, ...).
+
+Relative paths (``model.hf_dir``, ``corpus.paths``, ``selfplay.fixed_env_dir``) are resolved when
+the config is loaded: relative to the working directory when they exist there, else relative to
+the repository root (where ``examples/`` lives), so a run directory's ``config.yaml`` snapshot
+holds absolute paths and resumes from anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Sequence
+
+import yaml
+
+from .config import ConfigError, from_mapping, load_yaml, require
+from .designer.corpus import CorpusSettings
+from .envs.sandbox.config import SandboxConfig
+from .training.optimizer import OptimizerSettings
+from .training.train_step import LossSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED = "embedded"
+SECTIONS = ("model", "parallel", "optimizer", "loss", "selfplay", "sandbox", "engine", "corpus", "run")
+MAX_INCLUDE_DEPTH = 8
+# YAML 1.1 (PyYAML) reads 1e-6 as a string (it wants 1.0e-6); such strings are numbers here
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    hf_dir: str = EMBEDDED  # "embedded" = SmolLM2-135M-Instruct from spade.models.embedded
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 with CUDA, fp32 on CPU
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: Optional[int] = None  # None: = tp
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("tp", "pp", "ep"):
+            require(getattr(self, key) >= 1, f"parallel.{key}", f"must be >= 1, got {getattr(self, key)}")
+        require(self.etp is None or self.etp >= 1, "parallel.etp", f"must be >= 1 or null, got {self.etp}")
+        require(not self.sequence_parallel or self.tp > 1, "parallel.sequence_parallel",
+                "needs tensor parallelism (parallel.tp > 1)")
+
+    def layout(self):
+        from .models import ParallelLayout
+
+        return ParallelLayout(tp=self.tp, pp=self.pp, ep=self.ep, etp=self.etp,
+                              sequence_parallel=self.sequence_parallel)
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    kind: Literal["hf"] = "hf"  # in-process transformers engine (the sglang engine is not here yet)
+    max_batch_size: int = 8
+    batch_wait_ms: float = 2.0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        require(self.max_batch_size >= 1, "engine.max_batch_size", f"must be >= 1, got {self.max_batch_size}")
+        require(self.batch_wait_ms >= 0, "engine.batch_wait_ms", f"must be >= 0, got {self.batch_wait_ms}")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    steps: int = 400
+    checkpoint_every: int = 16
+    seed: int = 1234
+    micro_batch_tokens: int = 16384  # token budget of one micro-batch (B * S padded)
+    log_every: int = 1  # plain progress lines every N steps (metrics.jsonl gets every step)
+    keep_checkpoints: int = 0  # 0 keeps all; N keeps the newest N
+
+    def __post_init__(self) -> None:
+        require(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
+        require(self.checkpoint_every >= 1, "run.checkpoint_every", f"must be >= 1, got {self.checkpoint_every}")
+        require(self.micro_batch_tokens >= 2, "run.micro_batch_tokens", f"must be >= 2, got {self.micro_batch_tokens}")
+        require(self.log_every >= 1, "run.log_every", f"must be >= 1, got {self.log_every}")
+        require(self.keep_checkpoints >= 0, "run.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
+
+
+def selfplay_settings_class() -> type:
+    """``spade.selfplay.settings.SelfPlaySettings`` (imported late: it lives with the orchestrator)."""
+    module = importlib.import_module("spade.selfplay.settings")
+    return module.SelfPlaySettings
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The whole configuration of one training run."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    loss: LossSettings = field(default_factory=LossSettings)
+    selfplay: Any = None  # SelfPlaySettings
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    engine: EngineSection = field(default_factory=EngineSection)
+    corpus: CorpusSettings = field(default_factory=CorpusSettings)
+    run: RunSection = field(default_factory=RunSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML/JSON-able data (tuples become lists) that ``from_dict`` reads back."""
+        return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _numbers(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    if isinstance(value, str) and _EXPONENT_FLOAT.match(value.strip()):
+        return float(value)
+    return value
+
+
+def _section(cls: type, data: Mapping[str, Any], name: str) -> Any:
+    value = _numbers(data.get(name))
+    try:
+        return from_mapping(cls, value, where=name)
+    except ConfigError as exc:
+        message = str(exc)
+        # __post_init__ checks name their key without the section: add it
+        if not message.startswith(f"{name}.") and not message.startswith(f"{name}:"):
+            message = f"{name}.{message}"
+        raise ConfigError(message) from None
+
+
+def from_dict(data: Mapping[str, Any]) -> TrainConfig:
+    """Validate a whole config mapping (after includes and overrides)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("the config must be a mapping")
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; allowed sections: {', '.join(SECTIONS)}")
+    data = _resolve_paths(data)
+    return TrainConfig(
+        model=_section(ModelSection, data, "model"),
+        parallel=_section(ParallelSection, data, "parallel"),
+        optimizer=_section(OptimizerSettings, data, "optimizer"),
+        loss=_section(LossSettings, data, "loss"),
+        selfplay=_section(selfplay_settings_class(), data, "selfplay"),
+        sandbox=_section(SandboxConfig, data, "sandbox"),
+        engine=_section(EngineSection, data, "engine"),
+        corpus=_section(CorpusSettings, data, "corpus"),
+        run=_section(RunSection, data, "run"),
+    )
+
+
+# ---------------------------------------------------------------------------- files and overrides
+
+
+def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``; mappings merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_config_file(path: str | Path, _depth: int = 0) -> dict[str, Any]:
+    """A YAML config with its ``include:`` files merged underneath it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    if _depth > MAX_INCLUDE_DEPTH:
+        raise ConfigError(f"{path}: includes nested deeper than {MAX_INCLUDE_DEPTH} (a cycle?)")
+    data = load_yaml(path)
+    includes = data.pop("include", None)
+    if includes is None:
+        return data
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ConfigError(f"{path}: include must be a file name or a list of file names")
+    merged: dict[str, Any] = {}
+    for include in includes:
+        merged = deep_merge(merged, read_config_file(path.parent / include, _depth + 1))
+    return deep_merge(merged, data)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], YAML-parsed value)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: expected key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML: {exc}") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    out = deep_merge({}, data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, Mapping):
+                raise ConfigError(f"override {'.'.join(parts)}: {'.'.join(parts[:i + 1])} is not a section")
+            node[part] = dict(child)
+            node = node[part]
+        node[parts[-1]] = value
+    return out
+
+
+def override_keys(overrides: Sequence[str]) -> list[str]:
+    return [".".join(parse_override(text)[0]) for text in overrides]
+
+
+def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read ``path`` (with includes), apply ``overrides`` and validate."""
+    return from_dict(apply_overrides(read_config_file(path), overrides))
+
+
+# ---------------------------------------------------------------------------- paths
+
+
+def resolve_path(value: str) -> str:
+    """Absolute path for ``value``: as given, relative to the working directory, or relative to
+    the repository root, the first that exists; unchanged when none does (reported on use)."""
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    for base in (Path.cwd(), REPO_ROOT):
+        candidate = base / path
+        if candidate.exists():
+            return str(candidate.resolve())
+    return value
+
+
+def _resolve_paths(data: Mapping[str, Any]) -> dict[str, Any]:
+    out = deep_merge({}, data)
+    model = out.get("model")
+    if isinstance(model, Mapping) and isinstance(model.get("hf_dir"), str) and model["hf_dir"] != EMBEDDED:
+        out["model"] = {**model, "hf_dir": resolve_path(model["hf_dir"])}
+    corpus = out.get("corpus")
+    if isinstance(corpus, Mapping):
+        paths = corpus.get("paths")
+        if isinstance(paths, str):
+            paths = [paths]
+        if isinstance(paths, (list, tuple)) and all(isinstance(p, str) for p in paths):
+            out["corpus"] = {**corpus, "paths": [resolve_path(p) for p in paths]}
+    selfplay = out.get("selfplay")
+    if isinstance(selfplay, Mapping) and isinstance(selfplay.get("fixed_env_dir"), str):
+        out["selfplay"] = {**selfplay, "fixed_env_dir": resolve_path(selfplay["fixed_env_dir"])}
+    return out

@@ -1,0 +1,204 @@
+"""The run directory: everything a training run needs to resume, written so that a kill at any
+moment leaves a resumable directory.
+
+Layout::
+
+    RUN/
+      config.yaml              the full resolved config (every default written out)
+      metrics.jsonl            one JSON object per finished step ({"step": s, "agent/...": ...})
+      tensorboard/             TensorBoard event files (when the tensorboard package is installed)
+      memory.sqlite            the designer memory (spade.designer.memory)
+      checkpoints/
+        step_N/                a spade checkpoint (model, optimizer, RNG; spade.training.checkpoint)
+          trainer_state.json   {"step": N, "orchestrator": ..., "scheduler": ..., ...}
+        latest                 "step_N": the newest COMPLETE checkpoint (written last)
+      ...                      whatever the orchestrator writes (environment sets, hints, rejects)
+
+Step numbering: steps are 0-based; ``checkpoints/step_N`` is saved after steps ``0 .. N-1``
+finished, so a resumed run starts at step ``N``. ``metrics.jsonl`` gets one line per finished
+step, appended and fsync'ed; on resume the lines of steps ``>= N`` (finished after the checkpoint,
+or torn by the kill) are dropped so the file again has exactly one line per step. The memory
+database is rolled back to records of steps ``< N``.
+
+A checkpoint counts only once ``latest`` names it: the model/optimizer/RNG save is atomic
+(``save_checkpoint`` renames a finished temp directory), ``trainer_state.json`` is then written
+atomically into it, and ``latest`` is replaced atomically last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from .checkpoint import fsync_dir
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_FILE = "latest"
+TRAINER_STATE_FILE = "trainer_state.json"
+
+
+class RunDirError(RuntimeError):
+    """A run directory that cannot be used as asked (exists, missing, incomplete)."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a fsync'ed temp file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def json_safe(value: Any) -> Any:
+    """Non-finite floats become null (strict JSON); tensors and numpy scalars become numbers."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return json_safe(item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+class RunDir:
+    """Paths and atomic writes of one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).absolute()
+
+    # -- paths
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.root / TENSORBOARD_DIR
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.checkpoints_dir / f"step_{step}"
+
+    # -- creation
+    def create(self, config_yaml: str) -> None:
+        """A new run: refuse a directory that already holds a run."""
+        if self.config_path.exists():
+            raise RunDirError(f"{self.root} already holds a run ({CONFIG_FILE} exists): "
+                              f"continue it with 'spade train --resume {self.root}' or choose another --run-dir")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.checkpoints_dir.mkdir(exist_ok=True)
+        atomic_write_text(self.config_path, config_yaml)
+
+    def write_config(self, config_yaml: str) -> None:
+        atomic_write_text(self.config_path, config_yaml)
+
+    def require_existing(self) -> None:
+        if not self.config_path.is_file():
+            raise RunDirError(f"{self.root} is not a run directory ({CONFIG_FILE} is missing)")
+
+    # -- metrics
+    def append_metrics(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps(json_safe(dict(record)), sort_keys=False)
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.is_file():
+            return []
+        out = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill
+        return out
+
+    def truncate_metrics(self, start_step: int) -> int:
+        """Keep exactly one line per step ``< start_step`` (the last one written); returns how
+        many lines were dropped."""
+        if not self.metrics_path.is_file():
+            return 0
+        lines = self.metrics_path.read_text(encoding="utf-8").splitlines()
+        by_step: dict[int, str] = {}
+        for line in lines:
+            try:
+                step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            if isinstance(step, int) and step < start_step:
+                by_step[step] = line
+        kept = [by_step[s] for s in sorted(by_step)]
+        if len(kept) != len(lines):
+            atomic_write_text(self.metrics_path, "".join(line + "\n" for line in kept))
+        return len(lines) - len(kept)
+
+    # -- checkpoints
+    def latest_step(self) -> Optional[int]:
+        """The step of the newest complete checkpoint, or None."""
+        pointer = self.checkpoints_dir / LATEST_FILE
+        if not pointer.is_file():
+            return None
+        name = pointer.read_text().strip()
+        if not name.startswith("step_"):
+            raise RunDirError(f"{pointer}: unexpected content {name!r}")
+        step = int(name[len("step_"):])
+        directory = self.checkpoint_dir(step)
+        if not (directory / TRAINER_STATE_FILE).is_file():
+            raise RunDirError(f"{pointer} names {directory}, which has no {TRAINER_STATE_FILE}")
+        return step
+
+    def write_trainer_state(self, step: int, state: Mapping[str, Any]) -> None:
+        atomic_write_text(self.checkpoint_dir(step) / TRAINER_STATE_FILE,
+                          json.dumps(json_safe(dict(state)), indent=1))
+
+    def read_trainer_state(self, step: int) -> dict[str, Any]:
+        return json.loads((self.checkpoint_dir(step) / TRAINER_STATE_FILE).read_text())
+
+    def mark_latest(self, step: int) -> None:
+        atomic_write_text(self.checkpoints_dir / LATEST_FILE, f"step_{step}\n")
+
+    def prune_checkpoints(self, keep: int) -> list[Path]:
+        """Remove all but the newest ``keep`` complete checkpoints (0: keep all) and leftovers
+        of interrupted saves older than the latest."""
+        latest = self.latest_step()
+        if latest is None:
+            return []
+        removed = []
+        steps = sorted(int(p.name[5:]) for p in self.checkpoints_dir.glob("step_*")
+                       if p.name[5:].isdigit() and p.is_dir())
+        doomed = [s for s in steps if s < latest and keep and s not in steps[-keep:]]
+        for step in doomed:
+            shutil.rmtree(self.checkpoint_dir(step), ignore_errors=True)
+            removed.append(self.checkpoint_dir(step))
+        for leftover in self.checkpoints_dir.glob("step_*.tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        return removed
