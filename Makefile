@@ -8,8 +8,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test setup system-packages benchmark clean
 
+RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
+
+# The main job: the sandbox self-test and the six example games (seconds), then a short self-play
+# run on CPU with the embedded SmolLM2-135M-Instruct (a few minutes on 2 cores).
 demo: setup
 	$(BIN)/spade demo
+	$(BIN)/spade train --config examples/smoke_cpu.yaml --run-dir $(RUN_DIR)
 
 test: setup
 	$(BIN)/python -m pytest -q
