@@ -78,7 +78,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        # map(int) runs at C speed: a long episode sends its whole, growing prompt every turn.
+        object.__setattr__(self, "prompt_ids", tuple(map(int, self.prompt_ids)))
         if not self.prompt_ids:
             raise ValueError("prompt_ids must not be empty")
 
