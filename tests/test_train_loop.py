@@ -119,10 +119,9 @@ def checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def straight_run(train_config, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("straight") / "run"
-    run_spade("--config", str(train_config), "--run-dir", str(run))
-    return run
+def straight_run(graded_single_run) -> Path:
+    """Two steps straight, on the config whose updates carry a real policy gradient."""
+    return graded_single_run
 
 
 def test_two_steps_write_the_run_directory(straight_run):
@@ -161,19 +160,19 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert any(not torch.equal(t0[k], ta[k]) for k in model_keys)
 
 
-def test_resume_equals_straight_run(straight_run, train_config, tmp_path):
+def test_resume_equals_straight_run(straight_run, graded_config, tmp_path):
     run = tmp_path / "run"
-    run_spade("--config", str(train_config), "--run-dir", str(run), "run.steps=1")
+    run_spade("--config", str(graded_config), "--run-dir", str(run), "run.steps=1")
     assert [r["step"] for r in metrics(run)] == [0]
     proc = run_spade("--resume", str(run), "run.steps=2")
     assert "resumed from" in proc.stderr
     assert_same_run(straight_run, run)
 
 
-def test_kill_mid_step_then_resume(straight_run, train_config, tmp_path):
+def test_kill_mid_step_then_resume(straight_run, graded_config, tmp_path):
     run = tmp_path / "run"
     latest = run / "checkpoints" / "latest"
-    proc = subprocess.Popen(spade_cmd("--config", str(train_config), "--run-dir", str(run)), cwd=ROOT,
+    proc = subprocess.Popen(spade_cmd("--config", str(graded_config), "--run-dir", str(run)), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -192,3 +191,188 @@ def test_kill_mid_step_then_resume(straight_run, train_config, tmp_path):
     assert latest.read_text().strip() == "step_1"
     run_spade("--resume", str(run))
     assert_same_run(straight_run, run)
+
+
+# ---------------------------------------------------------------------- under torchrun (2 gloo ranks)
+
+TORCHRUN = Path(PYTHON).parent / "torchrun"
+TRAIN_TOL = dict(rel=1e-5, abs=1e-6)  # train/ floats: rank splits and TP shards reorder fp sums only
+PARAM_TOL = 1e-5  # weights after 2 Adam steps (lr 1e-3): rounding, magnified by Adam's 1/sqrt(v)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_torchrun_spade(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m spade train ARGS`` in its own process group, killed whole
+    (agent and both ranks) when it outlives ``timeout``: a collective that never completes hangs."""
+    assert TORCHRUN.exists(), f"torchrun not found next to {PYTHON}"
+    cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "spade", "train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=30)
+        pytest.fail(f"torchrun spade train {' '.join(args)} hung past {timeout:.0f} s (killed):\n{stderr[-6000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, (f"torchrun spade train {' '.join(args)} failed ({proc.returncode}):\n"
+                                  f"{stdout[-2000:]}\n{stderr[-8000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+PER_RANK_KEYS = ("train/micro_batches",)  # rank 0's own count (len of its micro-batches), not a global sum
+
+
+def assert_same_metrics(single: list[dict], distributed: list[dict]) -> None:
+    """Same steps and keys; ``agent/``, ``env/``, ``designer/`` values equal; ``train/`` within
+    ``TRAIN_TOL`` (exact for counts); ``time/`` ignored; ``PER_RANK_KEYS`` at most the single
+    process's value (rank 0 holds only its share of the micro-batches)."""
+    assert [r["step"] for r in distributed] == [r["step"] for r in single]
+    mismatches = []
+    for a, b in zip(without_time(single), without_time(distributed)):
+        assert set(a) == set(b), set(a) ^ set(b)
+        for key in sorted(a):
+            if key in PER_RANK_KEYS:
+                same = 1 <= b[key] <= a[key]
+            elif key.startswith("train/") and isinstance(a[key], float) and isinstance(b[key], float):
+                same = b[key] == pytest.approx(a[key], **TRAIN_TOL)
+            else:
+                same = b[key] == a[key]
+            if not same:
+                mismatches.append((a["step"], key, a[key], b[key]))
+    assert not mismatches, "\n".join(f"step {s} {k}: single {x!r} != distributed {y!r}" for s, k, x, y in mismatches)
+
+
+def assert_torchrun_run(run: Path, proc: subprocess.CompletedProcess, single_run: Path) -> None:
+    records = metrics(run)
+    # one writer: rank 1 appends nothing (two ranks writing would give 4 lines or repeated steps)
+    assert [r["step"] for r in records] == [0, 1], [r.get("step") for r in records]
+    for record in records:
+        for key in ("step", "env/admitted", "env/rejected", "agent/return_mean", "train/loss", "time/step_s"):
+            assert key in record, key
+    assert records[0]["env/admitted"] == 2 and records[0]["train/samples"] > 0
+    assert proc.stderr.count("run directory") == 1  # rank 0 alone created it
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_2"
+    for step in (1, 2):
+        directory = run / "checkpoints" / f"step_{step}"
+        assert (directory / "spade_checkpoint.json").is_file()
+        assert json.loads((directory / "trainer_state.json").read_text())["step"] == step
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) <= 1
+    assert_same_metrics(metrics(single_run), records)
+    # the final weights (layout-independent checkpoints) match the single process's, and moved
+    ta, tb = (checkpoint_tensors(r / "checkpoints" / "step_2") for r in (single_run, run))
+    model_keys = [k for k in ta if k.startswith(("embedding.", "decoder.", "output_layer."))]
+    assert model_keys and set(model_keys) <= set(tb)
+    worst = max((ta[k].double() - tb[k].double()).abs().max().item() for k in model_keys)
+    assert worst <= PARAM_TOL, worst
+    t0 = checkpoint_tensors(single_run / "checkpoints" / "step_1")
+    assert max((t0[k] - ta[k]).abs().max().item() for k in model_keys) > 100 * PARAM_TOL
+
+
+# A one-turn game whose reward grows with the action's length, played by a tiny model that ends
+# its reply early (P(<|im_end|>) ~ 0.22 a token at temperature 1: most replies stop within
+# agent_max_tokens): the plays of one environment get different rewards, so the GRPO advantages, the loss and the
+# gradients are not zero. (With the example games and the plain random model every reply runs
+# out of tokens before <|im_end|>, every return is 0, the loss and gradient are 0, and a loss
+# comparison across layouts would be vacuous.)
+GRADED_ENV = """
+class LongAnswerEnv:
+    def __init__(self, max_turns: int = 1):
+        self.max_turns = max_turns
+        self.reset()
+
+    def reset(self, seed=None):
+        self.done = False
+        return "Say anything. Longer answers score higher (reward = length / 40).", {}
+
+    def step(self, action):
+        if self.done:
+            return "The game is over.", 0.0, True, False, {}
+        self.done = True
+        return "Thanks.", min(len(str(action)), 40) / 40.0, True, False, {}
+"""
+
+
+@pytest.fixture(scope="module")
+def graded_config(tiny_hf, train_config, tmp_path_factory) -> Path:
+    """The tiny config with an early-stopping model and a fixed pool of LongAnswerEnv and
+    hidden_sequence (a non-zero loss)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    work = tmp_path_factory.mktemp("graded_cfg")
+    hf = work / "hf"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf)
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf, dtype=torch.float32).eval()
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():  # a large residual feature 0 on every token; <|im_end|> reads only it
+        model.model.embed_tokens.weight[:, 0] += 4.0
+        model.lm_head.weight[eos] = 0.0
+        model.lm_head.weight[eos, 0] = 0.6
+    model.save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    envs = work / "envs"
+    envs.mkdir()
+    (envs / "long_answer.py").write_text(GRADED_ENV)
+    shutil.copy(ROOT / "examples" / "envs" / "hidden_sequence.py", envs / "hidden_sequence.py")
+    text = train_config.read_text()
+    old_envs = next(line for line in text.splitlines() if "fixed_env_dir:" in line).split(":", 1)[1].strip()
+    assert str(tiny_hf) in text and old_envs
+    path = work / "graded.yaml"
+    text = text.replace(old_envs, str(envs)).replace(str(tiny_hf), str(hf))
+    # plain sampling, so that <|im_end|> keeps its ~0.22 (top-k 20 at temperature 0.6 would pick it
+    # almost always: empty replies, reward 0)
+    text = text.replace("\n  k: 2\n", "\n  k: 2\n  agent_temperature: 1.0\n  top_k: null\n  top_p: 1.0\n")
+    assert "top_k: null" in text
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded_single_run(graded_config, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("graded_single") / "run"
+    run_spade("--config", str(graded_config), "--run-dir", str(run))
+    records = metrics(run)
+    # the comparison below is not vacuous: real rewards, a real loss and gradient in both steps
+    assert all(r["train/loss"] != 0.0 and r["train/grad_norm"] > 0.0 for r in records), records
+    return run
+
+
+def test_torchrun_two_data_parallel_ranks_match_single_process(graded_single_run, graded_config, tmp_path):
+    """``spade train`` under ``torchrun --nproc_per_node 2`` (gloo, CPU), parallel.tp=1: two
+    data-parallel ranks. Rank 0 alone plays (sandbox, engine, orchestrator), broadcasts the samples,
+    each rank trains on its ``data_parallel_shard``; the loss and its gradients are sums divided by
+    the global token count, all-reduced over the ranks, so the step equals the single-process step
+    up to the order of floating-point sums. The metrics therefore match the single-process run of
+    the same config and seed: play metrics exactly, ``train/`` within ``TRAIN_TOL``, the step-2
+    weights within ``PARAM_TOL`` (~1e-6 measured).
+
+    What legitimately differs: ``time/`` keys, and ``train/micro_batches``, which is the length of
+    rank 0's own micro-batch list (``len(micro_batches)`` in ``train_step``, not all-reduced): rank
+    0 packs only its half of the samples (1 micro-batch here against 2 in one process).
+    Step 1's play metrics are equal because the engine samples with per-request seeds and the
+    ~1e-7 weight differences after step 0 move no sampled token (a draw would have to fall within
+    ~1e-7 of a token boundary of the sampling CDF)."""
+    run = tmp_path / "run"
+    proc = run_torchrun_spade("--config", str(graded_config), "--run-dir", str(run))
+    assert_torchrun_run(run, proc, graded_single_run)
+
+
+def test_torchrun_tensor_parallel_two_matches_single_process(graded_single_run, graded_config, tmp_path):
+    """The same under parallel.tp=2 (one data-parallel rank, the model split in two): the weight
+    sync gathers the TP shards into the rank-0 engine, and the run matches the single-process run."""
+    run = tmp_path / "run"
+    proc = run_torchrun_spade("--config", str(graded_config), "--run-dir", str(run), "parallel.tp=2")
+    assert_torchrun_run(run, proc, graded_single_run)
