@@ -87,7 +87,7 @@ class TrainStepMetrics(LossSummary):
 
     grad_norm: float = 0.0
     lr: float = 0.0
-    micro_batches: int = 0
+    micro_batches: int = 0  # per data-parallel rank (every rank runs the same number)
     skipped: bool = False  # the optimizer rejected the update (e.g. fp16 overflow)
 
     def to_dict(self) -> dict[str, float]:
