@@ -1,0 +1,471 @@
+"""Rollout engine over one or more SGLang servers (native ``/generate`` over HTTP/1.1).
+
+Transport. A small HTTP/1.1 client on asyncio streams (standard library only) keeps a pool of
+keep-alive connections per server. Request and response bodies are JSON (``sglang_protocol``).
+
+Placement. Each request goes to the healthy server with the fewest requests in flight. A request
+may carry an affinity key (``generate_with_affinity``; e.g. the episode id): the first request of
+a key picks a server by load and later ones go to the same server, so the multi-turn prompt's
+prefix is found in that server's radix cache. ``forget_affinity`` drops a finished episode's key.
+
+Failures. A connection failure, a timeout or an HTTP 5xx marks the server unhealthy for
+``unhealthy_cooldown_s`` and re-sends the request (from scratch, new rid) to another server, up
+to ``max_retries`` times; the affinity key moves with it. HTTP 4xx and malformed responses are not
+retried.
+
+Memory around a train step (colocated trainer and servers), in this order::
+
+    release_memory():  drain in-flight requests -> /pause_generation
+                       -> /release_memory_occupation {"tags": ["weights", "kv_cache"]}
+    ... the trainer runs ...
+    resume_and_update(named_tensors, version):
+                       /resume_memory_occupation {"tags": ["weights"]}
+                       -> update weights (weight_updater)
+                       -> /resume_memory_occupation {"tags": ["kv_cache"]}
+                       -> /continue_generation
+
+The KV cache comes back last so the weight update's temporary buffers do not compete with it.
+``resume_memory()`` does the same without the update. New ``generate`` calls wait while memory is
+released; in-flight ones are drained first so each result is produced by a single weight version.
+
+Weights. A colocated CUDA-IPC update needs a GPU: ``update_weights`` raises ``NotImplementedError``
+unless a ``weight_updater(engine, named_tensors, version)`` (sync or async) is injected; it can use
+``post_all`` with the payload builders of ``sglang_protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Optional, Sequence, Union
+from urllib.parse import urlsplit
+
+from torch import Tensor
+
+from . import sglang_protocol as proto
+from .engine import EngineClosed, GenerationRequest, GenerationResult, RolloutEngine
+
+WeightUpdater = Callable[["SGLangEngine", Iterable[tuple[str, Tensor]], int], Union[None, Awaitable[None]]]
+
+
+class TransportError(ConnectionError):
+    """The HTTP exchange with a server failed (connection, timeout, 5xx): retryable elsewhere."""
+
+
+class NoHealthyServer(ConnectionError):
+    """Every retry failed."""
+
+
+@dataclass
+class ServerState:
+    url: str
+    host: str
+    port: int
+    prefix: str
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    unhealthy_until: float = 0.0
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
+
+    def healthy(self, now: float) -> bool:
+        return now >= self.unhealthy_until
+
+
+def _parse_url(url: str) -> tuple[str, int, str]:
+    parts = urlsplit(url if "://" in url else "http://" + url)
+    if parts.scheme != "http":
+        raise ValueError(f"only http:// SGLang URLs are supported, got {url!r}")
+    if not parts.hostname:
+        raise ValueError(f"no host in {url!r}")
+    return parts.hostname, parts.port or 80, parts.path.rstrip("/")
+
+
+class SGLangEngine(RolloutEngine):
+    """``RolloutEngine`` over SGLang servers at ``base_urls`` (``http://host:port``)."""
+
+    def __init__(
+        self,
+        base_urls: Union[str, Sequence[str]],
+        *,
+        max_retries: int = 2,
+        request_timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        control_timeout_s: float = 300.0,
+        unhealthy_cooldown_s: float = 5.0,
+        max_idle_connections: int = 64,
+        max_affinity_keys: int = 100_000,
+        weight_updater: Optional[WeightUpdater] = None,
+        initial_weight_version: int = 0,
+    ) -> None:
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls:
+            raise ValueError("at least one SGLang base URL is needed")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.servers: list[ServerState] = []
+        for u in urls:
+            host, port, prefix = _parse_url(u)
+            self.servers.append(ServerState(url=u.rstrip("/"), host=host, port=port, prefix=prefix))
+        self.max_retries = max_retries
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.control_timeout_s = control_timeout_s
+        self.unhealthy_cooldown_s = unhealthy_cooldown_s
+        self.max_idle_connections = max_idle_connections
+        self.max_affinity_keys = max_affinity_keys
+        self.weight_updater = weight_updater
+        self._weight_version = int(initial_weight_version)
+        self._affinity: OrderedDict[str, int] = OrderedDict()
+        self._rr = itertools.count()
+        self._closed = False
+        self._released = False
+        self._tasks: dict[str, tuple[asyncio.Task, int]] = {}  # rid -> (HTTP task, server index)
+        self._background: set[asyncio.Task] = set()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._open: Optional[asyncio.Event] = None  # set while generation is admitted
+        self._drained: Optional[asyncio.Event] = None  # set while nothing is in flight
+        self._control_lock: Optional[asyncio.Lock] = None
+
+    # ------------------------------------------------------------------ interface
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    def set_weight_version(self, version: int) -> None:
+        """For a ``weight_updater`` or an out-of-band update: the version new results report."""
+        self._weight_version = int(version)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self.generate_with_affinity(request, None)
+
+    async def generate_with_affinity(
+        self, request: GenerationRequest, affinity: Optional[str]
+    ) -> GenerationResult:
+        """``generate`` pinned by ``affinity`` (e.g. an episode id) to one server while it is healthy."""
+        self._attach()
+        if self._closed:
+            raise EngineClosed("SGLangEngine is closed")
+        while not self._open.is_set():
+            await self._open.wait()
+            if self._closed:
+                raise EngineClosed("SGLangEngine is closed")
+        last_error: Optional[BaseException] = None
+        tried: set[int] = set()
+        for _attempt in range(self.max_retries + 1):
+            idx = self._pick(affinity, avoid=tried)
+            rid = uuid.uuid4().hex
+            version = self._weight_version
+            payload = proto.generate_payload(request, rid)
+            server = self.servers[idx]
+            server.in_flight += 1
+            server.requests += 1
+            self._drained.clear()
+            task = asyncio.ensure_future(
+                self._http(server, "POST", "/generate", payload, self.request_timeout_s)
+            )
+            self._tasks[rid] = (task, idx)
+            try:
+                status, data = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if self._closed and task.cancelled():
+                    return GenerationResult((), (), "abort", version)
+                task.cancel()
+                raise
+            except TransportError as exc:
+                last_error = exc
+                tried.add(idx)
+                self._mark_unhealthy(idx)
+                if self._closed:
+                    return GenerationResult((), (), "abort", version)
+                continue
+            finally:
+                self._tasks.pop(rid, None)
+                server.in_flight -= 1
+                if not self._tasks:
+                    self._drained.set()
+            if status >= 400 and not (isinstance(data, dict) and "error" in data):
+                raise proto.SGLangServerError(f"SGLang /generate failed with HTTP {status}: {data!r}")
+            return proto.parse_generate_response(data, request, default_weight_version=version)
+        raise NoHealthyServer(
+            f"/generate failed on {len(tried)} server(s) after {self.max_retries + 1} attempts: "
+            f"{last_error}"
+        )
+
+    def forget_affinity(self, affinity: str) -> None:
+        self._affinity.pop(affinity, None)
+
+    def server_for(self, affinity: str) -> Optional[str]:
+        idx = self._affinity.get(affinity)
+        return None if idx is None else self.servers[idx].url
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        self._attach()
+        if self._closed:
+            raise EngineClosed("SGLangEngine is closed")
+        if self.weight_updater is None:
+            raise NotImplementedError("colocated CUDA-IPC update needs a GPU; see issue 5")
+        out = self.weight_updater(self, named_tensors, int(version))
+        if inspect.isawaitable(out):
+            await out
+        self._weight_version = int(version)
+
+    async def release_memory(self) -> None:
+        """Drain in flight, pause generation, release weights and KV cache on every server."""
+        self._attach()
+        async with self._control_lock:
+            if self._released:
+                return
+            self._open.clear()
+            await self._drained.wait()
+            await self.post_all("pause_generation", proto.pause_generation_payload("abort"))
+            await self.post_all("release_memory_occupation", proto.release_memory_payload(proto.MEMORY_TAGS))
+            self._released = True
+
+    async def resume_memory(self) -> None:
+        """Resume weights, then KV cache, then continue generation (no weight update)."""
+        await self._resume(None, None)
+
+    async def resume_and_update(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Resume weights -> update weights -> resume KV cache -> continue generation."""
+        await self._resume(named_tensors, version)
+
+    async def _resume(self, named_tensors: Any, version: Optional[int]) -> None:
+        self._attach()
+        async with self._control_lock:
+            if self._released:
+                await self.post_all("resume_memory_occupation", proto.resume_memory_payload(["weights"]))
+            if version is not None:
+                await self.update_weights(named_tensors, version)
+            if self._released:
+                await self.post_all("resume_memory_occupation", proto.resume_memory_payload(["kv_cache"]))
+                await self.post_all("continue_generation", proto.continue_generation_payload())
+                self._released = False
+            self._open.set()
+
+    def close(self) -> None:
+        """In-flight requests end with ``finish_reason="abort"`` (no tokens: the non-streaming
+        protocol returns nothing partial); servers are asked to abort them (best effort)."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = list(self._tasks.items())
+        for rid, (task, idx) in tasks:
+            task.cancel()
+            if self._loop is not None and self._loop.is_running():
+                bg = self._loop.create_task(self._abort_quietly(idx, rid))
+                self._background.add(bg)
+                bg.add_done_callback(self._background.discard)
+        if self._open is not None:
+            self._open.set()  # wake waiters so they raise EngineClosed
+        for server in self.servers:
+            for _r, w in server.idle:
+                w.close()
+            server.idle.clear()
+
+    async def aclose(self) -> None:
+        """``close()`` and wait for the best-effort abort calls."""
+        self.close()
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # ------------------------------------------------------------------ control calls
+
+    async def health(self) -> list[bool]:
+        """GET /health on every server; marks failures unhealthy, successes healthy."""
+        out = []
+        for i, s in enumerate(self.servers):
+            try:
+                status, _ = await self._http(s, "GET", "/health", None, self.connect_timeout_s)
+                ok = status == 200
+            except TransportError:
+                ok = False
+            if ok:
+                s.unhealthy_until = 0.0
+            else:
+                self._mark_unhealthy(i)
+            out.append(ok)
+        return out
+
+    async def server_info(self) -> list[Any]:
+        return await self.post_all("get_server_info", None)
+
+    async def flush_cache(self) -> list[Any]:
+        return await self.post_all("flush_cache", None)
+
+    async def post_all(self, endpoint: str, payload: Optional[dict]) -> list[Any]:
+        """Call a control endpoint (name from ``sglang_protocol.ENDPOINTS``) on every server, in
+        parallel; raises if any fails."""
+        method, path = proto.ENDPOINTS[endpoint]
+
+        async def one(s: ServerState) -> Any:
+            status, data = await self._http(s, method, path, payload, self.control_timeout_s)
+            return proto.check_control_response(path, status, data)
+
+        return list(await asyncio.gather(*(one(s) for s in self.servers)))
+
+    async def _abort_quietly(self, idx: int, rid: str) -> None:
+        try:
+            await self._http(
+                self.servers[idx], "POST", "/abort_request", proto.abort_request_payload(rid), 5.0
+            )
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ placement
+
+    def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        # a new event loop (e.g. successive asyncio.run calls): per-loop primitives afresh
+        self._loop = loop
+        self._open = asyncio.Event()
+        if not self._released:
+            self._open.set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._control_lock = asyncio.Lock()
+        for s in self.servers:
+            s.idle.clear()  # streams belong to the old loop
+
+    def _mark_unhealthy(self, idx: int) -> None:
+        s = self.servers[idx]
+        s.failures += 1
+        s.unhealthy_until = time.monotonic() + self.unhealthy_cooldown_s
+        for _r, w in s.idle:
+            w.close()
+        s.idle.clear()
+
+    def _pick(self, affinity: Optional[str], avoid: set[int]) -> int:
+        now = time.monotonic()
+        if affinity is not None:
+            idx = self._affinity.get(affinity)
+            if idx is not None and idx not in avoid and self.servers[idx].healthy(now):
+                self._affinity.move_to_end(affinity)
+                return idx
+        candidates = [
+            i for i, s in enumerate(self.servers) if i not in avoid and s.healthy(now)
+        ] or [i for i in range(len(self.servers)) if i not in avoid] or list(range(len(self.servers)))
+        least = min(self.servers[i].in_flight for i in candidates)
+        tied = [i for i in candidates if self.servers[i].in_flight == least]
+        idx = tied[next(self._rr) % len(tied)]
+        if affinity is not None:
+            self._affinity[affinity] = idx
+            self._affinity.move_to_end(affinity)
+            while len(self._affinity) > self.max_affinity_keys:
+                self._affinity.popitem(last=False)
+        return idx
+
+    # ------------------------------------------------------------------ HTTP/1.1 client
+
+    async def _http(
+        self, s: ServerState, method: str, path: str, payload: Optional[dict], timeout: float
+    ) -> tuple[int, Any]:
+        body = b"" if payload is None else json.dumps(payload).encode()
+        head = (
+            f"{method} {s.prefix}{path} HTTP/1.1\r\nHost: {s.host}:{s.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
+        ).encode()
+        # A pooled connection the server has since closed fails before any reply byte: retry
+        # once on a fresh connection (the request never reached the server).
+        while True:
+            reused = bool(s.idle)
+            try:
+                if reused:
+                    reader, writer = s.idle.pop()
+                else:
+                    reader, writer = await asyncio.wait_for(
+                        asyncio.open_connection(s.host, s.port), self.connect_timeout_s
+                    )
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise TransportError(f"cannot connect to {s.url}: {exc!r}") from exc
+            try:
+                writer.write(head + body)
+                await writer.drain()
+                status, headers, raw, got_bytes = await asyncio.wait_for(
+                    self._read_response(reader), timeout
+                )
+            except asyncio.CancelledError:
+                writer.close()
+                raise
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+                writer.close()
+                if reused and not getattr(exc, "_got_bytes", False) and not isinstance(
+                    exc, asyncio.TimeoutError
+                ):
+                    continue
+                raise TransportError(f"{method} {s.url}{path} failed: {exc!r}") from exc
+            break
+        keep = headers.get("connection", "").lower() != "close" and not self._closed
+        if keep and len(s.idle) < self.max_idle_connections:
+            s.idle.append((reader, writer))
+        else:
+            writer.close()
+        if status >= 500:
+            raise TransportError(f"{method} {s.url}{path}: HTTP {status}: {raw[:200]!r}")
+        if not raw:
+            return status, None
+        ctype = headers.get("content-type", "")
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            if "json" in ctype:
+                raise proto.SGLangProtocolError(
+                    f"{method} {s.url}{path}: response body is not valid JSON: {raw[:200]!r}"
+                )
+            data = raw.decode("utf-8", "replace")
+        return status, data
+
+    @staticmethod
+    async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
+        line = await reader.readline()
+        if not line:
+            raise asyncio.IncompleteReadError(b"", None)  # closed before replying
+        try:
+            parts = line.decode("latin-1").split(" ", 2)
+            if not parts[0].startswith("HTTP/1."):
+                raise ValueError
+            status = int(parts[1])
+        except (ValueError, IndexError):
+            exc = ValueError(f"bad HTTP status line {line!r}")
+            exc._got_bytes = True  # type: ignore[attr-defined]
+            raise exc
+        headers: dict[str, str] = {}
+        try:
+            while True:
+                h = await reader.readline()
+                if h in (b"\r\n", b"\n"):
+                    break
+                if not h:
+                    raise asyncio.IncompleteReadError(b"", None)
+                k, _, v = h.decode("latin-1").partition(":")
+                headers[k.strip().lower()] = v.strip()
+            if headers.get("transfer-encoding", "").lower() == "chunked":
+                chunks = []
+                while True:
+                    size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                            pass
+                        break
+                    chunks.append(await reader.readexactly(size))
+                    await reader.readexactly(2)
+                raw = b"".join(chunks)
+            elif "content-length" in headers:
+                raw = await reader.readexactly(int(headers["content-length"]))
+            else:
+                raw = await reader.read()
+                headers["connection"] = "close"
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            exc._got_bytes = True  # type: ignore[attr-defined]
+            raise
+        return status, headers, raw, True

@@ -1,0 +1,276 @@
+"""SGLangEngine against a stdlib HTTP test double of SGLang's native API.
+
+SGLang cannot run without a GPU, so each "server" here is a ThreadingHTTPServer on 127.0.0.1
+answering /generate with responses of the shape tokenizer_manager.py builds (see
+tests/test_sglang_protocol.py) and recording every control call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from spade.rollout.engine import EngineClosed, GenerationRequest, SamplingParams
+from spade.rollout.sglang_engine import NoHealthyServer, SGLangEngine
+
+
+class FakeSGLang:
+    def __init__(self, name: str, log: list, delay: float = 0.02):
+        self.name, self.log, self.delay = name, log, delay
+        self.generate_count = 0
+        self.fail_next = 0  # close the connection without replying this many times
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, code, obj):
+                body = b"" if obj is None else json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:  # the client went away (engine closed)
+                    pass
+
+            def do_GET(self):
+                self._reply(200, None)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                payload = json.loads(self.rfile.read(n) or b"null")
+                with fake.lock:
+                    fake.log.append((fake.name, self.path, payload))
+                    fail = fake.fail_next > 0
+                    if fail:
+                        fake.fail_next -= 1
+                if self.path != "/generate":
+                    return self._reply(200, {"success": True, "message": ""} if "weights" in self.path else None)
+                with fake.lock:
+                    fake.generate_count += 1
+                if fail:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                time.sleep(fake.delay)
+                sp = payload["sampling_params"]
+                last = payload["input_ids"][-1]
+                k = min(3, sp["max_new_tokens"])
+                ids = [last + i + 1 for i in range(k)]
+                self._reply(200, {
+                    "text": "",
+                    "output_ids": ids,
+                    "meta_info": {
+                        "id": payload["rid"],
+                        "finish_reason": {"type": "length", "length": k},
+                        "prompt_tokens": len(payload["input_ids"]),
+                        "weight_version": "default",
+                        "completion_tokens": k,
+                        "cached_tokens": 0,
+                        "output_token_logprobs": [[-0.5 * (i + 1), t, None] for i, t in enumerate(ids)],
+                    },
+                })
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def servers():
+    log: list = []
+    fakes = [FakeSGLang("a", log), FakeSGLang("b", log)]
+    yield fakes, log
+    for f in fakes:
+        f.stop()
+
+
+def dead_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+def req(last: int = 10) -> GenerationRequest:
+    return GenerationRequest(prompt_ids=(1, last), sampling=SamplingParams(max_new_tokens=8, seed=1))
+
+
+def test_generate_result(servers):
+    (a, b), _ = servers
+    eng = SGLangEngine([a.url])
+    r = asyncio.run(eng.generate(req(10)))
+    assert r.token_ids == (11, 12, 13) and r.logprobs == (-0.5, -1.0, -1.5)
+    assert r.finish_reason == "length" and r.weight_version == 0
+
+
+def test_load_balanced_and_concurrent(servers):
+    (a, b), _ = servers
+    eng = SGLangEngine([a.url, b.url])
+
+    async def main():
+        return await asyncio.gather(*(eng.generate(req(i * 10)) for i in range(40)))
+
+    results = asyncio.run(main())
+    assert [r.token_ids[0] for r in results] == [i * 10 + 1 for i in range(40)]
+    assert a.generate_count + b.generate_count == 40
+    assert abs(a.generate_count - b.generate_count) <= 2
+    assert all(s.in_flight == 0 for s in eng.servers)
+
+
+def test_affinity_sticky(servers):
+    (a, b), _ = servers
+    eng = SGLangEngine([a.url, b.url])
+
+    async def main():
+        # episode-1 and episode-2 start together (spread by load), then each keeps its server
+        await asyncio.gather(eng.generate_with_affinity(req(), "ep1"), eng.generate_with_affinity(req(), "ep2"))
+        first = (eng.server_for("ep1"), eng.server_for("ep2"))
+        for _ in range(3):
+            await asyncio.gather(
+                *(eng.generate_with_affinity(req(), "ep1") for _ in range(3)),
+                eng.generate_with_affinity(req(), "ep2"),
+            )
+        return first
+
+    s1, s2 = asyncio.run(main())
+    assert s1 != s2
+    assert (eng.server_for("ep1"), eng.server_for("ep2")) == (s1, s2)
+    counts = {a.url: a.generate_count, b.url: b.generate_count}
+    assert counts[s1] == 10 and counts[s2] == 4
+    eng.forget_affinity("ep1")
+    assert eng.server_for("ep1") is None
+
+
+def test_retry_on_dead_server(servers):
+    (a, b), _ = servers
+    eng = SGLangEngine([dead_url(), b.url], max_retries=1)
+
+    async def main():
+        return await asyncio.gather(*(eng.generate_with_affinity(req(), f"ep{i}") for i in range(6)))
+
+    results = asyncio.run(main())
+    assert len(results) == 6 and b.generate_count == 6
+    assert eng.servers[0].failures >= 1
+    assert all(eng.server_for(f"ep{i}") == b.url for i in range(6))  # affinity moved
+
+
+def test_retry_when_request_fails_midway(servers):
+    (a, b), _ = servers
+    a.fail_next = 1
+    eng = SGLangEngine([a.url, b.url])
+    r = asyncio.run(eng.generate_with_affinity(req(), "ep"))
+    assert r.token_ids == (11, 12, 13)
+    assert (a.generate_count, b.generate_count) == (1, 1)
+
+
+def test_all_dead_raises():
+    eng = SGLangEngine([dead_url(), dead_url()], max_retries=2)
+    with pytest.raises(NoHealthyServer):
+        asyncio.run(eng.generate(req()))
+
+
+def test_release_resume_order(servers):
+    (a, b), log = servers
+    updates = []
+
+    async def updater(engine, named, version):
+        await engine.post_all("update_weights_from_tensor", {"serialized_named_tensors": [], "weight_version": str(version)})
+        updates.append(version)
+
+    eng = SGLangEngine([a.url, b.url], weight_updater=updater)
+
+    async def main():
+        await eng.generate(req())
+        await eng.release_memory()
+        await eng.resume_and_update([], 5)
+        r = await eng.generate(req())
+        await eng.release_memory()
+        await eng.resume_memory()
+        return r
+
+    r = asyncio.run(main())
+    assert updates == [5] and eng.weight_version == 5 and r.weight_version == 5
+    for name in ("a", "b"):
+        calls = [(p, body) for n, p, body in log if n == name and p != "/generate"]
+        assert calls == [
+            ("/pause_generation", {"mode": "abort"}),
+            ("/release_memory_occupation", {"tags": ["weights", "kv_cache"]}),
+            ("/resume_memory_occupation", {"tags": ["weights"]}),
+            ("/update_weights_from_tensor", {"serialized_named_tensors": [], "weight_version": "5"}),
+            ("/resume_memory_occupation", {"tags": ["kv_cache"]}),
+            ("/continue_generation", {}),
+            ("/pause_generation", {"mode": "abort"}),
+            ("/release_memory_occupation", {"tags": ["weights", "kv_cache"]}),
+            ("/resume_memory_occupation", {"tags": ["weights"]}),
+            ("/resume_memory_occupation", {"tags": ["kv_cache"]}),
+            ("/continue_generation", {}),
+        ]
+
+
+def test_release_drains_and_blocks_new_requests(servers):
+    (a, b), log = servers
+    a.delay = 0.3
+    eng = SGLangEngine([a.url])
+
+    async def main():
+        inflight = asyncio.ensure_future(eng.generate(req()))
+        await asyncio.sleep(0.05)
+        await eng.release_memory()  # waits for the in-flight request
+        assert inflight.done()
+        later = asyncio.ensure_future(eng.generate(req()))
+        await asyncio.sleep(0.1)
+        assert not later.done()  # held while memory is released
+        await eng.resume_memory()
+        return await later
+
+    asyncio.run(main())
+    paths = [p for _n, p, _b in log]
+    assert paths.index("/pause_generation") > paths.index("/generate")
+    assert paths[-1] == "/generate" and paths[-2] == "/continue_generation"
+
+
+def test_update_weights_without_updater(servers):
+    (a, b), _ = servers
+    eng = SGLangEngine([a.url])
+    with pytest.raises(NotImplementedError, match="issue 5"):
+        asyncio.run(eng.update_weights([], 1))
+
+
+def test_close_aborts_in_flight(servers):
+    (a, b), log = servers
+    a.delay = 2.0
+    eng = SGLangEngine([a.url])
+
+    async def main():
+        t = asyncio.ensure_future(eng.generate(req()))
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        await eng.aclose()
+        r = await t
+        return r, time.monotonic() - t0
+
+    r, dt = asyncio.run(main())
+    assert r.finish_reason == "abort" and r.token_ids == () and dt < 1.5
+    assert any(p == "/abort_request" for _n, p, _b in log)
+    with pytest.raises(EngineClosed):
+        asyncio.run(eng.generate(req()))
