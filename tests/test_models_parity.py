@@ -36,17 +36,7 @@ from spade.models.weight_map import (
     megatron_to_hf,
 )
 
-VOCAB = 200  # not a multiple of 128: the Megatron vocabulary gets padded
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-6,
-)
+from hf_fixtures import COMMON, VOCAB  # noqa: E402  (the tiny shapes shared by every model test)
 
 MODELS = {
     "llama-tied": (LlamaForCausalLM, lambda: LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, **COMMON)),
