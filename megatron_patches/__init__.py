@@ -1,9 +1,12 @@
-"""Patches that let megatron-core 0.16.1 run on CPU with the gloo backend.
+"""Patches that let megatron-core 0.16.1 run on CPU with the gloo backend, and fix its bugs without TE.
 
 ``apply_all()`` is the one call a process makes, before building any Megatron model. It checks the
 installed megatron-core version (the patches replace specific upstream functions and are only
-known to be right for the pinned version), then applies every patch module in ``PATCHES``. Each
-patch is a no-op when CUDA is available; calling ``apply_all()`` again changes nothing.
+known to be right for the pinned version), then applies every patch module in ``PATCHES``. The CPU
+patches are no-ops when CUDA is available; two fix upstream bugs that do not depend on the device
+(``moe_gemm``: a name missing without TE; ``distrib_optimizer_steps``: the distributed optimizer's
+torch-Adam ``step`` without Apex/TE) and apply on GPUs too. Calling ``apply_all()`` again changes
+nothing.
 
 Two helpers are not applied globally and are exported for the trainer:
 
@@ -25,6 +28,7 @@ from types import ModuleType
 from . import (
     all_to_all,
     causal_mask,
+    distrib_optimizer_steps,
     memory_buffer,
     moe_dispatcher,
     moe_gemm,
@@ -48,6 +52,7 @@ PATCHES: tuple[ModuleType, ...] = (
     moe_dispatcher,
     all_to_all,
     norm_sequence_parallel,
+    distrib_optimizer_steps,
 )
 
 __all__ = [

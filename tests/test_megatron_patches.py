@@ -80,7 +80,7 @@ def test_apply_all_is_idempotent():
     assert RotaryEmbedding.get_emb is patched
     assert {p.NAME for p in megatron_patches.PATCHES} >= {
         "rotary", "memory_buffer", "causal_mask", "rng", "moe_router", "moe_gemm",
-        "moe_dispatcher", "all_to_all", "norm_sequence_parallel",
+        "moe_dispatcher", "all_to_all", "norm_sequence_parallel", "distrib_optimizer_steps",
     }
 
 
@@ -122,8 +122,8 @@ def test_patches_stand_down_when_cuda_is_available():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    # moe_gemm fixes a missing name (an upstream bug without TE), independent of CUDA.
-    assert {k for k, v in result.items() if v} <= {"moe_gemm"}
+    # moe_gemm and distrib_optimizer_steps fix upstream bugs without TE/Apex, independent of CUDA.
+    assert {k for k, v in result.items() if v} <= {"moe_gemm", "distrib_optimizer_steps"}
 
 
 # ------------------------------------------------------------------ rotary
@@ -326,8 +326,9 @@ def test_split_sizes_become_lists():
 _TWO_RANK_ALL_TO_ALL = """
 import os, sys, numpy as np, torch, torch.distributed as dist, torch.multiprocessing as mp
 
-def run(rank, port):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def run(rank, store_path):
+    # a file rendezvous: no TCP port to race other processes for
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
     import megatron_patches
     megatron_patches.apply_all()
     from megatron.core.tensor_parallel.mappings import all_to_all
@@ -341,10 +342,11 @@ def run(rank, port):
     assert y[:, 0].tolist() == expected, (rank, y)
     y.sum().backward()
     assert torch.equal(x.grad, torch.ones_like(x))
+    dist.barrier()  # neither rank tears gloo down while the other is still in a collective
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(int(sys.argv[1]),), nprocs=2)
+    mp.spawn(run, args=(sys.argv[1],), nprocs=2)
     print("ok")
 """
 
@@ -352,12 +354,10 @@ if __name__ == "__main__":
 @needs_cpu
 def test_uneven_all_to_all_over_gloo(tmp_path):
     """Two gloo ranks exchange uneven splits given as numpy arrays, forward and backward."""
-    from megatron_fixtures import free_port
-
     script = tmp_path / "a2a.py"
     script.write_text(_TWO_RANK_ALL_TO_ALL)
     done = subprocess.run(
-        [sys.executable, str(script), str(free_port())],
+        [sys.executable, str(script), str(tmp_path / "rendezvous")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -478,3 +478,108 @@ def test_cpu_device_mode_reaches_custom_function_backward():
     assert torch.equal(x.grad, torch.full((3,), 2.0))
     with pytest.raises(Exception):  # outside the mode the same backward reaches for a GPU
         AllocatesOnCurrentDevice.apply(torch.ones(3, requires_grad=True)).sum().backward()
+
+
+# ------------------------------------------------------------------ distributed optimizer steps
+
+
+def _distributed_adam(seed: int = 0):
+    """Tiny GPT in DDP with a (torch-Adam) distributed optimizer: (ddp, chained optimizer)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    torch.manual_seed(seed)
+    config = tiny_config()
+    with megatron_patches.cpu_device_mode():
+        ddp = DistributedDataParallel(
+            config, DistributedDataParallelConfig(use_distributed_optimizer=True), tiny_gpt(config)
+        )
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True), [ddp]
+        )
+    return ddp, optimizer
+
+
+def _train(ddp, optimizer, steps: int) -> None:
+    from megatron.core.distributed import finalize_model_grads
+
+    ids = torch.randint(0, 64, (2, 8))
+    positions = torch.arange(8).expand(2, -1)
+    for _ in range(steps):
+        with megatron_patches.cpu_device_mode():
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            ddp(ids, positions, None, labels=ids).float().mean().backward()
+            finalize_model_grads([ddp])
+            assert optimizer.step()[0]
+
+
+def _inner(optimizer):
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    assert len(inner) == 1 and isinstance(inner[0], DistributedOptimizer)
+    return inner[0]
+
+
+def _param_steps(optimizer) -> list[torch.Tensor]:
+    return [s["step"] for s in _inner(optimizer).optimizer.state.values()]
+
+
+needs_torch_adam = pytest.mark.skipif(
+    not megatron_patches.distrib_optimizer_steps.needed(), reason="Apex/TE fused Adam is in use"
+)
+
+
+@needs_cpu
+@needs_torch_adam
+def test_fresh_distributed_optimizer_builds_its_state_dict():
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    _, optimizer = _distributed_adam()
+    inner = _inner(optimizer)
+    with pytest.raises(AssertionError):  # upstream: no state, so no single step value
+        original_of(DistributedOptimizer, "state_dict")(inner)
+    state = inner.state_dict()
+    assert {g["step"] for g in state["optimizer"]["param_groups"]} == {0.0}
+    steps = _param_steps(optimizer)
+    assert steps and all(s.item() == 0.0 for s in steps)
+
+
+@needs_cpu
+@needs_torch_adam
+def test_distributed_optimizer_round_trip_keeps_per_param_steps(tmp_path):
+    from megatron.core import dist_checkpointing
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    metadata = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
+    ddp, optimizer = _distributed_adam()
+    _train(ddp, optimizer, 3)
+    assert all(s.item() == 3.0 for s in _param_steps(optimizer))
+
+    # Upstream load_state_dict hands every parameter one shared step tensor.
+    inner = _inner(optimizer)
+    original_of(DistributedOptimizer, "load_state_dict")(inner, inner.state_dict())
+    assert len({id(s) for s in _param_steps(optimizer)}) == 1 < len(_param_steps(optimizer))
+
+    ddp, optimizer = _distributed_adam()
+    _train(ddp, optimizer, 3)
+    with megatron_patches.cpu_device_mode():
+        model_state = ddp.module.sharded_state_dict()
+        state = {"model": model_state,
+                 "optimizer": optimizer.sharded_state_dict(model_state, metadata=metadata)}
+        dist_checkpointing.save(state, str(tmp_path))
+
+    ddp, optimizer = _distributed_adam(seed=1)  # fresh: never stepped
+    with torch.no_grad(), megatron_patches.cpu_device_mode():
+        model_state = ddp.module.sharded_state_dict()
+        request = {"model": model_state, "optimizer": optimizer.sharded_state_dict(
+            model_state, is_loading=True, metadata=metadata)}
+        loaded = dist_checkpointing.load(request, str(tmp_path))
+        ddp.module.load_state_dict(loaded["model"])
+        optimizer.load_state_dict(loaded["optimizer"])
+    steps = _param_steps(optimizer)
+    assert len({id(s) for s in steps}) == len(steps) > 1
+    assert all(s.item() == 3.0 for s in steps)
+    _train(ddp, optimizer, 1)  # each parameter advances once, not once per parameter
+    assert all(s.item() == 4.0 for s in _param_steps(optimizer))

@@ -1,8 +1,8 @@
 """What the two checkpoint converters share: dtype names, safetensors dtype sniffing, shard writing,
 a failure type that exits 2 with a one-line message.
 
-Megatron world setup comes from ``spade.cli.score.setup_megatron`` (one process, or the world
-torchrun describes).
+Megatron world setup comes from ``spade.training.parallel.parallel_session`` (one process, or the
+world torchrun describes).
 """
 
 from __future__ import annotations

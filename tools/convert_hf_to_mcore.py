@@ -60,12 +60,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise ToolError("--tp, --ep and --pp must be positive")
     hf_config = json.loads(config_path.read_text())
 
-    from spade.cli.score import megatron_session
     from spade.models import ParallelLayout, RankCoords, read_model_spec
     from spade.models.builder import BuildOptions, naming_for
     from spade.models.loading import load_hf_state
     from spade.models.weight_map import bindings
     from spade.training.checkpoint import read_hf_tensors, save_checkpoint
+    from spade.training.parallel import parallel_session
 
     import megatron_patches
 
@@ -79,7 +79,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.tp)
     dtype = safetensors_dtype(hf_dir) if args.dtype == "auto" else DTYPES[args.dtype]
 
-    with megatron_session(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.expert_tp):
+    with parallel_session(layout):
         options = BuildOptions(params_dtype=dtype)  # the random init is overwritten below
         coords, naming = RankCoords.current(), naming_for(options)
         with megatron_patches.cpu_device_mode():

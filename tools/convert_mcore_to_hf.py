@@ -58,7 +58,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) != 1:
         raise ToolError("run as one process (the checkpoint loads at any layout, TP=1 included)")
 
-    from spade.cli.score import megatron_session
     from spade.models import ParallelLayout
     from spade.models.builder import BuildOptions, build_gpt_model
     from spade.models.loading import hf_weights
@@ -68,6 +67,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         load_checkpoint,
         read_checkpoint_info,
     )
+    from spade.training.parallel import parallel_session
 
     import megatron_patches
 
@@ -80,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     staging = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:12]}")
     try:
-        with megatron_session():
+        with parallel_session(ParallelLayout()):
             with megatron_patches.cpu_device_mode():
                 model = build_gpt_model(spec, ParallelLayout(),
                                         BuildOptions(params_dtype=stored_dtype(info.directory)))

@@ -14,8 +14,9 @@ Blank lines are skipped. Output: one JSON line per input, in input order:
 before it) and ``logprobs[0]`` is null, as the first token has no context.
 
 Tensor parallelism: ``torchrun --nproc_per_node N -m spade score --tp N ...``; every rank scores
-the same batches, rank 0 writes. ``setup_megatron`` (distributed + Megatron parallel state for one
-process or a torchrun world) is shared with the conversion tools.
+the same batches, rank 0 writes. The distributed world and Megatron's parallel state (one process
+or a torchrun world) come from ``spade.training.parallel.parallel_session``, as in the conversion
+tools.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -180,70 +180,6 @@ def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
-# ---------------------------------------------------------------------------- Megatron setup
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def setup_megatron(tp: int = 1, pp: int = 1, ep: int = 1, etp: Optional[int] = None,
-                   seed: int = 1234) -> bool:
-    """torch.distributed (torchrun's world, else a world of one) and Megatron's parallel state.
-
-    Patches megatron-core for CPU first. A parallel state that exists already is rebuilt; an
-    existing process group is reused. Returns whether this call created the process group.
-    """
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    import megatron_patches
-
-    megatron_patches.apply_all()
-    created = not dist.is_initialized()
-    if created:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend)
-        else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                    rank=0, world_size=1)
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
-    megatron_patches.seed_model_parallel_rng(seed)
-    return created
-
-
-def teardown_megatron(destroy_process_group: bool = True) -> None:
-    """Destroy Megatron's parallel state and (unless told not to) the process group."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    if destroy_process_group and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def megatron_session(tp: int = 1, pp: int = 1, ep: int = 1, etp: Optional[int] = None,
-                     seed: int = 1234) -> Iterator[None]:
-    """``setup_megatron`` for the body; afterwards the parallel state is destroyed, and the
-    process group too if this session created it (a caller's group is left alone)."""
-    created = setup_megatron(tp=tp, pp=pp, ep=ep, etp=etp, seed=seed)
-    try:
-        yield
-    finally:
-        teardown_megatron(destroy_process_group=created)
-
-
 def load_model(source: ModelSource, layout: Any):
     """This rank's Megatron GPTModel (eval mode) with the weights of ``source``."""
     import torch
@@ -354,10 +290,11 @@ def run_score(args: argparse.Namespace) -> int:
     requests = read_requests(_read_lines(args.input), source.hf_dir, spec.vocab_size, args.input)
 
     from ..models import ParallelLayout
+    from ..training.parallel import parallel_session
 
     started = time.perf_counter()
     layout = ParallelLayout(tp=args.tp)
-    with megatron_session(tp=layout.tp):
+    with parallel_session(layout):
         import torch.distributed as dist
 
         model, _ = load_model(source, layout)

@@ -4,7 +4,7 @@ the GRPO train step (CPU with gloo and GPU alike). Checkpoints live in ``checkpo
 from .batching import MicroBatch, TrainSample, data_parallel_shard, make_micro_batches
 from .model_provider import TrainModel, build_model
 from .optimizer import OptimizerSettings, build_optimizer
-from .parallel import ParallelContext, init_parallel, teardown_parallel
+from .parallel import ParallelContext, init_parallel, parallel_session, teardown_parallel
 from .train_step import (
     LossSettings,
     LossSummary,
@@ -30,6 +30,7 @@ __all__ = [
     "forward_backward",
     "init_parallel",
     "make_micro_batches",
+    "parallel_session",
     "teardown_parallel",
     "train_step",
 ]

@@ -18,9 +18,9 @@ reshards across layouts too. The distributed optimizer is saved as ``dp_resharda
 internal bucket layout: loads at the same TP/PP/EP with any data-parallel size);
 ``distrib_optim_sharding="fully_reshardable"`` also reshards across TP/PP but fails to load
 without Apex/TE in megatron-core 0.16.1 (torch Adam's per-parameter ``step``). Loading reads the
-format back from the checkpoint's content metadata. Two 0.16.1 distributed-optimizer load bugs on
-the torch-Adam path are worked around here (see ``_allocate_empty_distributed_state`` and
-``_restore_distributed_adam_steps``).
+format back from the checkpoint's content metadata. Two 0.16.1 distributed-optimizer bugs on the
+torch-Adam path (a fresh optimizer cannot build the state dict it loads into; loading shares one
+``step`` tensor among all parameters) are fixed by ``megatron_patches.distrib_optimizer_steps``.
 
 RNG state (python, numpy, torch CPU, CUDA when present, and Megatron's named tracker streams) is
 one ShardedObject per rank, keyed by its (pipeline, tensor, data-parallel) coordinates. Loaded at
@@ -391,52 +391,6 @@ def _uses_distributed_optimizer(optimizer: Any) -> bool:
     return any(isinstance(o, DistributedOptimizer) for o in inner)
 
 
-def _allocate_empty_distributed_state(optimizer: Any) -> None:
-    """Give a fresh distributed optimizer's inner torch optimizer zero state with a step.
-
-    Without Apex/TE, ``DistributedOptimizer.state_dict`` reads ``state["step"]`` of every
-    parameter and asserts there is exactly one value, so a never-stepped optimizer cannot build
-    the state dict it loads into. Zero state, step 0, is what the load then overwrites.
-    """
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if not isinstance(inner, DistributedOptimizer) or len(inner.optimizer.state) > 0:
-            continue
-        torch_optimizer = inner.optimizer
-        if not isinstance(torch_optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-            continue
-        for group in torch_optimizer.param_groups:
-            for param in group["params"]:
-                torch_optimizer.state[param] = {
-                    "step": torch.tensor(0.0),
-                    "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
-                    "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
-                }
-
-
-def _restore_distributed_adam_steps(optimizer: Any) -> None:
-    """Set each parameter's torch-Adam ``step`` from its loaded param group, one tensor each.
-
-    Without Apex/TE, megatron-core 0.16.1's ``DistributedOptimizer.load_state_dict`` (a) puts ONE
-    step tensor into every parameter's state, which torch Adam then advances once per parameter
-    per step, and (b) with ``dp_reshardable`` copies the pre-load step back over it. The loaded
-    param groups carry the right step; this puts it back, unshared.
-    """
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if not isinstance(inner, DistributedOptimizer):
-            continue
-        for group in inner.optimizer.param_groups:
-            if "step" not in group:
-                continue
-            for param in group["params"]:
-                param_state = inner.optimizer.state.get(param)
-                if param_state is not None and "step" in param_state:
-                    param_state["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
-
-
 def _optimizer_metadata(optimizer: Any, sharding: str) -> dict[str, Any]:
     metadata: dict[str, Any] = {"chained_optim_avoid_prefix": True}
     if _uses_distributed_optimizer(optimizer):
@@ -626,7 +580,7 @@ def load_checkpoint(
     with torch.no_grad(), megatron_patches.cpu_device_mode():
         state = _model_sharded_state(chunks)
         if load_optimizer:
-            _allocate_empty_distributed_state(optimizer)
+            megatron_patches.distrib_optimizer_steps.apply()  # idempotent; apply_all() does it too
             state["optimizer"] = optimizer.sharded_state_dict(
                 dict(state), is_loading=True, metadata=content_metadata.get("optimizer_metadata", {}))
 
@@ -656,7 +610,6 @@ def load_checkpoint(
     if load_optimizer:
         with torch.no_grad(), megatron_patches.cpu_device_mode():
             optimizer.load_state_dict(loaded["optimizer"])
-            _restore_distributed_adam_steps(optimizer)
     elif optimizer is not None and hasattr(optimizer, "reload_model_params"):
         optimizer.reload_model_params()  # main (fp32) params follow the loaded model
     if restore_rng:

@@ -7,7 +7,9 @@ applies ``megatron_patches`` (CPU support), initialises ``megatron.core.parallel
 layout (data parallelism is what is left of the world) and seeds torch and Megatron's named RNG
 streams. Calling it again with the same layout reuses everything; with another layout the model
 parallel groups are rebuilt inside the same world (tests use that to run several layouts in one
-launch). ``teardown_parallel`` undoes it.
+launch). ``teardown_parallel`` undoes it. ``parallel_session`` is both around a block, for tools
+that run inside a caller's world as well as on their own (``spade score``, the converters): it
+destroys the process group afterwards only if it created it.
 
 Sequence parallelism is not part of the parallel state (it is a model config flag); the layout
 carries it to the model builder.
@@ -15,11 +17,12 @@ carries it to the model builder.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -154,3 +157,21 @@ def teardown_parallel(*, destroy_process_group: bool = True) -> None:
         ps.destroy_model_parallel()
     if destroy_process_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def parallel_session(
+    layout: ParallelLayout = ParallelLayout(),
+    *,
+    seed: int = 1234,
+    backend: Optional[str] = None,
+    timeout_minutes: int = 30,
+) -> Iterator[ParallelContext]:
+    """``init_parallel`` for the body; afterwards Megatron's parallel state is destroyed, and the
+    process group too if this session created it (a caller's group is left alone)."""
+    created = not dist.is_initialized()
+    ctx = init_parallel(layout, seed=seed, backend=backend, timeout_minutes=timeout_minutes)
+    try:
+        yield ctx
+    finally:
+        teardown_parallel(destroy_process_group=created)

@@ -33,9 +33,9 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]
 
 import hf_fixtures as hx  # noqa: E402
-from spade.cli.score import setup_megatron, teardown_megatron  # noqa: E402
 from spade.models import ParallelLayout  # noqa: E402
 from spade.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from spade.training.parallel import init_parallel, teardown_parallel  # noqa: E402
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -105,30 +105,30 @@ def main() -> None:
     results: dict = {}
     started = time.perf_counter()
 
-    setup_megatron(tp=2)
     tp2 = ParallelLayout(tp=2)
+    init_parallel(tp2)
     model, _ = hx.megatron_model(work / "hf-dense", tp2, load_weights=False, seed=5)
     info = load_checkpoint(work / "ckpt-dense-tp1", [model])
     results["tp2_saved_layout"] = [info.layout.tp, info.layout.ep]
     results["tp2_logits_diff"] = max_diff(hx.full_logits(model, ids), reference["dense"])
 
-    setup_megatron(tp=1, ep=2)
     ep2 = ParallelLayout(ep=2, etp=1)
+    init_parallel(ep2)
     model, _ = hx.megatron_model(work / "hf-moe", ep2, load_weights=False, seed=5)
     load_checkpoint(work / "ckpt-moe-tp1", [model])
     results["ep2_logits_diff"] = max_diff(hx.full_logits(model, ids), reference["moe"])
 
-    setup_megatron(tp=2)
+    init_parallel(tp2)
     results.update(resume_phase(work, "tp2", tp2, distributed_optimizer=False))
 
-    setup_megatron(tp=1)
+    init_parallel(ParallelLayout())
     results.update(resume_phase(work, "dp2-distopt", ParallelLayout(), distributed_optimizer=True))
 
     results["seconds"] = round(time.perf_counter() - started, 1)
     if dist.get_rank() == 0:
         (work / "results.json").write_text(json.dumps(results, indent=1))
     print(f"OK rank {dist.get_rank()}", flush=True)
-    teardown_megatron()
+    teardown_parallel()
 
 
 if __name__ == "__main__":  # the checkpoint writer spawns a helper process: keep this guard
