@@ -274,3 +274,61 @@ def test_close_aborts_in_flight(servers):
     assert any(p == "/abort_request" for _n, p, _b in log)
     with pytest.raises(EngineClosed):
         asyncio.run(eng.generate(req()))
+
+
+def test_request_affinity_field_pins_episode(servers):
+    (a, b), _ = servers
+    eng = SGLangEngine([a.url, b.url])
+
+    async def main():
+        await asyncio.gather(*(eng.generate(GenerationRequest((1, 5), SamplingParams(max_new_tokens=4),
+                                                              affinity="episode")) for _ in range(6)))
+
+    asyncio.run(main())
+    assert sorted([a.generate_count, b.generate_count]) == [0, 6]
+
+
+def test_failure_hook_recovers_and_retries_on_same_server(servers):
+    """The hook stands for the trainer's restart: the failed request waits for it, then is re-sent
+    to the recovered server (not elsewhere); concurrent failures share one hook call per server."""
+    (a, b), _ = servers
+    a.fail_next = 3
+    calls = []
+
+    async def recover(index):
+        calls.append(index)
+        await asyncio.sleep(0.05)
+
+    eng = SGLangEngine([a.url, b.url], on_server_failure=recover, max_retries=3)
+
+    async def main():
+        return await asyncio.gather(*(eng.generate_with_affinity(req(), "ep") for _ in range(3)))
+
+    results = asyncio.run(main())
+    assert all(r.token_ids == (11, 12, 13) for r in results)
+    assert b.generate_count == 0 and a.generate_count == 6  # 3 failed + 3 retried on a
+    assert calls and set(calls) == {0}
+    assert eng.servers[0].healthy(time.monotonic())
+
+
+def test_failing_hook_sends_request_elsewhere(servers):
+    (a, b), _ = servers
+    a.fail_next = 1
+
+    async def recover(index):
+        raise RuntimeError("cannot restart")
+
+    eng = SGLangEngine([a.url, b.url], on_server_failure=recover)
+    r = asyncio.run(eng.generate_with_affinity(req(), "ep"))
+    assert r.token_ids == (11, 12, 13) and (a.generate_count, b.generate_count) == (1, 1)
+
+
+def test_post_to_selected_servers(servers):
+    (a, b), log = servers
+    eng = SGLangEngine([a.url, b.url])
+    asyncio.run(eng.post_to([1], "flush_cache", None))
+    asyncio.run(eng.post_to([0, 1], "update_weights_from_tensor",
+                            lambda i: {"serialized_named_tensors": [str(i)]}))
+    assert log[0][:2] == ("b", "/flush_cache") and len(log) == 3
+    bodies = {name: body for name, path, body in log if path == "/update_weights_from_tensor"}
+    assert bodies == {"a": {"serialized_named_tensors": ["0"]}, "b": {"serialized_named_tensors": ["1"]}}

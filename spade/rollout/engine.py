@@ -72,10 +72,13 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt (token ids) to complete."""
+    """One prompt (token ids) to complete. Requests with the same ``affinity`` key (e.g. the turns
+    of one episode) go to the same server while it is healthy, so a multi-server engine finds
+    their shared prefix in that server's cache; engines with one model instance ignore it."""
 
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    affinity: Optional[str] = None
 
     def __post_init__(self) -> None:
         # map(int) runs at C speed: a long episode sends its whole, growing prompt every turn.

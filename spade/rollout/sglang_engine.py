@@ -9,8 +9,11 @@ a key picks a server by load and later ones go to the same server, so the multi-
 prefix is found in that server's radix cache. ``forget_affinity`` drops a finished episode's key.
 
 Failures. A connection failure, a timeout or an HTTP 5xx marks the server unhealthy for
-``unhealthy_cooldown_s`` and re-sends the request (from scratch, new rid) to another server, up
-to ``max_retries`` times; the affinity key moves with it. HTTP 4xx and malformed responses are not
+``unhealthy_cooldown_s`` and re-sends the request (from scratch, new rid), up to ``max_retries``
+times; the affinity key moves with it. Without an ``on_server_failure`` hook the retry goes to
+another server. With one (the trainer's: restart the server and re-send the weights), the failed
+request awaits ``on_server_failure(index)`` and, if that returns, retries on the recovered server;
+if it raises, the server is avoided for this request. HTTP 4xx and malformed responses are not
 retried.
 
 Memory around a train step (colocated trainer and servers), in this order::
@@ -52,6 +55,7 @@ from . import sglang_protocol as proto
 from .engine import EngineClosed, GenerationRequest, GenerationResult, RolloutEngine
 
 WeightUpdater = Callable[["SGLangEngine", Iterable[tuple[str, Tensor]], int], Union[None, Awaitable[None]]]
+FailureHook = Callable[[int], Awaitable[None]]
 
 
 class TransportError(ConnectionError):
@@ -103,6 +107,7 @@ class SGLangEngine(RolloutEngine):
         max_affinity_keys: int = 100_000,
         weight_updater: Optional[WeightUpdater] = None,
         initial_weight_version: int = 0,
+        on_server_failure: Optional[FailureHook] = None,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
@@ -121,6 +126,7 @@ class SGLangEngine(RolloutEngine):
         self.max_idle_connections = max_idle_connections
         self.max_affinity_keys = max_affinity_keys
         self.weight_updater = weight_updater
+        self.on_server_failure = on_server_failure
         self._weight_version = int(initial_weight_version)
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._rr = itertools.count()
@@ -144,7 +150,7 @@ class SGLangEngine(RolloutEngine):
         self._weight_version = int(version)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        return await self.generate_with_affinity(request, None)
+        return await self.generate_with_affinity(request, request.affinity)
 
     async def generate_with_affinity(
         self, request: GenerationRequest, affinity: Optional[str]
@@ -181,10 +187,11 @@ class SGLangEngine(RolloutEngine):
                 raise
             except TransportError as exc:
                 last_error = exc
-                tried.add(idx)
                 self._mark_unhealthy(idx)
                 if self._closed:
                     return GenerationResult((), (), "abort", version)
+                if not await self._recovered(idx):
+                    tried.add(idx)
                 continue
             finally:
                 self._tasks.pop(rid, None)
@@ -198,6 +205,20 @@ class SGLangEngine(RolloutEngine):
             f"/generate failed on {len(tried)} server(s) after {self.max_retries + 1} attempts: "
             f"{last_error}"
         )
+
+    async def _recovered(self, idx: int) -> bool:
+        """Await the failure hook for server ``idx``; True when it says the server is back."""
+        if self.on_server_failure is None:
+            return False
+        try:
+            await self.on_server_failure(idx)
+        except Exception:  # the recovery failed: the request goes elsewhere
+            return False
+        self.mark_healthy(idx)
+        return True
+
+    def mark_healthy(self, idx: int) -> None:
+        self.servers[idx].unhealthy_until = 0.0
 
     def forget_affinity(self, affinity: str) -> None:
         self._affinity.pop(affinity, None)
@@ -217,14 +238,24 @@ class SGLangEngine(RolloutEngine):
             await out
         self._weight_version = int(version)
 
+    async def close_admission(self) -> None:
+        """Hold new ``generate`` calls and wait until nothing is in flight."""
+        self._attach()
+        self._open.clear()
+        await self._drained.wait()
+
+    def open_admission(self) -> None:
+        """Let held and new ``generate`` calls through again."""
+        self._attach()
+        self._open.set()
+
     async def release_memory(self) -> None:
         """Drain in flight, pause generation, release weights and KV cache on every server."""
         self._attach()
         async with self._control_lock:
             if self._released:
                 return
-            self._open.clear()
-            await self._drained.wait()
+            await self.close_admission()
             await self.post_all("pause_generation", proto.pause_generation_payload("abort"))
             await self.post_all("release_memory_occupation", proto.release_memory_payload(proto.MEMORY_TAGS))
             self._released = True
@@ -303,13 +334,20 @@ class SGLangEngine(RolloutEngine):
     async def post_all(self, endpoint: str, payload: Optional[dict]) -> list[Any]:
         """Call a control endpoint (name from ``sglang_protocol.ENDPOINTS``) on every server, in
         parallel; raises if any fails."""
-        method, path = proto.ENDPOINTS[endpoint]
+        return await self.post_to(range(len(self.servers)), endpoint, payload)
 
-        async def one(s: ServerState) -> Any:
-            status, data = await self._http(s, method, path, payload, self.control_timeout_s)
+    async def post_to(self, indices: Iterable[int], endpoint: str, payload: Any) -> list[Any]:
+        """Call a control endpoint on the servers ``indices``, in parallel; raises if any fails.
+        ``payload`` is one body for all, or a callable ``index -> body``."""
+        method, path = proto.ENDPOINTS[endpoint]
+        self._attach()
+
+        async def one(idx: int) -> Any:
+            body = payload(idx) if callable(payload) else payload
+            status, data = await self._http(self.servers[idx], method, path, body, self.control_timeout_s)
             return proto.check_control_response(path, status, data)
 
-        return list(await asyncio.gather(*(one(s) for s in self.servers)))
+        return list(await asyncio.gather(*(one(i) for i in indices)))
 
     async def _abort_quietly(self, idx: int, rid: str) -> None:
         try:

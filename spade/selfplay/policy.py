@@ -10,6 +10,7 @@ episode (return 0, SPEC section 4); the tokens generated so far stay in the samp
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +31,7 @@ class EnginePolicy:
         self.chat_format = chat_format
         self.conversation: Conversation | None = None
         self.weight_versions: list[int] = []
+        self.affinity = uuid.uuid4().hex  # every turn of the episode on one server (prefix cache)
         self._consumed = 0  # runner messages already in the conversation
 
     async def __call__(self, messages: list[Message]) -> str:
@@ -47,9 +49,11 @@ class EnginePolicy:
         seed = None if self.sampling.seed is None else self.sampling.seed + conversation.turns
         sampling = replace(self.sampling, max_new_tokens=conversation.max_new_tokens(self.sampling.max_new_tokens),
                            seed=seed)
-        result = await self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling))
+        result = await self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling,
+                                                             affinity=self.affinity))
         self.weight_versions.append(result.weight_version)
-        text = conversation.append_generated(result.token_ids, result.logprobs, result.finish_reason)
+        text = conversation.append_generated(result.token_ids, result.logprobs, result.finish_reason,
+                                             result.weight_version)
         if result.finish_reason != "stop":
             raise StopEpisode(f"the reply ended without end-of-turn ({result.finish_reason})", response=text)
         return text
