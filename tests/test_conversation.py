@@ -111,6 +111,17 @@ def test_missing_logprobs_make_rollout_logprobs_unknown():
     assert conv.rollout_logprobs is None and conv.train_fields()["rollout_logprobs"] is None
 
 
+def test_weight_version_of_a_sample_is_its_oldest_turn():
+    """A sample is as stale as the oldest weights that generated any of its tokens."""
+    tok = tokenizer_for("chatml")
+    conv = Conversation(tok, OPENING, max_context_tokens=4096)
+    assert conv.train_fields()["weight_version"] is None
+    conv.append_generated(reply(tok, "one"), weight_version=7)
+    conv.append_message("user", "two")
+    conv.append_generated(reply(tok, "three"), weight_version=8)
+    assert conv.weight_versions == [7, 8] and conv.train_fields()["weight_version"] == 7
+
+
 def test_generated_tokens_are_never_retokenised():
     tok = tokenizer_for("chatml")
     he, llo = ids(tok, "he"), ids(tok, "llo")

@@ -154,6 +154,7 @@ class Conversation:
         self._logprobs: list[float] = [0.0] * len(prompt)
         self._all_logprobs_known = True
         self.turns = 0
+        self.weight_versions: list[int] = []  # the engine weight version of each generated turn
         self.end_reason: Optional[EndReason] = None
         self._awaiting_reply = True
         self._last_generated: tuple[int, ...] = ()
@@ -203,6 +204,7 @@ class Conversation:
             "token_ids": self.token_ids,
             "loss_mask": self._mask[1:],
             "rollout_logprobs": None if logprobs is None else logprobs[1:],
+            "weight_version": min(self.weight_versions) if self.weight_versions else None,
         }
 
     # ------------------------------------------------------------------ growing
@@ -212,10 +214,12 @@ class Conversation:
         token_ids: Sequence[int],
         logprobs: Optional[Sequence[float]] = None,
         finish_reason: str = "stop",
+        weight_version: Optional[int] = None,
     ) -> str:
         """Append a completion verbatim; returns its text (end-of-turn tokens left out).
 
         A completion that did not stop ("length", "abort") ends the episode (SPEC 4).
+        ``weight_version`` is the engine's version of the weights that generated it.
         """
         if not self._awaiting_reply or self.ended:
             raise RuntimeError("no reply is due: append messages first, or the episode has ended")
@@ -234,6 +238,8 @@ class Conversation:
             self._logprobs += [0.0] * len(token_ids)
         else:
             self._logprobs += [float(x) for x in logprobs]
+        if weight_version is not None:
+            self.weight_versions.append(int(weight_version))
         self.turns += 1
         self._awaiting_reply = False
         self._last_generated = tuple(token_ids)

@@ -158,7 +158,8 @@ class DesignerRound:
                 rejections.append(self._reject(record, "no_output", "generate",
                                                f"the engine returned nothing ({generated.finish_reason})", ""))
                 continue
-            response = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason)
+            response = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason,
+                                                     generated.weight_version)
             record["finish_reason"] = generated.finish_reason
             verdict = await self._admit(response)
             if verdict is None:
@@ -213,7 +214,8 @@ class DesignerRound:
             return ""
         if not generated.token_ids:
             return ""
-        text = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason)
+        text = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason,
+                                             generated.weight_version)
         return clean_hint(text, s.hint_max_chars)
 
     # ------------------------------------------------------------------ fixed pool

@@ -27,13 +27,15 @@ def derive_seed(*parts: Any) -> int:
 
 def sample_fields(conversation: Conversation) -> dict[str, Any]:
     """The JSON-serialisable sequence of a conversation: ``token_ids``, target-aligned
-    ``loss_mask`` and ``rollout_logprobs`` (None when a turn came without log-probs)."""
+    ``loss_mask`` and ``rollout_logprobs`` (None when a turn came without log-probs) and ``weight_version`` (the
+    oldest engine weight version that generated any of its tokens; None when unknown)."""
     fields = conversation.train_fields()
     return {
         "token_ids": [int(t) for t in fields["token_ids"]],
         "loss_mask": [int(m) for m in fields["loss_mask"]],
         "rollout_logprobs": None if fields["rollout_logprobs"] is None
         else [float(x) for x in fields["rollout_logprobs"]],
+        "weight_version": fields["weight_version"],
     }
 
 
@@ -43,4 +45,4 @@ def train_sample(fields: dict[str, Any], advantage: float) -> TrainSample | None
     if len(fields["token_ids"]) < 2 or not any(fields["loss_mask"]):
         return None
     return TrainSample(token_ids=fields["token_ids"], loss_mask=fields["loss_mask"], advantages=float(advantage),
-                       rollout_logprobs=fields["rollout_logprobs"])
+                       rollout_logprobs=fields["rollout_logprobs"], weight_version=fields.get("weight_version"))

@@ -51,7 +51,9 @@ class TrainSample:
     ``old_logprobs`` (the policy before this update; computed by ``compute_logprobs`` when
     absent, or taken as the current log-probs, ratio 1), ``rollout_logprobs`` (the engine's, for
     truncated importance sampling) and ``ref_logprobs`` (reference policy, for the KL term) are
-    optional per-target arrays. Arrays are stored as CPU tensors.
+    optional per-target arrays. Arrays are stored as CPU tensors. ``weight_version`` is the
+    oldest rollout-engine weight version that generated any of its tokens (None: unknown); the
+    trainer reports how far behind the updated policy the samples are.
     """
 
     token_ids: ArrayLike
@@ -60,6 +62,7 @@ class TrainSample:
     old_logprobs: Optional[ArrayLike] = None
     rollout_logprobs: Optional[ArrayLike] = None
     ref_logprobs: Optional[ArrayLike] = None
+    weight_version: Optional[int] = None
 
     def __post_init__(self) -> None:
         tokens = _as_1d(self.token_ids, torch.long, "token_ids")
