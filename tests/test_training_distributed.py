@@ -157,6 +157,20 @@ def test_optimizer_steps_match_reference_and_lower_the_loss(runs, name):
         assert par[(name, rank)]["grad_norms"] == pytest.approx(ref[(name, 0)]["grad_norms"], rel=1e-5), (name, rank)
 
 
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("pp")])
+def test_every_rank_streams_the_whole_model_for_weight_sync(runs, name):
+    """all_hf_weights: TP shards and, under EP, the other ranks' experts gathered, so every rank
+    holds exactly the single-process model (what a colocated server worker is fed)."""
+    out, _, _ = runs
+    expected = torch.load(out / f"{name}.reference.rank0.pt")["full_weights"]
+    assert expected
+    for rank in (0, 1):
+        got = torch.load(out / f"{name}.parallel.rank{rank}.pt")["full_weights"]
+        assert sorted(got) == sorted(expected), (name, rank)
+        for key, tensor in expected.items():
+            assert torch.equal(got[key], tensor), (name, rank, key)
+
+
 def test_split_and_layout_do_not_change_the_loss(runs):
     """The train cases share model and samples: every layout gives the same per-step losses, and
     the split cases really did use several micro-batches per rank."""

@@ -9,14 +9,15 @@ wrappers are unwrapped first.
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Optional
+import dataclasses
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from .hf_config import ModelSpec
 from .layout import ParallelLayout, RankCoords
-from .weight_map import Gather, GroupKind, MegatronNaming, hf_to_megatron, iter_hf_weights
+from .weight_map import Gather, GroupKind, MegatronNaming, bindings, hf_to_megatron, iter_hf_weights
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -83,3 +84,58 @@ def hf_weights(
     """(HF name, full tensor) for the parameters this rank's stage / expert rank owns."""
     local = {name: param.detach() for name, param in _unwrap(model).named_parameters()}
     yield from iter_hf_weights(local, spec, layout, coords, gather, naming)
+
+
+def ep_all_gather() -> "EPGather":
+    """All-gather over Megatron's expert-model-parallel group (one tensor per EP rank, in rank order)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    def gather(tensor: Tensor) -> list[Tensor]:
+        group = ps.get_expert_model_parallel_group()
+        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, tensor.contiguous(), group=group)
+        return out
+
+    return gather
+
+
+EPGather = Callable[[Tensor], list[Tensor]]
+
+
+@torch.no_grad()
+def all_hf_weights(
+    model: torch.nn.Module,
+    spec: ModelSpec,
+    layout: ParallelLayout = ParallelLayout(),
+    coords: RankCoords = RankCoords(),
+    gather: Optional[Gather] = None,
+    naming: MegatronNaming = MegatronNaming(),
+    ep_gather: Optional[EPGather] = None,
+) -> Iterator[tuple[str, Tensor]]:
+    """Every HF tensor of this pipeline stage on every rank, in the same order everywhere.
+
+    Like ``hf_weights``, but under expert parallelism each rank also receives the experts of the
+    other expert-parallel ranks (``ep_gather``), so that a rollout server worker fed by any one
+    rank gets the whole model. The experts of EP rank ``e`` follow each other in ``e`` order at
+    the place the local experts would have been. Every rank of the world must iterate to the end.
+    """
+    stream = hf_weights(model, spec, layout, coords, gather, naming)
+    if layout.ep == 1:
+        yield from stream
+        return
+    if ep_gather is None:
+        raise ValueError(f"expert parallelism ep={layout.ep}: pass ep_gather")
+    names_by_rank = [
+        [name for b in bindings(spec, layout, dataclasses.replace(coords, ep=e), naming) if b.export for name in b.hf]
+        for e in range(layout.ep)
+    ]
+    for index, (name, tensor) in enumerate(stream):
+        per_rank = [names[index] for names in names_by_rank]
+        if per_rank[coords.ep] != name:
+            raise RuntimeError(f"weight stream out of step with the bindings at {index}: {name} vs {per_rank[coords.ep]}")
+        if len(set(per_rank)) == 1:
+            yield name, tensor
+            continue
+        for other, gathered in zip(per_rank, ep_gather(tensor)):
+            yield other, gathered

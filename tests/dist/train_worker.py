@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from spade.models import ParallelLayout, RankCoords  # noqa: E402
 from spade.models.builder import BuildOptions, naming_for  # noqa: E402
-from spade.models.loading import group_gather  # noqa: E402
+from spade.models.loading import all_hf_weights, ep_all_gather, group_gather  # noqa: E402
 from spade.models.weight_map import iter_hf_weights  # noqa: E402
 from spade.training import (  # noqa: E402
     LossSettings,
@@ -129,6 +129,11 @@ def run_case(name: str, case: Case, reference: bool, out_dir: Path) -> dict:
         spec, layout, options=BuildOptions(params_dtype=torch.float32), hf_state=checkpoint_state(hf_model, spec),
         use_distributed_optimizer=case.distributed_optimizer and not reference,
     )
+    full = {}  # what live weight sync streams: the whole model on every rank (one stage)
+    if layout.pp == 1:
+        full = {name: tensor.clone() for name, tensor in all_hf_weights(
+            model.chunks[0], spec, layout, RankCoords.current(), group_gather(), naming_for(model.options),
+            ep_gather=ep_all_gather())}
     multiple = layout.tp if layout.sequence_parallel else 1
     samples = make_samples(case.per_token_advantages)
     mine = data_parallel_shard(samples, ctx.dp_size, ctx.dp_rank)
@@ -150,7 +155,7 @@ def run_case(name: str, case: Case, reference: bool, out_dir: Path) -> dict:
             losses.append(metrics.loss)
             grad_norms.append(metrics.grad_norm)
     mode = "reference" if reference else "parallel"
-    torch.save({"logprobs": old, "grads": grads}, out_dir / f"{name}.{mode}.rank{ctx.rank}.pt")
+    torch.save({"logprobs": old, "grads": grads, "full_weights": full}, out_dir / f"{name}.{mode}.rank{ctx.rank}.pt")
     teardown_parallel(destroy_process_group=False)
     return dict(case=name, mode=mode, rank=ctx.rank, dp_rank=ctx.dp_rank, micro_batches=len(micro_batches),
                 summary=dataclasses.asdict(summary), losses=losses, grad_norms=grad_norms)
