@@ -161,6 +161,8 @@ def test_engine_eos_ids_always_stop():
     with_eos = HFEngine(engine.model, eos_token_ids=[greedy[0]])
     result = run_all(with_eos, [request(PROMPTS[0], temperature=0.0, max_new_tokens=8)])[0]
     assert result.token_ids == greedy[:1] and result.finish_reason == "stop"
+    past = run_all(with_eos, [request(PROMPTS[0], temperature=0.0, max_new_tokens=8, ignore_eos=True)])[0]
+    assert past.token_ids == greedy and past.finish_reason == "length"  # benchmarks: a fixed length
 
 
 def test_concurrent_requests_are_batched_and_all_complete():

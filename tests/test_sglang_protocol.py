@@ -106,7 +106,8 @@ def test_payload_fields():
 def test_payload_defaults_greedy_no_seed():
     sp = proto.generate_payload(req(temperature=0.0), "r")["sampling_params"]
     assert sp["temperature"] == 0.0 and sp["top_k"] == -1
-    assert "sampling_seed" not in sp and "stop_token_ids" not in sp
+    assert "sampling_seed" not in sp and "stop_token_ids" not in sp and "ignore_eos" not in sp
+    assert proto.generate_payload(req(ignore_eos=True), "r")["sampling_params"]["ignore_eos"] is True
 
 
 def test_parse_stop_exact():

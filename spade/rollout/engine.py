@@ -39,7 +39,8 @@ class SamplingParams:
     ``stop_token_ids`` end the completion (the stop token is included in the output); engines also
     stop at the model's own end-of-sequence ids. ``seed`` makes the completion reproducible: the
     same seed, prompt and weights give the same tokens whatever else is in the batch (up to
-    floating-point ties). ``None`` draws a fresh seed.
+    floating-point ties). ``None`` draws a fresh seed. ``ignore_eos`` keeps generating past the
+    model's end-of-sequence ids (``stop_token_ids`` still stop): fixed-length throughput benchmarks.
     """
 
     temperature: float = 1.0
@@ -48,6 +49,7 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     seed: Optional[int] = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

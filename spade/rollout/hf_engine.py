@@ -278,7 +278,7 @@ class HFEngine(RolloutEngine):
             pending=item,
             generator=generator,
             limit=min(sampling.max_new_tokens, room),
-            stop_ids=frozenset(sampling.stop_token_ids) | self.eos_token_ids,
+            stop_ids=frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self.eos_token_ids),
         )
 
     def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:

@@ -103,6 +103,8 @@ def generate_payload(request: GenerationRequest, rid: str) -> dict[str, Any]:
         sampling["stop_token_ids"] = list(s.stop_token_ids)
     if s.seed is not None:
         sampling["sampling_seed"] = int(s.seed)
+    if s.ignore_eos:
+        sampling["ignore_eos"] = True  # SamplingParams.ignore_eos
     return {
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,
