@@ -12,10 +12,9 @@ server, re-send the weights and retry in-flight requests.
 
 Only the standard library is used (asyncio subprocesses and streams for the HTTP probe).
 
-``sglang_argv`` builds the ``python -m sglang.launch_server`` command line. The flag names follow
-SGLang's server arguments (``sglang/srt/server_args.py``) as of the 0.4/0.5 series; they MUST be
-checked against the pinned SGLang version on a GPU machine (``python -m sglang.launch_server
---help``), because SGLang renames and retires flags between releases.
+``sglang_argv`` builds the ``python -m sglang.launch_server`` command line. Its flags were checked
+against the source of the pinned release, the ``sglang==0.5.23`` wheel (see ``sglang_argv``);
+SGLang renames and retires flags between releases, so check them again when the pin moves.
 """
 
 from __future__ import annotations
@@ -309,8 +308,19 @@ def sglang_argv(
 
     ``--enable-memory-saver`` lets the trainer release / resume the server's GPU memory (weights and
     KV cache) around train steps; ``--skip-tokenizer-init`` because spade sends and receives token
-    ids only. Flag names follow SGLang's ``ServerArgs``; check them against the pinned SGLang on a
-    GPU machine (see the module docstring).
+    ids only. ``python`` is the interpreter of the environment SGLang is installed in.
+
+    Checked against ``sglang==0.5.23``: in that release ``ServerArgs`` is assembled from the
+    namespace classes in ``sglang/srt/arg_groups/fields/`` and every field ``x_y`` becomes the flag
+    ``--x-y`` (``arg_groups/arg_utils.py``; a ``bool`` field is a bare ``store_true`` flag):
+    ``--model-path`` (``model.py``), ``--tp-size``, ``--ep-size``, ``--dp-size`` (``parallel.py``),
+    ``--mem-fraction-static`` (``schedule.py``), ``--enable-memory-saver`` (``exec_.py``),
+    ``--host``, ``--port``, ``--skip-tokenizer-init`` (``serving.py``), and ``--base-gpu-id``
+    (``device.py``), which the deployment passes in ``extra_args``. ``python -m
+    sglang.launch_server`` still works in 0.5.23 (it warns that ``sglang serve`` is the
+    recommended entry point). Keep ``dp == 1`` when weights are synced: 0.5.23 refuses
+    ``/init_weights_update_group`` and ``/update_weights_from_*`` on a server with ``--dp-size``
+    above 1.
     """
     argv = [
         python, "-m", "sglang.launch_server",
