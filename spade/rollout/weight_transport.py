@@ -1,0 +1,496 @@
+"""Getting trainer weights into SGLang servers: the two transports SGLang accepts.
+
+1. **Serialized tensors** (``/update_weights_from_tensor``, colocated servers).
+   ``serialize_named_tensors`` produces what SGLang's ``MultiprocessingSerializer.deserialize``
+   reads: the base64 text of a ``multiprocessing.reduction.ForkingPickler`` dump of a list of
+   ``(name, tensor)``. ``import torch.multiprocessing`` registers torch's reducers with that
+   pickler, so a tensor is not copied into the pickle: a CUDA tensor travels as a CUDA-IPC handle
+   (zero copy; the server maps the trainer's memory), a CPU tensor as the name of a shared-memory
+   segment. The request body holds one such string per tensor-parallel rank of the server (each
+   TP worker decodes its own entry), see ``sglang_protocol.update_weights_from_tensor_payload``.
+
+   CPU tensors are shared with torch's ``file_system`` strategy for the duration of the dump. The
+   default ``file_descriptor`` strategy hands the receiver a file descriptor through
+   ``multiprocessing``'s resource sharer, which only answers processes holding the sender's
+   authkey, i.e. its own multiprocessing children; a server started separately could never
+   decode it. With ``file_system`` the pickle carries a shared-memory file name that any process
+   on the host can open. Sharing moves the tensor's whole storage into shared memory (once);
+   views into one bucket buffer share one storage, so the bucket is shared once and every view
+   arrives as a view of the same segment.
+
+   CUDA device numbering: torch's CUDA-IPC handle names the sender's device by *index*. SGLang's
+   own serializer (``sglang/srt/utils/patch_torch.py``) swaps that index for the device UUID;
+   its receiving side accepts either, but reads a plain index in the server's numbering. So the
+   trainer process and the server must see the GPUs in the same order (same
+   ``CUDA_VISIBLE_DEVICES``), which holds for colocated servers launched by the trainer.
+
+   Lifetime rule: the sender must keep every serialized tensor (and its process) alive until the
+   receiver has loaded it, i.e. until the HTTP call that carried the payload has returned. A
+   CUDA-IPC handle points at the sender's memory: freeing or overwriting it earlier makes the
+   server load garbage. (CPU segments are reference-counted by torch's shared-memory manager and
+   survive an early drop, but do not rely on it.) After the update, ``torch.cuda.ipc_collect()``
+   on the sender releases the CUDA blocks the receivers have let go of. Each dump takes one
+   reference on a CPU segment that only a decode gives back, so a payload that is never decoded
+   (a refused request, a dead server) keeps its segment in ``/dev/shm`` until the sender process
+   exits (torch's ``torch_shm_manager`` then removes what its clients left behind).
+
+2. **Broadcast over a process group** (``/init_weights_update_group`` +
+   ``/update_weights_from_distributed``, disaggregated servers). The trainer's global rank 0 and
+   every TP worker of every server form a new process group, outside the trainer's own
+   ``torch.distributed`` world (``open_update_group``). For each bucket of tensors the trainer
+   posts the names/dtypes/shapes to every server and broadcasts each tensor from rank 0 in that
+   order; each server worker allocates the tensors, receives them and loads them
+   (``BroadcastWeightSender``). NCCL on GPUs, gloo on CPUs (tests).
+
+Trust: deserializing runs pickle. ``deserialize_named_tensors`` only resolves torch's own
+classes and functions (plus a few plain builtins), which limits accidents; the payloads must
+still come from a trusted sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import inspect
+import io
+import logging
+import pickle
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
+
+import torch
+from torch import Tensor
+
+from . import sglang_protocol as proto
+from .weight_buckets import pack_buckets, unpack_bucket
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .sglang_engine import SGLangEngine
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_GROUP_NAME = "spade_weight_sync"
+DEFAULT_BUCKET_BYTES = 512 << 20
+# SGLang http_server.py: POST /destroy_weights_update_group {"group_name"} -> {"success", "message"}
+# (newer SGLang; older releases answer 404, which close() tolerates).
+
+# ----------------------------------------------------------------- serialized tensors
+
+# The sharing strategy is process-global: serialize one dump at a time so that two threads do not
+# restore each other's strategy in the wrong order.
+_STRATEGY_LOCK = threading.Lock()
+
+
+def serialize_named_tensors(named: Sequence[tuple[str, Tensor]]) -> str:
+    """One ``serialized_named_tensors`` entry: base64 of a ``ForkingPickler`` dump of
+    ``[(name, tensor), ...]`` (CUDA tensors as IPC handles, CPU tensors as shared-memory files).
+
+    Tensors are detached (the pickler refuses non-leaf tensors that require grad). Keep them alive
+    until the receiver has loaded them (module docstring). The process-wide sharing strategy is
+    ``file_system`` only while dumping and is restored afterwards, even on error.
+    """
+    import torch.multiprocessing as torch_mp  # registers torch's ForkingPickler reducers
+    from multiprocessing.reduction import ForkingPickler
+
+    items: list[tuple[str, Tensor]] = []
+    for pair in named:
+        name, tensor = pair
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
+        items.append((str(name), tensor.detach()))
+    buffer = io.BytesIO()
+    with _STRATEGY_LOCK:
+        previous = torch_mp.get_sharing_strategy()
+        torch_mp.set_sharing_strategy("file_system")
+        try:
+            ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(items)
+        finally:
+            torch_mp.set_sharing_strategy(previous)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+_SAFE_BUILTINS = frozenset({
+    "list", "tuple", "dict", "set", "frozenset", "int", "float", "complex", "bool", "str",
+    "bytes", "bytearray", "slice", "range",
+})
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """Resolves only torch's own globals (rebuild functions, storage classes, dtypes) and plain
+    builtin containers: enough for any ``ForkingPickler`` dump of named tensors."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" or module.startswith("torch."):
+            return super().find_class(module, name)
+        if module == "builtins" and name in _SAFE_BUILTINS:
+            return super().find_class(module, name)
+        if module == "collections" and name == "OrderedDict":
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name} from a tensor payload (only torch globals are allowed)"
+        )
+
+
+def deserialize_named_tensors(payload: Union[str, bytes]) -> list[tuple[str, Tensor]]:
+    """Inverse of ``serialize_named_tensors`` (SGLang's convention: ``str`` is base64 text,
+    ``bytes`` the raw pickle). CUDA tensors map the sender's memory; CPU tensors map its
+    shared-memory files; views of one storage come back as views of one storage."""
+    import torch.multiprocessing  # noqa: F401  (the rebuild functions live there)
+
+    if isinstance(payload, str):
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"serialized tensors: not valid base64 ({exc})") from None
+    elif isinstance(payload, (bytes, bytearray, memoryview)):
+        data = bytes(payload)
+    else:
+        raise TypeError(f"serialized tensors must be str or bytes, got {type(payload).__name__}")
+    obj = _TensorUnpickler(io.BytesIO(data)).load()
+    if not isinstance(obj, (list, tuple)):
+        raise ValueError(f"serialized tensors: expected a list of (name, tensor), got {type(obj).__name__}")
+    out: list[tuple[str, Tensor]] = []
+    for i, item in enumerate(obj):
+        if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
+                or not isinstance(item[1], Tensor)):
+            raise ValueError(f"serialized tensors: entry {i} is not a (name, tensor) pair")
+        out.append((item[0], item[1]))
+    return out
+
+
+# ----------------------------------------------------------------- update process group
+
+
+@contextlib.contextmanager
+def _default_group_unbound() -> Iterator[None]:
+    """Hide the default group's bound device while creating the update group.
+
+    ``_new_process_group_helper`` creates an NCCL communicator by *splitting* the default group's
+    when that group is bound to a device (``init_process_group(device_id=...)``). The update group's
+    other members (SGLang workers) are not in the trainer's world, so a split would hang.
+    """
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    group = _get_default_group() if dist.is_initialized() else None
+    bound = getattr(group, "bound_device_id", None)
+    if bound is None:
+        yield
+        return
+    group.bound_device_id = None
+    try:
+        yield
+    finally:
+        group.bound_device_id = bound
+
+
+def _tcp_url(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"tcp://{host}:{int(port)}"
+
+
+def open_update_group(
+    *,
+    backend: str,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    timeout_s: float = 600,
+) -> "ProcessGroup":
+    """Join a weight-update process group outside the default ``torch.distributed`` world.
+
+    Built the way SGLang builds its side (``init_custom_process_group`` in
+    ``sglang/srt/utils``, called by the model runner's ``init_weights_update_group``), so that
+    both sides meet on the same store keys: a ``tcp://master_address:master_port`` rendezvous
+    whose TCP store is hosted by rank 0, a ``PrefixStore(group_name, store)``, then torch's
+    ``_new_process_group_helper`` with no global ranks (a group of its own, not a subgroup of
+    the default world), registered with identity rank mapping so that ``broadcast(src=0)``
+    means group rank 0. Blocks until all ``world_size`` members have joined (or ``timeout_s``).
+    Works whether or not this process has a default group. ``group_name`` must be unique in the
+    process until ``close_update_group``.
+    """
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside a group of {world_size}")
+    if group_name in _world.pg_names.values():
+        raise ValueError(f"a process group named {group_name!r} already exists in this process; "
+                         f"close it first (close_update_group)")
+    timeout = timedelta(seconds=float(timeout_s))
+    store, rank, world_size = next(
+        rendezvous(_tcp_url(master_address, master_port), rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    # torch renamed pg_options to backend_options (2.6); pass whichever this torch has.
+    params = inspect.signature(_new_process_group_helper).parameters
+    options_kw = "backend_options" if "backend_options" in params else "pg_options"
+    with _default_group_unbound():
+        group, _ = _new_process_group_helper(
+            world_size, rank, [], Backend(backend), store,
+            group_name=group_name, timeout=timeout, **{options_kw: None},
+        )
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+def close_update_group(group: Optional["ProcessGroup"]) -> None:
+    """Destroy a group from ``open_update_group`` (local; the default world is untouched).
+    The name can be reused afterwards. ``None`` is a no-op."""
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    dist.destroy_process_group(group)
+
+
+# ----------------------------------------------------------------- broadcast sender
+
+
+class WeightSyncBroken(RuntimeError):
+    """A transfer failed half-way: the servers and the group may be out of step. ``close()`` and
+    connect a new sender (with another group name or port) before the next update."""
+
+
+class BroadcastWeightSender:
+    """Streams weights from the trainer's global rank 0 to disaggregated SGLang servers by
+    broadcast over a dedicated process group (NCCL on GPU, gloo on CPU).
+
+    Group layout: rank 0 is this process; server ``i``'s TP workers are ranks
+    ``1 + sum(server_tp_sizes[:i])`` onwards (``rank_offset``); world size is
+    ``1 + sum(server_tp_sizes)``. Usable as ``SGLangEngine(weight_updater=sender)``.
+
+    Memory: ``send`` packs tensors into buckets of at most ``max_bucket_bytes`` on ``device`` and
+    looks one bucket ahead (to mark the last one), so it holds at most two buckets at a time.
+
+    ``master_address`` must be reachable from every server (it hosts the group's TCP store on
+    ``master_port``). ``device``: where buckets live and broadcasts run (default: the current
+    CUDA device for NCCL, the CPU otherwise). ``timeout_s`` bounds the group's join and each
+    collective. ``failure_grace_s``: after a server has answered with an error, how long to let
+    the broadcast finish before declaring the group out of step (``WeightSyncBroken``).
+
+    The HTTP calls go through the engine (``post_to``/``post_all``), one payload per server.
+    """
+
+    def __init__(
+        self,
+        engine: "SGLangEngine",
+        *,
+        server_tp_sizes: Sequence[int],
+        master_address: str,
+        master_port: int,
+        backend: str = "nccl",
+        group_name: str = DEFAULT_GROUP_NAME,
+        max_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        timeout_s: float = 600.0,
+        device: Union[str, torch.device, None] = None,
+        failure_grace_s: float = 10.0,
+    ) -> None:
+        tp_sizes = [int(t) for t in server_tp_sizes]
+        if len(tp_sizes) != len(engine.servers):
+            raise ValueError(f"{len(tp_sizes)} TP sizes for {len(engine.servers)} servers")
+        if any(t < 1 for t in tp_sizes):
+            raise ValueError(f"TP sizes must be >= 1, got {tp_sizes}")
+        if max_bucket_bytes < 1:
+            raise ValueError(f"max_bucket_bytes must be >= 1, got {max_bucket_bytes}")
+        self.engine = engine
+        self.server_tp_sizes = tp_sizes
+        self.rank_offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
+        self.world_size = 1 + sum(tp_sizes)
+        self.master_address = master_address
+        self.master_port = int(master_port)
+        self.backend = backend
+        self.group_name = group_name
+        self.max_bucket_bytes = int(max_bucket_bytes)
+        self.timeout_s = float(timeout_s)
+        self.failure_grace_s = float(failure_grace_s)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+        self.device = torch.device(device)
+        self._group: Optional[ProcessGroup] = None
+        self._broken: Optional[str] = None
+        self._stuck: Optional[asyncio.Future] = None  # a collective still blocked in its thread
+
+    @property
+    def connected(self) -> bool:
+        return self._group is not None
+
+    async def connect(self) -> None:
+        """Ask every server to join the group (``/init_weights_update_group``) while this process
+        joins as rank 0 in a worker thread (the join blocks until everyone has arrived)."""
+        if self._broken:
+            raise WeightSyncBroken(self._broken)
+        if self._group is not None:
+            return
+        payloads = [
+            proto.init_weights_update_group_payload(
+                self.master_address, self.master_port, offset, self.world_size,
+                group_name=self.group_name, backend=self.backend,
+            )
+            for offset in self.rank_offsets
+        ]
+
+        def join() -> "ProcessGroup":
+            with self._on_device():
+                return open_update_group(
+                    backend=self.backend, master_address=self.master_address,
+                    master_port=self.master_port, rank=0, world_size=self.world_size,
+                    group_name=self.group_name, timeout_s=self.timeout_s,
+                )
+
+        self._group = await self._together(
+            join, self.engine.post_to(range(len(payloads)), "init_weights_update_group", lambda i: payloads[i])
+        )
+
+    async def send(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Stream ``(hf_name, tensor)`` pairs to every server and set their weight version.
+
+        Per bucket: ``/update_weights_from_distributed`` (names, dtypes, shapes) to every server
+        and, concurrently, one broadcast per tensor in the same order. ``flush_cache`` and
+        ``weight_version`` go with the last bucket only, so a server never reports the new
+        version while it holds a mix. Raises ``SGLangServerError`` when a server answers
+        ``success: false`` after the transfer (the group stays usable), and ``WeightSyncBroken``
+        when the transfer itself failed half-way. Packing (which advances ``named_tensors``) runs
+        in a worker thread, under ``no_grad`` and on ``device``, so the event loop stays free.
+        """
+        if self._broken:
+            raise WeightSyncBroken(self._broken)
+        if self._group is None:
+            await self.connect()
+        # SGLang (0.5.23) loads weights only inside a begin/end session
+        try:
+            await self.engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
+        except ConnectionError as exc:  # a member of the group is gone: the group is unusable
+            self._broken = (f"weight-update group {self.group_name!r}: a server failed before a transfer: "
+                            f"{exc}; close() this sender and connect a new one")
+            raise WeightSyncBroken(self._broken) from exc
+        try:
+            await self._send_buckets(named_tensors, version)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the transfer's error is the one to report
+                await self.engine.post_all("end_weight_update", proto.end_weight_update_payload())
+            raise
+        await self.engine.post_all("end_weight_update", proto.end_weight_update_payload())
+        self.engine.set_weight_version(version)
+
+    async def _send_buckets(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        buckets = pack_buckets(named_tensors, self.max_bucket_bytes, device=self.device)
+        current = await asyncio.to_thread(self._next_bucket, buckets)
+        while current is not None:
+            following = await asyncio.to_thread(self._next_bucket, buckets)
+            last = following is None
+            views = unpack_bucket(current)
+            payload = proto.update_weights_from_distributed_payload(
+                [m.name for m in current.tensors],
+                [m.dtype for m in current.tensors],
+                [m.shape for m in current.tensors],
+                group_name=self.group_name,
+                flush_cache=last,
+                weight_version=version if last else None,
+            )
+            await self._together(
+                lambda: self._broadcast(views),
+                self.engine.post_all("update_weights_from_distributed", payload),
+            )
+            del views
+            current = following
+
+    async def __call__(self, engine: "SGLangEngine", named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """The ``SGLangEngine`` ``weight_updater`` hook."""
+        if engine is not self.engine:
+            raise ValueError("this BroadcastWeightSender belongs to another SGLangEngine")
+        await self.send(named_tensors, version)
+
+    async def close(self) -> None:
+        """Ask the servers to leave the group (best effort) and destroy ours. Idempotent."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        results = await asyncio.gather(
+            *(self._destroy_remote(i) for i in range(len(self.engine.servers))),
+            return_exceptions=True,
+        )
+        for server, result in zip(self.engine.servers, results):
+            if isinstance(result, BaseException):
+                log.warning("%s/destroy_weights_update_group failed (ignored): %s", server.url, result)
+        if self._stuck is not None and not self._stuck.done():
+            # Destroying a group under a thread still blocked in one of its collectives can crash
+            # the process; leave it to the backend's timeout.
+            log.warning("weight-update group %r left open: a collective is still blocked", self.group_name)
+            return
+        close_update_group(group)
+
+    # ---------------------------------------------------------------- internals
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        """CUDA's current device is per thread: make the worker thread use ours."""
+        if self.device.type == "cuda":
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
+
+    def _next_bucket(self, buckets: Iterator[Any]) -> Any:
+        with self._on_device(), torch.no_grad():
+            return next(buckets, None)
+
+    def _broadcast(self, tensors: list[tuple[str, Tensor]]) -> None:
+        import torch.distributed as dist
+
+        with self._on_device():
+            for _name, tensor in tensors:
+                dist.broadcast(tensor, src=0, group=self._group)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+
+    async def _together(self, collective: Callable[[], T], requests: Awaitable[Any]) -> T:
+        """Run a blocking collective in a worker thread and the HTTP calls that make the servers
+        take part in it, concurrently; both must finish. Server errors are raised first (they say
+        why); a failure that leaves the collective running or half-done breaks the sender."""
+        work = asyncio.ensure_future(asyncio.to_thread(collective))
+        calls = asyncio.ensure_future(requests)
+        try:
+            await asyncio.wait({work, calls}, return_when=asyncio.FIRST_EXCEPTION)
+        except BaseException:  # cancelled
+            calls.cancel()
+            self._mark_broken("cancelled during a transfer", work)
+            raise
+        if calls.done() and calls.exception() is not None:
+            # A server that refused after receiving everything (the usual success=false) has let
+            # the collective finish, or it is about to: give it a moment before giving up on it.
+            if not work.done():
+                await asyncio.wait({work}, timeout=self.failure_grace_s)
+            if not work.done() or work.exception() is not None:
+                self._mark_broken(f"a server failed during a transfer: {calls.exception()}", work)
+                raise WeightSyncBroken(self._broken) from calls.exception()
+            raise calls.exception()
+        if work.exception() is not None:
+            calls.cancel()
+            self._mark_broken(f"the collective failed: {work.exception()!r}", work)
+            raise WeightSyncBroken(self._broken) from work.exception()
+        await calls  # the collective is done; the servers answer once they have loaded
+        return work.result()
+
+    def _mark_broken(self, why: str, work: asyncio.Future) -> None:
+        self._broken = (f"weight-update group {self.group_name!r}: {why}; the servers and the group "
+                        f"may be out of step: close() this sender and connect a new one")
+        if not work.done():
+            self._stuck = work
+            work.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved"
+
+    async def _destroy_remote(self, index: int) -> Any:
+        return await self.engine.post_to([index], "destroy_weights_update_group",
+                                         proto.destroy_weights_update_group_payload(self.group_name))
