@@ -33,6 +33,7 @@ def _pinned(package: str) -> str:
 def test_the_assets_exist():
     names = {p.name for p in SCALE_OUT_RECIPES}
     assert {"qwen3_4b_games_8gpu.yaml", "qwen3_8b_games_8gpu.yaml", "qwen3_30b_a3b_games_8gpu.yaml",
+            "qwen3_4b_games_multinode.yaml", "qwen3_8b_games_multinode.yaml",
             "qwen3_30b_a3b_games_multinode.yaml"} <= names
     assert {"single_node.sh", "multi_node.sh", "docker_run.sh"} <= {p.name for p in LAUNCH_SCRIPTS}
     assert DOCKERFILE.is_file() and (ROOT / ".dockerignore").is_file()
@@ -42,7 +43,12 @@ def test_the_assets_exist():
 @pytest.mark.parametrize("path", SCALE_OUT_RECIPES, ids=lambda p: p.name)
 def test_scale_out_recipe_loads(path):
     config = load_train_config(path, [])
-    assert config.engine.kind == "hf"  # sglang keys stay commented out until the engine exists
+    assert config.engine.kind == "sglang" and config.engine.sglang.colocated
+    # the node's 8 GPUs carry the servers: servers_per_node * tp * dp == 8
+    sglang = config.engine.sglang
+    assert sglang.servers_per_node * sglang.tp * sglang.dp == 8
+    if "multinode" in path.name:
+        assert sglang.host == "0.0.0.0"  # other nodes' orchestrator traffic reaches the servers
     assert config.parallel.sequence_parallel
     # the paper's batch sizes come through from games_base.yaml
     assert (config.selfplay.envs_per_set, config.selfplay.g_nohint, config.selfplay.g_hint) == (24, 16, 16)

@@ -1,25 +1,35 @@
 """The trainer: ``spade train``'s loop over self-play steps, single process or under ``torchrun``.
 
 ``train(config, run_dir, resume=False)`` builds, in this order: the parallel state, the sandbox
-service (rank 0, BEFORE the model loads), the Megatron model from the HF directory, the optimizer,
-the HF rollout engine on the same directory (rank 0), corpus, memory and orchestrator (rank 0).
-When resuming it then loads the newest complete checkpoint (model, optimizer, RNG), the scheduler
-and orchestrator state, rolls the memory back and truncates ``metrics.jsonl``. Every step:
+service (rank 0, BEFORE the model loads), with ``engine.kind: sglang`` the SGLang servers (every
+node's local rank 0 launches its own, ``spade.rollout.sglang_deployment``), the Megatron model from
+the HF directory, the optimizer, the rollout engine (rank 0: the in-process HF engine, or the
+client over all servers), corpus, memory and orchestrator (rank 0). When resuming it then loads
+the newest complete checkpoint (model, optimizer, RNG), the scheduler and orchestrator state,
+rolls the memory back and truncates ``metrics.jsonl``. Every step:
 
-1. ``out = await orchestrator.run_step(step)`` (rank 0; samples broadcast to all ranks);
-2. one GRPO update (``train_step``) on agent + released designer samples, sharded over
+1. ``out = await orchestrator.run_step(step)`` (rank 0). The other ranks wait for a command from
+   rank 0: the samples (step 2 follows), or "a server died": the owner restarts it and every rank
+   re-sends the current weights to it, while rank 0's requests to it wait and are retried;
+2. sglang: generation paused and the servers' weights and KV cache released (rank 0), training
+   state brought back to the GPU;
+3. one GRPO update (``train_step``) on agent + released designer samples, sharded over
    data-parallel ranks (``old_logprobs`` left None: ratio 1 against the detached current
    log-probs; the samples' ``rollout_logprobs`` give truncated importance sampling). A step
    without samples skips the update and says so (``train/skipped_no_samples``);
-3. weight sync: every rank streams ``hf_weights`` (TP shards gathered), rank 0 copies them into
-   the engine with ``version = step + 1``;
-4. metrics (``train/*`` from ``TrainStepMetrics``, ``time/step_s``, ``time/train_s``,
+4. weight sync with ``version = step + 1``: every rank streams the full HF tensors
+   (``all_hf_weights``: TP and EP shards gathered). hf: rank 0 copies them into its engine.
+   sglang: gradients and optimizer state go to host first, dead servers are restarted, weight
+   memory resumed, the weights sent (CUDA IPC colocated, NCCL broadcast otherwise), KV cache
+   resumed and generation continued; then the parameters go to host as well;
+5. metrics (``train/*`` from ``TrainStepMetrics``, ``time/step_s``, ``time/train_s``,
    ``time/sync_s`` with the orchestrator's ``agent/``, ``designer/``, ``env/``, ``time/`` keys) to
    ``metrics.jsonl`` and TensorBoard;
-5. a checkpoint every ``run.checkpoint_every`` steps and after the last step.
+6. a checkpoint every ``run.checkpoint_every`` steps and after the last step.
 
 The engine always gets the trainer's weights before the first step (version = start step), so a
-straight run and a resumed run serve rollouts from identical weights.
+straight run and a resumed run serve rollouts from identical weights; every sample records the
+weight version that generated it (``train/policy_lag_*``).
 """
 
 from __future__ import annotations
@@ -32,8 +42,9 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Literal, Optional
 
 import torch
 import torch.distributed as dist
@@ -106,6 +117,22 @@ def _broadcast(value: Any) -> Any:
     return box[0]
 
 
+@dataclass(frozen=True)
+class _Command:
+    """What rank 0 tells the other ranks while it runs the orchestrator."""
+
+    kind: Literal["samples", "recover"]
+    samples: Optional[list] = None
+    servers: tuple[int, ...] = ()
+
+
+def _policy_lag(samples: list, version: int) -> dict[str, float]:
+    lags = [version - s.weight_version for s in samples if s.weight_version is not None]
+    if not lags:
+        return {}
+    return {"train/policy_lag_mean": sum(lags) / len(lags), "train/policy_lag_max": float(max(lags))}
+
+
 def _consistent_logprobs(samples: list) -> list:
     """make_micro_batches wants each log-prob field on all samples or none: drop partial ones."""
     for name in ("old_logprobs", "rollout_logprobs", "ref_logprobs"):
@@ -127,6 +154,10 @@ class Trainer:
         self.progress = progress
         self.rank = 0
         self.sandbox = None
+        self.deployment = None  # SGLangDeployment (engine.kind: sglang), on every rank
+        self.offloader = None  # StagedOffload (engine.sglang.offload_training)
+        self.weights_version = 0  # the version the engine serves
+        self._collective_lock: Optional[asyncio.Lock] = None
         self.engine = None
         self.orchestrator = None
         self.memory = None
@@ -168,9 +199,20 @@ class Trainer:
             self.sandbox = await SandboxService.start(sandbox_config)
         _broadcast(None)  # the other ranks wait for the sandbox
 
-        self.progress.phase("starting", what="model")
         self.hf_dir = resolve_hf_dir(cfg) if self.is_main else None
         self.hf_dir = Path(_broadcast(str(self.hf_dir)))
+        self._collective_lock = asyncio.Lock()
+        if cfg.engine.kind == "sglang":  # the servers load their weights before the trainer's model
+            from ..rollout.sglang_deployment import SGLangDeployment
+
+            self.progress.phase("starting", what="sglang servers")
+            self.deployment = SGLangDeployment(cfg.engine.sglang, model_dir=self.hf_dir,
+                                               log_dir=self.run_dir.root / "logs", device=self.ctx.device,
+                                               local_rank=self.ctx.local_rank)
+            self.deployment.recover_hook = self._recover_server
+            await self.deployment.start()
+
+        self.progress.phase("starting", what="model")
         self.hf_config = json.loads((self.hf_dir / "config.json").read_text())
         self.spec = read_model_spec(dict(self.hf_config))
         self.options = BuildOptions(params_dtype=_dtype(cfg))
@@ -184,14 +226,22 @@ class Trainer:
                                          use_distributed_optimizer=cfg.optimizer.use_distributed_optimizer)
         del hf_state
         self.optimizer, self.scheduler = build_optimizer(self.model.chunks, cfg.optimizer)
+        if self.deployment is not None and cfg.engine.sglang.offload_training:
+            from .offload import StagedOffload
+
+            self.offloader = StagedOffload(self.model.chunks, self.optimizer)
 
         if self.is_main:
             from transformers import AutoTokenizer
 
             self.progress.phase("starting", what="engine")
             self.tokenizer = AutoTokenizer.from_pretrained(self.hf_dir)
-            self.engine = HFEngine(self.hf_dir, self.tokenizer, device=_engine_device(cfg), dtype=_dtype(cfg),
-                                   max_batch_size=cfg.engine.max_batch_size, batch_wait_ms=cfg.engine.batch_wait_ms)
+            if self.deployment is not None:
+                self.engine = self.deployment.engine
+            else:
+                self.engine = HFEngine(self.hf_dir, self.tokenizer, device=_engine_device(cfg), dtype=_dtype(cfg),
+                                       max_batch_size=cfg.engine.max_batch_size,
+                                       batch_wait_ms=cfg.engine.batch_wait_ms)
             sp = cfg.selfplay
             corpus = None
             if sp.designer_enabled and sp.use_corpus:
@@ -242,7 +292,7 @@ class Trainer:
             start = self.restore()
             if self.is_main:
                 self.writers = _Writers(self.run_dir, purge_step=start if start > 0 else None, progress=self.progress)
-            await self.sync_weights(version=start)
+            await self.publish_weights(version=start)
             ran = 0
             last_saved = start if self.resume else None
             for step in range(start, cfg.run.steps):
@@ -277,11 +327,18 @@ class Trainer:
             out_metrics.setdefault("designer/samples", float(len(out.designer_samples)))
             for key in ("env/admitted", "env/rejected"):  # per-regeneration keys: 0 between regenerations
                 out_metrics.setdefault(key, 0.0)
-        samples = _broadcast(samples)
+            if self.deployment is not None and samples:
+                # Without samples nothing trains: the servers keep their memory (and weights,
+                # which SGLang's memory saver does not keep across a release).
+                self.progress.phase("releasing")
+                await self.deployment.release()
+        samples = await self._exchange_samples(samples)
         rolled = time.perf_counter()
 
         self.progress.phase("training", samples=len(samples))
-        train_metrics: dict[str, Any] = {}
+        train_metrics: dict[str, Any] = _policy_lag(samples, self.weights_version) if self.is_main else {}
+        if self.offloader is not None and samples:
+            self.offloader.onload()
         if samples:
             samples = _consistent_logprobs(samples)
             mine = [samples[i] for i in data_parallel_shard(samples, self.ctx.dp_size, self.ctx.dp_rank)]
@@ -295,17 +352,20 @@ class Trainer:
             if not micro_batches:
                 micro_batches = [filler_micro_batch(max(2, multiple))]
             result = train_step(self.model.chunks, self.optimizer, self.scheduler, micro_batches, cfg.loss)
-            train_metrics = {f"train/{k}": v for k, v in result.to_dict().items()}
+            train_metrics.update({f"train/{k}": v for k, v in result.to_dict().items()})
             train_metrics["train/skipped_no_samples"] = 0.0
         else:
             self.progress.message(f"step {step}: no samples, the update is skipped")
-            train_metrics = {"train/loss": None, "train/samples": 0.0, "train/skipped_no_samples": 1.0}
+            train_metrics.update({"train/loss": None, "train/samples": 0.0, "train/skipped_no_samples": 1.0})
         trained = time.perf_counter()
 
         self.progress.phase("syncing")
-        if samples:
-            await self.sync_weights(version=step + 1)
+        restarted = await self.publish_weights(version=step + 1 if samples else self.weights_version,
+                                               changed=bool(samples))
         synced = time.perf_counter()
+        if self.deployment is not None:
+            train_metrics["engine/restarted_servers"] = float(len(restarted))
+            train_metrics["engine/restarts_total"] = float(sum(self.deployment.restarts.values()))
 
         if self.is_main:
             metrics = {**out_metrics, **train_metrics}
@@ -346,22 +406,70 @@ class Trainer:
         self.progress.update(**{k: int(v) for k, v in counters.items() if v is not None})
         return out
 
-    async def sync_weights(self, version: int) -> None:
+    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every HF tensor of the model, on every rank (all ranks must consume it to the end)."""
         from ..models import RankCoords
         from ..models.builder import naming_for
-        from ..models.loading import group_gather, hf_weights
+        from ..models.loading import all_hf_weights, ep_all_gather, group_gather
 
         if self.layout.pp > 1:
-            raise NotImplementedError("weight sync to the hf engine with pipeline parallelism (pp > 1) is not "
-                                      "implemented: rank 0 holds only the first stage")
+            raise NotImplementedError("weight sync to the rollout engine with pipeline parallelism (pp > 1) is not "
+                                      "implemented: a rank holds only its own stage")
         gather = group_gather() if max(self.layout.tp, self.layout.expert_tp) > 1 else None
-        weights = hf_weights(self.model.chunks[0], self.spec, self.layout, RankCoords.current(), gather,
-                             naming_for(self.options))
+        return all_hf_weights(self.model.chunks[0], self.spec, self.layout, RankCoords.current(), gather,
+                              naming_for(self.options), ep_gather=ep_all_gather() if self.layout.ep > 1 else None)
+
+    def _weights_on_device(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``weight_stream`` with the parameters brought back from host first if they are there."""
+        if self.offloader is not None:
+            self.offloader.onload_params()
+        return self.weight_stream()
+
+    async def publish_weights(self, version: int, changed: bool = True) -> list[int]:
+        """Every rank: bring the engine to the trainer's weights as ``version``. sglang: also restart
+        dead servers and resume released memory (see the module docstring). Returns the servers
+        that were restarted."""
+        restarted: list[int] = []
+        if self.deployment is not None:
+            if self.offloader is not None:
+                self.offloader.offload_state()  # gradients and optimizer state: room for the engine
+            restarted = await self.deployment.resume_and_sync(self._weights_on_device, version, changed=changed)
+            if self.offloader is not None:
+                self.offloader.offload_params()
+        elif changed:
+            weights = self.weight_stream()
+            if self.is_main:
+                await self.engine.update_weights(weights, version=version)
+            else:
+                for _ in weights:  # take part in the gathers
+                    pass
+        self.weights_version = version
+        return restarted
+
+    async def _exchange_samples(self, samples: Optional[list]) -> list:
+        """Rank 0 sends the step's samples; the others serve recover commands until they arrive."""
         if self.is_main:
-            await self.engine.update_weights(weights, version=version)
-        else:
-            for _ in weights:  # take part in the gathers
-                pass
+            async with self._collective_lock:
+                await asyncio.to_thread(_broadcast, _Command("samples", samples=samples))
+            return samples
+        while True:
+            command = await asyncio.to_thread(_broadcast, None)
+            if command.kind == "samples":
+                return command.samples
+            await self._recover_servers(command.servers)
+
+    async def _recover_server(self, index: int) -> None:
+        """Rank 0 (the engine's failure hook, during rollouts): restart server ``index`` and re-send
+        the current weights to it, with every rank."""
+        async with self._collective_lock:
+            await asyncio.to_thread(_broadcast, _Command("recover", servers=(index,)))
+            await self._recover_servers((index,))
+
+    async def _recover_servers(self, servers: tuple[int, ...]) -> None:
+        await self.deployment.restart(servers)
+        await self.deployment.sync_weights(self._weights_on_device, self.weights_version, servers)
+        if self.offloader is not None:
+            self.offloader.offload_params()
 
     def checkpoint(self, step: int) -> None:
         from .checkpoint import save_checkpoint
@@ -371,6 +479,8 @@ class Trainer:
         if self.is_main:
             directory.parent.mkdir(parents=True, exist_ok=True)
         _broadcast(None)
+        if self.offloader is not None:
+            self.offloader.onload()
         save_checkpoint(directory, self.model.chunks, hf_config=self.hf_config, layout=self.layout, step=step,
                         optimizer=self.optimizer, save_rng=True, tokenizer_dir=self.hf_dir)
         if self.is_main:
@@ -385,6 +495,9 @@ class Trainer:
             self.run_dir.write_trainer_state(step, state)
             self.run_dir.mark_latest(step)  # the checkpoint counts from here on
             self.run_dir.prune_checkpoints(self.config.run.keep_checkpoints)
+        if self.offloader is not None:  # back to host: the engine generates next
+            self.offloader.offload_state()
+            self.offloader.offload_params()
         _broadcast(None)
 
     async def close(self) -> None:
@@ -392,7 +505,9 @@ class Trainer:
             self.writers.close()
         if self.progress is not None:
             self.progress.close()
-        if self.engine is not None:
+        if self.deployment is not None:
+            await self.deployment.close()
+        elif self.engine is not None:
             self.engine.close()
         if self.memory is not None:
             self.memory.close()

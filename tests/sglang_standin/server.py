@@ -304,9 +304,12 @@ class Standin:
             return
         marker = self.opts.die_once_file
         if marker is not None:
-            if os.path.exists(marker):
+            try:  # O_EXCL: of several servers sharing the marker, exactly one dies
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
                 return
-            Path(marker).write_text(f"died on /generate #{n}\n")
+            os.write(fd, f"died on /generate #{n} (port {self.opts.port})\n".encode())
+            os.close(fd)
         say(f"fault injection: exiting on /generate #{n}")
         os._exit(1)
 

@@ -1,0 +1,438 @@
+"""The SGLang servers of one training job: placement, launch, restart, memory and weight sync.
+
+Roles under ``torchrun`` (one process per GPU; ARCHITECTURE "Process model"):
+
+* local rank 0 of every node launches that node's servers (``ServerLauncher`` + ``sglang_argv``)
+  and is the only process that restarts them;
+* global rank 0 holds the ``SGLangEngine`` over every node's servers (the orchestrator's engine)
+  and makes every control call (pause, release, resume, weight updates);
+* every rank takes part in a weight sync: the model's tensors are gathered across TP and EP on
+  every rank, and, colocated, each rank hands over CUDA-IPC handles of its own GPU's copy for the
+  server worker that runs on the same GPU.
+
+Placement (colocated, ``engine.sglang.urls`` empty): node ``n`` runs ``servers_per_node`` servers;
+server ``i`` of a node uses ``tp * dp`` GPUs from GPU ``i * tp * dp`` (``--base-gpu-id``) and
+listens on ``port + i``. Its tensor-parallel worker ``t`` is fed by the training process with
+local rank ``base + t`` (same GPU, so the IPC copy stays on the device; data-parallel replicas
+inside one server read the same handles across GPUs). Disaggregated (``urls`` given): the servers
+are someone else's; weights go by an NCCL broadcast from global rank 0
+(``weight_transport.BroadcastWeightSender``) and a dead server is avoided, not restarted.
+
+All methods are called by every rank at the same point unless they say "rank 0"; blocking
+collectives run in a worker thread so that global rank 0's event loop keeps serving rollouts
+while, for example, another node restarts a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import sglang_protocol as proto
+from .server_launcher import ServerLauncher, ServerStartError, sglang_argv
+from .sglang_engine import SGLangEngine, TransportError
+from .weight_buckets import pack_buckets, unpack_bucket
+
+log = logging.getLogger("spade.sglang")
+
+# The interpreter that runs ``-m sglang.launch_server`` (the Docker image keeps SGLang, which pins
+# its own torch, in a separate environment); default: this one.
+PYTHON_VARIABLE = "SPADE_SGLANG_PYTHON"
+# Defaults of the servers' environment (``engine.sglang.server_env`` wins): ``/health`` as a plain
+# liveness check, not a one-token generation (which times out while generation is paused).
+SERVER_ENV_DEFAULTS = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+
+WeightStream = Callable[[], Iterator[tuple[str, Tensor]]]
+
+
+class DeploymentError(RuntimeError):
+    """The servers cannot be placed, started or kept alive."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one training process runs."""
+
+    rank: int
+    local_rank: int
+    node: str  # a name shared by the processes of one node
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """One server: where it runs, who owns it, which ranks feed its tensor-parallel workers."""
+
+    index: int  # position in the engine's server list
+    url: str
+    owner_rank: Optional[int] = None  # None: an external server (not ours to start)
+    port: int = 0
+    base_gpu: int = 0
+    ipc_ranks: tuple[int, ...] = ()  # global rank feeding TP worker t (colocated)
+
+
+def _node_name() -> str:
+    return os.environ.get("GROUP_RANK") or socket.gethostname()
+
+
+def advertised_host(settings: Any) -> str:
+    """The address other processes use to reach this node's servers."""
+    if settings.advertise_host:
+        return settings.advertise_host
+    if settings.host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return settings.host
+
+
+def plan_servers(ranks: Sequence[RankInfo], settings: Any, hosts: dict[str, str]) -> list[ServerPlan]:
+    """Colocated servers for the processes ``ranks`` (all of the world), in node order.
+
+    ``hosts`` maps a node name to the address its servers are reached at. Raises
+    ``DeploymentError`` when a node has fewer processes (GPUs) than its servers need.
+    """
+    per_server = settings.tp * settings.dp
+    needed = settings.servers_per_node * per_server
+    nodes: dict[str, list[RankInfo]] = {}
+    for info in sorted(ranks, key=lambda r: r.rank):
+        nodes.setdefault(info.node, []).append(info)
+    plans: list[ServerPlan] = []
+    for node, members in nodes.items():
+        by_local = {m.local_rank: m.rank for m in members}
+        if len(members) < needed or sorted(by_local) != list(range(len(members))):
+            raise DeploymentError(
+                f"engine.sglang: node {node} has {len(members)} training processes (local ranks "
+                f"{sorted(by_local)}) but servers_per_node * tp * dp = {settings.servers_per_node} * "
+                f"{settings.tp} * {settings.dp} = {needed} GPUs are needed; colocated servers use the "
+                "training processes' GPUs, one process per GPU")
+        for slot in range(settings.servers_per_node):
+            base = slot * per_server
+            port = settings.port + slot
+            plans.append(ServerPlan(
+                index=len(plans), url=f"http://{hosts[node]}:{port}", owner_rank=by_local[0], port=port,
+                base_gpu=base, ipc_ranks=tuple(by_local[base + t] for t in range(settings.tp))))
+    return plans
+
+
+# ---------------------------------------------------------------------------- collectives
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_gather_object(value: Any) -> list[Any]:
+    rank, world = _world()
+    if world == 1:
+        return [value]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, value)
+    return out
+
+
+def gather_object_to_0(value: Any) -> Optional[list[Any]]:
+    rank, world = _world()
+    if world == 1:
+        return [value]
+    out: Optional[list[Any]] = [None] * world if rank == 0 else None
+    dist.gather_object(value, out, dst=0)
+    return out
+
+
+def broadcast_object(value: Any) -> Any:
+    rank, world = _world()
+    if world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    if _world()[1] > 1:
+        dist.barrier()
+
+
+def _next_or_none(iterator: Iterator[Any]) -> Any:
+    return next(iterator, None)
+
+
+# ---------------------------------------------------------------------------- the deployment
+
+
+class SGLangDeployment:
+    """The job's SGLang servers as seen from one training process (see the module docstring)."""
+
+    def __init__(self, settings: Any, *, model_dir: Path, log_dir: Path, device: torch.device,
+                 local_rank: int, python: Optional[str] = None):
+        self.settings = settings
+        self.model_dir = Path(model_dir)
+        self.log_dir = Path(log_dir)
+        self.device = device
+        self.local_rank = local_rank
+        self.python = python or os.environ.get(PYTHON_VARIABLE) or sys.executable
+        self.rank, self.world = _world()
+        self.plans: list[ServerPlan] = []
+        self.launchers: dict[int, ServerLauncher] = {}
+        self.restarts: dict[int, int] = {}
+        self.engine: Optional[SGLangEngine] = None
+        self.sender: Any = None  # BroadcastWeightSender on rank 0 (disaggregated)
+        self.released: set[int] = set()  # servers whose memory is released (rank 0's view)
+        self.recover_hook: Optional[Callable[[int], Any]] = None  # rank 0: set by the trainer
+        self._recoveries: dict[int, asyncio.Task] = {}
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def method(self) -> str:
+        return self.settings.sync_method
+
+    # ------------------------------------------------------------------ start and stop
+
+    def server_argv(self, plan: ServerPlan) -> list[str]:
+        s = self.settings
+        argv = sglang_argv(self.model_dir, tp=s.tp, ep=s.ep, dp=s.dp, mem_fraction=s.mem_fraction, port=plan.port,
+                           host=s.host, extra_args={"base_gpu_id": plan.base_gpu, **s.server_args},
+                           python=self.python)
+        if s.server_command:
+            argv = [*s.server_command, *argv[3:]]  # replaces "python -m sglang.launch_server"
+        return argv
+
+    async def start(self) -> None:
+        """Every rank: place the servers, launch this node's, and (rank 0) open the engine."""
+        s = self.settings
+        infos = await asyncio.to_thread(all_gather_object,
+                                        (RankInfo(self.rank, self.local_rank, _node_name()), advertised_host(s)))
+        if s.colocated:
+            hosts = {info.node: host for info, host in infos}
+            self.plans = plan_servers([info for info, _ in infos], s, hosts)
+        else:
+            self.plans = [ServerPlan(index=i, url=url.rstrip("/")) for i, url in enumerate(s.urls)]
+        mine = [p for p in self.plans if p.owner_rank == self.rank]
+        error = None
+        if mine:
+            for plan in mine:
+                self.launchers[plan.index] = ServerLauncher(
+                    self.server_argv(plan), host=s.host, port=plan.port, start_timeout_s=s.start_timeout_s,
+                    log_path=self.log_dir / f"sglang-server-{plan.index}.log",
+                    env={**SERVER_ENV_DEFAULTS, **s.server_env})
+            results = await asyncio.gather(*(self.launchers[p.index].start() for p in mine), return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                error = f"rank {self.rank}: {failures[0]}"
+        errors = [e for e in await asyncio.to_thread(all_gather_object, error) if e]
+        if errors:
+            await self.close()
+            raise DeploymentError("SGLang servers failed to start:\n" + "\n".join(errors))
+        if self.is_main:
+            self.engine = SGLangEngine([p.url for p in self.plans], max_retries=s.max_retries,
+                                       request_timeout_s=s.request_timeout_s, on_server_failure=self._on_failure)
+            if self.method == "broadcast":
+                await self._connect_broadcast()
+
+    async def _connect_broadcast(self) -> None:
+        from .weight_transport import BroadcastWeightSender
+
+        infos = await self.engine.server_info()
+        tp_sizes = [int(info.get("tp_size", 1)) if isinstance(info, dict) else 1 for info in infos]
+        port = self.settings.broadcast_port or _free_port()
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self.sender = BroadcastWeightSender(self.engine, server_tp_sizes=tp_sizes,
+                                            master_address=_reachable_address(), master_port=port, backend=backend,
+                                            max_bucket_bytes=self.settings.bucket_mb << 20)
+        await self.sender.connect()
+
+    async def close(self) -> None:
+        """Every rank: stop the engine (rank 0) and this node's servers."""
+        for task in self._recoveries.values():
+            task.cancel()
+        if self.sender is not None:
+            await self.sender.close()
+            self.sender = None
+        if self.engine is not None:
+            await self.engine.aclose()
+            self.engine = None
+        await asyncio.gather(*(launcher.close() for launcher in self.launchers.values()), return_exceptions=True)
+
+    # ------------------------------------------------------------------ memory around a train step
+
+    async def release(self) -> None:
+        """Rank 0: drain, pause generation and release weights and KV cache on live servers.
+
+        A server that does not answer is left for ``resume_and_sync`` to restart."""
+        engine = self.engine
+        await engine.close_admission()
+        if not self.settings.release_memory:
+            return
+        live = [p.index for p in self.plans if p.index not in self.released]
+        for index in live:
+            try:
+                await engine.post_to([index], "pause_generation", proto.pause_generation_payload("abort"))
+                await engine.post_to([index], "release_memory_occupation",
+                                     proto.release_memory_payload(proto.MEMORY_TAGS))
+                self.released.add(index)
+            except (TransportError, proto.SGLangServerError) as exc:
+                log.warning("server %d did not release its memory (%s); it is checked before the weight sync",
+                            index, exc)
+
+    async def resume_and_sync(self, weights: WeightStream, version: int, *, changed: bool = True) -> list[int]:
+        """Every rank, after the train step: restart dead servers, resume weight memory, send the
+        weights (version ``version``; to every server when they ``changed``, else only to
+        restarted ones), resume the KV cache and continue generation. Returns the servers that
+        were restarted."""
+        dead: list[int] = []
+        if self.is_main:
+            dead = await self._dead_servers()
+        dead = await asyncio.to_thread(broadcast_object, dead)
+        await self.restart(dead)
+        if self.is_main:
+            resumed = sorted(self.released - set(dead))
+            if resumed:
+                await self.engine.post_to(resumed, "resume_memory_occupation", proto.resume_memory_payload(["weights"]))
+        if changed or dead:
+            await self.sync_weights(weights, version, None if changed else dead)
+        if self.is_main:
+            resumed = sorted(self.released - set(dead))
+            if resumed:
+                await self.engine.post_to(resumed, "resume_memory_occupation",
+                                          proto.resume_memory_payload(["kv_cache"]))
+                await self.engine.post_to(resumed, "continue_generation", proto.continue_generation_payload())
+            self.released.clear()
+            self.engine.open_admission()
+        return dead
+
+    async def _dead_servers(self) -> list[int]:
+        healthy = await self.engine.health()
+        return [p.index for p, ok in zip(self.plans, healthy) if not ok and p.owner_rank is not None]
+
+    # ------------------------------------------------------------------ restart
+
+    async def restart(self, indices: Sequence[int]) -> None:
+        """Every rank: the owners restart the servers ``indices`` (all ranks learn the outcome)."""
+        if not indices:
+            return
+        error = None
+        for index in indices:
+            launcher = self.launchers.get(index)
+            if launcher is None:
+                continue
+            self.restarts[index] = self.restarts.get(index, 0) + 1
+            if self.restarts[index] > self.settings.max_restarts:
+                error = (f"server {index} died more than engine.sglang.max_restarts = "
+                         f"{self.settings.max_restarts} times; last log lines:\n{launcher.log_tail()}")
+                break
+            log.warning("restarting SGLang server %d (%s); log %s", index, self.plans[index].url, launcher.log_path)
+            try:
+                await launcher.restart(grace_s=5.0)
+            except ServerStartError as exc:
+                error = f"server {index} did not come back: {exc}"
+                break
+        errors = [e for e in await asyncio.to_thread(all_gather_object, error) if e]
+        if errors:
+            raise DeploymentError("\n".join(errors))
+        if self.is_main:
+            self.released.difference_update(indices)  # a fresh server holds its memory
+            for index in indices:
+                self.engine.mark_healthy(index)
+
+    async def _on_failure(self, index: int) -> None:
+        """Rank 0, the engine's hook: one recovery per failed server at a time."""
+        if self.plans[index].owner_rank is None or self.recover_hook is None:
+            raise DeploymentError(f"server {index} ({self.plans[index].url}) failed and is not ours to restart")
+        task = self._recoveries.get(index)
+        if task is None or task.done():  # registered before any await: concurrent failures share it
+            task = asyncio.ensure_future(self._recover_if_dead(index))
+            self._recoveries[index] = task
+        await asyncio.shield(task)
+
+    async def _recover_if_dead(self, index: int) -> None:
+        if await self._alive(index):
+            return  # a transient failure, or already restarted: retry as is
+        await self.recover_hook(index)
+
+    async def _alive(self, index: int) -> bool:
+        from .server_launcher import http_get_status
+
+        plan = self.plans[index]
+        host, _, port = plan.url.removeprefix("http://").rpartition(":")
+        return await http_get_status(host, int(port), "/health", timeout_s=5.0) == 200
+
+    # ------------------------------------------------------------------ weights
+
+    async def sync_weights(self, weights: WeightStream, version: int,
+                           servers: Optional[Sequence[int]] = None) -> None:
+        """Every rank: send the model (``weights()`` streams it on every rank) to ``servers``
+        (default all) and set the engine's weight version."""
+        indices = [p.index for p in self.plans if servers is None or p.index in servers]
+        if self.method == "ipc":
+            async with self._update_session(indices):
+                await self._send_ipc_buckets(weights(), version, indices)
+        elif self.is_main:
+            await self.sender.send(weights(), version)  # every server is in the group; it opens the session
+        else:
+            await asyncio.to_thread(_drain, weights())
+        if self.is_main:
+            if indices:
+                await self.engine.post_to(indices, "flush_cache", None)
+            self.engine.set_weight_version(version)
+
+    @contextlib.asynccontextmanager
+    async def _update_session(self, indices: Sequence[int]):
+        """Every rank: SGLang loads weights only between /begin_weight_update and
+        /end_weight_update (rank 0 opens and closes the session on ``indices``)."""
+        if self.is_main and indices:
+            await self.engine.post_to(indices, "begin_weight_update", proto.begin_weight_update_payload())
+        try:
+            yield
+        finally:
+            if self.is_main and indices:
+                await self.engine.post_to(indices, "end_weight_update", proto.end_weight_update_payload())
+
+    async def _send_ipc_buckets(self, stream: Iterator[tuple[str, Tensor]], version: int,
+                                indices: Sequence[int]) -> None:
+        from .weight_transport import serialize_named_tensors
+
+        buckets = pack_buckets(stream, self.settings.bucket_mb << 20, device=self.device)
+        while True:
+            bucket = await asyncio.to_thread(_next_or_none, buckets)
+            if bucket is None:
+                break
+            tensors = unpack_bucket(bucket)
+            payload = serialize_named_tensors(tensors)
+            payloads = await asyncio.to_thread(gather_object_to_0, payload)
+            if self.is_main:
+                await self.engine.post_to(
+                    indices, "update_weights_from_tensor",
+                    lambda index: proto.update_weights_from_tensor_payload(
+                        [payloads[r] for r in self.plans[index].ipc_ranks], flush_cache=False,
+                        weight_version=version))
+            await asyncio.to_thread(barrier)  # the buffers stay alive until every server loaded them
+            del tensors, bucket
+
+
+def _drain(iterator: Iterable[Any]) -> None:
+    for _ in iterator:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _reachable_address() -> str:
+    return os.environ.get("MASTER_ADDR") or socket.gethostname()
