@@ -106,8 +106,8 @@ class SGLangSection:
     request_timeout_s: float = 900.0
     max_retries: int = 2  # a failed request is re-sent to another (or the restarted) server
     max_restarts: int = 3  # restarts of one server per run before the run fails
-    release_memory: bool = True  # release weights and KV cache while the trainer runs
-    offload_training: bool = True  # move training state to host while the servers generate
+    release_memory: bool = True  # colocated: release weights and KV cache while the trainer runs
+    offload_training: bool = True  # colocated: move training state to host while the servers generate
     weight_sync: Literal["auto", "ipc", "broadcast"] = "auto"  # auto: ipc colocated, broadcast otherwise
     bucket_mb: int = 512  # size bound of one weight-sync transfer
     broadcast_port: int = 0  # rendezvous port of the broadcast group on global rank 0 (0: any free)

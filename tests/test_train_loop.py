@@ -449,3 +449,48 @@ def test_torchrun_two_servers_one_dies_mid_rollout(graded_single_run, graded_con
     logs = [(run / "logs" / f"sglang-server-{i}.log").read_text() for i in (0, 1)]
     assert sum(log.count("fault injection") for log in logs) == 1
     assert sum(log.count("ready to roll") for log in logs) == 3  # two starts and one restart
+
+
+def test_disaggregated_servers_get_weights_by_broadcast(graded_single_run, graded_config, tmp_path):
+    """``engine.sglang.urls``: a server spade did not launch (started here, as a plain process).
+    Weights go by the broadcast path: rank 0 opens a process group with the server
+    (/init_weights_update_group; gloo on CPU, NCCL on GPUs) and broadcasts every tensor while
+    posting /update_weights_from_distributed inside an update session. The run again equals the
+    HF-engine run, and the server's log shows the group and the updates."""
+    import urllib.request
+
+    from sglang_standin import standin_argv
+
+    from spade.rollout.server_launcher import sglang_argv
+
+    port = free_port()
+    log_path = tmp_path / "external.log"
+    hf_dir = next(line for line in graded_config.read_text().splitlines() if "hf_dir" in line)
+    hf_dir = hf_dir.split("hf_dir:", 1)[1].split(",")[0].strip()
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(standin_argv(sglang_argv(hf_dir, port=port)), cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        run = tmp_path / "run"
+        run_spade("--config", str(graded_config), "--run-dir", str(run), "engine.kind=sglang",
+                  f"engine.sglang.urls=[http://127.0.0.1:{port}]")
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+    records = metrics(run)
+    assert_same_metrics(metrics(graded_single_run), without_engine_keys(records))
+    assert_same_weights(graded_single_run, run)
+    log = log_path.read_text()
+    assert "/init_weights_update_group -> 200" in log
+    assert log.count("/update_weights_from_distributed -> 200") >= 3 and "/update_weights_from_tensor" not in log
+    assert "/release_memory_occupation" not in log  # not colocated: nothing to make room for

@@ -275,7 +275,7 @@ class SGLangDeployment:
         A server that does not answer is left for ``resume_and_sync`` to restart."""
         engine = self.engine
         await engine.close_admission()
-        if not self.settings.release_memory:
+        if not (self.settings.release_memory and self.settings.colocated):
             return
         live = [p.index for p in self.plans if p.index not in self.released]
         for index in live:

@@ -226,7 +226,7 @@ class Trainer:
                                          use_distributed_optimizer=cfg.optimizer.use_distributed_optimizer)
         del hf_state
         self.optimizer, self.scheduler = build_optimizer(self.model.chunks, cfg.optimizer)
-        if self.deployment is not None and cfg.engine.sglang.offload_training:
+        if self.deployment is not None and cfg.engine.sglang.colocated and cfg.engine.sglang.offload_training:
             from .offload import StagedOffload
 
             self.offloader = StagedOffload(self.model.chunks, self.optimizer)
