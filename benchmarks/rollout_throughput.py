@@ -136,14 +136,13 @@ async def direct_pass(url: str, requests: list[GenerationRequest], concurrency: 
 
 def bench_serving_pass(args: argparse.Namespace, url: str) -> Optional[Pass]:
     """SGLang's own benchmark at the same concurrency and lengths; None when SGLang is missing."""
-    try:
-        import sglang  # noqa: F401
-    except ImportError:
-        print("bench_serving: SGLang is not installed here; skipped", file=sys.stderr)
+    python = args.sglang_python
+    if subprocess.run([python, "-c", "import sglang"], capture_output=True).returncode != 0:
+        print(f"bench_serving: {python} cannot import sglang; skipped", file=sys.stderr)
         return None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.jsonl"
-        cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+        cmd = [python, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
                "--tokenizer", args.model_path, "--dataset-name", "random",
                "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                "--random-range-ratio", "1", "--num-prompts", str(args.num_prompts),
@@ -203,6 +202,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="direct/spade pass pairs; the best of each counts")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sglang-bench", action="store_true", help="also run python -m sglang.bench_serving")
+    parser.add_argument("--sglang-python", default=os.environ.get("SPADE_SGLANG_PYTHON") or sys.executable,
+                        help="the interpreter that has SGLang (default: $SPADE_SGLANG_PYTHON or this one)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
