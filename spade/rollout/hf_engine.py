@@ -32,6 +32,7 @@ import asyncio
 import random
 import re
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class EngineStats:
     forward_calls: int = 0
     sequences: int = 0
     generated_tokens: int = 0
+    busy_s: float = 0.0  # wall time spent running batches: generation only
     batch_sizes: list[int] = field(default_factory=list)
 
 
@@ -264,7 +266,9 @@ class HFEngine(RolloutEngine):
         self.stats.batch_sizes.append(len(live))
         self.stats.sequences += len(rows)
         if live:
+            started = time.perf_counter()
             self._decode(live)
+            self.stats.busy_s += time.perf_counter() - started
         return [
             GenerationResult(row.tokens, row.logprobs, row.finish or "abort", version) for row in rows
         ]

@@ -58,6 +58,18 @@ WeightUpdater = Callable[["SGLangEngine", Iterable[tuple[str, Tensor]], int], Un
 FailureHook = Callable[[int], Awaitable[None]]
 
 
+@dataclass
+class ClientStats:
+    """Counters of the client (metrics): completed requests, tokens, re-sends, and ``busy_s``, the
+    wall time during which at least one request was in flight (a rollout-only clock)."""
+
+    requests: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    retries: int = 0
+    busy_s: float = 0.0
+
+
 class TransportError(ConnectionError):
     """The HTTP exchange with a server failed (connection, timeout, 5xx): retryable elsewhere."""
 
@@ -128,6 +140,8 @@ class SGLangEngine(RolloutEngine):
         self.weight_updater = weight_updater
         self.on_server_failure = on_server_failure
         self._weight_version = int(initial_weight_version)
+        self.stats = ClientStats()
+        self._busy_since = 0.0
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._rr = itertools.count()
         self._closed = False
@@ -173,6 +187,8 @@ class SGLangEngine(RolloutEngine):
             server = self.servers[idx]
             server.in_flight += 1
             server.requests += 1
+            if not self._tasks:
+                self._busy_since = time.perf_counter()
             self._drained.clear()
             task = asyncio.ensure_future(
                 self._http(server, "POST", "/generate", payload, self.request_timeout_s)
@@ -187,6 +203,7 @@ class SGLangEngine(RolloutEngine):
                 raise
             except TransportError as exc:
                 last_error = exc
+                self.stats.retries += 1
                 self._mark_unhealthy(idx)
                 if self._closed:
                     return GenerationResult((), (), "abort", version)
@@ -197,10 +214,15 @@ class SGLangEngine(RolloutEngine):
                 self._tasks.pop(rid, None)
                 server.in_flight -= 1
                 if not self._tasks:
+                    self.stats.busy_s += time.perf_counter() - self._busy_since
                     self._drained.set()
             if status >= 400 and not (isinstance(data, dict) and "error" in data):
                 raise proto.SGLangServerError(f"SGLang /generate failed with HTTP {status}: {data!r}")
-            return proto.parse_generate_response(data, request, default_weight_version=version)
+            result = proto.parse_generate_response(data, request, default_weight_version=version)
+            self.stats.requests += 1
+            self.stats.generated_tokens += len(result.token_ids)
+            self.stats.prompt_tokens += len(request.prompt_ids)
+            return result
         raise NoHealthyServer(
             f"/generate failed on {len(tried)} server(s) after {self.max_retries + 1} attempts: "
             f"{last_error}"

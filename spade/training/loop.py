@@ -391,6 +391,8 @@ class Trainer:
 
         task = asyncio.create_task(ticker()) if self.progress.tty else None
         tokens_before = getattr(stats, "generated_tokens", 0)
+        busy_before = getattr(stats, "busy_s", 0.0)
+        retries_before = getattr(stats, "retries", 0)
         began = time.perf_counter()
         try:
             out = await self.orchestrator.run_step(step)
@@ -401,6 +403,13 @@ class Trainer:
                     await task
         generated = getattr(stats, "generated_tokens", 0) - tokens_before
         out.metrics.setdefault("time/gen_tokens_per_s", generated / max(time.perf_counter() - began, 1e-9))
+        if stats is not None:  # the engine's own clock: generation only, no sandbox or designer waits
+            busy = getattr(stats, "busy_s", 0.0) - busy_before
+            out.metrics["engine/generated_tokens"] = float(generated)
+            out.metrics["time/engine_busy_s"] = busy
+            out.metrics["time/engine_tokens_per_s"] = generated / busy if busy > 0 else 0.0
+            if hasattr(stats, "retries"):
+                out.metrics["engine/retries"] = float(stats.retries - retries_before)
         counters = {"admitted": out.metrics.get("env/admitted"),
                     "episodes": out.metrics.get("agent/episodes", len(out.agent_samples))}
         self.progress.update(**{k: int(v) for k, v in counters.items() if v is not None})
