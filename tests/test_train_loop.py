@@ -500,3 +500,12 @@ def test_disaggregated_servers_get_weights_by_broadcast(graded_single_run, grade
     assert "/init_weights_update_group -> 200" in log
     assert log.count("/update_weights_from_distributed -> 200") >= 3 and "/update_weights_from_tensor" not in log
     assert "/release_memory_occupation" not in log  # not colocated: nothing to make room for
+
+
+def test_torchrun_pipeline_parallel_two_matches_single_process(graded_single_run, graded_config, tmp_path):
+    """parallel.pp=2: rank 0 holds the first stage only, so the weight sync broadcasts the second
+    stage's tensors to it (StageBroadcast) before they reach the engine; the run matches the
+    single-process run."""
+    run = tmp_path / "run"
+    proc = run_torchrun_spade("--config", str(graded_config), "--run-dir", str(run), "parallel.pp=2")
+    assert_torchrun_run(run, proc, graded_single_run)

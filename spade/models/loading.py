@@ -103,6 +103,38 @@ def ep_all_gather() -> "EPGather":
 EPGather = Callable[[Tensor], list[Tensor]]
 
 
+class StageBroadcast:
+    """Pipeline-parallel hand-over for ``all_hf_weights``: stage ``s``'s tensors broadcast to the
+    ranks of the other stages (over Megatron's pipeline group, whose rank ``s`` is stage ``s``).
+    Each tensor goes as a small header (name, shape, dtype) and then its data; ``None`` ends a
+    stage."""
+
+    def __init__(self, device: torch.device):
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        self.group = ps.get_pipeline_model_parallel_group()
+        self.sources = [dist.get_global_rank(self.group, s) for s in range(dist.get_world_size(self.group))]
+        self.device = device
+
+    def header(self, value: Optional[tuple], stage: int) -> Optional[tuple]:
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=self.sources[stage], group=self.group)
+        return box[0]
+
+    def tensor(self, tensor: Optional[Tensor], stage: int, shape: tuple, dtype: torch.dtype) -> Tensor:
+        import torch.distributed as dist
+
+        if tensor is None:
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        else:
+            tensor = tensor.contiguous()
+        dist.broadcast(tensor, src=self.sources[stage], group=self.group)
+        return tensor
+
+
 @torch.no_grad()
 def all_hf_weights(
     model: torch.nn.Module,
@@ -112,14 +144,36 @@ def all_hf_weights(
     gather: Optional[Gather] = None,
     naming: MegatronNaming = MegatronNaming(),
     ep_gather: Optional[EPGather] = None,
+    stages: Optional[StageBroadcast] = None,
 ) -> Iterator[tuple[str, Tensor]]:
-    """Every HF tensor of this pipeline stage on every rank, in the same order everywhere.
+    """Every HF tensor of the model on every rank, in the same order everywhere.
 
-    Like ``hf_weights``, but under expert parallelism each rank also receives the experts of the
-    other expert-parallel ranks (``ep_gather``), so that a rollout server worker fed by any one
-    rank gets the whole model. The experts of EP rank ``e`` follow each other in ``e`` order at
-    the place the local experts would have been. Every rank of the world must iterate to the end.
+    Like ``hf_weights``, but each rank also receives what other ranks own: under expert
+    parallelism the experts of the other expert-parallel ranks (``ep_gather``), under pipeline
+    parallelism the other stages' tensors (``stages``), so that a rollout server worker fed by
+    any one rank gets the whole model. The experts of EP rank ``e`` follow each other in ``e``
+    order at the place the local experts would have been; stages follow each other in order.
+    Every rank of the world must iterate to the end.
     """
+    if layout.pp == 1:
+        yield from _stage_weights(model, spec, layout, coords, gather, naming, ep_gather)
+        return
+    if stages is None:
+        raise ValueError(f"pipeline parallelism pp={layout.pp}: pass stages (StageBroadcast)")
+    for stage in range(layout.pp):
+        if stage == coords.pp:
+            for name, tensor in _stage_weights(model, spec, layout, coords, gather, naming, ep_gather):
+                stages.header((name, tuple(tensor.shape), tensor.dtype), stage)
+                yield name, stages.tensor(tensor, stage, tensor.shape, tensor.dtype)
+            stages.header(None, stage)
+            continue
+        while (header := stages.header(None, stage)) is not None:
+            name, shape, dtype = header
+            yield name, stages.tensor(None, stage, shape, dtype)
+
+
+def _stage_weights(model, spec, layout, coords, gather, naming, ep_gather) -> Iterator[tuple[str, Tensor]]:
+    """This stage's tensors with every expert-parallel rank's experts."""
     stream = hf_weights(model, spec, layout, coords, gather, naming)
     if layout.ep == 1:
         yield from stream

@@ -419,14 +419,14 @@ class Trainer:
         """Every HF tensor of the model, on every rank (all ranks must consume it to the end)."""
         from ..models import RankCoords
         from ..models.builder import naming_for
-        from ..models.loading import all_hf_weights, ep_all_gather, group_gather
+        from ..models.loading import StageBroadcast, all_hf_weights, ep_all_gather, group_gather
 
-        if self.layout.pp > 1:
-            raise NotImplementedError("weight sync to the rollout engine with pipeline parallelism (pp > 1) is not "
-                                      "implemented: a rank holds only its own stage")
+        if len(self.model.chunks) > 1:
+            raise NotImplementedError("weight sync with virtual pipeline stages (several model chunks per rank)")
         gather = group_gather() if max(self.layout.tp, self.layout.expert_tp) > 1 else None
         return all_hf_weights(self.model.chunks[0], self.spec, self.layout, RankCoords.current(), gather,
-                              naming_for(self.options), ep_gather=ep_all_gather() if self.layout.ep > 1 else None)
+                              naming_for(self.options), ep_gather=ep_all_gather() if self.layout.ep > 1 else None,
+                              stages=StageBroadcast(self.ctx.device) if self.layout.pp > 1 else None)
 
     def _weights_on_device(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``weight_stream`` with the parameters brought back from host first if they are there."""
