@@ -4,7 +4,7 @@ A training config is YAML with these top-level sections (every one optional; def
 SPEC numbers)::
 
     include: base.yaml        # optional: a file (or list of files) merged underneath this one
-    model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16}
+    model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16, recompute: none | full | selective}
     parallel:  {tp, pp, ep, etp, sequence_parallel}
     optimizer: spade.training.OptimizerSettings
     loss:      spade.training.LossSettings
@@ -56,6 +56,7 @@ _EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 class ModelSection:
     hf_dir: str = EMBEDDED  # "embedded" = SmolLM2-135M-Instruct from spade.models.embedded
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 with CUDA, fp32 on CPU
+    recompute: Literal["none", "full", "selective"] = "none"  # activation recompute in the backward pass
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,11 @@ def test_scale_out_recipe_loads(path):
 
 
 def test_scale_out_layouts():
-    for name in ("qwen3_4b_games_8gpu.yaml", "qwen3_8b_games_8gpu.yaml"):
-        parallel = load_train_config(RECIPES / name).parallel
-        assert (parallel.tp, parallel.pp, parallel.ep) == (2, 1, 1)
+    for name in ("qwen3_4b_games_8gpu.yaml", "qwen3_8b_games_8gpu.yaml", "qwen3_4b_games_multinode.yaml",
+                 "qwen3_8b_games_multinode.yaml"):
+        config = load_train_config(RECIPES / name)
+        assert (config.parallel.tp, config.parallel.pp, config.parallel.ep) == (2, 1, 1)
+        assert config.model.recompute == "full"  # the paper's 4B and 8B runs
     for name in ("qwen3_30b_a3b_games_8gpu.yaml", "qwen3_30b_a3b_games_multinode.yaml"):
         parallel = load_train_config(RECIPES / name).parallel
         assert (parallel.tp, parallel.ep, parallel.etp) == (4, 8, 1)

@@ -328,6 +328,37 @@ def test_micro_batch_split_does_not_change_loss_or_gradients(aggregation):
 
 
 @pytest.mark.usefixtures("megatron_world")
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-moe"])
+def test_activation_recompute_gives_the_same_loss_and_gradients(name, recompute):
+    """model.recompute trades memory for compute only: the backward pass recomputes the layers
+    (or the core attention) from their inputs and reaches the same gradients."""
+    samples = random_samples([9, 4, 13, 7], seed=5, logprobs=True)
+    batches = make_micro_batches(samples, 10_000, packed=False)
+    results = {}
+    for mode in ("none", recompute):
+        init_parallel(ParallelLayout(), seed=1234)
+        hf_model, spec = tiny_hf(name)
+        options = dataclasses.replace(FP32, recompute=mode)
+        assert (build_transformer_config(spec, ParallelLayout(), options).recompute_granularity
+                == (None if mode == "none" else mode))
+        model = build_model(spec, ParallelLayout(), options=options, hf_state=checkpoint_state(hf_model, spec))
+        layer = model.unwrapped()[0].decoder.layers[0]
+        watched = layer if recompute == "full" else layer.self_attention.core_attention
+        calls = []
+        handle = watched.register_forward_hook(lambda *_: calls.append(1))
+        summary = forward_backward(model.chunks, batches, LossSettings())
+        handle.remove()
+        results[mode] = (summary.loss, main_grads(model), len(calls))
+    (loss, grads, calls), (loss_rc, grads_rc, calls_rc) = results["none"], results[recompute]
+    assert calls_rc == 2 * calls > 0  # the recomputed part really ran again in the backward pass
+    assert loss_rc == pytest.approx(loss, abs=1e-6)
+    assert any(g.abs().max() > 1e-4 for g in grads.values())
+    for key, grad in grads.items():
+        torch.testing.assert_close(grads_rc[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+
+
+@pytest.mark.usefixtures("megatron_world")
 def test_train_step_lowers_the_loss_on_a_fixed_batch():
     _, _, model = megatron_model("qwen3")
     optimizer, scheduler = build_optimizer(model.chunks, OptimizerSettings(lr=2e-4))

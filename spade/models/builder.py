@@ -42,6 +42,9 @@ class BuildOptions:
     moe_aux_loss_coeff: float = 0.0  # > 0 turns on the auxiliary load-balancing loss
     moe_router_dtype: Optional[Literal["fp32", "fp64"]] = "fp32"  # None: the activation dtype
     perform_initialization: bool = True  # False skips random init (weights loaded right after)
+    # Activation recompute: "full" recomputes every transformer layer in the backward pass (only
+    # its input is kept), "selective" only the core attention; same results, less memory
+    recompute: Literal["none", "full", "selective"] = "none"
 
     def resolved_dtype(self) -> torch.dtype:
         if self.params_dtype is not None:
@@ -93,6 +96,11 @@ def build_transformer_config(
             moe_grouped_gemm=False,
             moe_permute_fusion=False,
         )
+    recompute_fields: dict = {}
+    if options.recompute == "full":
+        recompute_fields = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif options.recompute == "selective":
+        recompute_fields = dict(recompute_granularity="selective")
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -127,6 +135,7 @@ def build_transformer_config(
         fp16=dtype == torch.float16,
         use_cpu_initialization=not torch.cuda.is_available(),
         perform_initialization=options.perform_initialization,
+        **recompute_fields,
         **moe_fields,
     )
 

@@ -215,7 +215,7 @@ class Trainer:
         self.progress.phase("starting", what="model")
         self.hf_config = json.loads((self.hf_dir / "config.json").read_text())
         self.spec = read_model_spec(dict(self.hf_config))
-        self.options = BuildOptions(params_dtype=_dtype(cfg))
+        self.options = BuildOptions(params_dtype=_dtype(cfg), recompute=cfg.model.recompute)
         hf_state = read_hf_tensors(self.hf_dir, self.spec)
         self.model = build_model(self.spec, self.layout, options=self.options, hf_state=hf_state,
                                  use_distributed_optimizer=cfg.optimizer.use_distributed_optimizer)
