@@ -509,3 +509,18 @@ def test_torchrun_pipeline_parallel_two_matches_single_process(graded_single_run
     run = tmp_path / "run"
     proc = run_torchrun_spade("--config", str(graded_config), "--run-dir", str(run), "parallel.pp=2")
     assert_torchrun_run(run, proc, graded_single_run)
+
+
+def test_a_server_that_cannot_start_fails_the_run_with_its_log(graded_config, tmp_path):
+    """A server that exits at start (here: a command that prints a CUDA-style error and exits)
+    stops ``spade train`` before the model is built, with the server's last log lines in the error."""
+    run = tmp_path / "run"
+    fake = "import sys; print('RuntimeError: no CUDA GPUs are available', flush=True); sys.exit(3)"
+    proc = subprocess.run(spade_cmd("--config", str(graded_config), "--run-dir", str(run), "engine.kind=sglang",
+                                    f"engine.sglang.server_command=[{PYTHON}, -c, \"{fake}\"]",
+                                    f"engine.sglang.port={free_port()}"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode != 0
+    assert "SGLang servers failed to start" in proc.stderr and "exited with code 3" in proc.stderr
+    assert "no CUDA GPUs are available" in proc.stderr  # the log tail
+    assert not (run / "checkpoints" / "latest").exists()
