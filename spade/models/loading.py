@@ -57,19 +57,22 @@ def load_hf_state(
 
 def group_gather() -> Gather:
     """All-gather over Megatron's tensor-parallel ("tp") or expert-tensor-parallel ("etp") group."""
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     def gather(shard: Tensor, group: GroupKind) -> list[Tensor]:
         if group == "tp":
-            pg = ps.get_tensor_model_parallel_group()
-        else:
-            pg = ps.get_expert_tensor_parallel_group()
-        shards = [torch.empty_like(shard) for _ in range(dist.get_world_size(pg))]
-        dist.all_gather(shards, shard.contiguous(), group=pg)
-        return shards
+            return _all_gather(shard, ps.get_tensor_model_parallel_group())
+        return _all_gather(shard, ps.get_expert_tensor_parallel_group())
 
     return gather
+
+
+def _all_gather(tensor: Tensor, group) -> list[Tensor]:
+    import torch.distributed as dist
+
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, tensor.contiguous(), group=group)
+    return out
 
 
 @torch.no_grad()
@@ -88,14 +91,10 @@ def hf_weights(
 
 def ep_all_gather() -> "EPGather":
     """All-gather over Megatron's expert-model-parallel group (one tensor per EP rank, in rank order)."""
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     def gather(tensor: Tensor) -> list[Tensor]:
-        group = ps.get_expert_model_parallel_group()
-        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(out, tensor.contiguous(), group=group)
-        return out
+        return _all_gather(tensor, ps.get_expert_model_parallel_group())
 
     return gather
 
