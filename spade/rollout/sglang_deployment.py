@@ -168,6 +168,19 @@ def _next_or_none(iterator: Iterator[Any]) -> Any:
     return next(iterator, None)
 
 
+async def in_thread(device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread bound to ``device``: CUDA's current device is per thread,
+    and a collective (NCCL) or a gather run from a fresh thread would otherwise use GPU 0."""
+
+    def call() -> Any:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        with torch.no_grad():
+            return fn(*args)
+
+    return await asyncio.to_thread(call)
+
+
 # ---------------------------------------------------------------------------- the deployment
 
 
@@ -214,7 +227,7 @@ class SGLangDeployment:
     async def start(self) -> None:
         """Every rank: place the servers, launch this node's, and (rank 0) open the engine."""
         s = self.settings
-        infos = await asyncio.to_thread(all_gather_object,
+        infos = await in_thread(self.device, all_gather_object,
                                         (RankInfo(self.rank, self.local_rank, _node_name()), advertised_host(s)))
         if s.colocated:
             hosts = {info.node: host for info, host in infos}
@@ -233,7 +246,7 @@ class SGLangDeployment:
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
                 error = f"rank {self.rank}: {failures[0]}"
-        errors = [e for e in await asyncio.to_thread(all_gather_object, error) if e]
+        errors = [e for e in await in_thread(self.device, all_gather_object, error) if e]
         if errors:
             await self.close()
             raise DeploymentError("SGLang servers failed to start:\n" + "\n".join(errors))
@@ -296,7 +309,7 @@ class SGLangDeployment:
         dead: list[int] = []
         if self.is_main:
             dead = await self._dead_servers()
-        dead = await asyncio.to_thread(broadcast_object, dead)
+        dead = await in_thread(self.device, broadcast_object, dead)
         await self.restart(dead)
         if self.is_main:
             resumed = sorted(self.released - set(dead))
@@ -340,7 +353,7 @@ class SGLangDeployment:
             except ServerStartError as exc:
                 error = f"server {index} did not come back: {exc}"
                 break
-        errors = [e for e in await asyncio.to_thread(all_gather_object, error) if e]
+        errors = [e for e in await in_thread(self.device, all_gather_object, error) if e]
         if errors:
             raise DeploymentError("\n".join(errors))
         if self.is_main:
@@ -383,7 +396,7 @@ class SGLangDeployment:
         elif self.is_main:
             await self.sender.send(weights(), version)  # every server is in the group; it opens the session
         else:
-            await asyncio.to_thread(_drain, weights())
+            await in_thread(self.device, _drain, weights())
         if self.is_main:
             if indices:
                 await self.engine.post_to(indices, "flush_cache", None)
@@ -407,19 +420,19 @@ class SGLangDeployment:
 
         buckets = pack_buckets(stream, self.settings.bucket_mb << 20, device=self.device)
         while True:
-            bucket = await asyncio.to_thread(_next_or_none, buckets)
+            bucket = await in_thread(self.device, _next_or_none, buckets)
             if bucket is None:
                 break
             tensors = unpack_bucket(bucket)
             payload = serialize_named_tensors(tensors)
-            payloads = await asyncio.to_thread(gather_object_to_0, payload)
+            payloads = await in_thread(self.device, gather_object_to_0, payload)
             if self.is_main:
                 await self.engine.post_to(
                     indices, "update_weights_from_tensor",
                     lambda index: proto.update_weights_from_tensor_payload(
                         [payloads[r] for r in self.plans[index].ipc_ranks], flush_cache=False,
                         weight_version=version))
-            await asyncio.to_thread(barrier)  # the buffers stay alive until every server loaded them
+            await in_thread(self.device, barrier)  # the buffers stay alive until every server loaded them
             del tensors, bucket
 
 

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ..train_config import EMBEDDED, TrainConfig
+from ..rollout.sglang_deployment import in_thread
 from .progress import Progress
 from .run_dir import RunDir, RunDirError
 
@@ -459,10 +460,10 @@ class Trainer:
         """Rank 0 sends the step's samples; the others serve recover commands until they arrive."""
         if self.is_main:
             async with self._collective_lock:
-                await asyncio.to_thread(_broadcast, _Command("samples", samples=samples))
+                await in_thread(self.ctx.device, _broadcast, _Command("samples", samples=samples))
             return samples
         while True:
-            command = await asyncio.to_thread(_broadcast, None)
+            command = await in_thread(self.ctx.device, _broadcast, None)
             if command.kind == "samples":
                 return command.samples
             await self._recover_servers(command.servers)
@@ -471,7 +472,7 @@ class Trainer:
         """Rank 0 (the engine's failure hook, during rollouts): restart server ``index`` and re-send
         the current weights to it, with every rank."""
         async with self._collective_lock:
-            await asyncio.to_thread(_broadcast, _Command("recover", servers=(index,)))
+            await in_thread(self.ctx.device, _broadcast, _Command("recover", servers=(index,)))
             await self._recover_servers((index,))
 
     async def _recover_servers(self, servers: tuple[int, ...]) -> None:
