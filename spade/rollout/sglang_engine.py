@@ -283,7 +283,11 @@ class SGLangEngine(RolloutEngine):
             self._released = True
 
     async def resume_memory(self) -> None:
-        """Resume weights, then KV cache, then continue generation (no weight update)."""
+        """Resume weights, then KV cache, then continue generation (no weight update).
+
+        SGLang's memory saver keeps the weights' contents across a release only on servers started
+        with ``--enable-weights-cpu-backup``; otherwise the resumed weights are garbage and
+        ``resume_and_update`` (which loads weights in between) is the call to make."""
         await self._resume(None, None)
 
     async def resume_and_update(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
