@@ -524,3 +524,17 @@ def test_a_server_that_cannot_start_fails_the_run_with_its_log(graded_config, tm
     assert "SGLang servers failed to start" in proc.stderr and "exited with code 3" in proc.stderr
     assert "no CUDA GPUs are available" in proc.stderr  # the log tail
     assert not (run / "checkpoints" / "latest").exists()
+
+
+def test_sglang_run_resumes_exactly(graded_single_run, graded_config, tmp_path):
+    """Stop after step 1 and ``--resume`` with engine.kind sglang: the resumed process launches a
+    fresh server, sends it the checkpoint's weights before the first step (version 1), and the
+    two halves together equal the straight HF-engine run."""
+    run = tmp_path / "run"
+    run_spade("--config", str(graded_config), "--run-dir", str(run), "run.steps=1", *sglang_overrides())
+    proc = run_spade("--resume", str(run), "run.steps=2")
+    assert "resumed from" in proc.stderr
+    records = metrics(run)
+    assert [r["step"] for r in records] == [0, 1]
+    assert_same_metrics(metrics(graded_single_run), without_engine_keys(records))
+    assert_same_weights(graded_single_run, run)
