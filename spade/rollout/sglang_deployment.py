@@ -227,8 +227,8 @@ class SGLangDeployment:
     async def start(self) -> None:
         """Every rank: place the servers, launch this node's, and (rank 0) open the engine."""
         s = self.settings
-        infos = await in_thread(self.device, all_gather_object,
-                                        (RankInfo(self.rank, self.local_rank, _node_name()), advertised_host(s)))
+        me = (RankInfo(self.rank, self.local_rank, _node_name()), advertised_host(s))
+        infos = await in_thread(self.device, all_gather_object, me)
         if s.colocated:
             hosts = {info.node: host for info, host in infos}
             self.plans = plan_servers([info for info, _ in infos], s, hosts)
