@@ -538,3 +538,18 @@ def test_sglang_run_resumes_exactly(graded_single_run, graded_config, tmp_path):
     assert [r["step"] for r in records] == [0, 1]
     assert_same_metrics(metrics(graded_single_run), without_engine_keys(records))
     assert_same_weights(graded_single_run, run)
+
+
+def test_a_server_that_keeps_dying_ends_the_run_after_max_restarts(graded_config, tmp_path):
+    """A server that dies on every 2nd request is restarted engine.sglang.max_restarts times, then
+    the run stops with an error that says so and shows the server's last log lines."""
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        spade_cmd("--config", str(graded_config), "--run-dir", str(run), "engine.sglang.max_restarts=1",
+                  *sglang_overrides(SPADE_STANDIN_DIE_AFTER_GENERATES="2")),
+        cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode != 0
+    assert "died more than engine.sglang.max_restarts = 1 times" in proc.stderr, proc.stderr[-3000:]
+    assert "fault injection: exiting on /generate #2" in proc.stderr  # the log tail
+    log = (run / "logs" / "sglang-server-0.log").read_text()
+    assert log.count("ready to roll") == 2  # the first start and the one restart allowed

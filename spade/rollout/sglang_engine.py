@@ -207,8 +207,10 @@ class SGLangEngine(RolloutEngine):
                 self._mark_unhealthy(idx)
                 if self._closed:
                     return GenerationResult((), (), "abort", version)
-                if not await self._recovered(idx):
+                recovered, recovery_error = await self._recovered(idx)
+                if not recovered:
                     tried.add(idx)
+                    last_error = recovery_error or last_error
                 continue
             finally:
                 self._tasks.pop(rid, None)
@@ -226,18 +228,19 @@ class SGLangEngine(RolloutEngine):
         raise NoHealthyServer(
             f"/generate failed on {len(tried)} server(s) after {self.max_retries + 1} attempts: "
             f"{last_error}"
-        )
+        ) from last_error
 
-    async def _recovered(self, idx: int) -> bool:
-        """Await the failure hook for server ``idx``; True when it says the server is back."""
+    async def _recovered(self, idx: int) -> tuple[bool, Optional[BaseException]]:
+        """Await the failure hook for server ``idx``: (True, None) when it says the server is back,
+        (False, the hook's error) when the recovery failed and the request must go elsewhere."""
         if self.on_server_failure is None:
-            return False
+            return False, None
         try:
             await self.on_server_failure(idx)
-        except Exception:  # the recovery failed: the request goes elsewhere
-            return False
+        except Exception as exc:
+            return False, exc
         self.mark_healthy(idx)
-        return True
+        return True, None
 
     def mark_healthy(self, idx: int) -> None:
         self.servers[idx].unhealthy_until = 0.0
