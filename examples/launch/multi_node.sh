@@ -18,9 +18,12 @@
 #                 network interface / InfiniBand adapters for NCCL and gloo; set them when the
 #                 nodes have several interfaces (e.g. NCCL_SOCKET_IFNAME=eth0) [unset: NCCL picks]
 #
-# Roles today: global rank 0 runs the sandbox service (started before the model loads), the HF
-# rollout engine and the self-play orchestrator; every rank trains its Megatron shard. The model
-# directory (model.hf_dir) and the corpus must exist at the same path on every node.
+# Roles: global rank 0 runs the sandbox service (started before the model loads) and the self-play
+# orchestrator; local rank 0 of every node launches that node's SGLang servers (engine.kind:
+# sglang, ports engine.sglang.port and up, reachable from node 0: the multinode recipes bind
+# 0.0.0.0); every rank trains its Megatron shard and feeds the server worker on its GPU with the
+# new weights. The model directory (model.hf_dir) and the corpus must exist at the same path on
+# every node. SGLang in another Python environment: SPADE_SGLANG_PYTHON=/path/to/python.
 set -euo pipefail
 
 usage() {  # the comment block at the top of this file
