@@ -284,3 +284,41 @@ def test_sglang_argv_flags_exist_in_the_pinned_release():
             i += 2
     assert seen == SGLANG_0_5_23_VALUE_FLAGS | SGLANG_0_5_23_BOOL_FLAGS
     assert rest[rest.index("--base-gpu-id") + 1] == "4"
+
+
+def test_server_dies_with_the_process_that_launched_it(standin, tmp_path):
+    """A trainer killed outright (SIGKILL: no cleanup runs) must not leave its server running and
+    holding GPU memory: the server is started with a parent-death signal."""
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "standin_server.py"
+    standin()  # writes the script
+    port = free_port()
+    pid_file = tmp_path / "server.pid"
+    owner = textwrap.dedent(f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from spade.rollout.server_launcher import ServerLauncher
+        async def main():
+            launcher = ServerLauncher([sys.executable, {str(script)!r}, "--port", "{port}"], port={port},
+                                      log_path={str(tmp_path / "owner.log")!r}, start_timeout_s=20)
+            await launcher.start()
+            open({str(pid_file)!r}, "w").write(str(launcher.pid))
+            await asyncio.sleep(600)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", owner])
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "the owner never started its server"
+            time.sleep(0.05)
+        server = int(pid_file.read_text())
+        assert not _dead(server)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert asyncio.run(_until(lambda: _dead(server), timeout_s=10)), "the server outlived its owner"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

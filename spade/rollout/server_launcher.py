@@ -88,6 +88,17 @@ async def http_get_status(host: str, port: int, path: str, timeout_s: float = 2.
                 await writer.wait_closed()
 
 
+def _die_with_parent() -> None:
+    """In the server, before exec (Linux): SIGKILL when the process that launched it dies, so a
+    trainer killed outright does not leave a server holding GPU memory. SGLang's own worker
+    processes die with the server's main process in the same way."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -169,7 +180,7 @@ class ServerLauncher:
             env = {**os.environ, **self.env} if self.env is not None else None
             proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=env, start_new_session=True)
+                env=env, start_new_session=True, preexec_fn=_die_with_parent)
         self._generation += 1
         generation = self._generation
         self._proc = proc
