@@ -39,10 +39,8 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from spade.rollout import sglang_protocol as proto  # noqa: E402
 from spade.rollout.sglang_engine import SGLangEngine  # noqa: E402
-from spade.rollout.weight_buckets import pack_buckets, unpack_bucket  # noqa: E402
-from spade.rollout.weight_transport import serialize_named_tensors  # noqa: E402
+from spade.rollout.weight_transport import push_weights_by_ipc  # noqa: E402
 
 from bench_server import add_server_args, served  # noqa: E402
 
@@ -62,15 +60,7 @@ def load_weights(model_path: Path, device: torch.device) -> list[tuple[str, torc
 async def one_sync(engine: SGLangEngine, named: list[tuple[str, torch.Tensor]], bucket_bytes: int,
                    device: torch.device, tp: int, version: int) -> tuple[float, int]:
     started = time.perf_counter()
-    buckets = 0
-    await engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
-    for bucket in pack_buckets(iter(named), bucket_bytes, device=device):
-        payload = serialize_named_tensors(unpack_bucket(bucket))
-        await engine.post_all("update_weights_from_tensor", proto.update_weights_from_tensor_payload(
-            [payload] * tp, flush_cache=False, weight_version=version))
-        buckets += 1
-    await engine.post_all("end_weight_update", proto.end_weight_update_payload())
-    await engine.post_all("flush_cache", None)
+    buckets = await push_weights_by_ipc(engine, named, version, tp=tp, max_bucket_bytes=bucket_bytes, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - started, buckets

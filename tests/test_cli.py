@@ -119,3 +119,32 @@ def test_demo_admits_and_wins_every_example():
     assert f"{len(EXAMPLE_ENVS)}/{len(EXAMPLE_ENVS)} environments admitted" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.endswith("1.00")]
     assert len(rows) == len(EXAMPLE_ENVS)  # the reference solver wins each one through the sandbox
+
+
+def test_engine_check_passes_against_a_working_server(tmp_path):
+    """``spade engine check`` launches the server as spade train does (here the tests' SGLang
+    stand-in: SGLang needs a GPU) and walks through generation, seeds, an IPC weight update and a
+    release/resume: every line ok, exit status 0."""
+    from hf_fixtures import save_tiny_hf
+
+    model = save_tiny_hf("qwen3", tmp_path / "model")
+    standin = f"{sys.executable} {ROOT / 'tests' / 'sglang_standin' / 'server.py'}"
+    proc = subprocess.run([sys.executable, "-m", "spade", "engine", "check", "--model-path", str(model),
+                           "--server-command", standin, "--tp", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for check in ("start", "generate", "seeds", "weight update", "release/resume"):
+        assert any(line.startswith(check) and " ok " in line for line in lines), (check, proc.stdout)
+    assert "weight version 1" in proc.stdout and "all checks passed" in proc.stdout
+
+
+def test_engine_check_reports_a_server_that_cannot_start(tmp_path):
+    from hf_fixtures import save_tiny_hf
+
+    model = save_tiny_hf("qwen3", tmp_path / "model")
+    fake = f"{sys.executable} -c \"import sys; print('CUDA error: no kernel image'); sys.exit(4)\""
+    proc = subprocess.run([sys.executable, "-m", "spade", "engine", "check", "--model-path", str(model),
+                           "--server-command", fake], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "FAILED" in proc.stdout and "exited with code 4" in proc.stdout and "no kernel image" in proc.stdout

@@ -125,17 +125,10 @@ def reference_greedy(model_dir: Path, prompt: list[int], steps: int, state=None)
 
 
 async def update_by_ipc(engine, named, version: int) -> float:
-    from spade.rollout import sglang_protocol as proto
-    from spade.rollout.weight_buckets import pack_buckets, unpack_bucket
-    from spade.rollout.weight_transport import serialize_named_tensors
+    from spade.rollout.weight_transport import push_weights_by_ipc
 
     started = time.perf_counter()
-    await engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
-    for bucket in pack_buckets(iter(named), 256 << 20, device="cuda"):
-        await engine.post_all("update_weights_from_tensor", proto.update_weights_from_tensor_payload(
-            [serialize_named_tensors(unpack_bucket(bucket))], flush_cache=False, weight_version=version))
-    await engine.post_all("end_weight_update", proto.end_weight_update_payload())
-    await engine.post_all("flush_cache", None)
+    await push_weights_by_ipc(engine, named, version, max_bucket_bytes=256 << 20, device="cuda")
     return time.perf_counter() - started
 
 

@@ -494,3 +494,27 @@ class BroadcastWeightSender:
     async def _destroy_remote(self, index: int) -> Any:
         return await self.engine.post_to([index], "destroy_weights_update_group",
                                          proto.destroy_weights_update_group_payload(self.group_name))
+
+
+async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str, Tensor]], version: int, *,
+                              tp: int = 1, max_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                              device: Optional[Union[str, torch.device]] = None) -> int:
+    """Load ``named`` into every server of ``engine`` from this one process: size-bounded buckets
+    on ``device``, each posted as IPC handles (the same entry for each of the servers' ``tp``
+    workers) inside a ``/begin_weight_update`` .. ``/end_weight_update`` session, then a cache
+    flush. What one colocated training rank does (``SGLangDeployment`` spreads the entries over
+    the ranks on the servers' GPUs); used by ``spade engine check``, the weight-sync benchmark and
+    the GPU tests. Returns the number of buckets."""
+    await engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
+    buckets = 0
+    try:
+        for bucket in pack_buckets(iter(named), max_bucket_bytes, device=device):
+            payload = serialize_named_tensors(unpack_bucket(bucket))
+            await engine.post_all("update_weights_from_tensor", proto.update_weights_from_tensor_payload(
+                [payload] * tp, flush_cache=False, weight_version=version))
+            buckets += 1
+    finally:
+        await engine.post_all("end_weight_update", proto.end_weight_update_payload())
+    await engine.post_all("flush_cache", None)
+    engine.set_weight_version(version)
+    return buckets
