@@ -6,8 +6,9 @@
 #      processes, and, when SGLang is installed (here or at $SPADE_SGLANG_PYTHON), a real SGLang
 #      server: generation parity with transformers, a colocated weight update, memory release;
 #   2. the training-step MFU of a Qwen3-4B-shaped model with random weights (target >= 40%);
-#   3. when SGLang is installed and MODEL_DIR names an HF model: rollout tokens/s through spade's
-#      client against a bare client (and SGLang's bench_serving), and weight-sync seconds.
+#   3. when SGLang is installed and MODEL_DIR names an HF model: `spade engine check` on it, rollout
+#      tokens/s through spade's client against a bare client (and SGLang's bench_serving), and
+#      weight-sync seconds.
 #   bash tools/gpu_check.sh            (after `make setup`, or with the packages installed)
 #   MODEL_DIR=/models/Qwen3-4B-Instruct-2507 bash tools/gpu_check.sh
 set -uo pipefail
@@ -31,6 +32,7 @@ status=0
 "$PY" tools/gpu_mfu.py "$@" || status=$?
 if [ "$HAVE_SGLANG" = 1 ] && [ -n "${MODEL_DIR:-}" ]; then
   SERVER=("--server-command" "$SGLANG_PY -m sglang.launch_server")
+  "$PY" -m spade engine check --model-path "$MODEL_DIR" "${SERVER[@]}" || status=$?
   "$PY" benchmarks/rollout_throughput.py --model-path "$MODEL_DIR" "${SERVER[@]}" --concurrency 64 \
       --num-prompts 256 --input-len 1024 --output-len 1024 --sglang-bench || status=$?
   "$PY" benchmarks/weight_sync.py --model-path "$MODEL_DIR" --device cuda "${SERVER[@]}" \
