@@ -84,8 +84,9 @@ def spade_cmd(*args: str) -> list[str]:
     return [PYTHON, "-m", "spade", "train", *args]
 
 
-def run_spade(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    proc = subprocess.run(spade_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def run_spade(*args: str, timeout: float = RUN_TIMEOUT_S, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(spade_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     assert proc.returncode == 0, f"spade train {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     return proc
 
@@ -209,13 +210,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_torchrun_spade(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+def run_torchrun_spade(*args: str, timeout: float = RUN_TIMEOUT_S,
+                       env: dict | None = None) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node 2 -m spade train ARGS`` in its own process group, killed whole
     (agent and both ranks) when it outlives ``timeout``: a collective that never completes hangs."""
     assert TORCHRUN.exists(), f"torchrun not found next to {PYTHON}"
     cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "spade", "train", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -420,9 +422,14 @@ def test_sglang_engine_run_matches_hf_engine_run(graded_single_run, graded_confi
     refuses generation while released and updates outside a session), and stops it at the end. The
     stand-in samples with the request seeds like the in-process engine, so the run reproduces the
     HF-engine run: play metrics exactly, train metrics within TRAIN_TOL, weights within PARAM_TOL.
-    Every sample records the weight version that generated it."""
+    Every sample records the weight version that generated it.
+
+    SPADE_OFFLOAD_ON_CPU=1 makes the training-memory offload really free and restore the model's
+    and optimizer's storages on this CPU run (as it does on a GPU), so a use of the training state
+    while it is on "host" (train step, weight sync, checkpoint) would fail here."""
     run = tmp_path / "run"
-    run_spade("--config", str(graded_config), "--run-dir", str(run), *sglang_overrides())
+    run_spade("--config", str(graded_config), "--run-dir", str(run), *sglang_overrides(),
+              env={"SPADE_OFFLOAD_ON_CPU": "1"})
     records = metrics(run)
     assert [r["engine/restarts_total"] for r in records] == [0.0, 0.0]
     # on-policy: step 1's rollouts came from the weights of step 0's update (the server reported
@@ -440,12 +447,15 @@ def test_torchrun_two_servers_one_dies_mid_rollout(graded_single_run, graded_con
     "GPU"), and one server exits on its 3rd request during step 0's rollouts. Rank 0 tells rank 1,
     the owner (local rank 0) restarts it, both ranks re-send the current weights to it, the failed
     request is retried there, and the step completes. The retried request has the same seed and
-    the restarted server the same weights, so the run still equals the single-process HF run."""
+    the restarted server the same weights, so the run still equals the single-process HF run.
+    The offload really moves the training state (SPADE_OFFLOAD_ON_CPU=1): the recovery brings the
+    parameters back for the re-send and sends them away again."""
     marker = tmp_path / "died-once"
     run = tmp_path / "run"
     run_torchrun_spade("--config", str(graded_config), "--run-dir", str(run),
                        *sglang_overrides(servers_per_node=2, SPADE_STANDIN_DIE_AFTER_GENERATES="3",
-                                         SPADE_STANDIN_DIE_ONCE_FILE=str(marker)))
+                                         SPADE_STANDIN_DIE_ONCE_FILE=str(marker)),
+                       env={"SPADE_OFFLOAD_ON_CPU": "1"})
     assert marker.is_file(), "the fault was never injected"
     records = metrics(run)
     assert records[-1]["engine/restarts_total"] == 1.0

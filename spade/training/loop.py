@@ -57,6 +57,7 @@ from .run_dir import RunDir, RunDirError
 log = logging.getLogger("spade.train")
 
 ISOLATION_VARIABLE = "SPADE_SANDBOX_ISOLATION"
+OFFLOAD_ON_CPU_VARIABLE = "SPADE_OFFLOAD_ON_CPU"
 
 
 def resolve_hf_dir(config: TrainConfig) -> Path:
@@ -230,7 +231,10 @@ class Trainer:
         if self.deployment is not None and cfg.engine.sglang.colocated and cfg.engine.sglang.offload_training:
             from .offload import StagedOffload
 
-            self.offloader = StagedOffload(self.model.chunks, self.optimizer)
+            # SPADE_OFFLOAD_ON_CPU=1 (tests): really free and restore the storages on a CPU run, so
+            # that any use of the training state while it is offloaded fails there too
+            self.offloader = StagedOffload(self.model.chunks, self.optimizer,
+                                           move_on_host=os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1")
 
         if self.is_main:
             from transformers import AutoTokenizer
