@@ -15,6 +15,7 @@ from spade.rollout.sglang_deployment import (
     SGLangDeployment,
     advertised_host,
     plan_servers,
+    server_environment,
 )
 from spade.train_config import SGLangSection
 
@@ -81,3 +82,13 @@ def test_server_command_line(tmp_path: Path):
     wrapped = SGLangDeployment(dataclasses.replace(settings, server_command=("python", "my_server.py")),
                                model_dir=tmp_path, log_dir=tmp_path, device=torch.device("cpu"), local_rank=0)
     assert wrapped.server_argv(plan)[:3] == ["python", "my_server.py", "--model-path"]
+
+
+def test_servers_do_not_inherit_torchrun_worker_variables():
+    trainer_env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "10.0.0.1",
+                   "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x", "PATH": "/usr/bin", "HF_HOME": "/hf",
+                   "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "1"}
+    env = server_environment(SGLangSection(server_env={"NCCL_DEBUG": "INFO"}), base=trainer_env)
+    assert not set(env) & {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
+    assert env["PATH"] == "/usr/bin" and env["HF_HOME"] == "/hf" and env["NCCL_DEBUG"] == "INFO"
+    assert env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"  # /health: liveness, not a generation

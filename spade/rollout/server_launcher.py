@@ -117,6 +117,7 @@ class ServerLauncher:
         start_timeout_s: float = 600.0,
         log_path: Union[str, Path],
         env: Optional[Mapping[str, str]] = None,
+        inherit_env: bool = True,
         poll_interval_s: float = 0.2,
         probe_timeout_s: float = 2.0,
     ):
@@ -129,6 +130,7 @@ class ServerLauncher:
         self.start_timeout_s = float(start_timeout_s)
         self.log_path = Path(log_path)
         self.env = dict(env) if env is not None else None
+        self.inherit_env = inherit_env  # False: ``env`` is the whole environment
         self.poll_interval_s = poll_interval_s
         self.probe_timeout_s = probe_timeout_s
         self._proc: Optional[asyncio.subprocess.Process] = None
@@ -177,7 +179,10 @@ class ServerLauncher:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             log.write(f"=== spade: {stamp} starting: {' '.join(self.argv)}\n".encode())
             log.flush()
-            env = {**os.environ, **self.env} if self.env is not None else None
+            if not self.inherit_env:
+                env = dict(self.env or {})
+            else:
+                env = {**os.environ, **self.env} if self.env is not None else None
             proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 env=env, start_new_session=True, preexec_fn=_die_with_parent)

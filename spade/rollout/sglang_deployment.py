@@ -52,6 +52,20 @@ PYTHON_VARIABLE = "SPADE_SGLANG_PYTHON"
 # Defaults of the servers' environment (``engine.sglang.server_env`` wins): ``/health`` as a plain
 # liveness check, not a one-token generation (which times out while generation is paused).
 SERVER_ENV_DEFAULTS = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+# What torchrun sets for its workers: a server launched from a training rank must not take itself
+# for rank RANK of the trainer's world (SGLang builds its own process groups).
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                      "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def server_environment(settings: Any, base: Optional[dict] = None) -> dict[str, str]:
+    """The whole environment of a launched server: this process's, without torchrun's worker
+    variables, plus ``SERVER_ENV_DEFAULTS``, plus ``engine.sglang.server_env``."""
+    base = dict(os.environ if base is None else base)
+    env = {k: v for k, v in base.items() if k not in TORCHRUN_VARIABLES}
+    return {**env, **SERVER_ENV_DEFAULTS, **{k: str(v) for k, v in settings.server_env.items()}}
 
 WeightStream = Callable[[], Iterator[tuple[str, Tensor]]]
 
@@ -241,7 +255,7 @@ class SGLangDeployment:
                 self.launchers[plan.index] = ServerLauncher(
                     self.server_argv(plan), host=s.host, port=plan.port, start_timeout_s=s.start_timeout_s,
                     log_path=self.log_dir / f"sglang-server-{plan.index}.log",
-                    env={**SERVER_ENV_DEFAULTS, **s.server_env})
+                    env=server_environment(s), inherit_env=False)
             results = await asyncio.gather(*(self.launchers[p.index].start() for p in mine), return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
