@@ -398,7 +398,7 @@ def sglang_overrides(servers_per_node: int = 1, **server_env: str) -> list[str]:
     return overrides
 
 
-SGLANG_ONLY_KEYS = ("engine/restarted_servers", "engine/restarts_total", "engine/retries")
+SGLANG_ONLY_KEYS = ("engine/restarted_servers", "engine/restarts_total", "engine/retries", "engine/offloaded_gib")
 
 
 def without_engine_keys(records: list[dict]) -> list[dict]:
@@ -432,6 +432,7 @@ def test_sglang_engine_run_matches_hf_engine_run(graded_single_run, graded_confi
               env={"SPADE_OFFLOAD_ON_CPU": "1"})
     records = metrics(run)
     assert [r["engine/restarts_total"] for r in records] == [0.0, 0.0]
+    assert all(r["engine/offloaded_gib"] > 0 for r in records)  # the training state went to "host"
     # on-policy: step 1's rollouts came from the weights of step 0's update (the server reported
     # version 1 through its weight_version), so no sample lags behind the policy it trains
     assert [r["train/policy_lag_max"] for r in records] == [0.0, 0.0]

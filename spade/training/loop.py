@@ -343,7 +343,8 @@ class Trainer:
         self.progress.phase("training", samples=len(samples))
         train_metrics: dict[str, Any] = _policy_lag(samples, self.weights_version) if self.is_main else {}
         if self.offloader is not None and samples:
-            self.offloader.onload()
+            back = self.offloader.onload()
+            train_metrics["time/onload_s"] = sum(report.seconds for report in back)
         if samples:
             samples = _consistent_logprobs(samples)
             mine = [samples[i] for i in data_parallel_shard(samples, self.ctx.dp_size, self.ctx.dp_rank)]
@@ -368,6 +369,10 @@ class Trainer:
         restarted = await self.publish_weights(version=step + 1 if samples else self.weights_version,
                                                changed=bool(samples))
         synced = time.perf_counter()
+        if self.offloader is not None and self.offloader.params.last_report is not None:
+            away = (self.offloader.state.last_report, self.offloader.params.last_report)
+            train_metrics["time/offload_s"] = sum(report.seconds for report in away if report is not None)
+            train_metrics["engine/offloaded_gib"] = sum(report.total_bytes for report in away if report) / 2**30
         if self.deployment is not None:
             train_metrics["engine/restarted_servers"] = float(len(restarted))
             train_metrics["engine/restarts_total"] = float(sum(self.deployment.restarts.values()))
