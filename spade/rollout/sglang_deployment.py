@@ -448,6 +448,8 @@ class SGLangDeployment:
                         weight_version=version))
             await in_thread(self.device, barrier)  # the buffers stay alive until every server loaded them
             del tensors, bucket
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # give back the shared bucket blocks the servers have let go of
 
 
 def _drain(iterator: Iterable[Any]) -> None:

@@ -517,4 +517,6 @@ async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str,
         await engine.post_all("end_weight_update", proto.end_weight_update_payload())
     await engine.post_all("flush_cache", None)
     engine.set_weight_version(version)
+    if torch.cuda.is_available():
+        torch.cuda.ipc_collect()  # give back the shared bucket blocks the servers have let go of
     return buckets
