@@ -14,6 +14,7 @@ weight sync and the orchestrator's state.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -564,3 +565,15 @@ def test_a_server_that_keeps_dying_ends_the_run_after_max_restarts(graded_config
     assert "fault injection: exiting on /generate #2" in proc.stderr  # the log tail
     log = (run / "logs" / "sglang-server-0.log").read_text()
     assert log.count("ready to roll") == 2  # the first start and the one restart allowed
+
+
+def test_sglang_run_with_a_kl_reference_model_offloads_it(graded_config, tmp_path):
+    """loss.kl_coef > 0 (the 8B recipe) keeps a frozen reference model; colocated, its parameters
+    are on the GPU only while they score the step's samples. With SPADE_OFFLOAD_ON_CPU=1 any use
+    of it while offloaded would crash this CPU run; the KL term is computed and finite."""
+    run = tmp_path / "run"
+    run_spade("--config", str(graded_config), "--run-dir", str(run), "loss.kl_coef=0.01", *sglang_overrides(),
+              env={"SPADE_OFFLOAD_ON_CPU": "1"})
+    records = metrics(run)
+    assert [r["step"] for r in records] == [0, 1]
+    assert records[1]["train/kl_mean"] > 0 and math.isfinite(records[1]["train/loss"])

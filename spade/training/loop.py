@@ -158,6 +158,7 @@ class Trainer:
         self.sandbox = None
         self.deployment = None  # SGLangDeployment (engine.kind: sglang), on every rank
         self.offloader = None  # StagedOffload (engine.sglang.offload_training)
+        self.ref_offloader = None  # the frozen reference model's parameters, likewise
         self.weights_version = 0  # the version the engine serves
         self._collective_lock: Optional[asyncio.Lock] = None
         self.engine = None
@@ -229,12 +230,16 @@ class Trainer:
         del hf_state
         self.optimizer, self.scheduler = build_optimizer(self.model.chunks, cfg.optimizer)
         if self.deployment is not None and cfg.engine.sglang.colocated and cfg.engine.sglang.offload_training:
-            from .offload import StagedOffload
+            from .offload import StagedOffload, TrainingOffloader
 
             # SPADE_OFFLOAD_ON_CPU=1 (tests): really free and restore the storages on a CPU run, so
             # that any use of the training state while it is offloaded fails there too
-            self.offloader = StagedOffload(self.model.chunks, self.optimizer,
-                                           move_on_host=os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1")
+            move_on_host = os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1"
+            self.offloader = StagedOffload(self.model.chunks, self.optimizer, move_on_host=move_on_host)
+            if self.ref_model is not None:  # on the GPU only while it scores the step's samples
+                self.ref_offloader = TrainingOffloader(self.ref_model.chunks, kinds=("params",),
+                                                       move_on_host=move_on_host)
+                self.ref_offloader.offload()
 
         if self.is_main:
             from transformers import AutoTokenizer
@@ -351,8 +356,12 @@ class Trainer:
             multiple = self.layout.tp if self.layout.sequence_parallel else 1
             micro_batches = make_micro_batches(mine, cfg.run.micro_batch_tokens, pad_to_multiple_of=multiple)
             if self.ref_model is not None and mine:
+                if self.ref_offloader is not None:
+                    self.ref_offloader.onload()
                 ref = compute_logprobs(self.ref_model.chunks, micro_batches, temperature=cfg.loss.temperature,
                                        chunk_size=cfg.loss.logprob_chunk_size)
+                if self.ref_offloader is not None:
+                    self.ref_offloader.offload()
                 mine = [dataclasses.replace(s, ref_logprobs=lp) for s, lp in zip(mine, ref)]
                 micro_batches = make_micro_batches(mine, cfg.run.micro_batch_tokens, pad_to_multiple_of=multiple)
             if not micro_batches:
