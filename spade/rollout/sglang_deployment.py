@@ -41,7 +41,7 @@ from torch import Tensor
 
 from . import sglang_protocol as proto
 from .server_launcher import ServerLauncher, ServerStartError, sglang_argv
-from .sglang_engine import SGLangEngine, TransportError
+from .sglang_engine import SGLangEngine
 from .weight_buckets import pack_buckets, unpack_bucket
 
 log = logging.getLogger("spade.sglang")
@@ -215,7 +215,6 @@ class SGLangDeployment:
         self.restarts: dict[int, int] = {}
         self.engine: Optional[SGLangEngine] = None
         self.sender: Any = None  # BroadcastWeightSender on rank 0 (disaggregated)
-        self.released: set[int] = set()  # servers whose memory is released (rank 0's view)
         self.recover_hook: Optional[Callable[[int], Any]] = None  # rank 0: set by the trainer
         self._recoveries: dict[int, asyncio.Task] = {}
 
@@ -300,20 +299,12 @@ class SGLangDeployment:
         """Rank 0: drain, pause generation and release weights and KV cache on live servers.
 
         A server that does not answer is left for ``resume_and_sync`` to restart."""
-        engine = self.engine
-        await engine.close_admission()
         if not (self.settings.release_memory and self.settings.colocated):
+            await self.engine.close_admission()
             return
-        live = [p.index for p in self.plans if p.index not in self.released]
-        for index in live:
-            try:
-                await engine.post_to([index], "pause_generation", proto.pause_generation_payload("abort"))
-                await engine.post_to([index], "release_memory_occupation",
-                                     proto.release_memory_payload(proto.MEMORY_TAGS))
-                self.released.add(index)
-            except (TransportError, proto.SGLangServerError) as exc:
-                log.warning("server %d did not release its memory (%s); it is checked before the weight sync",
-                            index, exc)
+        await self.engine.release_memory(skip_unreachable=True)
+        for index in sorted(set(range(len(self.plans))) - self.engine.released):
+            log.warning("server %d did not release its memory; it is checked before the weight sync", index)
 
     async def resume_and_sync(self, weights: WeightStream, version: int, *, changed: bool = True) -> list[int]:
         """Every rank, after the train step: restart dead servers, resume weight memory, send the
@@ -324,21 +315,13 @@ class SGLangDeployment:
         if self.is_main:
             dead = await self._dead_servers()
         dead = await in_thread(self.device, broadcast_object, dead)
-        await self.restart(dead)
+        await self.restart(dead)  # a restarted server holds its memory: no longer among the released
         if self.is_main:
-            resumed = sorted(self.released - set(dead))
-            if resumed:
-                await self.engine.post_to(resumed, "resume_memory_occupation", proto.resume_memory_payload(["weights"]))
+            await self.engine.resume_weights_memory()
         if changed or dead:
             await self.sync_weights(weights, version, None if changed else dead)
         if self.is_main:
-            resumed = sorted(self.released - set(dead))
-            if resumed:
-                await self.engine.post_to(resumed, "resume_memory_occupation",
-                                          proto.resume_memory_payload(["kv_cache"]))
-                await self.engine.post_to(resumed, "continue_generation", proto.continue_generation_payload())
-            self.released.clear()
-            self.engine.open_admission()
+            await self.engine.resume_generation()
         return dead
 
     async def _dead_servers(self) -> list[int]:
@@ -371,7 +354,7 @@ class SGLangDeployment:
         if errors:
             raise DeploymentError("\n".join(errors))
         if self.is_main:
-            self.released.difference_update(indices)  # a fresh server holds its memory
+            self.engine.forget_released(indices)
             for index in indices:
                 self.engine.mark_healthy(index)
 

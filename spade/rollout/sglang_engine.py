@@ -145,7 +145,7 @@ class SGLangEngine(RolloutEngine):
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._rr = itertools.count()
         self._closed = False
-        self._released = False
+        self._released: set[int] = set()  # servers whose memory is released
         self._tasks: dict[str, tuple[asyncio.Task, int]] = {}  # rid -> (HTTP task, server index)
         self._background: set[asyncio.Task] = set()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -274,16 +274,37 @@ class SGLangEngine(RolloutEngine):
         self._attach()
         self._open.set()
 
-    async def release_memory(self) -> None:
-        """Drain in flight, pause generation, release weights and KV cache on every server."""
+    @property
+    def released(self) -> frozenset[int]:
+        """The servers whose memory is released."""
+        return frozenset(self._released)
+
+    async def release_memory(self, *, skip_unreachable: bool = False) -> list[int]:
+        """Drain in flight, then on every server not released yet: pause generation, release weights
+        and KV cache. Returns the servers released now. With ``skip_unreachable`` a server that does
+        not answer is left as it is (the trainer restarts it) instead of failing the call."""
         self._attach()
         async with self._control_lock:
-            if self._released:
-                return
             await self.close_admission()
-            await self.post_all("pause_generation", proto.pause_generation_payload("abort"))
-            await self.post_all("release_memory_occupation", proto.release_memory_payload(proto.MEMORY_TAGS))
-            self._released = True
+            todo = [i for i in range(len(self.servers)) if i not in self._released]
+            results = await asyncio.gather(*(self._release_one(i) for i in todo), return_exceptions=True)
+            done = []
+            for idx, result in zip(todo, results):
+                if isinstance(result, BaseException):
+                    if skip_unreachable and isinstance(result, (TransportError, proto.SGLangServerError)):
+                        continue
+                    raise result
+                self._released.add(idx)
+                done.append(idx)
+            return done
+
+    async def _release_one(self, idx: int) -> None:
+        await self.post_to([idx], "pause_generation", proto.pause_generation_payload("abort"))
+        await self.post_to([idx], "release_memory_occupation", proto.release_memory_payload(proto.MEMORY_TAGS))
+
+    def forget_released(self, indices: Iterable[int]) -> None:
+        """Servers restarted since their release hold their memory again."""
+        self._released.difference_update(indices)
 
     async def resume_memory(self) -> None:
         """Resume weights, then KV cache, then continue generation (no weight update).
@@ -300,15 +321,29 @@ class SGLangEngine(RolloutEngine):
     async def _resume(self, named_tensors: Any, version: Optional[int]) -> None:
         self._attach()
         async with self._control_lock:
-            if self._released:
-                await self.post_all("resume_memory_occupation", proto.resume_memory_payload(["weights"]))
+            await self.resume_weights_memory()
             if version is not None:
                 await self.update_weights(named_tensors, version)
-            if self._released:
-                await self.post_all("resume_memory_occupation", proto.resume_memory_payload(["kv_cache"]))
-                await self.post_all("continue_generation", proto.continue_generation_payload())
-                self._released = False
-            self._open.set()
+            await self.resume_generation()
+
+    async def resume_weights_memory(self) -> None:
+        """The first part of ``resume_and_update``, for a caller that sends the weights itself:
+        the released servers get their weights region back."""
+        self._attach()
+        if self._released:
+            await self.post_to(sorted(self._released), "resume_memory_occupation",
+                               proto.resume_memory_payload(["weights"]))
+
+    async def resume_generation(self) -> None:
+        """The last part: KV cache back and generation continued on the released servers, then
+        new ``generate`` calls are admitted again."""
+        self._attach()
+        if self._released:
+            indices = sorted(self._released)
+            await self.post_to(indices, "resume_memory_occupation", proto.resume_memory_payload(["kv_cache"]))
+            await self.post_to(indices, "continue_generation", proto.continue_generation_payload())
+            self._released.clear()
+        self._open.set()
 
     def close(self) -> None:
         """In-flight requests end with ``finish_reason="abort"`` (no tokens: the non-streaming
