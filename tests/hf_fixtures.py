@@ -77,12 +77,8 @@ def make_tokenizer():
     return tokenizer
 
 
-def tiny_model(name: str, seed: int = 0):
-    """A random transformers model (norm weights away from 1 so that they matter)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[name]()).eval()
+def randomize_(model: torch.nn.Module) -> torch.nn.Module:
+    """Random weights in place, norm weights away from 1 so that they matter (uses torch's RNG)."""
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 1:
@@ -90,6 +86,14 @@ def tiny_model(name: str, seed: int = 0):
             else:
                 param.normal_(0.0, 0.08)
     return model
+
+
+def tiny_model(name: str, seed: int = 0):
+    """A random transformers model (norm weights away from 1 so that they matter)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return randomize_(AutoModelForCausalLM.from_config(CONFIGS[name]()).eval())
 
 
 def save_tiny_hf(name: str, directory: Path, seed: int = 0, max_shard_size: str | None = None) -> Path:

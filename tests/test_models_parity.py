@@ -36,7 +36,7 @@ from spade.models.weight_map import (
     megatron_to_hf,
 )
 
-from hf_fixtures import COMMON, VOCAB  # noqa: E402  (the tiny shapes shared by every model test)
+from hf_fixtures import COMMON, VOCAB, randomize_  # noqa: E402  (the tiny shapes shared by every model test)
 
 MODELS = {
     "llama-tied": (LlamaForCausalLM, lambda: LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, **COMMON)),
@@ -65,14 +65,7 @@ def tiny_hf(name: str, seed: int = 0):
     model_class, make_config = MODELS[name]
     torch.manual_seed(seed)
     config = make_config()
-    model = model_class(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 1:
-                param.uniform_(0.5, 1.5)
-            else:
-                param.normal_(0.0, 0.08)
-    return model, read_model_spec(config)
+    return randomize_(model_class(config).eval()), read_model_spec(config)
 
 
 def checkpoint_state(model, spec) -> dict[str, torch.Tensor]:
