@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
+from ..collectives import all_gather_object, barrier, broadcast_object, gather_object_to_0, in_thread, world
 from . import sglang_protocol as proto
 from .server_launcher import ServerLauncher, ServerStartError, sglang_argv
 from .sglang_engine import SGLangEngine
@@ -137,62 +137,8 @@ def plan_servers(ranks: Sequence[RankInfo], settings: Any, hosts: dict[str, str]
     return plans
 
 
-# ---------------------------------------------------------------------------- collectives
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def all_gather_object(value: Any) -> list[Any]:
-    rank, world = _world()
-    if world == 1:
-        return [value]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, value)
-    return out
-
-
-def gather_object_to_0(value: Any) -> Optional[list[Any]]:
-    rank, world = _world()
-    if world == 1:
-        return [value]
-    out: Optional[list[Any]] = [None] * world if rank == 0 else None
-    dist.gather_object(value, out, dst=0)
-    return out
-
-
-def broadcast_object(value: Any) -> Any:
-    rank, world = _world()
-    if world == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def barrier() -> None:
-    if _world()[1] > 1:
-        dist.barrier()
-
-
 def _next_or_none(iterator: Iterator[Any]) -> Any:
     return next(iterator, None)
-
-
-async def in_thread(device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in a worker thread bound to ``device``: CUDA's current device is per thread,
-    and a collective (NCCL) or a gather run from a fresh thread would otherwise use GPU 0."""
-
-    def call() -> Any:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        with torch.no_grad():
-            return fn(*args)
-
-    return await asyncio.to_thread(call)
 
 
 # ---------------------------------------------------------------------------- the deployment
@@ -209,7 +155,7 @@ class SGLangDeployment:
         self.device = device
         self.local_rank = local_rank
         self.python = python or os.environ.get(PYTHON_VARIABLE) or sys.executable
-        self.rank, self.world = _world()
+        self.rank, self.world = world()
         self.plans: list[ServerPlan] = []
         self.launchers: dict[int, ServerLauncher] = {}
         self.restarts: dict[int, int] = {}

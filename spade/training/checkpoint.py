@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..collectives import broadcast_object
 from ..models import ModelSpec, ParallelLayout, read_model_spec
 
 log = logging.getLogger(__name__)
@@ -311,12 +312,6 @@ def _rng_grid() -> tuple[tuple[int, ...], tuple[int, ...]]:
     return shape, offset
 
 
-def _broadcast(value: Any) -> Any:
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 # ---------------------------------------------------------------------------- RNG state
 
 
@@ -446,7 +441,7 @@ def save_checkpoint(
     if dist.get_rank() == 0:
         problem = _replace_problem(target)
         staging = f"{target}.tmp-{uuid.uuid4().hex[:12]}"
-    problem, staging = _broadcast((problem, staging))
+    problem, staging = broadcast_object((problem, staging))
     if problem:
         raise CheckpointError(problem)
     staging_dir = Path(staging)
@@ -478,7 +473,7 @@ def save_checkpoint(
                 _install(staging_dir, target)
             except Exception as exc:  # noqa: BLE001  (told to every rank, then re-raised)
                 failure = exc
-        message = _broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
+        message = broadcast_object(None if failure is None else f"{type(failure).__name__}: {failure}")
         if failure is not None:
             raise failure
         if message is not None:

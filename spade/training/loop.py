@@ -47,10 +47,9 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
 
 import torch
-import torch.distributed as dist
 
 from ..train_config import EMBEDDED, TrainConfig
-from ..rollout.sglang_deployment import in_thread
+from ..collectives import broadcast_object, in_thread
 from .progress import Progress
 from .run_dir import RunDir, RunDirError
 
@@ -109,14 +108,6 @@ class _Writers:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
-
-
-def _broadcast(value: Any) -> Any:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 @dataclass(frozen=True)
@@ -200,10 +191,10 @@ class Trainer:
             if isolation:
                 sandbox_config = dataclasses.replace(sandbox_config, isolation=isolation)
             self.sandbox = await SandboxService.start(sandbox_config)
-        _broadcast(None)  # the other ranks wait for the sandbox
+        broadcast_object(None)  # the other ranks wait for the sandbox
 
         self.hf_dir = resolve_hf_dir(cfg) if self.is_main else None
-        self.hf_dir = Path(_broadcast(str(self.hf_dir)))
+        self.hf_dir = Path(broadcast_object(str(self.hf_dir)))
         self._collective_lock = asyncio.Lock()
         if cfg.engine.kind == "sglang":  # the servers load their weights before the trainer's model
             from ..rollout.sglang_deployment import SGLangDeployment
@@ -271,7 +262,7 @@ class Trainer:
         if not self.resume:
             return 0
         step = self.run_dir.latest_step() if self.is_main else None
-        step = _broadcast(step)
+        step = broadcast_object(step)
         if step is None:
             self.progress.message(f"no complete checkpoint in {self.run_dir.checkpoints_dir}: starting at step 0")
             if self.is_main:
@@ -280,7 +271,7 @@ class Trainer:
                     self.memory.rollback(-1)
             return 0
         directory = self.run_dir.checkpoint_dir(step)
-        state = _broadcast(self.run_dir.read_trainer_state(step) if self.is_main else None)
+        state = broadcast_object(self.run_dir.read_trainer_state(step) if self.is_main else None)
         load_checkpoint(directory, self.model.chunks, optimizer=self.optimizer, load_rng=True)
         if state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -478,10 +469,10 @@ class Trainer:
         """Rank 0 sends the step's samples; the others serve recover commands until they arrive."""
         if self.is_main:
             async with self._collective_lock:
-                await in_thread(self.ctx.device, _broadcast, _Command("samples", samples=samples))
+                await in_thread(self.ctx.device, broadcast_object, _Command("samples", samples=samples))
             return samples
         while True:
-            command = await in_thread(self.ctx.device, _broadcast, None)
+            command = await in_thread(self.ctx.device, broadcast_object, None)
             if command.kind == "samples":
                 return command.samples
             await self._recover_servers(command.servers)
@@ -490,7 +481,7 @@ class Trainer:
         """Rank 0 (the engine's failure hook, during rollouts): restart server ``index`` and re-send
         the current weights to it, with every rank."""
         async with self._collective_lock:
-            await in_thread(self.ctx.device, _broadcast, _Command("recover", servers=(index,)))
+            await in_thread(self.ctx.device, broadcast_object, _Command("recover", servers=(index,)))
             await self._recover_servers((index,))
 
     async def _recover_servers(self, servers: tuple[int, ...]) -> None:
@@ -506,7 +497,7 @@ class Trainer:
         directory = self.run_dir.checkpoint_dir(step)
         if self.is_main:
             directory.parent.mkdir(parents=True, exist_ok=True)
-        _broadcast(None)
+        broadcast_object(None)
         if self.offloader is not None:
             self.offloader.onload()
         save_checkpoint(directory, self.model.chunks, hf_config=self.hf_config, layout=self.layout, step=step,
@@ -526,7 +517,7 @@ class Trainer:
         if self.offloader is not None:  # back to host: the engine generates next
             self.offloader.offload_state()
             self.offloader.offload_params()
-        _broadcast(None)
+        broadcast_object(None)
 
     async def close(self) -> None:
         if self.writers is not None:
