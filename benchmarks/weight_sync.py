@@ -39,22 +39,18 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from spade.models import read_model_spec  # noqa: E402
 from spade.rollout.sglang_engine import SGLangEngine  # noqa: E402
+from spade.training.checkpoint import read_hf_tensors  # noqa: E402
 from spade.rollout.weight_transport import push_weights_by_ipc  # noqa: E402
 
 from bench_server import add_server_args, served  # noqa: E402
 
 
 def load_weights(model_path: Path, device: torch.device) -> list[tuple[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
-    files = sorted(model_path.glob("*.safetensors"))
-    if not files:
-        raise SystemExit(f"no *.safetensors in {model_path}")
-    named: list[tuple[str, torch.Tensor]] = []
-    for path in files:
-        named += [(name, tensor.to(device)) for name, tensor in load_file(str(path)).items()]
-    return named
+    """The model's tensors under the names the trainer sends them by, on ``device``."""
+    return [(name, tensor.to(device))
+            for name, tensor in read_hf_tensors(model_path, read_model_spec(model_path)).items()]
 
 
 async def one_sync(engine: SGLangEngine, named: list[tuple[str, torch.Tensor]], bucket_bytes: int,

@@ -197,14 +197,11 @@ async def _exercise(url: str, model: Path, device: Any, args: argparse.Namespace
 
 
 def _load_weights(model: Path, device: Any) -> list:
-    from safetensors.torch import load_file
+    """The model's tensors under the names the trainer sends them by, on ``device``."""
+    from ..models import read_model_spec
+    from ..training.checkpoint import read_hf_tensors
 
-    named = []
-    for path in sorted(model.glob("*.safetensors")):
-        named += [(name, tensor.to(device)) for name, tensor in load_file(str(path)).items()]
-    if not named:
-        raise UsageError(f"--model-path {model}: no *.safetensors files")
-    return named
+    return [(name, tensor.to(device)) for name, tensor in read_hf_tensors(model, read_model_spec(model)).items()]
 
 
 def _free_gpu_bytes(device: Any) -> int:
