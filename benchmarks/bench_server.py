@@ -39,9 +39,8 @@ async def served(args: argparse.Namespace) -> AsyncIterator[str]:
         return
     port = args.port or free_port()
     argv = sglang_argv(args.model_path, tp=args.tp, ep=args.ep, dp=args.dp, mem_fraction=args.mem_fraction, port=port,
-                       extra_args=dict(json.loads(args.server_args)) if args.server_args else None)
-    if args.server_command:
-        argv = [*shlex.split(args.server_command), *argv[3:]]
+                       extra_args=dict(json.loads(args.server_args)) if args.server_args else None,
+                       command=shlex.split(args.server_command) if args.server_command else None)
     log_path = Path(tempfile.mkdtemp(prefix="spade-bench-")) / "server.log"
     launcher = ServerLauncher(argv, port=port, log_path=log_path, start_timeout_s=args.start_timeout)
     print(f"starting: {shlex.join(argv)}\n  log: {log_path}", file=sys.stderr)

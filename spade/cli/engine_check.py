@@ -108,9 +108,8 @@ async def _check(args: argparse.Namespace, model: Path) -> int:
         port = free_port()
         python = os.environ.get(PYTHON_VARIABLE) or sys.executable
         argv = sglang_argv(model, tp=args.tp, ep=args.ep, mem_fraction=args.mem_fraction, port=port, python=python,
-                           extra_args=_server_args(args.server_arg))
-        if args.server_command:
-            argv = [*shlex.split(args.server_command), *argv[3:]]
+                           extra_args=_server_args(args.server_arg),
+                           command=shlex.split(args.server_command) if args.server_command else None)
         log_path = Path(tempfile.mkdtemp(prefix="spade-engine-check-")) / "server.log"
         print(f"server: {shlex.join(argv)}\nlog:    {log_path}", flush=True)
         launcher = ServerLauncher(argv, port=port, log_path=log_path, start_timeout_s=args.start_timeout,

@@ -319,8 +319,11 @@ def sglang_argv(
     host: str = "127.0.0.1",
     extra_args: Union[Mapping[str, Any], Sequence[str], None] = None,
     python: str = sys.executable,
+    command: Optional[Sequence[str]] = None,
 ) -> list[str]:
-    """The ``python -m sglang.launch_server`` command line for one colocated rollout server.
+    """The ``python -m sglang.launch_server`` command line for one colocated rollout server
+    (``command``, when given, replaces ``python -m sglang.launch_server``: a wrapper, the tests'
+    stand-in).
 
     ``--enable-memory-saver`` lets the trainer release / resume the server's GPU memory (weights and
     KV cache) around train steps; ``--skip-tokenizer-init`` because spade sends and receives token
@@ -339,7 +342,7 @@ def sglang_argv(
     above 1.
     """
     argv = [
-        python, "-m", "sglang.launch_server",
+        *(command or (python, "-m", "sglang.launch_server")),
         "--model-path", str(model_path),
         "--tp-size", str(int(tp)),
         "--ep-size", str(int(ep)),

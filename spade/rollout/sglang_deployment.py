@@ -176,12 +176,9 @@ class SGLangDeployment:
 
     def server_argv(self, plan: ServerPlan) -> list[str]:
         s = self.settings
-        argv = sglang_argv(self.model_dir, tp=s.tp, ep=s.ep, dp=s.dp, mem_fraction=s.mem_fraction, port=plan.port,
+        return sglang_argv(self.model_dir, tp=s.tp, ep=s.ep, dp=s.dp, mem_fraction=s.mem_fraction, port=plan.port,
                            host=s.host, extra_args={"base_gpu_id": plan.base_gpu, **s.server_args},
-                           python=self.python)
-        if s.server_command:
-            argv = [*s.server_command, *argv[3:]]  # replaces "python -m sglang.launch_server"
-        return argv
+                           python=self.python, command=s.server_command or None)
 
     async def start(self) -> None:
         """Every rank: place the servers, launch this node's, and (rank 0) open the engine."""
