@@ -17,7 +17,7 @@ from spade.rollout.sglang_deployment import (
     plan_servers,
     server_environment,
 )
-from spade.train_config import SGLangSection
+from spade.rollout.sglang_settings import SGLangSection
 
 
 def world(nodes: int, per_node: int) -> list[RankInfo]:

@@ -17,8 +17,8 @@ from spade.train_config import (
     parse_override,
     read_config_file,
 )
-from spade.training.progress import Progress
-from spade.training.run_dir import RunDir
+from spade.run.progress import Progress
+from spade.run.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIGS = [ROOT / "examples" / "smoke_cpu.yaml", *sorted((ROOT / "examples" / "recipes").glob("*.yaml"))]

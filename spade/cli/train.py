@@ -46,7 +46,7 @@ def _world() -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from ..train_config import apply_overrides, from_dict, load_train_config, override_keys, read_config_file
-    from ..training.run_dir import CONFIG_FILE, RunDir, RunDirError
+    from ..run.run_dir import CONFIG_FILE, RunDir, RunDirError
 
     if args.resume:
         if args.run_dir:
@@ -86,7 +86,7 @@ def run_train(args: argparse.Namespace) -> int:
             print(f"spade train: run directory {run_dir.root} ({CONFIG_FILE} written)", file=sys.stderr)
         resume = False
 
-    from ..training.loop import train
+    from ..run.trainer import train
 
     try:
         train(config, run_dir.root, resume=resume)

@@ -42,6 +42,7 @@ from ..collectives import all_gather_object, barrier, broadcast_object, gather_o
 from . import sglang_protocol as proto
 from .server_launcher import ServerLauncher, ServerStartError, sglang_argv
 from .sglang_engine import SGLangEngine
+from .sglang_settings import SGLangSection
 from .weight_buckets import pack_buckets, unpack_bucket
 
 log = logging.getLogger("spade.sglang")
@@ -60,7 +61,7 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "G
                       "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
-def server_environment(settings: Any, base: Optional[dict] = None) -> dict[str, str]:
+def server_environment(settings: SGLangSection, base: Optional[dict] = None) -> dict[str, str]:
     """The whole environment of a launched server: this process's, without torchrun's worker
     variables, plus ``SERVER_ENV_DEFAULTS``, plus ``engine.sglang.server_env``."""
     base = dict(os.environ if base is None else base)
@@ -99,7 +100,7 @@ def _node_name() -> str:
     return os.environ.get("GROUP_RANK") or socket.gethostname()
 
 
-def advertised_host(settings: Any) -> str:
+def advertised_host(settings: SGLangSection) -> str:
     """The address other processes use to reach this node's servers."""
     if settings.advertise_host:
         return settings.advertise_host
@@ -108,7 +109,7 @@ def advertised_host(settings: Any) -> str:
     return settings.host
 
 
-def plan_servers(ranks: Sequence[RankInfo], settings: Any, hosts: dict[str, str]) -> list[ServerPlan]:
+def plan_servers(ranks: Sequence[RankInfo], settings: SGLangSection, hosts: dict[str, str]) -> list[ServerPlan]:
     """Colocated servers for the processes ``ranks`` (all of the world), in node order.
 
     ``hosts`` maps a node name to the address its servers are reached at. Raises
@@ -147,7 +148,7 @@ def _next_or_none(iterator: Iterator[Any]) -> Any:
 class SGLangDeployment:
     """The job's SGLang servers as seen from one training process (see the module docstring)."""
 
-    def __init__(self, settings: Any, *, model_dir: Path, log_dir: Path, device: torch.device,
+    def __init__(self, settings: SGLangSection, *, model_dir: Path, log_dir: Path, device: torch.device,
                  local_rank: int, python: Optional[str] = None):
         self.settings = settings
         self.model_dir = Path(model_dir)

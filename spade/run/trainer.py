@@ -171,10 +171,10 @@ class Trainer:
         from ..models.builder import BuildOptions
         from ..rollout import HFEngine
         from ..selfplay.orchestrator import Orchestrator
-        from .checkpoint import read_hf_tensors
-        from .model_provider import build_model
-        from .optimizer import build_optimizer
-        from .parallel import init_parallel
+        from ..training.checkpoint import read_hf_tensors
+        from ..training.model_provider import build_model
+        from ..training.optimizer import build_optimizer
+        from ..training.parallel import init_parallel
 
         cfg = self.config
         self.layout = cfg.parallel.layout()
@@ -221,7 +221,7 @@ class Trainer:
         del hf_state
         self.optimizer, self.scheduler = build_optimizer(self.model.chunks, cfg.optimizer)
         if self.deployment is not None and cfg.engine.sglang.colocated and cfg.engine.sglang.offload_training:
-            from .offload import StagedOffload, TrainingOffloader
+            from ..training.offload import StagedOffload, TrainingOffloader
 
             # SPADE_OFFLOAD_ON_CPU=1 (tests): really free and restore the storages on a CPU run, so
             # that any use of the training state while it is offloaded fails there too
@@ -257,7 +257,7 @@ class Trainer:
 
     def restore(self) -> int:
         """Load the newest complete checkpoint; returns the step to start at (0 for a new run)."""
-        from .checkpoint import load_checkpoint
+        from ..training.checkpoint import load_checkpoint
 
         if not self.resume:
             return 0
@@ -311,8 +311,8 @@ class Trainer:
             await self.close()
 
     async def one_step(self, step: int) -> None:
-        from .batching import data_parallel_shard, filler_micro_batch, make_micro_batches
-        from .train_step import compute_logprobs, train_step
+        from ..training.batching import data_parallel_shard, filler_micro_batch, make_micro_batches
+        from ..training.train_step import compute_logprobs, train_step
 
         cfg = self.config
         started = time.perf_counter()
@@ -491,7 +491,7 @@ class Trainer:
             self.offloader.offload_params()
 
     def checkpoint(self, step: int) -> None:
-        from .checkpoint import save_checkpoint
+        from ..training.checkpoint import save_checkpoint
 
         self.progress.phase("checkpointing", at=step)
         directory = self.run_dir.checkpoint_dir(step)

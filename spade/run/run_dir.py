@@ -34,7 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .checkpoint import fsync_dir
+from ..training.checkpoint import fsync_dir
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
