@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spade.selfplay.delay_buffer import DesignerBuffer, LearningPotentialReward, ReleasedDesignerSample
+from spade.selfplay.delay_buffer import DesignerBuffer, ReleasedDesignerSample
+from spade.selfplay.rewards import DesignerEvidence, LearningPotentialReward, designer_reward_for
 from spade.selfplay.rewards import RewardSettings
 
 approx = pytest.approx
@@ -200,9 +201,9 @@ def test_learning_potential_by_hand():
 def test_learning_potential_call_shape():
     lp = LearningPotentialReward()
     # step s: mean(0.1, 0.3) = 0.2 ; later steps: mean 0.4, (empty step skipped), mean 0.4 -> 0.56
-    assert lp([1.0], [0.1, 0.3], [[0.4, 0.4], [], [0.3, 0.5]]) == approx(0.56)
-    with pytest.raises(ValueError, match="nohint_returns_regen"):
-        lp([1.0], [], [[0.4]])
+    assert lp(DesignerEvidence((1.0,), (0.1, 0.3), ((0.4, 0.4), (), (0.3, 0.5)))) == approx(0.56)
+    with pytest.raises(ValueError, match="nohint_returns"):
+        lp(DesignerEvidence((1.0,), (), ((0.4,),)))
     with pytest.raises(ValueError, match="step_means"):
         lp.progress([])
 
@@ -214,6 +215,7 @@ def test_learning_potential_validation_and_settings():
         LearningPotentialReward(scale=0.0)
     settings = RewardSettings(designer_reward="learning_potential", lp_fast_alpha=0.6, lp_slow_alpha=0.2, lp_scale=0.5)
     assert LearningPotentialReward.from_settings(settings) == LearningPotentialReward(0.6, 0.2, 0.5)
+    assert designer_reward_for(settings) == LearningPotentialReward(0.6, 0.2, 0.5)
 
 
 def test_buffer_with_learning_potential_reward():

@@ -155,11 +155,12 @@ def test_designer_reward_custom_numbers():
     assert value == approx(0.1 + 0.8 * 2 / 3)
 
 
-@pytest.mark.parametrize("empty", ["hint_returns", "nohint_returns_regen", "nohint_returns_window"])
-def test_designer_reward_empty_names_argument(empty):
+@pytest.mark.parametrize("empty,named", [("hint_returns", "hint_returns"), ("nohint_returns_regen", "nohint_returns"),
+                                         ("nohint_returns_window", "nohint_returns_window")])
+def test_designer_reward_empty_names_argument(empty, named):
     args = {"hint_returns": [1.0], "nohint_returns_regen": [0.0], "nohint_returns_window": [0.5]}
     args[empty] = []
-    with pytest.raises(ValueError, match=empty):
+    with pytest.raises(ValueError, match=named):
         designer_reward(**args)
 
 

@@ -1,4 +1,4 @@
-"""The delayed designer buffer (SPEC 1.4, 1.5) and the learning-potential designer reward.
+"""The delayed designer buffer (SPEC 1.4, 1.5).
 
 A designer sample written at regeneration step ``s`` cannot be scored at once: its reward needs the
 no-hint returns of every step of the environment's window ``s .. s+k-1``. :class:`DesignerBuffer`
@@ -32,83 +32,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .rewards import RewardSettings, _mean, _require_finite, designer_reward
+from .rewards import DesignerEvidence, RewardSettings, _require_finite, designer_reward_for
 
 __all__ = [
     "DesignerBuffer",
-    "LearningPotentialReward",
     "PendingDesignerSample",
     "ReleasedDesignerSample",
 ]
 
 _FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class LearningPotentialReward:
-    """The EMA learning-potential designer reward (the paper's ablation), as defined here.
-
-    For one environment, take the per-step mean no-hint return over its window in step order,
-    ``m_0`` (step ``s``), ``m_1``, ... (steps with no plays are skipped). Start two exponential
-    moving averages at ``fast = slow = m_0`` and for every later mean ``m``::
-
-        fast += fast_alpha * (m - fast)
-        slow += slow_alpha * (m - slow)
-
-    The reward is ``min(1, |fast - slow| / scale)``: how fast the agent's performance on the
-    environment is moving (in either direction) at the end of the window, in [0, 1]. A window of
-    one step gives 0. The defaults (0.5, 0.1, scale 0.2) are this project's choice.
-
-    Called with the same three inputs as :func:`~spade.selfplay.rewards.designer_reward`, except
-    that the window arrives grouped by step and without step ``s`` (which is
-    ``nohint_returns_regen``). ``hint_returns`` does not enter the value: this reward replaces the
-    hint-based regret.
-    """
-
-    fast_alpha: float = 0.5
-    slow_alpha: float = 0.1
-    scale: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in ("fast_alpha", "slow_alpha", "scale"):
-            _require_finite(getattr(self, name), name)
-        if not 0 < self.slow_alpha < self.fast_alpha <= 1:
-            raise ValueError(
-                f"fast_alpha, slow_alpha: need 0 < slow_alpha < fast_alpha <= 1, "
-                f"got {self.slow_alpha}, {self.fast_alpha}"
-            )
-        if self.scale <= 0:
-            raise ValueError(f"scale: must be > 0, got {self.scale}")
-
-    @classmethod
-    def from_settings(cls, settings: RewardSettings) -> "LearningPotentialReward":
-        return cls(settings.lp_fast_alpha, settings.lp_slow_alpha, settings.lp_scale)
-
-    def progress(self, step_means: Sequence[float]) -> float:
-        """The reward from the per-step mean no-hint returns, in step order (non-empty)."""
-        if len(step_means) == 0:
-            raise ValueError("step_means: empty; at least one step is needed")
-        first, *rest = (_require_finite(m, "step_means") for m in step_means)
-        fast = slow = first
-        for m in rest:
-            fast += self.fast_alpha * (m - fast)
-            slow += self.slow_alpha * (m - slow)
-        return min(1.0, abs(fast - slow) / self.scale)
-
-    def __call__(
-        self,
-        hint_returns: Sequence[float],
-        nohint_returns_regen: Sequence[float],
-        nohint_returns_later_steps: Sequence[Sequence[float]],
-    ) -> float:
-        """``nohint_returns_regen``: plays of step ``s`` (non-empty); ``nohint_returns_later_steps``:
-        one list per later step ``s+1 .. s+k-1``, in order (empty lists are skipped)."""
-        del hint_returns  # not part of this reward
-        means = [_mean(nohint_returns_regen, "nohint_returns_regen")]
-        for step in nohint_returns_later_steps:
-            if len(step):
-                means.append(_mean(step, "nohint_returns_later_steps"))
-        return self.progress(means)
 
 
 @dataclass(frozen=True)
@@ -127,12 +59,10 @@ class PendingDesignerSample:
     nohint_returns: tuple[float, ...]
     later_returns: tuple[tuple[int, tuple[float, ...]], ...] = ()
 
-    def window_returns(self) -> list[float]:
-        """All no-hint returns of the window so far, step ``s`` first."""
-        out = list(self.nohint_returns)
-        for _step, returns in self.later_returns:
-            out.extend(returns)
-        return out
+    def evidence(self) -> DesignerEvidence:
+        """The window so far, as the designer reward reads it."""
+        return DesignerEvidence(self.hint_returns, self.nohint_returns,
+                                tuple(returns for _step, returns in self.later_returns))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,9 +114,8 @@ class ReleasedDesignerSample:
 class DesignerBuffer:
     """Designer samples held back ``k`` steps until their window's no-hint returns are in.
 
-    The reward is chosen by ``settings.designer_reward``: ``"regret_plateau"`` uses
-    :func:`~spade.selfplay.rewards.designer_reward`, ``"learning_potential"`` uses
-    :class:`LearningPotentialReward`. Advantages are not computed here: pass the ``reward`` and
+    The reward is the :class:`~spade.selfplay.rewards.DesignerReward` that
+    ``settings.designer_reward`` names (:func:`~spade.selfplay.rewards.designer_reward_for`). Advantages are not computed here: pass the ``reward`` and
     ``skill`` of one :meth:`release` to :func:`~spade.selfplay.rewards.designer_advantages`.
     """
 
@@ -195,6 +124,7 @@ class DesignerBuffer:
             raise ValueError(f"k: must be an integer >= 1, got {k!r}")
         self.k = k
         self.settings = settings if settings is not None else RewardSettings()
+        self.reward = designer_reward_for(self.settings)
         self._pending: list[PendingDesignerSample] = []
 
     def __len__(self) -> int:
@@ -283,25 +213,17 @@ class DesignerBuffer:
         return [self._score(entry) for entry in due]
 
     def _score(self, entry: PendingDesignerSample) -> ReleasedDesignerSample:
-        window = entry.window_returns()
-        if self.settings.designer_reward == "learning_potential":
-            reward = LearningPotentialReward.from_settings(self.settings)(
-                entry.hint_returns, entry.nohint_returns, [returns for _step, returns in entry.later_returns]
-            )
-        else:
-            reward = designer_reward(
-                entry.hint_returns, entry.nohint_returns, window, **self.settings.blend_kwargs()
-            )
+        evidence = entry.evidence()
         steps = [entry.generated_step] + [step for step, returns in entry.later_returns if returns]
         return ReleasedDesignerSample(
             env_id=entry.env_id,
             skill=entry.skill,
             generated_step=entry.generated_step,
-            reward=reward,
-            win=_mean(window, "window"),
-            regret=_mean(entry.hint_returns, "hint_returns") - _mean(entry.nohint_returns, "nohint_returns"),
+            reward=self.reward(evidence),
+            win=evidence.win,
+            regret=evidence.regret,
             sample_ref=entry.sample_ref,
-            n_window_plays=len(window),
+            n_window_plays=len(evidence.window_returns),
             window_steps=tuple(steps),
         )
 

@@ -7,6 +7,13 @@ win rate over the environment's window sits to the learnable middle band (:func:
 advantages are centred per skill and scaled up so that the few designer samples weigh as much as
 the many agent samples (:func:`designer_advantages`, :func:`designer_advantage_scale`).
 
+The designer's reward is one small interface, :class:`DesignerReward`: a callable from the
+evidence of one environment's window (:class:`DesignerEvidence`: hinted and no-hint returns of the
+generation step, no-hint returns of each later step) to a number. Two implementations, chosen by
+``RewardSettings.designer_reward`` through :func:`designer_reward_for`: :class:`RegretPlateauReward`
+(SPEC 1.4, the method) and :class:`LearningPotentialReward` (the paper's EMA ablation). The raw
+hint regret is computed in one place, :func:`hint_regret`.
+
 All numbers default to the SPEC values and are gathered in :class:`RewardSettings`.
 """
 
@@ -16,13 +23,19 @@ import math
 import numbers
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Callable, Literal, Protocol, get_args
 
 from ..envs.protocol import episode_return
 
 __all__ = [
+    "DesignerEvidence",
+    "DesignerReward",
     "DesignerRewardName",
     "DESIGNER_REWARDS",
+    "LearningPotentialReward",
+    "RegretPlateauReward",
+    "designer_reward_for",
+    "hint_regret",
     "RewardSettings",
     "agent_advantages",
     "designer_advantage_scale",
@@ -44,8 +57,8 @@ class RewardSettings:
     """Every number of the reward layer, with the SPEC defaults.
 
     ``designer_reward`` picks the designer's reward: ``"regret_plateau"`` (SPEC 1.4, the method) or
-    ``"learning_potential"`` (the paper's EMA ablation, see
-    :class:`spade.selfplay.delay_buffer.LearningPotentialReward`, which reads the ``lp_*`` fields).
+    ``"learning_potential"`` (the paper's EMA ablation, see :class:`LearningPotentialReward`, which
+    reads the ``lp_*`` fields).
     ``advantage_cap`` caps :func:`designer_advantage_scale`.
     """
 
@@ -113,6 +126,137 @@ def plateau(win: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) ->
     return 1.0
 
 
+def hint_regret(hint_returns: Sequence[float], nohint_returns: Sequence[float]) -> float:
+    """The raw hint regret of one environment at its generation step: ``mean(hint) - mean(no hint)``
+    (not floored, not normalised). Both lists non-empty and finite (ValueError naming the list)."""
+    return _mean(hint_returns, "hint_returns") - _mean(nohint_returns, "nohint_returns")
+
+
+@dataclass(frozen=True)
+class DesignerEvidence:
+    """What is known about one environment when its window closes.
+
+    ``hint_returns`` / ``nohint_returns``: the hinted and no-hint plays of the generation step
+    ``s``; ``later_returns``: the no-hint plays of each later step ``s+1 .. s+k-1``, in order (a step
+    without plays is an empty tuple).
+    """
+
+    hint_returns: tuple[float, ...]
+    nohint_returns: tuple[float, ...]
+    later_returns: tuple[tuple[float, ...], ...] = ()
+
+    @property
+    def regret(self) -> float:
+        return hint_regret(self.hint_returns, self.nohint_returns)
+
+    @property
+    def window_returns(self) -> list[float]:
+        """Every no-hint return of the window, step ``s`` first."""
+        return list(self.nohint_returns) + [r for step in self.later_returns for r in step]
+
+    @property
+    def win(self) -> float:
+        """The mean no-hint return over all plays of the window (the plateau's input)."""
+        return _mean(self.window_returns, "window")
+
+
+class DesignerReward(Protocol):
+    """A designer reward: the evidence of one environment's window -> one number."""
+
+    def __call__(self, evidence: DesignerEvidence) -> float: ...
+
+
+@dataclass(frozen=True)
+class RegretPlateauReward:
+    """SPEC 1.4: ``regret_weight * clip(regret / regret_scale, 0, 1) + plateau_weight * plateau(win)``."""
+
+    regret_scale: float = 0.15
+    regret_weight: float = 0.4
+    plateau_weight: float = 0.6
+    lo: float = 0.4
+    hi: float = 0.6
+    ramp: float = 0.25
+
+    def __post_init__(self) -> None:
+        _require_finite(self.regret_scale, "regret_scale")
+        _check(self.regret_scale > 0, "regret_scale", f"must be > 0, got {self.regret_scale}")
+
+    @classmethod
+    def from_settings(cls, settings: "RewardSettings") -> "RegretPlateauReward":
+        return cls(**settings.blend_kwargs())
+
+    def blend(self, regret: float, win: float) -> float:
+        regret_norm = min(1.0, max(0.0, _require_finite(regret, "regret") / self.regret_scale))
+        return self.regret_weight * regret_norm + self.plateau_weight * plateau(win, self.lo, self.hi, self.ramp)
+
+    def __call__(self, evidence: DesignerEvidence) -> float:
+        return self.blend(evidence.regret, evidence.win)
+
+
+@dataclass(frozen=True)
+class LearningPotentialReward:
+    """The EMA learning-potential designer reward (the paper's ablation), as defined here.
+
+    For one environment, take the per-step mean no-hint return over its window in step order,
+    ``m_0`` (step ``s``), ``m_1``, ... (steps with no plays are skipped). Start two exponential
+    moving averages at ``fast = slow = m_0`` and for every later mean ``m``::
+
+        fast += fast_alpha * (m - fast)
+        slow += slow_alpha * (m - slow)
+
+    The reward is ``min(1, |fast - slow| / scale)``: how fast the agent's performance on the
+    environment is moving (in either direction) at the end of the window, in [0, 1]. A window of
+    one step gives 0. The defaults (0.5, 0.1, scale 0.2) are this project's choice. The hinted
+    plays do not enter it: this reward replaces the hint-based regret.
+    """
+
+    fast_alpha: float = 0.5
+    slow_alpha: float = 0.1
+    scale: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("fast_alpha", "slow_alpha", "scale"):
+            _require_finite(getattr(self, name), name)
+        if not 0 < self.slow_alpha < self.fast_alpha <= 1:
+            raise ValueError(
+                f"fast_alpha, slow_alpha: need 0 < slow_alpha < fast_alpha <= 1, "
+                f"got {self.slow_alpha}, {self.fast_alpha}"
+            )
+        if self.scale <= 0:
+            raise ValueError(f"scale: must be > 0, got {self.scale}")
+
+    @classmethod
+    def from_settings(cls, settings: "RewardSettings") -> "LearningPotentialReward":
+        return cls(settings.lp_fast_alpha, settings.lp_slow_alpha, settings.lp_scale)
+
+    def progress(self, step_means: Sequence[float]) -> float:
+        """The reward from the per-step mean no-hint returns, in step order (non-empty)."""
+        if len(step_means) == 0:
+            raise ValueError("step_means: empty; at least one step is needed")
+        first, *rest = (_require_finite(m, "step_means") for m in step_means)
+        fast = slow = first
+        for m in rest:
+            fast += self.fast_alpha * (m - fast)
+            slow += self.slow_alpha * (m - slow)
+        return min(1.0, abs(fast - slow) / self.scale)
+
+    def __call__(self, evidence: DesignerEvidence) -> float:
+        means = [_mean(evidence.nohint_returns, "nohint_returns")]
+        means += [_mean(step, "later_returns") for step in evidence.later_returns if len(step)]
+        return self.progress(means)
+
+
+_DESIGNER_REWARDS: dict[str, Callable[["RewardSettings"], DesignerReward]] = {
+    "regret_plateau": RegretPlateauReward.from_settings,
+    "learning_potential": LearningPotentialReward.from_settings,
+}
+
+
+def designer_reward_for(settings: "RewardSettings") -> DesignerReward:
+    """The designer reward ``settings.designer_reward`` names, built from ``settings``."""
+    return _DESIGNER_REWARDS[settings.designer_reward](settings)
+
+
 def designer_reward(
     hint_returns: Sequence[float],
     nohint_returns_regen: Sequence[float],
@@ -125,26 +269,15 @@ def designer_reward(
     hi: float = 0.6,
     ramp: float = 0.25,
 ) -> float:
-    """The designer's blended reward for one environment (SPEC 1.4).
+    """The SPEC 1.4 blend for one environment from plain lists (:class:`RegretPlateauReward`).
 
-    - ``hint_returns``: returns of the hinted plays at the regeneration step ``s``.
-    - ``nohint_returns_regen``: returns of the no-hint plays at the same step ``s``.
-    - ``nohint_returns_window``: returns of ALL no-hint plays of the window ``s .. s+k-1``
-      (step ``s`` included).
-
-    ``regret = mean(hint) - mean(nohint at s)``; ``regret_norm = clip(regret / regret_scale, 0, 1)``;
-    ``win = mean(window)``; result ``regret_weight * regret_norm + plateau_weight * plateau(win)``.
-
-    Every list must be non-empty and finite: an empty or non-finite list raises ValueError naming
-    the argument (an environment without plays has no reward; the caller drops it).
+    ``hint_returns`` / ``nohint_returns_regen``: the plays at the regeneration step ``s``;
+    ``nohint_returns_window``: ALL no-hint plays of the window ``s .. s+k-1`` (step ``s`` included).
+    Every list must be non-empty and finite: ValueError naming the argument otherwise.
     """
-    hint_mean = _mean(hint_returns, "hint_returns")
-    regen_mean = _mean(nohint_returns_regen, "nohint_returns_regen")
+    regret = hint_regret(hint_returns, nohint_returns_regen)
     win = _mean(nohint_returns_window, "nohint_returns_window")
-    _require_finite(regret_scale, "regret_scale")
-    _check(regret_scale > 0, "regret_scale", f"must be > 0, got {regret_scale}")
-    regret_norm = min(1.0, max(0.0, (hint_mean - regen_mean) / regret_scale))
-    return regret_weight * regret_norm + plateau_weight * plateau(win, lo, hi, ramp)
+    return RegretPlateauReward(regret_scale, regret_weight, plateau_weight, lo, hi, ramp).blend(regret, win)
 
 
 def agent_advantages(returns: Sequence[float]) -> list[float]:
