@@ -1,103 +1,155 @@
-# spade on GPUs: Megatron-core training + the sandbox service, one image for every node.
+# syntax=docker/dockerfile:1.7
+# spade on GPUs: Megatron-core training, SGLang rollout servers and the sandbox service in ONE
+# Python environment, for every node.
 #
-# Base image: NVIDIA's NGC PyTorch container, pinned by tag. It carries a CUDA build of torch
-# together with the libraries Megatron-core wants on GPUs and that are slow or fragile to build
-# ourselves: Transformer Engine, apex, flash-attn, cuDNN and NCCL. 26.01 ships PyTorch 2.10.0
-# on CUDA 13.1.1 (Ubuntu 24.04, Python 3.12). Megatron-core releases are validated on the NGC
-# PyTorch container of the month before them, and 26.01 is the container of the megatron-core
-# 0.16 line, so it is the one we pin for megatron-core==0.16.1.
-# Not the SGLang image (lmsysorg/sglang:<version>-cu12x/-cu130): it has SGLang and its own torch
-# but neither Transformer Engine nor apex. SGLang (the rollout servers, separate processes) is
-# installed below into a virtual environment of its own, /opt/sglang, because it pins another
-# torch than the one the training stack here is built against.
+# Why one environment. The colocated weight sync hands CUDA-IPC handles pickled by the trainer's
+# torch to the server's torch, and the disaggregated one joins the trainer's rank 0 and the server
+# workers in one NCCL communicator; NCCL refuses peers of another version ("Mismatched NCCL version
+# detected"). So trainer and servers must load the same torch and the same libnccl. The image
+# therefore starts from SGLang's own release image, whose torch is the one sglang pins, and builds
+# the training stack against that torch (the way the Megatron+SGLang RL frameworks build theirs).
+# spade checks the match at start-up: `python -m spade.rollout.runtime_versions`.
 #
-# Build:   docker build -t spade:dev .
+# Versions (change them together; the build stops if the base is not what is expected):
+#   base        lmsysorg/sglang:v0.5.23-cu130: sglang 0.5.23 (the release sglang_protocol.py and
+#               sglang_argv were checked against), which pins torch==2.14.1; the cu130 image is the
+#               CUDA 13.0 build of that torch (its NCCL is the nvidia-nccl-cu13 wheel torch depends
+#               on). Ubuntu 24.04, Python 3.12, CUDA 13.0 toolkit with cuDNN (nvcc, for the builds
+#               below). Pin it by digest too when you mirror it (FROM ...@sha256:...).
+#   megatron-core 0.16.1           spade's training backend (requirements.txt pins the same).
+#   Transformer Engine 2.11.0      megatron-core 0.16.1 declares transformer-engine >= 2.9, < 2.12;
+#                                  2.11.0 is the newest of that range. Built from source (tag v2.11,
+#                                  commit below) against this torch and this CUDA toolkit: the
+#                                  prebuilt CUDA 13 wheels are linked against a newer cuBLAS than a
+#                                  13.0 toolkit has.
+#   apex (commit 6424da3b, 2026-07-08)  no releases exist; megatron-core 0.16.1 uses its FusedAdam,
+#                                  fused layer norm and multi_tensor_apply when TE lacks one; needs
+#                                  torch >= 2.6. C++ and CUDA extensions built against this torch.
+#   flash-attn (FA2): NOT installed. sglang 0.5.23 requires flash-attn-4, which ships the
+#                                  `flash_attn.cute` package; the flash-attn 2.8.x wheel ships an
+#                                  older `flash_attn/cute` of its own and would overwrite SGLang's
+#                                  kernels in place. Transformer Engine runs attention with cuDNN's
+#                                  fused kernels without it, and spade does not import flash_attn.
+#                                  (TE 2.11 would also accept no FA2 newer than 2.8.3.)
+#   build tools for the two source builds: cmake 3.31.6, pybind11 3.0.1 (ninja: the image's).
+#   TE runtime extras: onnx 1.23.2, onnxscript 0.7.2.
+# Every package the base image already has keeps the base's version: /etc/spade/constraints.txt
+# (the base's `pip list`, plus torch) is in PIP_CONSTRAINT for every install below and at run
+# time, so no later `pip install` can bring in a second torch or NCCL. Where spade's
+# requirements.txt pins another version of a package the base has (transformers, tokenizers, ...),
+# the base's wins and the build log lists each case; the rest of requirements.txt is installed at
+# its pins. The full result is written to /etc/spade/image-freeze.txt.
+#
+# CUDA architectures: 9.0 (H100/H200) by default; add more for other GPUs, e.g.
+#   docker build --build-arg TORCH_CUDA_ARCH_LIST="9.0;10.0" --build-arg NVTE_CUDA_ARCHS="90;100" .
+# Build:   docker build -t spade:dev .      (about an hour: TE and apex compile; MAX_JOBS bounds it)
 # Run:     examples/launch/docker_run.sh (the flags the bubblewrap sandbox needs are explained there
 #          and in docs/scale_out.md)
-ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:26.01-py3
+ARG BASE_IMAGE=lmsysorg/sglang:v0.5.23-cu130
 FROM ${BASE_IMAGE}
 
-# bubblewrap runs the generated environments (spade's sandbox refuses to start without it);
-# python3-venv for the SGLang environment below.
+ARG SGLANG_VERSION=0.5.23
+ARG TORCH_VERSION=2.14.1
+ARG CUDA_MAJOR_MINOR=13.0
+ARG MEGATRON_CORE_VERSION=0.16.1
+ARG TE_VERSION=2.11.0
+ARG TE_COMMIT=c188b533cc3721ca9c6bbfd26148f5cf60108c25
+ARG APEX_COMMIT=6424da3b4faa6c8f062da4a48c424fff3f02d42d
+ARG TORCH_CUDA_ARCH_LIST=9.0
+ARG NVTE_CUDA_ARCHS=90
+ARG MAX_JOBS=16
+
+# System Python of the SGLang image: pip installs go there (no virtual environment on purpose).
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+# The base must be what the pins above assume; then freeze it as the constraints of every install.
+RUN python3 - <<EOF
+import sys, torch, sglang
+print("base: python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "sglang", sglang.__version__)
+assert sglang.__version__ == "${SGLANG_VERSION}", sglang.__version__
+assert torch.__version__.split("+")[0] == "${TORCH_VERSION}", torch.__version__
+assert torch.version.cuda == "${CUDA_MAJOR_MINOR}", torch.version.cuda
+EOF
+RUN mkdir -p /etc/spade \
+    && python3 -m pip list --format=freeze > /etc/spade/constraints.txt \
+    && grep -qiE '^torch==' /etc/spade/constraints.txt \
+    && nvcc --version | tail -2
+ENV PIP_CONSTRAINT=/etc/spade/constraints.txt
+
+# bubblewrap runs the generated environments (spade's sandbox refuses to start without it); git
+# for the source builds.
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap python3-venv \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap git \
     && rm -rf /var/lib/apt/lists/*
 
-# SGLang rollout servers, in their own virtual environment. sglang==0.5.23 pins torch==2.14.1
-# (the PyPI build for CUDA 13.0, with its own CUDA libraries and nvidia-nccl-cu13 2.30.7), while
-# Transformer Engine, apex and flash-attn in this image are built against the image's torch 2.10;
-# one environment cannot hold both. The servers are separate processes, so they get their own
-# interpreter: /opt/sglang (no system site-packages, so the image's torch is invisible to it). The
-# plain `sglang` requirement is the server: 0.5.23 has no `srt` extra any more (its extras are
-# optional add-ons: diffusion, ray, tracing, ...). spade's sglang_protocol.py was checked against
-# exactly this release; bump the two together. PIP_CONSTRAINT is emptied: the image's constraints
-# pin its own torch.
-#
-# /opt/sglang/bin/sglang-python runs that interpreter with the base image's Python package
-# directories (its torch/lib among them) taken out of LD_LIBRARY_PATH and without PYTHONPATH, so
-# the environment's torch loads its own libraries and not the image's. SPADE_SGLANG_PYTHON (set
-# below) names it, and spade's launcher runs `$SPADE_SGLANG_PYTHON -m sglang.launch_server` for
-# every colocated server (engine.sglang.server_command, when set, still replaces the whole
-# `python -m sglang.launch_server` prefix).
-#
-# Two torches, one CUDA-IPC hand-over. Colocated servers receive the weights as CUDA-IPC handles
-# pickled by the trainer's torch (2.10) and rebuilt by the server's (2.14.1) through
-# torch.multiprocessing.reductions.rebuild_cuda_tensor and its 15-value argument tuple (tensor
-# class, size, stride, offset, storage class, dtype, device, IPC handle, storage size and offset in
-# bytes, requires_grad, ref-counter handle and offset, event handle, event-sync flag). That layout
-# is identical in torch 2.13 and 2.14.1 (2.10 was not inspected), SGLang 0.5.23's restricted
-# unpickler allows that function, and it accepts the device as an index or a GPU UUID. The GPU
-# check has to prove it end to end in this image: a CUDA tensor serialized by the image's python
-# (spade.rollout.weight_transport.serialize_named_tensors) is loaded by a server started with
-# /opt/sglang/bin/sglang-python via /update_weights_from_tensor (between /begin_weight_update and
-# /end_weight_update) and read back with /get_weights_by_name. The broadcast path (disaggregated
-# servers) is a second cross-version seam: the trainer's NCCL (this image's) and the server's
-# (2.30.7) join one communicator, which NCCL does not promise to support across versions; it needs
-# its own GPU check, or both sides loading one libnccl.
-ARG SGLANG_VERSION=0.5.23
-RUN python -m venv /opt/sglang \
-    && PIP_CONSTRAINT= /opt/sglang/bin/python -m pip install --no-cache-dir "sglang==${SGLANG_VERSION}" \
-    && printf '%s\n' \
-        '#!/bin/sh' \
-        '# /opt/sglang/bin/python without the base image Python packages on the search paths.' \
-        'set -f' \
-        'keep=' \
-        'IFS=:' \
-        'for dir in ${LD_LIBRARY_PATH-}; do' \
-        '  case "$dir" in ""|*/dist-packages/*|*/site-packages/*) ;; *) keep="${keep:+$keep:}$dir" ;; esac' \
-        'done' \
-        'unset IFS' \
-        'if [ -n "$keep" ]; then export LD_LIBRARY_PATH="$keep"; else unset LD_LIBRARY_PATH; fi' \
-        'unset PYTHONPATH' \
-        'exec /opt/sglang/bin/python "$@"' \
-        > /opt/sglang/bin/sglang-python \
-    && chmod -R a+rX /opt/sglang && chmod a+rx /opt/sglang/bin/sglang-python \
-    && /opt/sglang/bin/sglang-python -c "import torch, sglang; print('sglang', sglang.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda); assert sglang.__version__ == '${SGLANG_VERSION}'"
-ENV SPADE_SGLANG_PYTHON=/opt/sglang/bin/sglang-python
+# `spade-pip-missing FILE`: the requirement lines (NAME==VERSION) of FILE whose package the image
+# does not have yet; for each one it has, one line on stderr naming both versions.
+RUN cat > /usr/local/bin/spade-pip-missing <<'EOF' && chmod a+rx /usr/local/bin/spade-pip-missing
+#!/usr/bin/env python3
+import sys
+from importlib import metadata
+
+for line in open(sys.argv[1]):
+    requirement = line.split("#", 1)[0].strip()
+    if not requirement:
+        continue
+    name, _, wanted = requirement.partition("==")
+    try:
+        have = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        print(requirement)
+        continue
+    note = "same" if have == wanted else f"spade pins {wanted}, the image's {have} is kept"
+    print(f"{name}: already in the image ({note})", file=sys.stderr)
+EOF
+
+# Build tools for the source builds (only those the base lacks) and TE's runtime extras.
+RUN printf '%s\n' cmake==3.31.6 pybind11==3.0.1 ninja==1.13.0 onnx==1.23.2 onnxscript==0.7.2 > /tmp/tools.txt \
+    && spade-pip-missing /tmp/tools.txt > /tmp/tools.missing \
+    && if [ -s /tmp/tools.missing ]; then python3 -m pip install -r /tmp/tools.missing; fi
+
+# Transformer Engine (PyTorch part only) from source, against the image's torch and CUDA.
+RUN NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS="${NVTE_CUDA_ARCHS}" MAX_JOBS="${MAX_JOBS}" \
+    python3 -m pip install -v --no-build-isolation \
+        "transformer_engine @ git+https://github.com/NVIDIA/TransformerEngine.git@${TE_COMMIT}" \
+    && python3 -c "from importlib.metadata import version as v; te = v('transformer_engine'); print('transformer_engine', te); assert te.split('+')[0] == '${TE_VERSION}', te"
+
+# apex: C++ and CUDA extensions (what megatron-core's fallbacks import), against the same torch.
+RUN APEX_CPP_EXT=1 APEX_CUDA_EXT=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" MAX_JOBS="${MAX_JOBS}" \
+    NVCC_APPEND_FLAGS="--threads 4" \
+    python3 -m pip install -v --no-build-isolation "apex @ git+https://github.com/NVIDIA/apex.git@${APEX_COMMIT}"
+
+# megatron-core without dependencies: it needs torch, numpy and packaging, all in the image.
+RUN python3 -m pip install --no-deps "megatron-core==${MEGATRON_CORE_VERSION}"
 
 WORKDIR /workspace/spade
 
-# Python dependencies. requirements.txt pins torch==2.13.0 for the CPU development environment
-# (`make setup`); here the image's CUDA torch is used instead and must stay: it is the torch that
-# Transformer Engine, apex and flash-attn were compiled against, and it must be one that
-# megatron-core 0.16.1 supports (torch >= 2.6; 26.01 has 2.10). So torch is filtered out of the
-# pins, and megatron-core is installed explicitly at the version requirements.txt pins.
-# --no-deps: requirements.txt lists every transitive dependency itself, so nothing else gets
-# resolved (and nothing can pull a different torch). PIP_CONSTRAINT is emptied for these
-# installs only: the NGC image constrains its own package versions via /etc/pip/constraint.txt,
-# and spade's pins (transformers, numpy, ...) differ from some of them.
+# spade's pinned dependencies (tests included: tools/gpu_check.sh runs pytest), those the image
+# lacks, without their dependencies (requirements.txt lists every transitive one itself).
 COPY requirements.txt ./
-RUN grep -vE '^(torch|megatron-core)==' requirements.txt > /tmp/requirements.gpu.txt \
-    && PIP_CONSTRAINT= pip install --no-cache-dir --no-deps megatron-core==0.16.1 \
-    && PIP_CONSTRAINT= pip install --no-cache-dir --no-deps -r /tmp/requirements.gpu.txt \
-    && python -c "import torch, megatron.core; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'megatron-core', megatron.core.__version__)"
+RUN grep -vE '^(torch|megatron-core)==' requirements.txt > /tmp/requirements.spade.txt \
+    && spade-pip-missing /tmp/requirements.spade.txt > /tmp/requirements.missing \
+    && if [ -s /tmp/requirements.missing ]; then python3 -m pip install --no-deps -r /tmp/requirements.missing; fi
 
 # The project itself, editable so that examples/ and tools/ resolve next to the package
 # (config paths are resolved relative to the working directory, then to this checkout).
 COPY . .
-RUN PIP_CONSTRAINT= pip install --no-cache-dir --no-deps -e . \
+RUN python3 -m pip install --no-deps -e . \
     && chmod -R a+rX /workspace/spade \
-    && spade --help >/dev/null
+    && spade --help >/dev/null \
+    && python3 -m pip list --format=freeze > /etc/spade/image-freeze.txt \
+    && python3 - <<EOF
+from importlib.metadata import version
+import megatron.core, torch
+print("image: torch", torch.__version__, "cuda", torch.version.cuda, "megatron-core", megatron.core.__version__,
+      "transformer_engine", version("transformer_engine"), "apex", version("apex"), "sglang", version("sglang"))
+assert megatron.core.__version__ == "${MEGATRON_CORE_VERSION}"
+assert torch.__version__.split("+")[0] == "${TORCH_VERSION}", "a second torch replaced the image's"
+EOF
 
 # Non-root-safe defaults: nothing below needs root at run time. Run with
 # `--user "$(id -u):$(id -g)"` so files in mounted run directories belong to you; caches go to
@@ -110,5 +162,4 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/tmp/spade-home/hf \
     TRITON_CACHE_DIR=/tmp/spade-home/triton
 
-# The image's entrypoint (NGC's banner and driver checks) is kept; the default command is a shell.
 CMD ["bash"]
