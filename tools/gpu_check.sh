@@ -1,41 +1,98 @@
 #!/usr/bin/env bash
-# Every GPU check of spade in one run, for a lent GPU machine. Prints its figures; exits non-zero
-# if a test fails.
-#   1. the GPU-marked tests: TE spec, bf16, packed sequences, the HF engine on CUDA, training-memory
-#      offload (memory really freed and restored), the CUDA-IPC hand-over of weight buckets between
-#      processes, and, when SGLang is installed (here or at $SPADE_SGLANG_PYTHON), a real SGLang
-#      server: generation parity with transformers, a colocated weight update, memory release;
-#   2. the training-step MFU of a Qwen3-4B-shaped model with random weights (target >= 40%);
-#   3. when SGLang is installed and MODEL_DIR names an HF model: `spade engine check` on it, rollout
-#      tokens/s through spade's client against a bare client (and SGLang's bench_serving), and
-#      weight-sync seconds.
-#   bash tools/gpu_check.sh            (after `make setup`, or with the packages installed)
-#   MODEL_DIR=/models/Qwen3-4B-Instruct-2507 bash tools/gpu_check.sh
+# Every GPU check of spade in one run on a lent GPU machine, inside the Docker image (one Python
+# environment: trainer and SGLang on one torch and one NCCL). Made to finish on one H200 in under
+# 8 minutes: a time budget (GPU_CHECK_BUDGET_S, default 450 s) bounds the whole run, every stage
+# runs under the time left, and a stage that no longer fits is reported as not run. Stages run
+# cheapest first and each prints its result and its seconds as soon as it ends, so a run cut short
+# still leaves every figure measured so far. Exit status 1 if any stage failed or did not run.
+#
+#   versions      spade.rollout.runtime_versions: torch / CUDA / NCCL of the trainer and of the
+#                 interpreter that runs SGLang (must be one), sglang's version
+#   libraries     the GPU, Transformer Engine and apex extensions load, flash-attn present or not
+#   ipc           CUDA-IPC hand-over of a weight bucket to another process (tests/test_gpu_sglang.py)
+#   training      GPU tests of the Megatron path: TE spec, bf16, packed sequences, training-memory
+#                 offload (tests/test_gpu.py, tests/test_gpu_offload.py)
+#   mfu           training-step MFU of a Qwen3-4B-shaped model with random weights (target >= 40%)
+#   sglang        a real SGLang server: teacher-forced log-probs against transformers, colocated
+#                 weight update, memory release, seeded sampling, a server killed mid-rollout and
+#                 restarted with the current weights; TP=2 and the NCCL-broadcast weight sync
+#                 (a disaggregated server) when 2 GPUs are visible
+#   spade-train   `spade train` two steps with a colocated SGLang server on one GPU
+#   with MODEL_DIR naming an HF model (these need more than the default budget: raise
+#   GPU_CHECK_BUDGET_S): `spade engine check`, rollout tokens/s through spade's client against a
+#   bare client and SGLang's bench_serving, weight-sync seconds by bucket size.
+#
+#   bash tools/gpu_check.sh
+#   MODEL_DIR=/models/Qwen3-4B-Instruct-2507 GPU_CHECK_BUDGET_S=1500 bash tools/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-[ -x "$PY" ] || PY=python3
-"$PY" - <<'PYEOF'
-import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-try:
-    import transformer_engine
-    print("transformer_engine", transformer_engine.__version__)
-except Exception as exc:
-    print("transformer_engine unavailable:", exc)
-PYEOF
-SGLANG_PY=${SPADE_SGLANG_PYTHON:-$PY}
-if "$SGLANG_PY" -c "import sglang; print('sglang', sglang.__version__)"; then HAVE_SGLANG=1; else
-  echo "sglang unavailable: the real-server checks skip"; HAVE_SGLANG=0; fi
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3; fi
+BUDGET_S=${GPU_CHECK_BUDGET_S:-450}
+MIN_STAGE_S=20  # a stage is not started with less time than this left
+START=$SECONDS
 status=0
-"$PY" -m pytest -q -s -m gpu tests/ -p no:cacheprovider || status=$?
-"$PY" tools/gpu_mfu.py "$@" || status=$?
-if [ "$HAVE_SGLANG" = 1 ] && [ -n "${MODEL_DIR:-}" ]; then
-  SERVER=("--server-command" "$SGLANG_PY -m sglang.launch_server")
-  "$PY" -m spade engine check --model-path "$MODEL_DIR" "${SERVER[@]}" || status=$?
-  "$PY" benchmarks/rollout_throughput.py --model-path "$MODEL_DIR" "${SERVER[@]}" --concurrency 64 \
-      --num-prompts 256 --input-len 1024 --output-len 1024 --sglang-bench || status=$?
-  "$PY" benchmarks/weight_sync.py --model-path "$MODEL_DIR" --device cuda "${SERVER[@]}" \
-      --bucket-mb 128,512,1024 || status=$?
+SUMMARY=()
+PYTEST=("$PY" -m pytest -v -s -p no:cacheprovider -m gpu)
+
+# stage NAME CAP_SECONDS COMMAND...: run COMMAND for at most CAP_SECONDS (less if the budget
+# has less left), then print its verdict and seconds.
+stage() {
+  local name=$1 cap=$2
+  shift 2
+  local left=$((BUDGET_S - (SECONDS - START)))
+  if ((left < MIN_STAGE_S)); then
+    echo "== $name: NOT RUN (${left}s of the ${BUDGET_S}s budget left)"
+    SUMMARY+=("$(printf '%-12s %-26s %5s' "$name" "not run (out of time)" "-")")
+    status=1
+    return
+  fi
+  ((cap > left)) && cap=$left
+  echo "== $name: starting (at most ${cap}s; $((SECONDS - START))s into the run)"
+  local t0=$SECONDS rc=0
+  timeout --kill-after=15 "$cap" "$@" || rc=$?
+  local took=$((SECONDS - t0)) verdict
+  if ((rc == 0)); then verdict=PASS
+  elif ((rc == 124 || rc == 137)); then verdict="TIMEOUT at ${cap}s"
+  else verdict="FAIL (exit $rc)"; fi
+  ((rc == 0)) || status=1
+  echo "== $name: $verdict in ${took}s"
+  SUMMARY+=("$(printf '%-12s %-26s %4ds' "$name" "$verdict" "$took")")
+}
+
+stage versions 120 "$PY" -m spade.rollout.runtime_versions
+stage libraries 120 "$PY" - <<'PYEOF'
+import importlib.util
+
+import torch
+
+print("device", torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+      "count", torch.cuda.device_count())
+assert torch.cuda.is_available(), "no CUDA device"
+import transformer_engine
+import transformer_engine.pytorch  # noqa: F401  (loads the compiled extension)
+print("transformer_engine", transformer_engine.__version__)
+import amp_C  # noqa: F401  (apex's CUDA extensions)
+import fused_layer_norm_cuda  # noqa: F401
+print("apex extensions load")
+spec = importlib.util.find_spec("flash_attn")
+print("flash_attn:", "present (" + str(spec.submodule_search_locations) + ")" if spec else "absent",
+      "(TE uses cuDNN fused attention without FA2)")
+PYEOF
+stage ipc 90 "${PYTEST[@]}" tests/test_gpu_sglang.py -k cuda_ipc
+stage training 150 "${PYTEST[@]}" tests/test_gpu.py tests/test_gpu_offload.py
+stage mfu 150 "$PY" tools/gpu_mfu.py "$@"
+stage sglang 240 "${PYTEST[@]}" tests/test_gpu_sglang.py -k "real_sglang"
+stage spade-train 240 "${PYTEST[@]}" tests/test_gpu_sglang.py -k "spade_train"
+if [ -n "${MODEL_DIR:-}" ]; then
+  stage engine-check 400 "$PY" -m spade engine check --model-path "$MODEL_DIR"
+  stage throughput 600 "$PY" benchmarks/rollout_throughput.py --model-path "$MODEL_DIR" --concurrency 64 \
+      --num-prompts 256 --input-len 1024 --output-len 1024 --sglang-bench
+  stage weight-sync 400 "$PY" benchmarks/weight_sync.py --model-path "$MODEL_DIR" --device cuda \
+      --bucket-mb 128,512,1024
 fi
+
+echo "== summary ($((SECONDS - START))s of a ${BUDGET_S}s budget)"
+printf '%s\n' "${SUMMARY[@]}"
 exit $status

@@ -62,6 +62,7 @@ def main() -> None:
     from spade.training import (LossSettings, OptimizerSettings, TrainSample, build_model, build_optimizer,
                                 init_parallel, make_micro_batches, train_step)
 
+    built = time.perf_counter()
     config = {**QWEN3_4B, "num_hidden_layers": args.layers}
     spec = read_model_spec(config)
     layout = ParallelLayout()
@@ -80,14 +81,18 @@ def main() -> None:
                                    old_logprobs=-torch.rand(args.seq - 1, generator=generator) * 4))
     batches = make_micro_batches(samples, args.micro_batch_tokens)
     settings = LossSettings()
+    print(f"model, optimizer and batch built in {time.perf_counter() - built:.1f} s", flush=True)
     times = []
     for step in range(2 + args.steps):
         torch.cuda.synchronize()
         start = time.perf_counter()
         metrics = train_step(model.chunks, optimizer, scheduler, batches, settings)
         torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        print(f"step {step} ({'warm-up' if step < 2 else 'timed'}): {seconds:.3f} s, loss {metrics.loss:.4f}",
+              flush=True)
         if step >= 2:
-            times.append(time.perf_counter() - start)
+            times.append(seconds)
     tokens = sum(len(s.token_ids) for s in samples)
     step_s = sorted(times)[len(times) // 2]
     achieved = flops_per_token(config, args.seq) * tokens / step_s / 1e12
