@@ -4,6 +4,7 @@ optimizer and RNG state, the info file and hf/ directory, atomic saves, and clea
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -241,3 +242,133 @@ def test_missing_checkpoint_and_bad_targets(tmp_path, hf_dir, hf_config):
     with pytest.raises(ValueError, match="does not match the running parallel state"):
         save_checkpoint(tmp_path / "x", [model], hf_config=hf_config, layout=ParallelLayout(tp=2))
     assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------------------- before the first step
+
+
+@pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["optimizer", "distributed-optimizer"])
+def test_checkpoint_saved_before_the_first_optimizer_step_resumes(tmp_path, hf_dir, hf_config,
+                                                                  distributed_optimizer):
+    """An optimizer that never stepped has no state (megatron-core 0.16.1 cannot load that into an
+    optimizer); the load leaves it fresh, and the next step equals the one without the round trip."""
+    from spade.training.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+
+    model, spec = hx.megatron_model(hf_dir, LAYOUT)
+    ddp, optimizer = hx.trainer(model, distributed_optimizer=distributed_optimizer)
+    save_checkpoint(tmp_path / "step0", [ddp], hf_config=hf_config, layout=LAYOUT, step=0,
+                    optimizer=optimizer, tokenizer_dir=hf_dir)
+    assert read_checkpoint_info(tmp_path / "step0").optimizer_state is False
+    expected_draws = draws()
+    losses = [hx.train_step(ddp, optimizer, hx.batch(2)), hx.train_step(ddp, optimizer, hx.batch(3))]
+    expected = hx.hf_state(model, spec, LAYOUT)
+
+    fresh, _ = hx.megatron_model(hf_dir, LAYOUT, load_weights=False, seed=13)
+    fresh_ddp, fresh_optimizer = hx.trainer(fresh, distributed_optimizer=distributed_optimizer)
+    torch.manual_seed(98)
+    info = load_checkpoint(tmp_path / "step0", [fresh_ddp], optimizer=fresh_optimizer)
+    assert (info.step, info.contents) == (0, ("model", "optimizer", "rng"))
+    assert draws() == expected_draws
+    resumed = [hx.train_step(fresh_ddp, fresh_optimizer, hx.batch(2)),
+               hx.train_step(fresh_ddp, fresh_optimizer, hx.batch(3))]
+    assert resumed == losses
+    state = hx.hf_state(fresh, spec, LAYOUT)
+    assert [k for k in expected if not torch.equal(state[k], expected[k])] == []
+
+    # once it has stepped, the state is saved and loaded as before
+    save_checkpoint(tmp_path / "step2", [ddp], hf_config=hf_config, layout=LAYOUT, step=2, optimizer=optimizer)
+    assert read_checkpoint_info(tmp_path / "step2").optimizer_state is True
+
+
+def test_a_checkpoint_from_before_optimizer_state_was_recorded_still_loads(tmp_path, hf_dir, hf_config):
+    """Checkpoints written before the info file said ``optimizer_state``: the empty state is
+    recognised from the saved tensors (none of the optimizer's)."""
+    from spade.training.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+
+    model, _ = hx.megatron_model(hf_dir, LAYOUT)
+    ddp, optimizer = hx.trainer(model)
+    save_checkpoint(tmp_path / "old", [ddp], hf_config=hf_config, layout=LAYOUT, step=0, optimizer=optimizer)
+    info_path = tmp_path / "old" / "spade_checkpoint.json"
+    raw = json.loads(info_path.read_text())
+    del raw["optimizer_state"]
+    info_path.write_text(json.dumps(raw))
+    assert read_checkpoint_info(tmp_path / "old").optimizer_state is None
+    loss = hx.train_step(ddp, optimizer, hx.batch(4))
+    fresh, _ = hx.megatron_model(hf_dir, LAYOUT, load_weights=False, seed=14)
+    fresh_ddp, fresh_optimizer = hx.trainer(fresh)
+    load_checkpoint(tmp_path / "old", [fresh_ddp], optimizer=fresh_optimizer)
+    assert hx.train_step(fresh_ddp, fresh_optimizer, hx.batch(4)) == loss
+
+
+# ---------------------------------------------------------------------------- no helper processes
+
+
+def test_save_starts_no_process(tmp_path, hf_dir, hf_config):
+    """megatron-core's writer would start a multiprocessing Manager (a spawned server and a
+    resource tracker, which outlive a killed trainer) and fork a writer per file."""
+    import psutil
+
+    from spade.training.checkpoint import load_checkpoint, save_checkpoint
+
+    forks = []
+    counting = [True]
+    os.register_at_fork(before=lambda: counting[0] and forks.append(1))
+    model, _ = hx.megatron_model(hf_dir, LAYOUT)
+    ddp, optimizer = hx.trainer(model)
+    hx.train_step(ddp, optimizer, hx.batch(1))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    forks.clear()
+    try:
+        save_checkpoint(tmp_path / "ckpt", [ddp], hf_config=hf_config, layout=LAYOUT, step=1, optimizer=optimizer)
+    finally:
+        counting[0] = False
+    started = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert (forks, started) == ([], [])
+    load_checkpoint(tmp_path / "ckpt", [ddp], optimizer=optimizer)  # and what it wrote loads
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+def test_manifest_lists_every_file_and_verification_names_the_damage(saved, tmp_path):
+    from spade.training.checkpoint import add_to_manifest, read_manifest, verify_checkpoint
+
+    entries = read_manifest(saved)
+    on_disk = sorted(str(p.relative_to(saved)) for p in saved.rglob("*")
+                     if p.is_file() and p.name != "spade_manifest.json")
+    assert sorted(entries) == on_disk
+    assert {"spade_checkpoint.json", "metadata.json", ".metadata", "common.pt", "hf/config.json"} <= set(entries)
+    assert [entries[n]["size"] for n in on_disk] == [(saved / n).stat().st_size for n in on_disk]
+    assert verify_checkpoint(saved) == []
+
+    def damaged(damage) -> list[str]:
+        copy = tmp_path / f"copy{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(saved, copy)
+        damage(copy)
+        return verify_checkpoint(copy)
+
+    distcp = sorted(n for n in entries if n.endswith(".distcp"))[0]
+    assert damaged(lambda d: (d / distcp).unlink()) == [f"{tmp_path}/copy0: {distcp} is missing"]
+    truncated = damaged(lambda d: os.truncate(d / distcp, 100))
+    assert len(truncated) == 1 and f"{distcp} has 100 bytes" in truncated[0]
+
+    def flip(d: Path) -> None:
+        data = bytearray((d / distcp).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (d / distcp).write_bytes(bytes(data))
+
+    changed = damaged(flip)
+    assert len(changed) == 1 and "CRC-32" in changed[0] and distcp in changed[0]
+    missing = damaged(lambda d: (d / "spade_manifest.json").unlink())
+    assert len(missing) == 1 and "spade_manifest.json is missing" in missing[0]
+    garbled = damaged(lambda d: (d / "spade_manifest.json").write_text("{"))
+    assert len(garbled) == 1 and "unreadable" in garbled[0]
+
+    extra = tmp_path / "extra"
+    shutil.copytree(saved, extra)
+    assert verify_checkpoint(extra, require=["trainer_state.json"]) == [
+        f"{extra}: trainer_state.json is not in spade_manifest.json"]
+    (extra / "trainer_state.json").write_text("{}")
+    add_to_manifest(extra, ["trainer_state.json"])
+    assert verify_checkpoint(extra, require=["trainer_state.json"]) == []
+    assert read_manifest(extra)["trainer_state.json"]["size"] == 2
