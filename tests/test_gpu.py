@@ -1,8 +1,9 @@
 """The GPU path of the trainer: Transformer Engine layer spec, bf16, packed sequences.
 
-These need a CUDA GPU (and transformer_engine for the TE cases); elsewhere they are skipped, and
-the same behaviour is covered on CPU by test_training.py with the local spec. tools/gpu_check.sh
-runs them together with the MFU measurement.
+These need a CUDA GPU; elsewhere they are skipped (conftest), and the same behaviour is covered on
+CPU by test_training.py with the local spec. Transformer Engine is part of the GPU image, so on a
+GPU a missing or broken transformer_engine fails the TE cases instead of skipping them.
+tools/gpu_check.sh runs them together with the MFU measurement.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from test_models_parity import checkpoint_state, tiny_hf
 from test_training import random_samples
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("megatron_world")]
-needs_te = pytest.mark.skipif(not transformer_engine_usable(), reason="transformer_engine is not importable")
 
 
 def gpu_model(name: str, *, dtype: torch.dtype, use_te: bool):
+    if use_te and not transformer_engine_usable():
+        pytest.fail("transformer_engine is not importable: the GPU image must have it (see the Dockerfile)")
     init_parallel(ParallelLayout(), seed=1234)
     hf_model, spec = tiny_hf(name)
     options = BuildOptions(params_dtype=dtype, use_transformer_engine=use_te)
@@ -40,7 +42,7 @@ def hf_reference(hf_model, samples):
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama-tied", "qwen3-moe"])
-@pytest.mark.parametrize("use_te", [False, pytest.param(True, marks=needs_te)])
+@pytest.mark.parametrize("use_te", [False, True])
 def test_fp32_logprobs_match_transformers_on_gpu(name, use_te):
     hf_model, model = gpu_model(name, dtype=torch.float32, use_te=use_te)
     samples = random_samples([17, 9, 30])
@@ -49,7 +51,6 @@ def test_fp32_logprobs_match_transformers_on_gpu(name, use_te):
         torch.testing.assert_close(ours.cpu(), ref, atol=2e-3, rtol=0)  # TF32 matmuls on GPU
 
 
-@needs_te
 @pytest.mark.parametrize("name", ["qwen3", "qwen3-moe"])
 def test_packed_and_padded_micro_batches_give_the_same_loss(name):
     """The issue's requirement: packed sequences where TE supports them, padded elsewhere, same losses."""
@@ -61,7 +62,6 @@ def test_packed_and_padded_micro_batches_give_the_same_loss(name):
     assert packed.loss_tokens == padded.loss_tokens
 
 
-@needs_te
 def test_bf16_te_logprobs_close_to_transformers():
     hf_model, model = gpu_model("qwen3", dtype=torch.bfloat16, use_te=True)
     samples = random_samples([40, 12])

@@ -1,21 +1,28 @@
-"""The GPU half of the SGLang path: what the CPU suite runs against the stand-in, here on CUDA and,
-where SGLang is installed, against a real SGLang server.
+"""The GPU half of the SGLang path: what the CPU suite runs against the stand-in
+(tests/test_sglang_standin.py, tests/test_train_loop.py), here on CUDA against a real SGLang
+server, through the same spade entry points.
 
 * CUDA-IPC hand-over (no SGLang needed): tensors packed into a bucket on the GPU and serialized by
   ``serialize_named_tensors`` are opened by an unrelated process on the same GPU, bit for bit, and
   are the same memory (a write on one side is seen on the other).
-* Real SGLang (skipped unless ``SPADE_SGLANG_PYTHON`` or this interpreter can import sglang): a
-  small random Qwen3 served with spade's own command line; greedy tokens and their log-probs equal
-  transformers' on the same weights; a colocated weight update (IPC handles inside an update
-  session) changes the served model to exactly the new weights; releasing the server's memory
-  gives GPU memory back and resuming + updating restores generation; the update's seconds and
-  GB/s are printed for the GPU check's log.
+* Real SGLang, in this interpreter (the image runs trainer and servers in one environment; with a
+  GPU and without SGLang, or with a second torch/NCCL, these fail instead of skipping). A small
+  random Qwen3 with peaked next-token distributions, served with spade's own command line:
+  - teacher-forced log-probs: transformers scores the tokens SGLang sampled, and its log-probs
+    equal SGLang's within bf16 noise, and differ from them under other weights; before and after
+    a colocated weight update and after a memory release and resume (seconds, GB/s printed);
+  - seeded sampling is reproducible alone, repeated and batched;
+  - a server killed mid-rollout is restarted by spade's deployment with the current weights and
+    the failed requests complete on it;
+  - with 2 GPUs: a TP=2 server, and a disaggregated server fed by NCCL broadcast;
+  - ``spade train`` two steps with a colocated server on one GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -28,15 +35,6 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def sglang_python() -> str | None:
-    """An interpreter that has SGLang: $SPADE_SGLANG_PYTHON (the Docker image's /opt/sglang) or ours."""
-    for python in filter(None, [os.environ.get("SPADE_SGLANG_PYTHON"), sys.executable]):
-        probe = subprocess.run([python, "-c", "import sglang"], capture_output=True, timeout=120)
-        if probe.returncode == 0:
-            return python
-    return None
 
 
 def test_cuda_ipc_handles_open_in_another_process_as_the_same_memory(tmp_path):
@@ -71,10 +69,48 @@ def test_cuda_ipc_handles_open_in_another_process_as_the_same_memory(tmp_path):
 
 # ---------------------------------------------------------------------------------------- real SGLang
 
+MAX_MEAN_ABS = 0.05  # bf16 kernels: SGLang's and transformers' log-probs of the same tokens
+MAX_ABS = 0.3
+MIN_WRONG_MEAN_ABS = 0.5  # the same tokens scored with other weights: far off (the model is not flat)
+
+
+@pytest.fixture(scope="module")
+def sglang_installed() -> str:
+    """The interpreter the servers run with (this one: the image has one environment). With a
+    GPU, a missing SGLang or a second torch/NCCL is a broken image: the test fails, it does not
+    skip (conftest skips the module only where there is no CUDA GPU)."""
+    from spade.rollout.runtime_versions import RuntimeVersionMismatch, check_sglang_runtime
+
+    try:
+        check_sglang_runtime(sys.executable)
+    except RuntimeVersionMismatch as exc:
+        pytest.fail(f"the GPU checks need SGLang in this environment:\n{exc}")
+    return sys.executable
+
+
+def needs_gpus(count: int) -> None:
+    if torch.cuda.device_count() < count:
+        pytest.skip(f"needs {count} GPUs, {torch.cuda.device_count()} visible")
+
+
+def random_state(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
+    """Weights for the served architecture, random and far from flat (see hf_fixtures.randomize_)."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_fixtures import randomize_
+
+    torch.manual_seed(seed)
+    model = randomize_(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory) -> Path:
+    """A small random Qwen3 in bf16 with weights that give peaked next-token distributions, so
+    that log-probs tell one set of weights from another."""
     from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from hf_fixtures import randomize_
 
     directory = tmp_path_factory.mktemp("sglang_qwen3")
     config = Qwen3Config(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
@@ -82,20 +118,64 @@ def qwen3_dir(tmp_path_factory) -> Path:
                          rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False, torch_dtype="bfloat16",
                          eos_token_id=2, bos_token_id=1)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(directory)
+    randomize_(AutoModelForCausalLM.from_config(config)).to(torch.bfloat16).save_pretrained(directory)
     return directory
 
 
+class Scorer:
+    """transformers on the GPU (bf16), scoring given tokens after a prompt (teacher forcing): the
+    log-probs of ``softmax(logits / T)``, what SGLang reports for the tokens it sampled at T
+    (full vocabulary, before top-k/top-p). Computed with spade's own ``logprobs_from_logits``."""
+
+    def __init__(self, model_dir: Path):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+        self.original = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def score(self, prompt, tokens, temperature: float, state=None) -> list[float]:
+        from spade.rl.logprobs import logprobs_from_logits
+
+        self.model.load_state_dict(self.original if state is None else state)
+        ids = torch.tensor([list(prompt) + list(tokens)], device="cuda")
+        with torch.no_grad():
+            logits = self.model(ids).logits[0, len(prompt) - 1:-1].float()
+        return logprobs_from_logits(logits / max(temperature, 1e-6), ids[0, len(prompt):]).cpu().tolist()
+
+
 @pytest.fixture(scope="module")
-def server(qwen3_dir, tmp_path_factory):
-    python = sglang_python()
-    if python is None:
-        pytest.skip("SGLang is not installed (set SPADE_SGLANG_PYTHON to an interpreter that has it)")
+def scorer(qwen3_dir) -> Scorer:
+    return Scorer(qwen3_dir)
+
+
+def assert_scored(result, request, scorer: Scorer, state=None, *, wrong_state=None) -> None:
+    """SGLang's log-probs of its own sampled tokens equal transformers' for those tokens under
+    ``state`` (within bf16 noise), and are far from the same tokens under ``wrong_state``."""
+    temperature = request.sampling.temperature or 1.0  # greedy: SGLang reports T = 1
+    assert len(result.token_ids) == request.sampling.max_new_tokens
+    got = torch.tensor(result.logprobs)
+    want = torch.tensor(scorer.score(request.prompt_ids, result.token_ids, temperature, state))
+    diff = (got - want).abs()
+    assert diff.mean() <= MAX_MEAN_ABS and diff.max() <= MAX_ABS, (diff.mean().item(), diff.max().item())
+    if wrong_state is not None:
+        other = torch.tensor(scorer.score(request.prompt_ids, result.token_ids, temperature, wrong_state))
+        assert (got - other).abs().mean() >= MIN_WRONG_MEAN_ABS, "the log-probs do not tell the weights apart"
+
+
+def sampled(prompt, *, seed: int, tokens: int = 24, temperature: float = 0.7):
+    from spade.rollout.engine import GenerationRequest, SamplingParams
+
+    return GenerationRequest(tuple(prompt), SamplingParams(temperature=temperature, max_new_tokens=tokens,
+                                                           ignore_eos=True, seed=seed))
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_dir, sglang_installed, tmp_path_factory):
     from spade.rollout.sglang_deployment import SERVER_ENV_DEFAULTS
     from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
 
     port = free_port()
-    argv = sglang_argv(qwen3_dir, port=port, mem_fraction=0.3, python=python,
+    argv = sglang_argv(qwen3_dir, port=port, mem_fraction=0.3, python=sglang_installed,
                        extra_args={"enable_deterministic_inference": True})
     log = tmp_path_factory.mktemp("sglang_logs") / "server.log"
     launcher = ServerLauncher(argv, port=port, log_path=log, start_timeout_s=600, env=SERVER_ENV_DEFAULTS)
@@ -106,24 +186,6 @@ def server(qwen3_dir, tmp_path_factory):
     loop.close()
 
 
-def reference_greedy(model_dir: Path, prompt: list[int], steps: int, state=None):
-    """Greedy tokens and their log-probs (T = 1) from transformers on the GPU, bf16."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
-    if state is not None:
-        model.load_state_dict(state)
-    ids, logprobs = list(prompt), []
-    with torch.no_grad():
-        for _ in range(steps):
-            logits = model(torch.tensor([ids], device="cuda")).logits[0, -1].float()
-            lp = torch.log_softmax(logits, -1)
-            token = int(lp.argmax())
-            ids.append(token)
-            logprobs.append(float(lp[token]))
-    return ids[len(prompt):], logprobs
-
-
 async def update_by_ipc(engine, named, version: int) -> float:
     from spade.rollout.weight_transport import push_weights_by_ipc
 
@@ -132,24 +194,24 @@ async def update_by_ipc(engine, named, version: int) -> float:
     return time.perf_counter() - started
 
 
-def test_real_sglang_generation_update_release(server, qwen3_dir):
-    from transformers import AutoModelForCausalLM
+PROMPT = (5, 17, 300, 41, 9)
 
-    from spade.rollout.engine import GenerationRequest, SamplingParams
+
+def test_real_sglang_logprobs_update_and_release(server, qwen3_dir, scorer):
+    """Teacher forcing: transformers scores the tokens SGLang sampled (seeded, T = 0.7) and must
+    give SGLang's own log-probs, before a colocated update (the checkpoint's weights), after it
+    (the new weights, and far from the old ones) and after a memory release and resume + update."""
     from spade.rollout.sglang_engine import SGLangEngine
 
     loop, launcher = server
-    prompt = [5, 17, 300, 41, 9]
-    request = GenerationRequest(tuple(prompt), SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True))
+    request = sampled(PROMPT, seed=11, tokens=32)
+    greedy = sampled(PROMPT, seed=0, tokens=16, temperature=0.0)
+    state = random_state(qwen3_dir, seed=1)
 
     async def scenario():
         engine = SGLangEngine([launcher.url], weight_updater=update_by_ipc)
         before = await engine.generate(request)
-        torch.manual_seed(1)
-        fresh = AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.bfloat16)
-        for p in fresh.parameters():
-            p.data.normal_(0, 0.05)
-        state = {k: v.detach().clone() for k, v in fresh.state_dict().items()}
+        before_greedy = await engine.generate(greedy)
         named = [(k, v.cuda()) for k, v in state.items()]
         seconds = await update_by_ipc(engine, named, 5)
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
@@ -161,26 +223,185 @@ def test_real_sglang_generation_update_release(server, qwen3_dir):
         await engine.resume_and_update(named, 6)  # weights region, update session, KV cache, continue
         resumed = await engine.generate(request)
         await engine.aclose()
-        return before, after, resumed, state, seconds, nbytes, free_before, free_released
+        return before, before_greedy, after, resumed, seconds, nbytes, free_before, free_released
 
-    before, after, resumed, state, seconds, nbytes, free_before, free_released = loop.run_until_complete(scenario())
+    before, before_greedy, after, resumed, seconds, nbytes, free_before, free_released = \
+        loop.run_until_complete(scenario())
     print(f"\nSGLANG_WEIGHT_UPDATE {nbytes / 1e9:.3f} GB in {seconds:.3f} s ({nbytes / seconds / 1e9:.2f} GB/s)")
     print(f"SGLANG_RELEASE freed {(free_released - free_before) / 2**30:.2f} GiB")
 
-    tokens, logprobs = reference_greedy(qwen3_dir, prompt, 8)
-    assert list(before.token_ids) == tokens
-    assert before.logprobs == pytest.approx(logprobs, abs=0.05)  # bf16 kernels differ
-    new_tokens, new_logprobs = reference_greedy(qwen3_dir, prompt, 8, state)
-    assert list(after.token_ids) == new_tokens and after.weight_version == 5
-    assert after.logprobs == pytest.approx(new_logprobs, abs=0.05)
-    assert list(resumed.token_ids) == new_tokens and resumed.weight_version == 6
+    assert after.weight_version == 5 and resumed.weight_version == 6
+    assert_scored(before, request, scorer, wrong_state=state)
+    assert_scored(before_greedy, greedy, scorer)
+    assert_scored(after, request, scorer, state, wrong_state=scorer.original)
+    assert_scored(resumed, request, scorer, state, wrong_state=scorer.original)
     assert free_released - free_before > 0.5 * nbytes  # at least the weights came back to the GPU pool
+
+
+def test_real_sglang_seeded_sampling_is_reproducible(server):
+    """With --enable-deterministic-inference a seed fixes the completion: the same seeded request
+    gives the same tokens and log-probs alone, again, and batched with seven others; another seed
+    gives other tokens."""
+    from spade.rollout.sglang_engine import SGLangEngine
+
+    loop, launcher = server
+    request = sampled(PROMPT, seed=1234, tokens=48, temperature=1.0)
+
+    async def scenario():
+        engine = SGLangEngine([launcher.url])
+        first = await engine.generate(request)
+        again = await engine.generate(request)
+        crowd = [sampled((7 + i, 3, 99 + i), seed=i, tokens=64, temperature=1.0) for i in range(7)]
+        batched = await asyncio.gather(engine.generate(request), *(engine.generate(r) for r in crowd))
+        other = await engine.generate(sampled(PROMPT, seed=4321, tokens=48, temperature=1.0))
+        await engine.aclose()
+        return first, again, batched[0], other
+
+    first, again, batched, other = loop.run_until_complete(scenario())
+    for twin in (again, batched):
+        assert twin.token_ids == first.token_ids
+        assert twin.logprobs == pytest.approx(first.logprobs, abs=1e-4, rel=0)
+    assert other.token_ids != first.token_ids  # the seed matters
+
+
+def test_real_sglang_server_killed_mid_rollout_restarts_with_the_current_weights(qwen3_dir, scorer,
+                                                                                 sglang_installed, tmp_path):
+    """spade's deployment (one colocated server, CUDA-IPC sync) on this GPU: the model's weights
+    are replaced (version 3), long completions are in flight, and the server's whole process group
+    is killed. The failed requests make the engine call the recovery hook, which does what the
+    trainer does (``spade.run.trainer._recover_servers``): the owner restarts the server and sends
+    it the current weights; the requests are retried there and complete. The restarted server
+    serves the current weights, not the checkpoint it loads at start."""
+    from spade.rollout.sglang_deployment import SGLangDeployment
+    from spade.rollout.sglang_settings import SGLangSection
+    from spade.rollout.server_launcher import free_port
+
+    settings = SGLangSection(port=free_port(), mem_fraction=0.2, start_timeout_s=600, max_retries=2, max_restarts=1,
+                             server_args={"enable_deterministic_inference": True})
+    deployment = SGLangDeployment(settings, model_dir=qwen3_dir, log_dir=tmp_path, device=torch.device("cuda", 0),
+                                  local_rank=0, python=sglang_installed)
+    state = random_state(qwen3_dir, seed=3)
+    named = [(k, v.cuda()) for k, v in state.items()]
+
+    def weights():
+        return iter(named)
+
+    async def recover(index: int) -> None:
+        await deployment.restart([index])
+        await deployment.sync_weights(weights, 3, [index])
+
+    deployment.recover_hook = recover
+    long = [sampled((11 + i, 2, 250), seed=100 + i, tokens=512) for i in range(4)]
+    probe = sampled(PROMPT, seed=7, tokens=32)
+
+    async def scenario():
+        await deployment.start()
+        try:
+            await deployment.sync_weights(weights, 3)
+            engine, launcher = deployment.engine, deployment.launchers[0]
+            first_pid = launcher.pid
+            tasks = [asyncio.ensure_future(engine.generate(r)) for r in long]
+            while engine.servers[0].in_flight < len(long):
+                await asyncio.sleep(0)  # let every request go out, then kill the server under them
+            os.killpg(first_pid, signal.SIGKILL)
+            results = await asyncio.gather(*tasks)
+            after = await engine.generate(probe)
+            return first_pid, launcher.pid, results, after, dict(deployment.restarts), engine.servers[0].failures
+        finally:
+            await deployment.close()
+
+    first_pid, pid, results, after, restarts, failures = asyncio.run(scenario())
+    assert pid != first_pid and restarts == {0: 1} and failures >= 1
+    for request, result in zip(long, results):
+        assert result.weight_version == 3
+        assert_scored(result, request, scorer, state)
+    assert after.weight_version == 3
+    assert_scored(after, probe, scorer, state, wrong_state=scorer.original)
+
+
+def test_real_sglang_tp2_server_scores_and_takes_an_update(qwen3_dir, scorer, sglang_installed, tmp_path):
+    """A server over two GPUs (--tp-size 2): its log-probs match transformers' before and after an
+    IPC update that feeds both TP workers from this process (the one on GPU 1 reads GPU 0's
+    buckets over NVLink/PCIe)."""
+    needs_gpus(2)
+    from spade.rollout.sglang_deployment import SERVER_ENV_DEFAULTS
+    from spade.rollout.sglang_engine import SGLangEngine
+    from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
+    from spade.rollout.weight_transport import push_weights_by_ipc
+
+    port = free_port()
+    launcher = ServerLauncher(sglang_argv(qwen3_dir, tp=2, port=port, mem_fraction=0.2, python=sglang_installed),
+                              port=port, log_path=tmp_path / "tp2.log", start_timeout_s=600, env=SERVER_ENV_DEFAULTS)
+    state = random_state(qwen3_dir, seed=4)
+    request = sampled(PROMPT, seed=5, tokens=32)
+
+    async def scenario():
+        await launcher.start()
+        try:
+            engine = SGLangEngine([launcher.url])
+            info = (await engine.server_info())[0]
+            before = await engine.generate(request)
+            await push_weights_by_ipc(engine, [(k, v.cuda()) for k, v in state.items()], 2, tp=2, device="cuda")
+            after = await engine.generate(request)
+            await engine.aclose()
+            return info, before, after
+        finally:
+            await launcher.close()
+
+    info, before, after = asyncio.run(scenario())
+    assert int(info.get("tp_size", 0)) == 2
+    assert_scored(before, request, scorer, wrong_state=state)
+    assert after.weight_version == 2
+    assert_scored(after, request, scorer, state, wrong_state=scorer.original)
+
+
+def test_real_sglang_disaggregated_server_gets_weights_by_nccl_broadcast(qwen3_dir, scorer, sglang_installed,
+                                                                         tmp_path):
+    """``engine.sglang.urls``: a server spade did not launch, on GPU 1, and spade's deployment on
+    GPU 0 (as global rank 0). The deployment opens an NCCL group with the server's worker
+    (/init_weights_update_group) and broadcasts the new weights bucket by bucket
+    (/update_weights_from_distributed): both sides must load one NCCL for the group to form. The
+    server then serves exactly those weights. NCCL does not put two ranks on one GPU: 2 GPUs."""
+    needs_gpus(2)
+    from spade.rollout.sglang_deployment import SERVER_ENV_DEFAULTS, SGLangDeployment
+    from spade.rollout.sglang_settings import SGLangSection
+    from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
+
+    port = free_port()
+    launcher = ServerLauncher(sglang_argv(qwen3_dir, port=port, mem_fraction=0.2, python=sglang_installed,
+                                          extra_args={"base_gpu_id": 1}),
+                              port=port, log_path=tmp_path / "external.log", start_timeout_s=600,
+                              env=SERVER_ENV_DEFAULTS)
+    deployment = SGLangDeployment(SGLangSection(urls=(launcher.url,), bucket_mb=8), model_dir=qwen3_dir,
+                                  log_dir=tmp_path, device=torch.device("cuda", 0), local_rank=0)
+    state = random_state(qwen3_dir, seed=6)
+    named = [(k, v.cuda()) for k, v in state.items()]
+    request = sampled(PROMPT, seed=9, tokens=32)
+
+    async def scenario():
+        await launcher.start()
+        try:
+            await deployment.start()
+            method, connected = deployment.method, deployment.sender is not None and deployment.sender.connected
+            started = time.perf_counter()
+            await deployment.sync_weights(lambda: iter(named), 4)
+            seconds = time.perf_counter() - started
+            return method, connected, seconds, await deployment.engine.generate(request)
+        finally:
+            await deployment.close()  # leaves the group, then the server goes
+            await launcher.close()
+
+    method, connected, seconds, result = asyncio.run(scenario())
+    print(f"\nSGLANG_BROADCAST_UPDATE {seconds:.3f} s")
+    assert method == "broadcast" and connected
+    assert result.weight_version == 4
+    assert_scored(result, request, scorer, state, wrong_state=scorer.original)
 
 
 # ---------------------------------------------------------------------------------------- spade train
 
 
-def test_spade_train_on_one_gpu_with_a_colocated_sglang_server(tmp_path):
+def test_spade_train_on_one_gpu_with_a_colocated_sglang_server(tmp_path, sglang_installed):
     """``spade train`` with ``engine.kind: sglang`` on one GPU: the server colocated with the trainer
     (memory released during the train step, training state offloaded during rollouts, weights by
     CUDA IPC), two steps on a fixed pool of example games with a small random Qwen3. The run must
@@ -192,9 +413,6 @@ def test_spade_train_on_one_gpu_with_a_colocated_sglang_server(tmp_path):
 
     from chat_templates import bpe_tokenizer
 
-    python = sglang_python()
-    if python is None:
-        pytest.skip("SGLang is not installed (set SPADE_SGLANG_PYTHON to an interpreter that has it)")
     hf = tmp_path / "hf"
     tokenizer = bpe_tokenizer()
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -216,7 +434,7 @@ selfplay: {{k: 2, envs_per_set: 2, g_nohint: 4, g_hint: 4, designer_enabled: fal
            agent_temperature: 1.0, top_k: null, top_p: 1.0}}
 engine:
   kind: sglang
-  sglang: {{mem_fraction: 0.3, start_timeout_s: 600, server_command: [{python}, -m, sglang.launch_server]}}
+  sglang: {{mem_fraction: 0.3, start_timeout_s: 600}}
 run: {{steps: 2, checkpoint_every: 2, micro_batch_tokens: 4096}}
 """)
     run = tmp_path / "run"
