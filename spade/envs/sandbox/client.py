@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,9 @@ class SandboxService:
         self.generation += 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {**os.environ, "PYTHONPATH": PACKAGE_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        if threading.current_thread() is threading.main_thread():
+            # the supervisor arms a parent-death signal, which follows the thread that forks it
+            env["SPADE_SANDBOX_PARENT"] = str(os.getpid())
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "spade.envs.sandbox.supervisor", str(theirs.fileno())],

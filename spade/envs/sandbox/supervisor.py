@@ -6,13 +6,21 @@ hardened child in one of the pool's sandboxes; the supervisor talks to it direct
 reply as untrusted (frame size, JSON depth, schema, sequence number), kills it with SIGKILL when a
 call outlives its timeout, and turns every way a child can end into one classified error.
 Infrastructure faults (a sandbox died, could not start) are flagged so callers retry them.
+
+It dies with the process that started it: it stops when its socket closes, and when the client
+names itself in ``SPADE_SANDBOX_PARENT`` (it does when it launches from its main thread: the
+signal follows the thread that forked) the kernel sends it SIGKILL the moment that process dies
+(``PR_SET_PDEATHSIG``), however it died. Its sandboxes follow (bubblewrap ``--die-with-parent``;
+without bubblewrap the zygote stops when its channel closes and kills its children).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 import math
+import os
 import resource
 import signal
 import sys
@@ -476,7 +484,23 @@ def _raise_open_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 16, hard))
 
 
+PARENT_ENV = "SPADE_SANDBOX_PARENT"
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL when the process named in ``SPADE_SANDBOX_PARENT`` dies; exit now if it is gone."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if not parent:
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not Linux: the closed socket still stops us
+    if os.getppid() != int(parent):  # it died before the signal was armed
+        os._exit(0)
+
+
 def main() -> None:
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides when we stop
     _raise_open_file_limit()
     sys.exit(asyncio.run(_main(int(sys.argv[1]))))

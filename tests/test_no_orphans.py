@@ -1,0 +1,175 @@
+"""No process outlives ``spade train``, whatever kills it.
+
+A tiny run (random tiny Qwen3, the fixed pool of two example games, the real sandbox and the real
+Megatron checkpoints) is SIGKILLed -- the main process alone, as ``kill -9 PID`` does -- after its
+first checkpoint, while step 2 runs. Every process it started (the sandbox supervisor and its
+bubblewrap sandboxes, anything a checkpoint save started) must then be gone. Descendants are found
+two ways: the process tree just before the kill, and a unique environment variable that every
+process inheriting the trainer's environment carries (bubblewrap clears it inside the sandbox;
+those are in the tree).
+
+Before the fix, megatron-core's filesystem writer left a multiprocessing ``resource_tracker`` and
+a ``spawn_main`` Manager (~330 MB) behind, reparented to PID 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG_ENV = "SPADE_TEST_ORPHAN_TAG"
+RUN_TIMEOUT_S = 300
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    from chat_templates import bpe_tokenizer
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    work = tmp_path_factory.mktemp("orphans")
+    hf = work / "hf"
+    tokenizer = bpe_tokenizer()
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    envs = work / "envs"
+    envs.mkdir()
+    for name in ("hidden_sequence.py", "remainder_oracle.py"):
+        shutil.copy(ROOT / "examples" / "envs" / name, envs / name)
+    path = work / "tiny.yaml"
+    path.write_text(f"""
+model: {{hf_dir: {hf}, dtype: float32}}
+selfplay:
+  k: 2
+  envs_per_set: 2
+  g_nohint: 2
+  g_hint: 2
+  designer_enabled: false
+  fixed_env_dir: {envs}
+  use_corpus: false
+  agent_max_tokens: 8
+  hint_max_tokens: 8
+  designer_max_tokens: 8
+  max_turns: 1
+  max_context_tokens: 1024
+engine: {{max_batch_size: 8}}
+run: {{steps: 4, checkpoint_every: 1, seed: 7, micro_batch_tokens: 2048}}
+""")
+    return path
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TAG_ENV) == tag:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def describe(procs) -> list[str]:
+    out = []
+    for proc in procs:
+        try:
+            out.append(f"{proc.pid} (parent {proc.ppid()}): {' '.join(proc.cmdline())[:160]}")
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_sigkill_of_spade_train_leaves_no_process(tiny_config, tmp_path):
+    run = tmp_path / "run"
+    latest = run / "checkpoints" / "latest"
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG_ENV: tag, "OMP_NUM_THREADS": "1"}
+    log = open(tmp_path / "train.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "spade", "train", "--config", str(tiny_config),
+                             "--run-dir", str(run)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # a group of its own: the cleanup below kills it whole
+    main = psutil.Process(proc.pid)
+    try:
+        # the first checkpoint is complete once 'latest' names it; step 2 then runs
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (latest.is_file() and latest.read_text().strip() == "step_1"):
+            assert proc.poll() is None, f"the run ended before it could be killed:\n{(tmp_path / 'train.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no checkpoint within the time limit"
+            try:
+                main.wait(timeout=0.05)  # returns early only if the run exits
+            except psutil.TimeoutExpired:
+                pass
+        tree = main.children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in tree if p.is_running())
+        assert "spade.envs.sandbox.supervisor" in names, names  # the kill below is not vacuous
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        survivors = {p.pid: p for p in alive + tagged(tag) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+        assert describe(survivors.values()) == []
+    finally:
+        for leftover in tagged(tag):  # never leave them to the next test
+            try:
+                leftover.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+
+
+HOST = """
+import asyncio, sys
+from spade.envs.sandbox.client import SandboxService
+from spade.envs.sandbox.config import SandboxConfig
+
+async def main():
+    service = await SandboxService.start(SandboxConfig())
+    print(service._process.pid, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def test_the_sandbox_supervisor_dies_with_its_client_even_when_it_cannot_notice():
+    """The supervisor stops when its socket closes; one that is stopped (SIGSTOP: it reads nothing)
+    still dies with the process that started it: the kernel's parent-death signal."""
+    host = subprocess.Popen([sys.executable, "-c", HOST], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    supervisor = None
+    try:
+        line = host.stdout.readline()
+        assert line.strip().isdigit(), f"the sandbox service did not start (exit {host.poll()})"
+        supervisor = psutil.Process(int(line))
+        sandboxes = supervisor.children(recursive=True)
+        assert sandboxes, "the supervisor started no sandbox"
+        supervisor.suspend()
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(timeout=30)
+        _, alive = psutil.wait_procs([supervisor, *sandboxes], timeout=30)
+        assert describe(p for p in alive if p.status() != psutil.STATUS_ZOMBIE) == []
+    finally:
+        if supervisor is not None and supervisor.is_running():
+            supervisor.kill()
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+            host.wait(timeout=30)
