@@ -40,6 +40,14 @@ What is simulated, and how:
   receiving its N-th ``/generate``, before replying. With ``SPADE_STANDIN_DIE_ONCE_FILE=PATH``
   too, it only does so if PATH does not exist yet, and creates it first, so a restarted server
   with the same command line and environment keeps running.
+* Test-only, at run time: ``POST /spade_standin/fault {"endpoint": PATH, "times": N, "status": S}``
+  makes the next N requests to PATH fail with HTTP S (``{"error": {"message"}}``) without being
+  handled; ``{"endpoint": PATH, "times": N, "hang": true}`` makes them never answer (a hung
+  ``/generate`` is registered under its rid, so ``/abort_request`` ends it; its rid is listed in
+  ``/get_server_info`` under ``standin.hung_rids``). Faults on one path fire in the order posted;
+  ``standin.faults_pending`` counts those not fired yet; ``{"endpoint": PATH, "clear": true}``
+  drops PATH's.
+  ``/spade_standin/*`` calls are not logged.
 
 HTTP: a small asyncio HTTP/1.1 server (standard library): keep-alive, ``Content-Length`` bodies,
 JSON in and out.
@@ -191,6 +199,8 @@ class Standin:
         self.log: list[dict[str, Any]] = []
         self.groups: dict[str, Any] = {}
         self.update_session = False  # between /begin_weight_update and /end_weight_update
+        self.faults: dict[str, list[dict[str, Any]]] = {}  # path -> pending faults (POST /spade_standin/fault)
+        self.hung_rids: list[str] = []
 
     @property
     def weight_version(self) -> str:
@@ -207,11 +217,14 @@ class Standin:
             known = path in self.GET_ROUTES or path in self.POST_ROUTES
             return error(405 if known else 404, f"{method} {path} is not served")
         entry = None
-        if method == "POST" and path != "/generate":
+        if method == "POST" and path != "/generate" and not path.startswith("/spade_standin/"):
             entry = {"endpoint": path, "body": _summary(body)}
             self.log.append(entry)
+        fault = self._next_fault(path)
         if method == "POST" and body is not None and not isinstance(body, dict):
             reply = error(400, "the request body must be a JSON object")
+        elif fault is not None:
+            reply = await self._inject(fault, path, body if isinstance(body, dict) else {})
         else:
             try:
                 reply = await route(self, body or {})
@@ -242,7 +255,8 @@ class Standin:
             "enable_weights_cpu_backup": o.weights_cpu_backup,
             "weight_version": self.weight_version, "version": "spade-standin",
             "standin": {"released": sorted(self.released), "paused": self.paused,
-                        "generates": self.generates, "ignored_args": o.ignored},
+                        "generates": self.generates, "ignored_args": o.ignored, "hung_rids": self.hung_rids,
+                        "faults_pending": sum(f["times"] for fs in self.faults.values() for f in fs)},
         })
 
     async def model_info(self, _body: dict) -> Reply:
@@ -254,6 +268,51 @@ class Standin:
 
     async def standin_log(self, _body: dict) -> Reply:
         return Reply(200, self.log)
+
+    async def standin_fault(self, body: dict) -> Reply:
+        path, times = body.get("endpoint"), body.get("times", 1)
+        if not isinstance(path, str) or not path.startswith("/") or path.startswith("/spade_standin/"):
+            raise BadRequest(f"fault endpoint must be a served path, got {path!r}")
+        if body.get("clear") is True:
+            self.faults.pop(path, None)
+            return Reply(200)
+        if not isinstance(times, int) or times < 1:
+            raise BadRequest(f"times must be a positive int, got {times!r}")
+        if body.get("hang") is True:
+            fault: dict[str, Any] = {"hang": True}
+        elif isinstance(body.get("status"), int) and 400 <= body["status"] < 600:
+            fault = {"status": body["status"]}
+        else:
+            raise BadRequest('a fault needs "hang": true or an HTTP error "status"')
+        self.faults.setdefault(path, []).append({**fault, "times": times})
+        return Reply(200)
+
+    def _next_fault(self, path: str) -> Optional[dict[str, Any]]:
+        pending = self.faults.get(path)
+        if not pending:
+            return None
+        fault = pending[0]
+        fault["times"] -= 1
+        if fault["times"] == 0:
+            pending.pop(0)
+        return fault
+
+    async def _inject(self, fault: dict[str, Any], path: str, body: dict) -> Reply:
+        say(f"fault injection on {path}: {fault}")
+        if "status" in fault:
+            return error(fault["status"], f"fault injection: HTTP {fault['status']} on {path}")
+        if path == "/generate":
+            rid = str(body.get("rid") or uuid.uuid4().hex)
+            task = asyncio.ensure_future(asyncio.Event().wait())
+            self.inflight[rid] = task
+            self.hung_rids.append(rid)
+            try:
+                await asyncio.wait({task})
+            finally:
+                self.inflight.pop(rid, None)
+            return error(503, f"hung request {rid} aborted")
+        await asyncio.Event().wait()  # never answers
+        return Reply(500)
 
     async def standin_weights(self, _body: dict) -> Reply:
         state = self.engine.model.state_dict()
@@ -579,6 +638,7 @@ class Standin:
         "/init_weights_update_group": init_weights_update_group,
         "/update_weights_from_distributed": update_weights_from_distributed,
         "/destroy_weights_update_group": destroy_weights_update_group,
+        "/spade_standin/fault": standin_fault,
     }
     # SGLang serves these as GET too
     GET_ROUTES["/flush_cache"] = flush_cache
