@@ -7,13 +7,14 @@
     python benchmarks/weight_sync.py --model-path DIR --device cpu \
         --server-command "python tests/sglang_standin/server.py"
 
-What is timed is the trainer's colocated path (``SGLangDeployment._sync_ipc`` on one rank):
-the model's tensors, already on ``--device`` (read once from ``--model-path``'s safetensors, as
-the trainer holds them after its TP/EP gathers), are packed into buckets of at most
-``--bucket-mb`` (``pack_buckets``), each bucket's tensors serialized as IPC handles
-(``serialize_named_tensors``) and posted to ``/update_weights_from_tensor`` (one entry per server
-TP rank) inside a ``/begin_weight_update`` .. ``/end_weight_update`` session, then ``/flush_cache``. Each bucket size runs ``--repeats`` times; the best and the median
-are printed with the bandwidth (model bytes / seconds).
+What is timed is the trainer's colocated path, ``weight_transport.update_weights_by_ipc`` (the
+function ``SGLangDeployment.sync_weights`` runs), fed from this one process: the model's tensors,
+already on ``--device`` (read once from ``--model-path``'s safetensors, as the trainer holds them
+after its TP/EP gathers), are packed into buckets of at most ``--bucket-mb`` (``pack_buckets``),
+each bucket serialized as IPC handles once per server TP worker (``serialize_named_tensors``) and
+posted to ``/update_weights_from_tensor`` inside a ``/begin_weight_update`` ..
+``/end_weight_update`` session, then ``/flush_cache``. Each bucket size runs ``--repeats`` times;
+the best and the median are printed with the bandwidth (model bytes / seconds).
 
 One process feeds every TP worker here, so with ``--tp > 1`` the workers on other GPUs read this
 GPU's memory over NVLink: a pessimistic bound. In training every rank feeds the worker on its own

@@ -305,3 +305,39 @@ def test_broadcast_sender_updates_two_standin_servers(tmp_path):
             await asyncio.gather(*(s.stop(grace_s=2) for s in servers))
 
     asyncio.run(asyncio.wait_for(main(), 100))
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_update_gives_each_tp_worker_a_share_of_its_own(tmp_path, monkeypatch):
+    """On CUDA each dump of a bucket is a new IPC share (its own reference-counter slot): the two
+    entries for a TP-2 server's workers differ, and the server loads the weights bit for bit."""
+    from spade.rollout import weight_transport
+
+    model_dir = save_tiny_hf("qwen3", tmp_path / "model")
+    new_state = {k: v.clone() for k, v in tiny_model("qwen3", seed=1).state_dict().items()}
+    expected = {k: sha(v) for k, v in new_state.items()}
+    entries: list[str] = []
+    serialize = weight_transport.serialize_named_tensors
+
+    def recording(named):
+        entries.append(serialize(named))
+        return entries[-1]
+
+    monkeypatch.setattr(weight_transport, "serialize_named_tensors", recording)
+
+    async def main():
+        server = standin_launcher(model_dir, tp=2, log_path=tmp_path / "tp2.log")
+        await server.start()
+        try:
+            engine = SGLangEngine([server.url])
+            buckets = await weight_transport.push_weights_by_ipc(
+                engine, ((k, v.cuda()) for k, v in new_state.items()), 3, max_bucket_bytes=48 << 10, device="cuda")
+            await engine.aclose()
+            return buckets, get_json(server.url + "/spade_standin/weights")
+        finally:
+            await server.stop(grace_s=2)
+
+    buckets, digests = asyncio.run(asyncio.wait_for(main(), 100))
+    assert digests == expected
+    assert len(entries) == 2 * buckets and buckets >= 2
+    assert all(a != b for a, b in zip(entries[0::2], entries[1::2]))

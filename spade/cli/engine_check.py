@@ -12,8 +12,9 @@ training will ask of it, printing one line per check with its time:
 3. seeds: the same seeded request twice gives the same tokens (a warning only: SGLang honours
    seeds with ``--enable-deterministic-inference``);
 4. weight update: the model's own tensors, read from ``--model-path`` onto ``--device`` and sent
-   as IPC handles in buckets inside an update session, come back as the same greedy tokens under
-   the new weight version (the seconds and GB/s of the transfer are printed);
+   as IPC handles in buckets inside an update session (``update_weights_by_ipc``, the function
+   training's weight sync runs), come back as the same greedy tokens under the new weight version
+   (the seconds and GB/s of the transfer are printed);
 5. release and resume: generation paused, weights and KV cache released (the GPU memory given
    back is printed), then resumed with a weight update: the same greedy tokens again.
 
@@ -149,8 +150,9 @@ async def _exercise(url: str, model: Path, device: Any, args: argparse.Namespace
 
     async def updater(engine: SGLangEngine, named: Any, version: int) -> None:
         started = time.perf_counter()
-        await push_weights_by_ipc(engine, named, version, tp=args.tp, max_bucket_bytes=args.bucket_mb << 20,
-                                  device=device)
+        # the one IPC path training takes too (update_weights_by_ipc); a running server says its TP size
+        await push_weights_by_ipc(engine, named, version, tp=None if args.url else args.tp,
+                                  max_bucket_bytes=args.bucket_mb << 20, device=device)
         timing["update"] = time.perf_counter() - started
 
     engine = SGLangEngine([url], weight_updater=updater, control_timeout_s=args.start_timeout)

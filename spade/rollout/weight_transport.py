@@ -8,6 +8,10 @@
    (zero copy; the server maps the trainer's memory), a CPU tensor as the name of a shared-memory
    segment. The request body holds one such string per tensor-parallel rank of the server (each
    TP worker decodes its own entry), see ``sglang_protocol.update_weights_from_tensor_payload``.
+   Every receiver needs a dump of its own: each dump takes one reference on the shared memory
+   (CUDA IPC reference counter, shared-memory segment) and each decode gives one back, so one dump
+   decoded by two workers lets the memory go while one of them may still use it.
+   ``update_weights_by_ipc`` (below) is the one colocated update path and serializes per worker.
 
    CPU tensors are shared with torch's ``file_system`` strategy for the duration of the dump. The
    default ``file_descriptor`` strategy hands the receiver a file descriptor through
@@ -58,12 +62,15 @@ import io
 import logging
 import pickle
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator, Mapping, Optional, Sequence,
+                    TypeVar, Union)
 
 import torch
 from torch import Tensor
 
+from ..collectives import in_thread
 from . import sglang_protocol as proto
 from .weight_buckets import pack_buckets, unpack_bucket
 
@@ -496,27 +503,147 @@ class BroadcastWeightSender:
                                          proto.destroy_weights_update_group_payload(self.group_name))
 
 
-async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str, Tensor]], version: int, *,
-                              tp: int = 1, max_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                              device: Optional[Union[str, torch.device]] = None) -> int:
-    """Load ``named`` into every server of ``engine`` from this one process: size-bounded buckets
-    on ``device``, each posted as IPC handles (the same entry for each of the servers' ``tp``
-    workers) inside a ``/begin_weight_update`` .. ``/end_weight_update`` session, then a cache
-    flush. What one colocated training rank does (``SGLangDeployment`` spreads the entries over
-    the ranks on the servers' GPUs); used by ``spade engine check``, the weight-sync benchmark and
-    the GPU tests. Returns the number of buckets."""
-    await engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
-    buckets = 0
+# ----------------------------------------------------------------- CUDA-IPC update (colocated)
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """The blocking collectives run together by the processes that feed one IPC update (each call
+    runs in a worker thread bound to the bucket device). ``LOCAL``: one process feeds everything."""
+
+    gather_to_0: Callable[[Any], Optional[list[Any]]]  # every rank's value in rank order on rank 0
+    barrier: Callable[[], None]
+    broadcast_from_0: Callable[[Any], Any]
+
+
+LOCAL = Collectives(gather_to_0=lambda value: [value], barrier=lambda: None, broadcast_from_0=lambda value: value)
+
+
+@dataclass(frozen=True)
+class IpcFeed:
+    """Who serializes the entry of each tensor-parallel worker: ``feeders[server][t]`` is the rank
+    that feeds worker ``t`` of server ``server`` (colocated training: the rank on that worker's GPU;
+    one process feeding every worker: rank 0 everywhere). Each (server, worker) pair gets a
+    serialization of its own: torch's CUDA-IPC reference counting expects one receiver per share."""
+
+    feeders: Mapping[int, tuple[int, ...]]
+
+    @classmethod
+    def one_process(cls, tp_sizes: Mapping[int, int]) -> "IpcFeed":
+        return cls({index: (0,) * int(tp) for index, tp in tp_sizes.items()})
+
+    @property
+    def servers(self) -> list[int]:
+        return sorted(self.feeders)
+
+    def slots(self, rank: int) -> list[tuple[int, int]]:
+        """The (server, worker) pairs ``rank`` serializes an entry for."""
+        return [(index, t) for index in self.servers for t, r in enumerate(self.feeders[index]) if r == rank]
+
+
+class WeightSyncFailed(RuntimeError):
+    """The IPC update failed on rank 0 (raised on the other ranks with rank 0's reason)."""
+
+
+def _thread_device(device: Optional[Union[str, torch.device]]) -> torch.device:
+    """The device the worker threads bind to (a CUDA device without an index: the current one)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+async def _attempt(call: Awaitable[Any]) -> Optional[BaseException]:
     try:
-        for bucket in pack_buckets(iter(named), max_bucket_bytes, device=device):
-            payload = serialize_named_tensors(unpack_bucket(bucket))
-            await engine.post_all("update_weights_from_tensor", proto.update_weights_from_tensor_payload(
-                [payload] * tp, flush_cache=False, weight_version=version))
-            buckets += 1
-    finally:
-        await engine.post_all("end_weight_update", proto.end_weight_update_payload())
-    await engine.post_all("flush_cache", None)
-    engine.set_weight_version(version)
-    if torch.cuda.is_available():
+        await call
+    except Exception as exc:  # noqa: BLE001 - reported after every rank has finished the transfer
+        return exc
+    return None
+
+
+async def update_weights_by_ipc(engine: Optional["SGLangEngine"], named: Iterable[tuple[str, Tensor]], version: int,
+                                *, feed: IpcFeed, rank: int = 0, max_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                                device: Optional[Union[str, torch.device]] = None,
+                                collectives: Collectives = LOCAL) -> int:
+    """The colocated weight update, the one path every caller takes (``SGLangDeployment`` in
+    training, ``spade engine check``, the weight-sync benchmark, the GPU tests,
+    ``SGLangEngine.update_weights``). Called by every feeding process (``engine`` on rank 0 only,
+    ``named`` the whole model on every rank).
+
+    Per size-bounded bucket on ``device``: each rank serializes the bucket once per worker slot it
+    feeds (``feed.slots(rank)``), rank 0 gathers the entries and posts each server its
+    ``/update_weights_from_tensor`` (entry ``t`` from worker ``t``'s feeder), then every rank waits
+    at a barrier, so the buffers stay alive until the servers have loaded them. All of it inside a
+    ``/begin_weight_update`` .. ``/end_weight_update`` session on ``feed.servers``, then a cache
+    flush and the engine's new weight version. A server's refusal does not stop the other ranks
+    half-way: they finish the buckets, rank 0 raises the error and the others ``WeightSyncFailed``.
+    Returns the number of buckets."""
+    main = rank == 0
+    if main and engine is None:
+        raise ValueError("rank 0 needs the engine")
+    servers = feed.servers
+    mine = feed.slots(rank)
+    bound = _thread_device(device)
+    buckets = pack_buckets(named, max_bucket_bytes, device=device)
+
+    def next_entries() -> Optional[tuple[Any, dict[tuple[int, int], str]]]:
+        bucket = next(buckets, None)
+        if bucket is None:
+            return None
+        tensors = unpack_bucket(bucket)
+        return bucket, {slot: serialize_named_tensors(tensors) for slot in mine}
+
+    error: Optional[BaseException] = None
+    if main and servers:
+        error = await _attempt(engine.post_to(servers, "begin_weight_update", proto.begin_weight_update_payload()))
+    count, cuda = 0, False
+    while True:
+        step = await in_thread(bound, next_entries)
+        if step is None:
+            break
+        bucket, entries = step
+        cuda |= bucket.buffer.is_cuda
+        gathered = await in_thread(bound, collectives.gather_to_0, entries)
+        if main and servers and error is None:
+            error = await _attempt(engine.post_to(servers, "update_weights_from_tensor", lambda index: (
+                proto.update_weights_from_tensor_payload(
+                    [gathered[r][(index, t)] for t, r in enumerate(feed.feeders[index])],
+                    flush_cache=False, weight_version=version))))
+        await in_thread(bound, collectives.barrier)
+        del bucket, entries, gathered, step
+        count += 1
+    if main and servers:
+        ended = await _attempt(engine.post_to(servers, "end_weight_update", proto.end_weight_update_payload()))
+        error = error or ended
+        if error is None:
+            error = await _attempt(engine.post_to(servers, "flush_cache", None))
+    if cuda:
         torch.cuda.ipc_collect()  # give back the shared bucket blocks the servers have let go of
-    return buckets
+    reason = await in_thread(bound, collectives.broadcast_from_0,
+                             None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if reason is not None:
+        raise WeightSyncFailed(f"the weight update failed on rank 0: {reason}")
+    if main:
+        engine.set_weight_version(version)
+    return count
+
+
+async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str, Tensor]], version: int, *,
+                              tp: Union[int, Sequence[int], None] = None,
+                              max_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                              device: Optional[Union[str, torch.device]] = None) -> int:
+    """``update_weights_by_ipc`` from this one process to every server of ``engine`` (each of their
+    TP workers gets an entry of its own). ``tp``: the servers' TP size, one for all or one per
+    server; None asks each server (``/get_server_info``). Returns the number of buckets."""
+    if tp is None:
+        sizes = [proto.server_info_tp_size(info) for info in await engine.server_info()]
+    elif isinstance(tp, int):
+        sizes = [tp] * len(engine.servers)
+    else:
+        sizes = [int(t) for t in tp]
+    if len(sizes) != len(engine.servers) or any(t < 1 for t in sizes):
+        raise ValueError(f"TP sizes {sizes} for {len(engine.servers)} servers")
+    return await update_weights_by_ipc(engine, named, version, feed=IpcFeed.one_process(dict(enumerate(sizes))),
+                                       max_bucket_bytes=max_bucket_bytes, device=device)
