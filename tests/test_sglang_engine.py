@@ -249,13 +249,6 @@ def test_release_drains_and_blocks_new_requests(servers):
     assert paths[-1] == "/generate" and paths[-2] == "/continue_generation"
 
 
-def test_update_weights_without_updater(servers):
-    (a, b), _ = servers
-    eng = SGLangEngine([a.url])
-    with pytest.raises(NotImplementedError, match="issue 5"):
-        asyncio.run(eng.update_weights([], 1))
-
-
 def test_close_aborts_in_flight(servers):
     (a, b), log = servers
     a.delay = 2.0

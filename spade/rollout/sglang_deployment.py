@@ -14,9 +14,14 @@ Placement (colocated, ``engine.sglang.urls`` empty): node ``n`` runs ``servers_p
 server ``i`` of a node uses ``tp * dp`` GPUs from GPU ``i * tp * dp`` (``--base-gpu-id``) and
 listens on ``port + i``. Its tensor-parallel worker ``t`` is fed by the training process with
 local rank ``base + t`` (same GPU, so the IPC copy stays on the device; data-parallel replicas
-inside one server read the same handles across GPUs). Disaggregated (``urls`` given): the servers
+inside one server read the same handles across GPUs). The IPC update is
+``weight_transport.update_weights_by_ipc``, the same function ``spade engine check``, the benchmark
+and the GPU tests run from one process. Disaggregated (``urls`` given): the servers
 are someone else's; weights go by an NCCL broadcast from global rank 0
 (``weight_transport.BroadcastWeightSender``) and a dead server is avoided, not restarted.
+
+A restarted server serves the model it was launched with, not the current weights: the engine
+holds it (no request goes to it) from the restart until the weight sync to it has completed.
 
 All methods are called by every rank at the same point unless they say "rank 0"; blocking
 collectives run in a worker thread so that global rank 0's event loop keeps serving rollouts
@@ -26,7 +31,6 @@ while, for example, another node restarts a server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -39,11 +43,10 @@ import torch
 from torch import Tensor
 
 from ..collectives import all_gather_object, barrier, broadcast_object, gather_object_to_0, in_thread, world
-from . import sglang_protocol as proto
 from .server_launcher import ServerLauncher, ServerStartError, sglang_argv
 from .sglang_engine import SGLangEngine
 from .sglang_settings import SGLangSection
-from .weight_buckets import pack_buckets, unpack_bucket
+from .weight_transport import Collectives, IpcFeed, update_weights_by_ipc
 
 log = logging.getLogger("spade.sglang")
 
@@ -69,6 +72,8 @@ def server_environment(settings: SGLangSection, base: Optional[dict] = None) -> 
     return {**env, **SERVER_ENV_DEFAULTS, **{k: str(v) for k, v in settings.server_env.items()}}
 
 WeightStream = Callable[[], Iterator[tuple[str, Tensor]]]
+# The trainer's world: every rank feeds the server worker on its GPU.
+WORLD = Collectives(gather_to_0=gather_object_to_0, barrier=barrier, broadcast_from_0=broadcast_object)
 
 
 class DeploymentError(RuntimeError):
@@ -138,10 +143,6 @@ def plan_servers(ranks: Sequence[RankInfo], settings: SGLangSection, hosts: dict
     return plans
 
 
-def _next_or_none(iterator: Iterator[Any]) -> Any:
-    return next(iterator, None)
-
-
 # ---------------------------------------------------------------------------- the deployment
 
 
@@ -191,6 +192,11 @@ class SGLangDeployment:
             self.plans = plan_servers([info for info, _ in infos], s, hosts)
         else:
             self.plans = [ServerPlan(index=i, url=url.rstrip("/")) for i, url in enumerate(s.urls)]
+        await self._launch()
+
+    async def _launch(self) -> None:
+        """Every rank, once ``plans`` are set: the owners launch their servers; rank 0 opens the engine."""
+        s = self.settings
         mine = [p for p in self.plans if p.owner_rank == self.rank]
         error = None
         if mine:
@@ -209,7 +215,8 @@ class SGLangDeployment:
             raise DeploymentError("SGLang servers failed to start:\n" + "\n".join(errors))
         if self.is_main:
             self.engine = SGLangEngine([p.url for p in self.plans], max_retries=s.max_retries,
-                                       request_timeout_s=s.request_timeout_s, on_server_failure=self._on_failure)
+                                       request_timeout_s=s.request_timeout_s, on_server_failure=self._on_failure,
+                                       weight_bucket_bytes=s.bucket_mb << 20)
             if self.method == "broadcast":
                 await self._connect_broadcast()
 
@@ -248,22 +255,26 @@ class SGLangDeployment:
             return
         await self.engine.release_memory(skip_unreachable=True)
         for index in sorted(set(range(len(self.plans))) - self.engine.released):
-            log.warning("server %d did not release its memory; it is checked before the weight sync", index)
+            state = "is paused but" if index in self.engine.paused else "is not paused and"
+            log.warning("server %d %s did not release its memory; it is checked before the weight sync", index, state)
 
     async def resume_and_sync(self, weights: WeightStream, version: int, *, changed: bool = True) -> list[int]:
         """Every rank, after the train step: restart dead servers, resume weight memory, send the
         weights (version ``version``; to every server when they ``changed``, else only to
-        restarted ones), resume the KV cache and continue generation. Returns the servers that
-        were restarted."""
+        restarted ones and to any still held from a failed sync), resume the KV cache and continue
+        generation. Returns the servers that were restarted."""
         dead: list[int] = []
+        held: list[int] = []
         if self.is_main:
             dead = await self._dead_servers()
-        dead = await in_thread(self.device, broadcast_object, dead)
+            held = sorted(self.engine.held)
+        dead, held = await in_thread(self.device, broadcast_object, (dead, held))
         await self.restart(dead)  # a restarted server holds its memory: no longer among the released
         if self.is_main:
             await self.engine.resume_weights_memory()
-        if changed or dead:
-            await self.sync_weights(weights, version, None if changed else dead)
+        stale = sorted(set(dead) | set(held))
+        if changed or stale:
+            await self.sync_weights(weights, version, None if changed else stale)
         if self.is_main:
             await self.engine.resume_generation()
         return dead
@@ -275,9 +286,14 @@ class SGLangDeployment:
     # ------------------------------------------------------------------ restart
 
     async def restart(self, indices: Sequence[int]) -> None:
-        """Every rank: the owners restart the servers ``indices`` (all ranks learn the outcome)."""
+        """Every rank: the owners restart the servers ``indices`` (all ranks learn the outcome).
+        Rank 0's engine holds them until ``sync_weights`` has sent them the weights."""
         if not indices:
             return
+        if self.is_main:
+            for index in indices:
+                if self.plans[index].owner_rank is not None:
+                    self.engine.hold(index)
         error = None
         for index in indices:
             launcher = self.launchers.get(index)
@@ -299,8 +315,6 @@ class SGLangDeployment:
             raise DeploymentError("\n".join(errors))
         if self.is_main:
             self.engine.forget_released(indices)
-            for index in indices:
-                self.engine.mark_healthy(index)
 
     async def _on_failure(self, index: int) -> None:
         """Rank 0, the engine's hook: one recovery per failed server at a time."""
@@ -329,54 +343,24 @@ class SGLangDeployment:
     async def sync_weights(self, weights: WeightStream, version: int,
                            servers: Optional[Sequence[int]] = None) -> None:
         """Every rank: send the model (``weights()`` streams it on every rank) to ``servers``
-        (default all) and set the engine's weight version."""
+        (default all), set the engine's weight version, and let the engine place requests on
+        those servers again (a restarted one is held until here)."""
         indices = [p.index for p in self.plans if servers is None or p.index in servers]
         if self.method == "ipc":
-            async with self._update_session(indices):
-                await self._send_ipc_buckets(weights(), version, indices)
+            feed = IpcFeed({index: self.plans[index].ipc_ranks for index in indices})
+            await update_weights_by_ipc(self.engine if self.is_main else None, weights(), version, feed=feed,
+                                        rank=self.rank, max_bucket_bytes=self.settings.bucket_mb << 20,
+                                        device=self.device, collectives=WORLD)
         elif self.is_main:
             await self.sender.send(weights(), version)  # every server is in the group; it opens the session
+            if indices:
+                await self.engine.post_to(indices, "flush_cache", None)
         else:
             await in_thread(self.device, _drain, weights())
         if self.is_main:
-            if indices:
-                await self.engine.post_to(indices, "flush_cache", None)
             self.engine.set_weight_version(version)
-
-    @contextlib.asynccontextmanager
-    async def _update_session(self, indices: Sequence[int]):
-        """Every rank: SGLang loads weights only between /begin_weight_update and
-        /end_weight_update (rank 0 opens and closes the session on ``indices``)."""
-        if self.is_main and indices:
-            await self.engine.post_to(indices, "begin_weight_update", proto.begin_weight_update_payload())
-        try:
-            yield
-        finally:
-            if self.is_main and indices:
-                await self.engine.post_to(indices, "end_weight_update", proto.end_weight_update_payload())
-
-    async def _send_ipc_buckets(self, stream: Iterator[tuple[str, Tensor]], version: int,
-                                indices: Sequence[int]) -> None:
-        from .weight_transport import serialize_named_tensors
-
-        buckets = pack_buckets(stream, self.settings.bucket_mb << 20, device=self.device)
-        while True:
-            bucket = await in_thread(self.device, _next_or_none, buckets)
-            if bucket is None:
-                break
-            tensors = unpack_bucket(bucket)
-            payload = serialize_named_tensors(tensors)
-            payloads = await in_thread(self.device, gather_object_to_0, payload)
-            if self.is_main:
-                await self.engine.post_to(
-                    indices, "update_weights_from_tensor",
-                    lambda index: proto.update_weights_from_tensor_payload(
-                        [payloads[r] for r in self.plans[index].ipc_ranks], flush_cache=False,
-                        weight_version=version))
-            await in_thread(self.device, barrier)  # the buffers stay alive until every server loaded them
-            del tensors, bucket
-        if self.device.type == "cuda":
-            torch.cuda.ipc_collect()  # give back the shared bucket blocks the servers have let go of
+            for index in indices:
+                self.engine.mark_healthy(index)
 
 
 def _drain(iterator: Iterable[Any]) -> None:

@@ -8,13 +8,18 @@ may carry an affinity key (``generate_with_affinity``; e.g. the episode id): the
 a key picks a server by load and later ones go to the same server, so the multi-turn prompt's
 prefix is found in that server's radix cache. ``forget_affinity`` drops a finished episode's key.
 
-Failures. A connection failure, a timeout or an HTTP 5xx marks the server unhealthy for
-``unhealthy_cooldown_s`` and re-sends the request (from scratch, new rid), up to ``max_retries``
-times; the affinity key moves with it. Without an ``on_server_failure`` hook the retry goes to
+Failures. A connection failure, a timeout (``request_timeout_s``) or an HTTP 5xx marks the server
+unhealthy for ``unhealthy_cooldown_s`` and re-sends the request (from scratch, new rid), up to
+``max_retries`` times; the affinity key moves with it. A timed-out request is aborted on its server
+(best effort), so that it does not keep generating there. Without an ``on_server_failure`` hook the retry goes to
 another server. With one (the trainer's: restart the server and re-send the weights), the failed
 request awaits ``on_server_failure(index)`` and, if that returns, retries on the recovered server;
 if it raises, the server is avoided for this request. HTTP 4xx and malformed responses are not
 retried.
+
+Stale weights. A server that holds other weights than the current version (restarted, not yet
+sent the weights: ``hold``) takes no request until ``mark_healthy`` after its weight sync; while
+every server is held, new requests wait.
 
 Memory around a train step (colocated trainer and servers), in this order::
 
@@ -30,10 +35,13 @@ Memory around a train step (colocated trainer and servers), in this order::
 The KV cache comes back last so the weight update's temporary buffers do not compete with it.
 ``resume_memory()`` does the same without the update. New ``generate`` calls wait while memory is
 released; in-flight ones are drained first so each result is produced by a single weight version.
+Paused and released servers are tracked apart: a server whose release failed after its pause is
+still paused, and ``/continue_generation`` goes to every paused server.
 
-Weights. A colocated CUDA-IPC update needs a GPU: ``update_weights`` raises ``NotImplementedError``
-unless a ``weight_updater(engine, named_tensors, version)`` (sync or async) is injected; it can use
-``post_all`` with the payload builders of ``sglang_protocol``.
+Weights. ``update_weights`` calls the ``weight_updater(engine, named_tensors, version)`` (sync or
+async) when one is given (e.g. a ``BroadcastWeightSender``), else sends the tensors from this one
+process by ``weight_transport.push_weights_by_ipc`` (the colocated path; CPU tensors travel as
+shared-memory handles). A multi-rank trainer sends its weights through ``SGLangDeployment``.
 """
 
 from __future__ import annotations
@@ -88,10 +96,11 @@ class ServerState:
     requests: int = 0
     failures: int = 0
     unhealthy_until: float = 0.0
+    held: bool = False  # holds stale weights: no request until mark_healthy (after its weight sync)
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
 
     def healthy(self, now: float) -> bool:
-        return now >= self.unhealthy_until
+        return now >= self.unhealthy_until and not self.held
 
 
 def _parse_url(url: str) -> tuple[str, int, str]:
@@ -118,6 +127,7 @@ class SGLangEngine(RolloutEngine):
         max_idle_connections: int = 64,
         max_affinity_keys: int = 100_000,
         weight_updater: Optional[WeightUpdater] = None,
+        weight_bucket_bytes: int = 512 << 20,
         initial_weight_version: int = 0,
         on_server_failure: Optional[FailureHook] = None,
     ) -> None:
@@ -138,6 +148,7 @@ class SGLangEngine(RolloutEngine):
         self.max_idle_connections = max_idle_connections
         self.max_affinity_keys = max_affinity_keys
         self.weight_updater = weight_updater
+        self.weight_bucket_bytes = int(weight_bucket_bytes)
         self.on_server_failure = on_server_failure
         self._weight_version = int(initial_weight_version)
         self.stats = ClientStats()
@@ -146,10 +157,12 @@ class SGLangEngine(RolloutEngine):
         self._rr = itertools.count()
         self._closed = False
         self._released: set[int] = set()  # servers whose memory is released
+        self._paused: set[int] = set()  # servers paused by release_memory (a superset of the released)
         self._tasks: dict[str, tuple[asyncio.Task, int]] = {}  # rid -> (HTTP task, server index)
         self._background: set[asyncio.Task] = set()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._open: Optional[asyncio.Event] = None  # set while generation is admitted
+        self._unheld: Optional[asyncio.Event] = None  # set when a held server is marked healthy
         self._drained: Optional[asyncio.Event] = None  # set while nothing is in flight
         self._control_lock: Optional[asyncio.Lock] = None
 
@@ -180,7 +193,7 @@ class SGLangEngine(RolloutEngine):
         last_error: Optional[BaseException] = None
         tried: set[int] = set()
         for _attempt in range(self.max_retries + 1):
-            idx = self._pick(affinity, avoid=tried)
+            idx = await self._placement(affinity, tried)
             rid = uuid.uuid4().hex
             version = self._weight_version
             payload = proto.generate_payload(request, rid)
@@ -207,6 +220,8 @@ class SGLangEngine(RolloutEngine):
                 self._mark_unhealthy(idx)
                 if self._closed:
                     return GenerationResult((), (), "abort", version)
+                if isinstance(exc.__cause__, asyncio.TimeoutError):
+                    self._abort_in_background(idx, rid)  # it may still be running there
                 recovered, recovery_error = await self._recovered(idx)
                 if not recovered:
                     tried.add(idx)
@@ -239,11 +254,27 @@ class SGLangEngine(RolloutEngine):
             await self.on_server_failure(idx)
         except Exception as exc:
             return False, exc
-        self.mark_healthy(idx)
+        self.servers[idx].unhealthy_until = 0.0  # a held server stays held until its weights are sent
         return True, None
 
+    def hold(self, idx: int) -> None:
+        """Server ``idx`` holds stale weights (e.g. restarted): no request goes to it until
+        ``mark_healthy(idx)``, which its weight sync calls once the weights are loaded."""
+        self.servers[idx].held = True
+
     def mark_healthy(self, idx: int) -> None:
-        self.servers[idx].unhealthy_until = 0.0
+        """Server ``idx`` serves the current weights and takes requests again."""
+        server = self.servers[idx]
+        server.unhealthy_until = 0.0
+        if server.held:
+            server.held = False
+            if self._unheld is not None:
+                self._unheld.set()
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The servers waiting for their weights (``hold``)."""
+        return frozenset(i for i, s in enumerate(self.servers) if s.held)
 
     def forget_affinity(self, affinity: str) -> None:
         self._affinity.pop(affinity, None)
@@ -257,10 +288,13 @@ class SGLangEngine(RolloutEngine):
         if self._closed:
             raise EngineClosed("SGLangEngine is closed")
         if self.weight_updater is None:
-            raise NotImplementedError("colocated CUDA-IPC update needs a GPU; see issue 5")
-        out = self.weight_updater(self, named_tensors, int(version))
-        if inspect.isawaitable(out):
-            await out
+            from .weight_transport import push_weights_by_ipc
+
+            await push_weights_by_ipc(self, named_tensors, int(version), max_bucket_bytes=self.weight_bucket_bytes)
+        else:
+            out = self.weight_updater(self, named_tensors, int(version))
+            if inspect.isawaitable(out):
+                await out
         self._weight_version = int(version)
 
     async def close_admission(self) -> None:
@@ -279,10 +313,17 @@ class SGLangEngine(RolloutEngine):
         """The servers whose memory is released."""
         return frozenset(self._released)
 
+    @property
+    def paused(self) -> frozenset[int]:
+        """The servers whose generation is paused (the released ones, and any whose release failed
+        after the pause); ``resume_generation`` continues them all."""
+        return frozenset(self._paused)
+
     async def release_memory(self, *, skip_unreachable: bool = False) -> list[int]:
         """Drain in flight, then on every server not released yet: pause generation, release weights
         and KV cache. Returns the servers released now. With ``skip_unreachable`` a server that does
-        not answer is left as it is (the trainer restarts it) instead of failing the call."""
+        not answer or refuses is left unreleased (the trainer restarts it if it is dead) instead of
+        failing the call; if it was paused, it stays among the paused."""
         self._attach()
         async with self._control_lock:
             await self.close_admission()
@@ -300,11 +341,13 @@ class SGLangEngine(RolloutEngine):
 
     async def _release_one(self, idx: int) -> None:
         await self.post_to([idx], "pause_generation", proto.pause_generation_payload("abort"))
+        self._paused.add(idx)
         await self.post_to([idx], "release_memory_occupation", proto.release_memory_payload(proto.MEMORY_TAGS))
 
     def forget_released(self, indices: Iterable[int]) -> None:
-        """Servers restarted since their release hold their memory again."""
+        """Servers restarted since their release hold their memory again and are not paused."""
         self._released.difference_update(indices)
+        self._paused.difference_update(indices)
 
     async def resume_memory(self) -> None:
         """Resume weights, then KV cache, then continue generation (no weight update).
@@ -335,15 +378,27 @@ class SGLangEngine(RolloutEngine):
                                proto.resume_memory_payload(["weights"]))
 
     async def resume_generation(self) -> None:
-        """The last part: KV cache back and generation continued on the released servers, then
-        new ``generate`` calls are admitted again."""
+        """The last part: KV cache back on the released servers, generation continued on every
+        paused one (even where the KV cache failed to come back: a paused server would hold its
+        requests forever), then new ``generate`` calls are admitted again. Raises the first
+        failure once every server has been handled."""
         self._attach()
-        if self._released:
-            indices = sorted(self._released)
-            await self.post_to(indices, "resume_memory_occupation", proto.resume_memory_payload(["kv_cache"]))
-            await self.post_to(indices, "continue_generation", proto.continue_generation_payload())
-            self._released.clear()
+        released, paused = set(self._released), sorted(self._paused | self._released)
+
+        async def one(idx: int) -> None:
+            try:
+                if idx in released:
+                    await self.post_to([idx], "resume_memory_occupation", proto.resume_memory_payload(["kv_cache"]))
+            finally:
+                await self.post_to([idx], "continue_generation", proto.continue_generation_payload())
+
+        results = await asyncio.gather(*(one(i) for i in paused), return_exceptions=True)
+        self._released.clear()
+        self._paused.clear()
         self._open.set()
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
 
     def close(self) -> None:
         """In-flight requests end with ``finish_reason="abort"`` (no tokens: the non-streaming
@@ -354,12 +409,11 @@ class SGLangEngine(RolloutEngine):
         tasks = list(self._tasks.items())
         for rid, (task, idx) in tasks:
             task.cancel()
-            if self._loop is not None and self._loop.is_running():
-                bg = self._loop.create_task(self._abort_quietly(idx, rid))
-                self._background.add(bg)
-                bg.add_done_callback(self._background.discard)
+            self._abort_in_background(idx, rid)
         if self._open is not None:
             self._open.set()  # wake waiters so they raise EngineClosed
+        if self._unheld is not None:
+            self._unheld.set()
         for server in self.servers:
             for _r, w in server.idle:
                 w.close()
@@ -413,6 +467,12 @@ class SGLangEngine(RolloutEngine):
 
         return list(await asyncio.gather(*(one(i) for i in indices)))
 
+    def _abort_in_background(self, idx: int, rid: str) -> None:
+        if self._loop is not None and self._loop.is_running():
+            bg = self._loop.create_task(self._abort_quietly(idx, rid))
+            self._background.add(bg)
+            bg.add_done_callback(self._background.discard)
+
     async def _abort_quietly(self, idx: int, rid: str) -> None:
         try:
             await self._http(
@@ -430,8 +490,9 @@ class SGLangEngine(RolloutEngine):
         # a new event loop (e.g. successive asyncio.run calls): per-loop primitives afresh
         self._loop = loop
         self._open = asyncio.Event()
-        if not self._released:
+        if not self._released and not self._paused:
             self._open.set()
+        self._unheld = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
         self._control_lock = asyncio.Lock()
@@ -446,16 +507,31 @@ class SGLangEngine(RolloutEngine):
             w.close()
         s.idle.clear()
 
-    def _pick(self, affinity: Optional[str], avoid: set[int]) -> int:
+    async def _placement(self, affinity: Optional[str], avoid: set[int]) -> int:
+        """``_pick``, waiting while every server is held."""
+        while True:
+            if self._closed:
+                raise EngineClosed("SGLangEngine is closed")
+            idx = self._pick(affinity, avoid)
+            if idx is not None:
+                return idx
+            self._unheld.clear()
+            await self._unheld.wait()
+
+    def _pick(self, affinity: Optional[str], avoid: set[int]) -> Optional[int]:
+        """A server for the next attempt: healthy and not tried yet if there is one, else not tried,
+        else any; never a held one (None when every server is held)."""
         now = time.monotonic()
         if affinity is not None:
             idx = self._affinity.get(affinity)
             if idx is not None and idx not in avoid and self.servers[idx].healthy(now):
                 self._affinity.move_to_end(affinity)
                 return idx
-        candidates = [
-            i for i, s in enumerate(self.servers) if i not in avoid and s.healthy(now)
-        ] or [i for i in range(len(self.servers)) if i not in avoid] or list(range(len(self.servers)))
+        usable = [i for i, s in enumerate(self.servers) if not s.held]
+        if not usable:
+            return None
+        candidates = ([i for i in usable if i not in avoid and self.servers[i].healthy(now)]
+                      or [i for i in usable if i not in avoid] or usable)
         least = min(self.servers[i].in_flight for i in candidates)
         tied = [i for i in candidates if self.servers[i].in_flight == least]
         idx = tied[next(self._rr) % len(tied)]
