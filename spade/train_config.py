@@ -10,7 +10,7 @@ SPEC numbers)::
     loss:      spade.training.LossSettings
     selfplay:  spade.selfplay.settings.SelfPlaySettings
     sandbox:   spade.envs.sandbox.SandboxConfig
-    engine:    {kind: hf | sglang, max_batch_size, batch_wait_ms, device, sglang: SGLangSection}
+    engine:    spade.rollout.settings.EngineSection (sglang: spade.rollout.sglang_settings.SGLangSection)
     corpus:    spade.designer.corpus.CorpusSettings
     run:       {steps, checkpoint_every, seed, micro_batch_tokens, log_every, keep_checkpoints}
 
@@ -30,7 +30,6 @@ holds absolute paths and resumes from anywhere.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,8 @@ import yaml
 from .config import ConfigError, from_mapping, load_yaml, require
 from .designer.corpus import CorpusSettings
 from .envs.sandbox.config import SandboxConfig
-from .rollout.sglang_settings import SGLangSection
+from .rollout.settings import EngineSection
+from .selfplay.settings import SelfPlaySettings
 from .training.optimizer import OptimizerSettings
 from .training.train_step import LossSettings
 
@@ -83,19 +83,6 @@ class ParallelSection:
 
 
 @dataclass(frozen=True)
-class EngineSection:
-    kind: Literal["hf", "sglang"] = "hf"  # hf: in-process transformers (CPU, one GPU); sglang: servers
-    max_batch_size: int = 8  # hf only
-    batch_wait_ms: float = 2.0  # hf only
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # hf only
-    sglang: SGLangSection = field(default_factory=SGLangSection)
-
-    def __post_init__(self) -> None:
-        require(self.max_batch_size >= 1, "engine.max_batch_size", f"must be >= 1, got {self.max_batch_size}")
-        require(self.batch_wait_ms >= 0, "engine.batch_wait_ms", f"must be >= 0, got {self.batch_wait_ms}")
-
-
-@dataclass(frozen=True)
 class RunSection:
     steps: int = 400
     checkpoint_every: int = 16
@@ -112,12 +99,6 @@ class RunSection:
         require(self.keep_checkpoints >= 0, "run.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
 
 
-def selfplay_settings_class() -> type:
-    """``spade.selfplay.settings.SelfPlaySettings`` (imported late: it lives with the orchestrator)."""
-    module = importlib.import_module("spade.selfplay.settings")
-    return module.SelfPlaySettings
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """The whole configuration of one training run."""
@@ -126,7 +107,7 @@ class TrainConfig:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     loss: LossSettings = field(default_factory=LossSettings)
-    selfplay: Any = None  # SelfPlaySettings
+    selfplay: SelfPlaySettings = field(default_factory=SelfPlaySettings)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     corpus: CorpusSettings = field(default_factory=CorpusSettings)
@@ -185,7 +166,7 @@ def from_dict(data: Mapping[str, Any]) -> TrainConfig:
         parallel=_section(ParallelSection, data, "parallel"),
         optimizer=_section(OptimizerSettings, data, "optimizer"),
         loss=_section(LossSettings, data, "loss"),
-        selfplay=_section(selfplay_settings_class(), data, "selfplay"),
+        selfplay=_section(SelfPlaySettings, data, "selfplay"),
         sandbox=_section(SandboxConfig, data, "sandbox"),
         engine=_section(EngineSection, data, "engine"),
         corpus=_section(CorpusSettings, data, "corpus"),

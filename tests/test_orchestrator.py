@@ -22,6 +22,7 @@ from spade.config import ConfigError, from_mapping
 from spade.designer.memory import Memory
 from spade.designer.prompts import DESIGNER_SYSTEM, HINT_SYSTEM, clean_hint
 from spade.designer.skills import SkillSettings
+from spade.rl.samples import Role
 from spade.rollout import HFEngine
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
 from spade.selfplay.orchestrator import Orchestrator, StepOutput
@@ -192,14 +193,15 @@ def _z(values):
 
 
 def _check_agent_samples(out: StepOutput):
-    assert len(out.agent_samples) == len(out.agent_info)
-    by_env: dict[str, list[int]] = {}
-    for i, info in enumerate(out.agent_info):
-        by_env.setdefault(info["env_id"], []).append(i)
-    for env_id, indices in by_env.items():
-        expected = _z([out.agent_info[i]["return"] for i in indices])
-        for i, z in zip(indices, expected):
-            sample = out.agent_samples[i]
+    by_env: dict[str, list] = {}
+    for trajectory in out.agent_samples:
+        assert trajectory.role is Role.AGENT and trajectory.generated_step == out.step
+        by_env.setdefault(trajectory.env_id, []).append(trajectory)
+    for env_id, trajectories in by_env.items():
+        expected = _z([t.reward for t in trajectories])
+        for trajectory, z in zip(trajectories, expected):
+            assert trajectory.advantage == pytest.approx(z, abs=1e-6)
+            sample = trajectory.to_train_sample()
             assert sample.advantages == pytest.approx(z, abs=1e-6)
             assert sample.loss_mask.numel() == sample.token_ids.numel() - 1
             assert sample.num_loss_tokens >= 1
@@ -208,9 +210,9 @@ def _check_agent_samples(out: StepOutput):
 
 
 def _comparable(out: StepOutput):
-    def sample(s):
-        return (s.token_ids.tolist(), s.loss_mask.tolist(), round(float(s.advantages), 9),
-                None if s.rollout_logprobs is None else [round(x, 5) for x in s.rollout_logprobs.tolist()])
+    def sample(t):
+        return (list(t.token_ids), list(t.loss_mask), round(float(t.advantage), 9),
+                None if t.rollout_logprobs is None else [round(x, 5) for x in t.rollout_logprobs])
 
     metrics = {k: round(v, 9) for k, v in out.metrics.items() if not k.startswith("time/")}
     return ([sample(s) for s in out.agent_samples], [sample(s) for s in out.designer_samples], metrics)
@@ -246,7 +248,7 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
         assert len(n) == 2 and len(h) == 2
         assert records[env_id].win_rate == sum(r > 0 for r in n) / 2
         assert records[env_id].regret == pytest.approx(sum(h) / 2 - sum(n) / 2)
-        assert sorted(n) == sorted(i["return"] for i in out0.agent_info if i["env_id"] == env_id)
+        assert sorted(n) == sorted(t.reward for t in out0.agent_samples if t.env_id == env_id)
 
     # Step 1: no regeneration, no hints, window returns recorded, nothing released.
     out1 = sandbox.run(orch.run_step(1), timeout=120)
@@ -266,25 +268,26 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
         h, n0 = entry["hint_returns"], entry["nohint_returns"]
         (later_step, n1), = entry["later_returns"]
         assert later_step == 1
-        assert sorted(n1) == sorted(i["return"] for i in out1.agent_info if i["env_id"] == env_id)
+        assert sorted(n1) == sorted(t.reward for t in out1.agent_samples if t.env_id == env_id)
         regret = sum(h) / len(h) - sum(n0) / len(n0)
         win = sum(n0 + n1) / len(n0 + n1)
         blends.append(0.4 * min(1.0, max(0.0, regret / 0.15)) + 0.6 * _plateau(win))
     scale = min(50.0, len(out2.agent_samples) / 2 * 2)
     mean = sum(blends) / 2  # both environments share the one active skill
-    for sample, info, blend in zip(out2.designer_samples, out2.designer_info, blends):
-        assert info["role"] == "designer" and info["generated_step"] == 0
-        assert sample.advantages == pytest.approx(scale * (blend - mean), abs=1e-6)
-        assert info["reward"] == pytest.approx(blend)
+    for trajectory, blend in zip(out2.designer_samples, blends):
+        assert trajectory.role is Role.DESIGNER and trajectory.generated_step == 0
+        assert trajectory.advantage == pytest.approx(scale * (blend - mean), abs=1e-6)
+        assert trajectory.reward == pytest.approx(blend)
         # The designer sample is the designer call: prompt (no loss) + scripted response (loss, logp -1).
-        fields = state["pending_samples"][info["env_id"]]
-        assert sample.token_ids.tolist() == fields["token_ids"]
+        sample = trajectory.to_train_sample()
+        fields = state["pending_samples"][trajectory.env_id]
+        assert sample.token_ids.tolist() == fields["token_ids"] and fields["role"] == "designer"
         generated = sample.rollout_logprobs[sample.loss_mask == 1]
         assert generated.numel() >= 10 and torch.all(generated == -1.0)
         assert tokenizer.decode(sample.token_ids.tolist()).count(DESIGNER_SYSTEM[:60]) == 1
     assert out2.metrics["env/admitted"] == 2 and len(memory_a) == 4  # new set, its memory records
-    assert any(abs(float(s.advantages)) > 0.1 for s in out2.designer_samples)  # the seeds give distinct blends
-    assert any(abs(float(s.advantages)) > 0.1 for s in out1.agent_samples)  # and a split environment
+    assert any(abs(t.advantage) > 0.1 for t in out2.designer_samples)  # the seeds give distinct blends
+    assert any(abs(t.advantage) > 0.1 for t in out1.agent_samples)  # and a split environment
     _check_agent_samples(out2)
 
     # Resume from the state after step 1: step 2 is identical.

@@ -3,6 +3,11 @@
 A generated environment is a Python class with ``reset(seed=None) -> (str, dict)`` and
 ``step(action: str) -> (str, float, bool, bool, dict)``. Everything that can go wrong while
 admitting or running one is exactly one :class:`ErrorKind`, raised at one :class:`Stage`.
+
+Everything above the sandbox talks to it through two small protocols, :class:`Sandbox` (``open``)
+and :class:`EnvInstance` (``reset``, ``step``, ``close``): the real service
+(``spade.envs.sandbox.client.SandboxService``) is the default everywhere; a test or another
+isolation technology can stand in where the real one cannot run.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Optional, Protocol, runtime_checkable
 
 
 class ErrorKind(str, enum.Enum):
@@ -32,11 +37,13 @@ class ErrorKind(str, enum.Enum):
     SOURCE_TOO_LARGE = "source_too_large"
     NONDETERMINISTIC_RESET = "nondeterministic_reset"
     PROTOCOL_ERROR = "protocol_error"
+    NO_OUTPUT = "no_output"  # the designer's generation returned nothing
 
 
 class Stage(str, enum.Enum):
     """Where a failure happened: an admission stage, or a runtime call."""
 
+    GENERATE = "generate"  # the designer's generation, before any code exists
     EXTRACT = "extract"
     SYNTAX = "syntax"
     LOAD = "load"
@@ -119,3 +126,26 @@ def episode_return(rewards: list[float], terminated: bool) -> float:
     if not math.isfinite(last):
         return 0.0
     return max(-1.0, min(1.0, last))
+
+
+@runtime_checkable
+class EnvInstance(Protocol):
+    """One live environment: what the admission checks and the episode runner call."""
+
+    class_name: str
+    max_turns: Optional[int]
+
+    async def reset(self, seed: Optional[int] = None) -> ResetResult: ...
+
+    async def step(self, action: str) -> StepResult: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """Where environments run. ``open`` loads ``source`` and instantiates its environment class;
+    it raises :class:`EnvFault` for a bad environment, :class:`InfrastructureFault` when the
+    sandbox itself failed."""
+
+    async def open(self, source: str, *, max_turns: Optional[int] = None) -> EnvInstance: ...

@@ -21,8 +21,7 @@
    of no-hint plays with return > 0, raw regret = mean hinted return - mean no-hint return, step s).
 
 Resume. ``state_dict()`` is JSON-serialisable: the current set (sources, hints, ids, skills,
-generation step), the delay buffer, and the pending designer samples (token ids, masks, rollout
-log-probs as lists). There is no mutable rng: every random choice (corpus document, memory
+generation step), the delay buffer, and the pending designer trajectories (``Trajectory.to_json``). There is no mutable rng: every random choice (corpus document, memory
 examples, sampling seeds, reset seeds) comes from a seed derived from ``(seed, step, slot/env,
 attempt/play)``, so ``load_state_dict`` plus the same ``seed`` continues exactly. The memory
 database is not in the state: the caller rolls it back with ``memory.rollback(checkpoint_step)``
@@ -40,15 +39,14 @@ from typing import Any
 
 from ..designer.corpus import Corpus
 from ..designer.memory import Memory, MemoryRecord, win_rate
-from ..envs.sandbox.client import SandboxService
+from ..envs.protocol import Sandbox
+from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
-from ..training.batching import TrainSample
 from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .designer_round import DesignerRound, EnvSpec, RegenerationResult
 from .plays import Play, Player
-from .rewards import agent_advantages, designer_advantage_scale, designer_advantages
-from .samples import train_sample
+from .rewards import agent_advantages, designer_advantage_scale, designer_advantages, hint_regret
 from .settings import SelfPlaySettings
 
 STATE_VERSION = 1
@@ -59,29 +57,29 @@ LEARNABLE_BAND = (0.2, 0.8)
 class StepOutput:
     """What one step hands to the trainer.
 
-    ``agent_samples`` (role "agent") and ``designer_samples`` (role "designer") are separate lists
-    (``TrainSample`` has no role field); ``agent_info`` / ``designer_info`` run parallel to them
-    with ``role``, ``env_id``, ``skill`` and the return / reward behind each sample.
-    ``metrics``: ``agent/*``, ``designer/*``, ``env/*``, ``time/*`` floats; per-regeneration keys
-    (``env/admitted``, ``env/rejected*``, ``designer/attempts``, ``agent/hint_*``) appear only at
-    regeneration steps, the designer reward means only when something was released.
+    ``samples``: the trajectories to train on this step, agent ones (this step's no-hint plays)
+    then designer ones (released by the delay buffer), each with its role, environment, skill,
+    reward and advantage. ``metrics``: ``agent/*``, ``designer/*``, ``env/*``, ``time/*`` floats;
+    per-regeneration keys (``env/admitted``, ``env/rejected*``, ``designer/attempts``,
+    ``agent/hint_*``) appear only at regeneration steps, the designer reward means only when
+    something was released.
     """
 
     step: int
-    agent_samples: list[TrainSample] = field(default_factory=list)
-    designer_samples: list[TrainSample] = field(default_factory=list)
+    samples: list[Trajectory] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-    agent_info: list[dict[str, Any]] = field(default_factory=list)
-    designer_info: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def samples(self) -> list[TrainSample]:
-        """Agent samples then designer samples: the union trained on this step."""
-        return self.agent_samples + self.designer_samples
+    def agent_samples(self) -> list[Trajectory]:
+        return [t for t in self.samples if t.role is Role.AGENT]
+
+    @property
+    def designer_samples(self) -> list[Trajectory]:
+        return [t for t in self.samples if t.role is Role.DESIGNER]
 
 
 class Orchestrator:
-    def __init__(self, settings: SelfPlaySettings, *, sandbox: SandboxService, engine: RolloutEngine, tokenizer: Any,
+    def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
                  stop_token_ids: tuple[int, ...] | None = None):
         if settings.domain != "games":
@@ -101,7 +99,7 @@ class Orchestrator:
         self.player = Player(settings, **common)
         self.envs: list[EnvSpec] = []
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
-        self.pending_samples: dict[str, dict[str, Any]] = {}  # sample_ref (env_id) -> designer sample fields
+        self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
         self.last_step: int | None = None
 
     # ------------------------------------------------------------------ the step
@@ -112,11 +110,11 @@ class Orchestrator:
         metrics = out.metrics
         regenerate = step % s.k == 0
         started = time.perf_counter()
-        new_fields: dict[str, dict[str, Any]] = {}
+        new_designs: dict[str, Trajectory] = {}
         if regenerate:
             regen = await (self.designer.regenerate(step) if s.designer_enabled else self.designer.fixed_pool(step))
             self.envs = regen.envs
-            new_fields = regen.designer_fields
+            new_designs = regen.designer_fields
             self._regeneration_metrics(regen, metrics)
         designed = time.perf_counter()
 
@@ -139,10 +137,11 @@ class Orchestrator:
             for env in self.envs:
                 h = [p.episode_return for p in hinted[env.env_id]]
                 n = [p.episode_return for p in nohint[env.env_id]]
-                fields = new_fields.get(env.env_id)
-                if h and n and fields is not None:
+                design = new_designs.get(env.env_id)
+                if h and n and design is not None:
                     self.buffer.add(step, env.env_id, env.skill, env.env_id, h, n)
-                    self.pending_samples[env.env_id] = fields
+                    self.pending_samples[env.env_id] = design.scored(role=Role.DESIGNER, env_id=env.env_id,
+                                                                     skill=env.skill, generated_step=step)
             if s.use_memory and self.memory is not None:
                 self._remember(step, nohint, hinted)
 
@@ -158,12 +157,11 @@ class Orchestrator:
         for env_id, env_plays in nohint.items():
             advantages = agent_advantages([p.episode_return for p in env_plays])
             for play, advantage in zip(env_plays, advantages):
-                sample = None if play.fields is None else train_sample(play.fields, advantage)
-                if sample is None:
+                if play.trajectory is None or not play.trajectory.trainable:
                     continue
-                out.agent_samples.append(sample)
-                out.agent_info.append({"role": "agent", "env_id": env_id, "skill": skills[env_id],
-                                       "index": play.index, "return": play.episode_return, "advantage": advantage})
+                out.samples.append(play.trajectory.scored(
+                    role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
+                    generated_step=out.step, reward=play.episode_return, advantage=advantage))
 
     def _designer_samples(self, out: StepOutput, released: list[ReleasedDesignerSample]) -> None:
         metrics = out.metrics
@@ -178,16 +176,12 @@ class Orchestrator:
         advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], scale)
         metrics["designer/advantage_scale"] = scale
         for entry, advantage in zip(released, advantages):
-            fields = self.pending_samples.pop(entry.sample_ref, None)
-            if not self.settings.train_designer or fields is None:
+            design = self.pending_samples.pop(entry.sample_ref, None)
+            if not self.settings.train_designer or design is None or not design.trainable:
                 continue
-            sample = train_sample(fields, advantage)
-            if sample is None:
-                continue
-            out.designer_samples.append(sample)
-            out.designer_info.append({"role": "designer", "env_id": entry.env_id, "skill": entry.skill,
-                                      "generated_step": entry.generated_step, "reward": entry.reward,
-                                      "regret": entry.regret, "win": entry.win, "advantage": advantage})
+            out.samples.append(design.scored(role=Role.DESIGNER, env_id=entry.env_id, skill=entry.skill,
+                                             generated_step=entry.generated_step, reward=entry.reward,
+                                             advantage=advantage))
         metrics["designer/samples"] = float(len(out.designer_samples))
 
     def _remember(self, step: int, nohint: dict[str, list[Play]], hinted: dict[str, list[Play]]) -> None:
@@ -198,7 +192,7 @@ class Orchestrator:
             if not n:
                 continue
             h = [p.episode_return for p in hinted[env.env_id]]
-            regret = _mean(h) - _mean(n) if h else 0.0
+            regret = hint_regret(h, n) if h else 0.0
             records.append(MemoryRecord(env_id=env.env_id, skill=env.skill, step=step, win_rate=win_rate(n),
                                         regret=regret, source=env.source, hint=env.hint, class_name=env.class_name,
                                         metadata={"document": env.document, "attempts": env.attempts,
@@ -249,7 +243,7 @@ class Orchestrator:
             "last_step": self.last_step,
             "envs": [env.to_json() for env in self.envs],
             "designer_buffer": self.buffer.to_json(),
-            "pending_samples": {key: dict(value) for key, value in self.pending_samples.items()},
+            "pending_samples": {key: value.to_json() for key, value in self.pending_samples.items()},
             "infrastructure_failures": self.player.infrastructure_failures,
             "rng": {"kind": "derived", "seed": self.seed},  # all draws come from derived seeds: no mutable rng
         }
@@ -266,7 +260,7 @@ class Orchestrator:
         self.buffer = buffer
         self.last_step = state.get("last_step")
         self.envs = [EnvSpec.from_json(env) for env in state["envs"]]
-        self.pending_samples = {key: dict(value) for key, value in state["pending_samples"].items()}
+        self.pending_samples = {key: Trajectory.from_json(value) for key, value in state["pending_samples"].items()}
         self.player.infrastructure_failures = int(state.get("infrastructure_failures", 0))
 
 

@@ -14,20 +14,20 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from ..envs.protocol import EnvFault, InfrastructureFault
+from ..envs.protocol import EnvFault, InfrastructureFault, Sandbox
 from ..envs.runner import EndReason, EpisodeResult, play_episode
-from ..envs.sandbox.client import SandboxService
 from ..rollout.conversation import ChatFormat
+from ..rl.samples import Trajectory
 from ..rollout.engine import RolloutEngine, SamplingParams
 from .designer_round import EnvSpec
 from .policy import EnginePolicy
-from .samples import derive_seed, sample_fields
+from .samples import derive_seed, trajectory_of
 from .settings import SelfPlaySettings
 
 
 @dataclass
 class Play:
-    """One scored play. ``fields`` is the conversation's sample (None when nothing was generated)."""
+    """One scored play. ``trajectory`` is the conversation's sequence (None when nothing was generated)."""
 
     env_id: str
     hinted: bool
@@ -35,7 +35,7 @@ class Play:
     episode_return: float
     turns: int
     end_reason: str
-    fields: dict[str, Any] | None
+    trajectory: Trajectory | None
 
 
 @dataclass
@@ -46,7 +46,7 @@ class PlayRequest:
 
 
 class Player:
-    def __init__(self, settings: SelfPlaySettings, *, sandbox: SandboxService, engine: RolloutEngine,
+    def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine,
                  tokenizer: Any, chat_format: ChatFormat, seed: int, stop_token_ids: tuple[int, ...] = ()):
         self.settings = settings
         self.sandbox = sandbox
@@ -89,9 +89,9 @@ class Player:
                 result = await self._episode(request, policy, env_seed)
             except InfrastructureFault:
                 continue
-            fields = None if policy.conversation is None else sample_fields(policy.conversation)
+            trajectory = None if policy.conversation is None else trajectory_of(policy.conversation)
             return Play(request.env.env_id, request.hinted, request.index, result.episode_return, len(result.turns),
-                        result.end_reason.value, fields)
+                        result.end_reason.value, trajectory)
         self.infrastructure_failures += 1
         return None
 

@@ -1,7 +1,8 @@
 """The Megatron-core training backend: parallel state, model provider, optimizer, micro-batches and
 the GRPO train step (CPU with gloo and GPU alike). Checkpoints live in ``checkpoint.py``."""
 
-from .batching import MicroBatch, TrainSample, data_parallel_shard, make_micro_batches
+from ..rl.samples import TrainSample
+from .batching import MicroBatch, data_parallel_shard, make_micro_batches
 from .model_provider import TrainModel, build_model
 from .optimizer import OptimizerSettings, build_optimizer
 from .parallel import ParallelContext, init_parallel, parallel_session, teardown_parallel

@@ -1,6 +1,6 @@
-"""Training samples and the micro-batches the Megatron train step consumes.
+"""The micro-batches the Megatron train step consumes, built from ``spade.rl.samples.TrainSample``.
 
-A ``TrainSample`` is one token sequence. Everything per token in it is aligned with the
+A ``TrainSample`` (defined in ``spade.rl.samples``) is one token sequence. Everything per token in it is aligned with the
 *targets*: entry ``i`` of ``loss_mask``, of a per-token ``advantages`` array and of the log-prob
 arrays describes ``token_ids[i + 1]`` (the token predicted at position ``i``), so those arrays are
 one shorter than ``token_ids``. ``TrainSample.from_token_mask`` converts a mask over the tokens
@@ -33,97 +33,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-ArrayLike = Union[Sequence[float], Sequence[int], Tensor]
-
-
-def _as_1d(value: ArrayLike, dtype: torch.dtype, name: str) -> Tensor:
-    tensor = torch.as_tensor(value, dtype=dtype).detach().cpu()
-    if tensor.dim() != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {tuple(tensor.shape)}")
-    return tensor
-
-
-@dataclass(frozen=True)
-class TrainSample:
-    """One sequence to train on (see the module docstring for the target alignment).
-
-    ``advantages`` is a float (one value for the whole sequence) or a per-target array.
-    ``old_logprobs`` (the policy before this update; computed by ``compute_logprobs`` when
-    absent, or taken as the current log-probs, ratio 1), ``rollout_logprobs`` (the engine's, for
-    truncated importance sampling) and ``ref_logprobs`` (reference policy, for the KL term) are
-    optional per-target arrays. Arrays are stored as CPU tensors. ``weight_version`` is the
-    oldest rollout-engine weight version that generated any of its tokens (None: unknown); the
-    trainer reports how far behind the updated policy the samples are.
-    """
-
-    token_ids: ArrayLike
-    loss_mask: ArrayLike
-    advantages: Union[float, ArrayLike]
-    old_logprobs: Optional[ArrayLike] = None
-    rollout_logprobs: Optional[ArrayLike] = None
-    ref_logprobs: Optional[ArrayLike] = None
-    weight_version: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        tokens = _as_1d(self.token_ids, torch.long, "token_ids")
-        if tokens.numel() < 2:
-            raise ValueError(f"a sample needs at least 2 tokens (one target), got {tokens.numel()}")
-        if int(tokens.min()) < 0:
-            raise ValueError("token_ids must be non-negative vocabulary ids")
-        n = tokens.numel() - 1
-        mask = _as_1d(self.loss_mask, torch.float32, "loss_mask")
-        if mask.numel() != n:
-            raise ValueError(
-                f"loss_mask must have one entry per target (len(token_ids) - 1 = {n}), got "
-                f"{mask.numel()}; use TrainSample.from_token_mask for a mask over the tokens"
-            )
-        if not torch.all((mask == 0) | (mask == 1)):
-            raise ValueError("loss_mask entries must be 0 or 1")
-        object.__setattr__(self, "token_ids", tokens)
-        object.__setattr__(self, "loss_mask", mask)
-        advantages = self.advantages
-        if isinstance(advantages, Tensor) and advantages.dim() == 0:
-            advantages = float(advantages)
-        if isinstance(advantages, (int, float)):
-            object.__setattr__(self, "advantages", float(advantages))
-        else:
-            adv = _as_1d(advantages, torch.float32, "advantages")
-            if adv.numel() != n:
-                raise ValueError(f"per-token advantages must have {n} entries (one per target), got {adv.numel()}")
-            object.__setattr__(self, "advantages", adv)
-        for name in ("old_logprobs", "rollout_logprobs", "ref_logprobs"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            array = _as_1d(value, torch.float32, name)
-            if array.numel() != n:
-                raise ValueError(f"{name} must have {n} entries (one per target), got {array.numel()}")
-            object.__setattr__(self, name, array)
-
-    @classmethod
-    def from_token_mask(
-        cls,
-        token_ids: ArrayLike,
-        token_mask: ArrayLike,
-        advantages: Union[float, ArrayLike],
-        **logprobs: Optional[ArrayLike],
-    ) -> "TrainSample":
-        """Build from a mask over the tokens (1 = produced by the policy); the first token can
-        never be a target, so its entry is dropped. Other arrays are already target-aligned."""
-        mask = _as_1d(token_mask, torch.float32, "token_mask")
-        return cls(token_ids=token_ids, loss_mask=mask[1:], advantages=advantages, **logprobs)
-
-    @property
-    def length(self) -> int:
-        return int(self.token_ids.numel())  # type: ignore[union-attr]
-
-    @property
-    def num_targets(self) -> int:
-        return self.length - 1
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask.sum())  # type: ignore[union-attr]
+from ..rl.samples import TrainSample
 
 
 @dataclass

@@ -1,0 +1,192 @@
+"""The records that carry a rollout to the trainer: ``Trajectory`` and ``TrainSample``.
+
+A **Trajectory** is what one rollout produced, in plain Python values (JSON round-trip exact, so
+the delay buffer's designer samples survive a checkpoint): the token ids of the whole sequence,
+the target-aligned loss mask (1 where the policy wrote the token), the engine's log-probs of
+those tokens, the engine weight version that generated them, and who and what it was: the role
+(agent or designer), the environment, its skill, the reward and, once computed, the advantage.
+Self-play builds trajectories; the trainer turns each into a ``TrainSample`` with
+:meth:`Trajectory.to_train_sample`.
+
+A **TrainSample** is one token sequence as tensors. Everything per token in it is aligned with the
+*targets*: entry ``i`` of ``loss_mask``, of a per-token ``advantages`` array and of the log-prob
+arrays describes ``token_ids[i + 1]`` (the token predicted at position ``i``), so those arrays are
+one shorter than ``token_ids``. ``TrainSample.from_token_mask`` converts a mask over the tokens
+themselves (1 = the policy produced this token) to that convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+
+class Role(str, enum.Enum):
+    """Which of the two roles of the shared policy wrote a trajectory."""
+
+    AGENT = "agent"
+    DESIGNER = "designer"
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One rollout's sequence and what it means (see the module docstring).
+
+    ``reward``: the episode return (agent) or the designer reward released by the delay buffer
+    (designer); None until known. ``advantage``: one value for the whole sequence, None until the
+    step computes it. ``generated_step``: the step whose policy wrote it (designer samples are
+    trained ``k`` steps later). ``index``: the play's number among its environment's plays.
+    """
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    rollout_logprobs: Optional[tuple[float, ...]] = None
+    weight_version: Optional[int] = None
+    role: Role = Role.AGENT
+    env_id: str = ""
+    skill: str = ""
+    index: int = 0
+    generated_step: Optional[int] = None
+    reward: Optional[float] = None
+    advantage: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
+        object.__setattr__(self, "loss_mask", tuple(int(m) for m in self.loss_mask))
+        if self.rollout_logprobs is not None:
+            object.__setattr__(self, "rollout_logprobs", tuple(float(x) for x in self.rollout_logprobs))
+        object.__setattr__(self, "role", Role(self.role))
+        if len(self.token_ids) and len(self.loss_mask) != len(self.token_ids) - 1:
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries, expected one per target "
+                             f"({len(self.token_ids) - 1})")
+        if self.rollout_logprobs is not None and len(self.rollout_logprobs) != len(self.loss_mask):
+            raise ValueError(f"rollout_logprobs has {len(self.rollout_logprobs)} entries, expected "
+                             f"{len(self.loss_mask)}")
+
+    @property
+    def trainable(self) -> bool:
+        """At least one target token and one loss token: something to learn from."""
+        return len(self.token_ids) >= 2 and any(self.loss_mask)
+
+    def scored(self, **changes: Any) -> "Trajectory":
+        """A copy with ``changes`` (``reward``, ``advantage``, ``env_id`` ...) applied."""
+        return dataclasses.replace(self, **changes)
+
+    def to_train_sample(self) -> "TrainSample":
+        if self.advantage is None:
+            raise ValueError(f"trajectory of {self.env_id or 'an environment'} has no advantage yet")
+        return TrainSample(token_ids=list(self.token_ids), loss_mask=list(self.loss_mask),
+                           advantages=float(self.advantage),
+                           rollout_logprobs=None if self.rollout_logprobs is None else list(self.rollout_logprobs),
+                           weight_version=self.weight_version)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["role"] = self.role.value
+        for name in ("token_ids", "loss_mask", "rollout_logprobs"):
+            if data[name] is not None:
+                data[name] = list(data[name])
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Trajectory":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+ArrayLike = Union[Sequence[float], Sequence[int], Tensor]
+
+
+def _as_1d(value: ArrayLike, dtype: torch.dtype, name: str) -> Tensor:
+    tensor = torch.as_tensor(value, dtype=dtype).detach().cpu()
+    if tensor.dim() != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One sequence to train on (see the module docstring for the target alignment).
+
+    ``advantages`` is a float (one value for the whole sequence) or a per-target array.
+    ``old_logprobs`` (the policy before this update; computed by ``compute_logprobs`` when
+    absent, or taken as the current log-probs, ratio 1), ``rollout_logprobs`` (the engine's, for
+    truncated importance sampling) and ``ref_logprobs`` (reference policy, for the KL term) are
+    optional per-target arrays. Arrays are stored as CPU tensors. ``weight_version`` is the
+    oldest rollout-engine weight version that generated any of its tokens (None: unknown); the
+    trainer reports how far behind the updated policy the samples are.
+    """
+
+    token_ids: ArrayLike
+    loss_mask: ArrayLike
+    advantages: Union[float, ArrayLike]
+    old_logprobs: Optional[ArrayLike] = None
+    rollout_logprobs: Optional[ArrayLike] = None
+    ref_logprobs: Optional[ArrayLike] = None
+    weight_version: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        tokens = _as_1d(self.token_ids, torch.long, "token_ids")
+        if tokens.numel() < 2:
+            raise ValueError(f"a sample needs at least 2 tokens (one target), got {tokens.numel()}")
+        if int(tokens.min()) < 0:
+            raise ValueError("token_ids must be non-negative vocabulary ids")
+        n = tokens.numel() - 1
+        mask = _as_1d(self.loss_mask, torch.float32, "loss_mask")
+        if mask.numel() != n:
+            raise ValueError(
+                f"loss_mask must have one entry per target (len(token_ids) - 1 = {n}), got "
+                f"{mask.numel()}; use TrainSample.from_token_mask for a mask over the tokens"
+            )
+        if not torch.all((mask == 0) | (mask == 1)):
+            raise ValueError("loss_mask entries must be 0 or 1")
+        object.__setattr__(self, "token_ids", tokens)
+        object.__setattr__(self, "loss_mask", mask)
+        advantages = self.advantages
+        if isinstance(advantages, Tensor) and advantages.dim() == 0:
+            advantages = float(advantages)
+        if isinstance(advantages, (int, float)):
+            object.__setattr__(self, "advantages", float(advantages))
+        else:
+            adv = _as_1d(advantages, torch.float32, "advantages")
+            if adv.numel() != n:
+                raise ValueError(f"per-token advantages must have {n} entries (one per target), got {adv.numel()}")
+            object.__setattr__(self, "advantages", adv)
+        for name in ("old_logprobs", "rollout_logprobs", "ref_logprobs"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            array = _as_1d(value, torch.float32, name)
+            if array.numel() != n:
+                raise ValueError(f"{name} must have {n} entries (one per target), got {array.numel()}")
+            object.__setattr__(self, name, array)
+
+    @classmethod
+    def from_token_mask(
+        cls,
+        token_ids: ArrayLike,
+        token_mask: ArrayLike,
+        advantages: Union[float, ArrayLike],
+        **logprobs: Optional[ArrayLike],
+    ) -> "TrainSample":
+        """Build from a mask over the tokens (1 = produced by the policy); the first token can
+        never be a target, so its entry is dropped. Other arrays are already target-aligned."""
+        mask = _as_1d(token_mask, torch.float32, "token_mask")
+        return cls(token_ids=token_ids, loss_mask=mask[1:], advantages=advantages, **logprobs)
+
+    @property
+    def length(self) -> int:
+        return int(self.token_ids.numel())  # type: ignore[union-attr]
+
+    @property
+    def num_targets(self) -> int:
+        return self.length - 1
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())  # type: ignore[union-attr]

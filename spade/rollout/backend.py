@@ -1,0 +1,204 @@
+"""One rollout backend per engine kind: the engine's lifecycle around a train step.
+
+The trainer's step reads the same for every engine::
+
+    out = await orchestrator.run_step(step)                  # rank 0 generates
+    samples = await rollout.before_train(out.samples)        # every rank gets the samples
+    metrics = learner.update(samples)
+    await rollout.publish(learner.weight_stream, version)    # the engine serves the new weights
+
+``before_train`` hands the step's samples from rank 0 to every rank. While rank 0 runs rollouts the
+other ranks wait inside it for rank 0's commands: the samples (then it returns), or, with SGLang, "a
+server died: restart it and send it the current weights" (every rank takes part in the weight sync).
+
+* :class:`HFRolloutBackend` (``engine.kind: hf``): an in-process engine on rank 0; ``publish`` copies
+  the weights into it (every rank takes part in the gathers of the weight stream).
+* :class:`SGLangRolloutBackend` (``engine.kind: sglang``): owns the ``SGLangDeployment``. Before the
+  update it releases the servers' weights and KV cache and brings the training state back to the
+  device; ``publish`` moves the optimizer state and gradients to host, restarts dead servers,
+  resumes their memory, sends the weights (CUDA IPC colocated, NCCL broadcast otherwise), continues
+  generation and moves the parameters to host. A server that dies mid-rollout is restarted and
+  re-sent the current weights (``recover``), marked healthy only afterwards.
+
+The training state's offloader reaches the SGLang backend as a :class:`TrainingMemory`; this layer
+never imports the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Literal, Optional, Protocol, Sequence
+
+from torch import Tensor
+
+from ..collectives import broadcast_object, in_thread
+from .engine import RolloutEngine
+
+log = logging.getLogger("spade.rollout")
+
+WeightStream = Callable[[], Iterator[tuple[str, Tensor]]]
+
+
+class MoveReport(Protocol):
+    seconds: float
+
+    @property
+    def total_bytes(self) -> int: ...
+
+
+class TrainingMemory(Protocol):
+    """The trainer's device memory, moved to host while the engine generates (training.offload)."""
+
+    def onload(self) -> Sequence[MoveReport]: ...
+
+    def onload_params(self) -> MoveReport: ...
+
+    def offload_state(self) -> MoveReport: ...
+
+    def offload_params(self) -> MoveReport: ...
+
+
+@dataclass(frozen=True)
+class _Command:
+    """What rank 0 tells the other ranks while it runs the rollouts."""
+
+    kind: Literal["samples", "recover"]
+    samples: Optional[list] = None
+    servers: tuple[int, ...] = ()
+
+
+class RolloutBackend:
+    """The lifecycle of one engine kind around a train step (see the module docstring)."""
+
+    def __init__(self, *, is_main: bool, device: Any):
+        self.is_main = is_main
+        self.device = device
+        self.engine: Optional[RolloutEngine] = None  # rank 0 only
+        self.version = 0  # the weight version the engine serves
+        self._lock = asyncio.Lock()  # rank 0: one collective command at a time
+        self._metrics: dict[str, float] = {}
+
+    async def start(self) -> None:
+        """Every rank, before the trainer's model is built."""
+
+    async def before_train(self, samples: Optional[list]) -> list:
+        """Every rank: rank 0 passes the step's samples and every rank gets them back."""
+        return await self._share(samples)
+
+    async def publish(self, weights: WeightStream, version: int, *, changed: bool = True) -> None:
+        """Every rank: the engine serves the trainer's weights as ``version`` from now on
+        (``changed=False``: the weights are those of the current version)."""
+        raise NotImplementedError
+
+    def step_metrics(self) -> dict[str, float]:
+        """``engine/*`` and ``time/*`` figures since the last call."""
+        out, self._metrics = self._metrics, {}
+        return out
+
+    async def close(self) -> None:
+        """Every rank."""
+
+    async def _share(self, samples: Optional[list]) -> list:
+        if self.is_main:
+            async with self._lock:
+                await in_thread(self.device, broadcast_object, _Command("samples", samples=list(samples or [])))
+            return list(samples or [])
+        while True:
+            command = await in_thread(self.device, broadcast_object, None)
+            if command.kind == "samples":
+                return command.samples
+            await self._serve(command)
+
+    async def _serve(self, command: _Command) -> None:
+        raise RuntimeError(f"rollout command {command.kind!r} is not served by {type(self).__name__}")
+
+
+class HFRolloutBackend(RolloutBackend):
+    """The in-process transformers engine on rank 0 (CPU, or one GPU)."""
+
+    def __init__(self, engine: Optional[RolloutEngine], *, is_main: bool, device: Any):
+        super().__init__(is_main=is_main, device=device)
+        self.engine = engine
+
+    async def publish(self, weights: WeightStream, version: int, *, changed: bool = True) -> None:
+        if changed:
+            stream = weights()
+            if self.is_main:
+                await self.engine.update_weights(stream, version=version)
+            else:
+                for _ in stream:  # take part in the gathers
+                    pass
+        self.version = version
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+class SGLangRolloutBackend(RolloutBackend):
+    """SGLang servers launched on (or reached from) the training nodes."""
+
+    def __init__(self, deployment: Any, *, is_main: bool, device: Any):
+        super().__init__(is_main=is_main, device=device)
+        self.deployment = deployment
+        self.memory: Optional[TrainingMemory] = None
+        self._weights: Optional[WeightStream] = None
+        deployment.recover_hook = self._recover
+
+    def use_training_memory(self, memory: Optional[TrainingMemory]) -> None:
+        """The training state to move to host while the servers generate (colocated runs)."""
+        self.memory = memory
+
+    async def start(self) -> None:
+        await self.deployment.start()
+        self.engine = self.deployment.engine
+
+    async def before_train(self, samples: Optional[list]) -> list:
+        # Without samples nothing trains: the servers keep their memory (and their weights, which
+        # SGLang's memory saver does not keep across a release).
+        if self.is_main and samples:
+            await self.deployment.release()
+        samples = await self._share(samples)
+        if self.memory is not None and samples:
+            self._metrics["time/onload_s"] = sum(report.seconds for report in self.memory.onload())
+        return samples
+
+    async def publish(self, weights: WeightStream, version: int, *, changed: bool = True) -> None:
+        self._weights = weights
+        away = []
+        if self.memory is not None:
+            away.append(self.memory.offload_state())  # room for the engine's weights and KV cache
+        restarted = await self.deployment.resume_and_sync(weights, version, changed=changed)
+        self.version = version
+        if self.memory is not None:
+            away.append(self.memory.offload_params())
+            self._metrics["time/offload_s"] = sum(report.seconds for report in away)
+            self._metrics["engine/offloaded_gib"] = sum(report.total_bytes for report in away) / 2**30
+        self._metrics["engine/restarted_servers"] = float(len(restarted))
+        self._metrics["engine/restarts_total"] = float(sum(self.deployment.restarts.values()))
+
+    async def close(self) -> None:
+        await self.deployment.close()
+        self.engine = None
+
+    async def _recover(self, index: int) -> None:
+        """Rank 0 (the engine's failure hook, during rollouts): with every rank, restart server
+        ``index`` and send it the current weights."""
+        async with self._lock:
+            await in_thread(self.device, broadcast_object, _Command("recover", servers=(index,)))
+            await self._recover_servers((index,))
+
+    async def _serve(self, command: _Command) -> None:
+        if command.kind != "recover":
+            await super()._serve(command)
+        await self._recover_servers(command.servers)
+
+    async def _recover_servers(self, servers: tuple[int, ...]) -> None:
+        if self._weights is None:
+            raise RuntimeError("a server died before the first weights were published")
+        await self.deployment.restart(servers)
+        await self.deployment.sync_weights(self._weights, self.version, servers)
+        if self.memory is not None:
+            self.memory.offload_params()

@@ -1,0 +1,170 @@
+"""The learner: the Megatron model, its optimizer and one GRPO update per step, on every rank.
+
+``Learner.build(...)`` loads the policy from a Hugging Face directory into Megatron's GPTModel
+(every parallel layout), the frozen reference policy when the KL term is on, and the optimizer
+with its scheduler. Then, once per step:
+
+* ``update(samples)`` runs one GRPO step on the step's samples, sharded over the data-parallel
+  ranks (every rank passes the same list). ``old_logprobs`` stay None (ratio 1 against the
+  detached current log-probs); the samples' rollout log-probs give truncated importance sampling;
+  with the KL term, the reference model scores the samples first (brought to the device only for
+  that when offloading). An empty list trains nothing and says so in the metrics.
+* ``weight_stream()`` yields every Hugging Face tensor of the current policy on every rank (TP and
+  EP shards gathered, other pipeline stages broadcast), for the rollout engine.
+
+``memory`` is the training state's offloader when the rollout engine shares the GPUs (None
+otherwise): the rollout backend moves it around the engine's generation phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from ..rl.samples import TrainSample
+from .optimizer import OptimizerSettings
+from .train_step import LossSettings
+
+log = logging.getLogger("spade.train")
+
+
+@dataclass(frozen=True)
+class LearnerOptions:
+    """How the learner is built (taken from the run's config by the composition root)."""
+
+    optimizer: OptimizerSettings
+    loss: LossSettings
+    micro_batch_tokens: int
+    dtype: torch.dtype
+    recompute: str = "none"
+    offload: bool = False  # keep the training state on the host while the engine generates
+    offload_on_host: bool = False  # tests: really move (free and restore) on a CPU run
+
+
+class Learner:
+    def __init__(self, *, spec: Any, layout: Any, ctx: Any, options: LearnerOptions, model: Any,
+                 ref_model: Any, optimizer: Any, scheduler: Any, build_options: Any):
+        self.spec = spec
+        self.layout = layout
+        self.ctx = ctx
+        self.options = options
+        self.model = model
+        self.ref_model = ref_model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.build_options = build_options
+        self.memory = None  # StagedOffload (options.offload)
+        self.ref_memory = None  # the reference model's parameters, likewise
+        if options.offload:
+            from .offload import StagedOffload, TrainingOffloader
+
+            self.memory = StagedOffload(model.chunks, optimizer, move_on_host=options.offload_on_host)
+            if ref_model is not None:  # on the device only while it scores the step's samples
+                self.ref_memory = TrainingOffloader(ref_model.chunks, kinds=("params",),
+                                                    move_on_host=options.offload_on_host)
+                self.ref_memory.offload()
+
+    @classmethod
+    def build(cls, hf_dir: Path, hf_config: dict, layout: Any, ctx: Any, options: LearnerOptions) -> "Learner":
+        from ..models import read_model_spec
+        from ..models.builder import BuildOptions
+        from .checkpoint import read_hf_tensors
+        from .model_provider import build_model
+        from .optimizer import build_optimizer
+
+        spec = read_model_spec(dict(hf_config))
+        build_options = BuildOptions(params_dtype=options.dtype, recompute=options.recompute)
+        hf_state = read_hf_tensors(hf_dir, spec)
+        distributed = options.optimizer.use_distributed_optimizer
+        model = build_model(spec, layout, options=build_options, hf_state=hf_state,
+                            use_distributed_optimizer=distributed)
+        ref_model = None  # the frozen reference policy of the KL term: the initial weights
+        if options.loss.kl_coef > 0:
+            ref_model = build_model(spec, layout, options=build_options, hf_state=hf_state,
+                                    use_distributed_optimizer=distributed)
+        del hf_state
+        optimizer, scheduler = build_optimizer(model.chunks, options.optimizer)
+        return cls(spec=spec, layout=layout, ctx=ctx, options=options, model=model, ref_model=ref_model,
+                   optimizer=optimizer, scheduler=scheduler, build_options=build_options)
+
+    @property
+    def chunks(self) -> list:
+        return self.model.chunks
+
+    # ------------------------------------------------------------------ one update
+
+    def update(self, samples: Sequence[TrainSample]) -> dict[str, Any]:
+        """One GRPO step on ``samples`` (the same list on every rank); ``train/*`` metrics."""
+        from .batching import data_parallel_shard, filler_micro_batch, make_micro_batches
+        from .train_step import compute_logprobs, train_step
+
+        if not samples:
+            return {"train/loss": None, "train/samples": 0.0, "train/skipped_no_samples": 1.0}
+        samples = consistent_logprobs(list(samples))
+        mine = [samples[i] for i in data_parallel_shard(samples, self.ctx.dp_size, self.ctx.dp_rank)]
+        multiple = self.layout.tp if self.layout.sequence_parallel else 1
+        budget = self.options.micro_batch_tokens
+        micro_batches = make_micro_batches(mine, budget, pad_to_multiple_of=multiple)
+        if self.ref_model is not None and mine:
+            if self.ref_memory is not None:
+                self.ref_memory.onload()
+            loss = self.options.loss
+            ref = compute_logprobs(self.ref_model.chunks, micro_batches, temperature=loss.temperature,
+                                   chunk_size=loss.logprob_chunk_size)
+            if self.ref_memory is not None:
+                self.ref_memory.offload()
+            mine = [dataclasses.replace(s, ref_logprobs=lp) for s, lp in zip(mine, ref)]
+            micro_batches = make_micro_batches(mine, budget, pad_to_multiple_of=multiple)
+        if not micro_batches:  # this rank got no sample: it still takes part in the collectives
+            micro_batches = [filler_micro_batch(max(2, multiple))]
+        result = train_step(self.model.chunks, self.optimizer, self.scheduler, micro_batches, self.options.loss)
+        metrics: dict[str, Any] = {f"train/{k}": v for k, v in result.to_dict().items()}
+        metrics["train/skipped_no_samples"] = 0.0
+        return metrics
+
+    # ------------------------------------------------------------------ weights for the engine
+
+    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every HF tensor of the model, on every rank (all ranks must consume it to the end);
+        offloaded parameters are brought back to the device first."""
+        from ..models import RankCoords
+        from ..models.builder import naming_for
+        from ..models.loading import StageBroadcast, all_hf_weights, ep_all_gather, group_gather
+
+        if len(self.model.chunks) > 1:
+            raise NotImplementedError("weight sync with virtual pipeline stages (several model chunks per rank)")
+        if self.memory is not None:
+            self.memory.onload_params()
+        layout = self.layout
+        gather = group_gather() if max(layout.tp, layout.expert_tp) > 1 else None
+        return all_hf_weights(self.model.chunks[0], self.spec, layout, RankCoords.current(), gather,
+                              naming_for(self.build_options), ep_gather=ep_all_gather() if layout.ep > 1 else None,
+                              stages=StageBroadcast(self.ctx.device) if layout.pp > 1 else None)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_device(self) -> None:
+        """Everything on the device (before a checkpoint reads it)."""
+        if self.memory is not None:
+            self.memory.onload()
+
+    def off_device(self) -> None:
+        """Everything back to host (after a checkpoint, while the engine generates)."""
+        if self.memory is not None:
+            self.memory.offload_state()
+            self.memory.offload_params()
+
+
+def consistent_logprobs(samples: list[TrainSample]) -> list[TrainSample]:
+    """make_micro_batches wants each log-prob field on all samples or none: drop partial ones."""
+    for name in ("old_logprobs", "rollout_logprobs", "ref_logprobs"):
+        present = sum(getattr(s, name) is not None for s in samples)
+        if 0 < present < len(samples):
+            log.warning("%s present on %d of %d samples: dropped for this step", name, present, len(samples))
+            samples = [dataclasses.replace(s, **{name: None}) for s in samples]
+    return samples
