@@ -22,7 +22,14 @@ database is rolled back to records of steps ``< N``.
 
 A checkpoint counts only once ``latest`` names it: the model/optimizer/RNG save is atomic
 (``save_checkpoint`` renames a finished temp directory), ``trainer_state.json`` is then written
-atomically into it, and ``latest`` is replaced atomically last.
+atomically into it and recorded in the checkpoint's manifest (``spade_manifest.json``: every
+file's size and CRC-32, rewritten last), and ``latest`` is replaced atomically last, only after the
+checkpoint passed verification against its manifest.
+
+Resume takes ``newest_intact_checkpoint()``: the newest checkpoint at or before ``latest`` that
+passes verification (every file of the manifest present, of its size and CRC-32, with
+``trainer_state.json`` and ``spade_checkpoint.json`` among them); each newer one that fails is
+skipped with a warning that names what is wrong.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..training.checkpoint import fsync_dir
+from ..training.checkpoint import (INFO_FILE, CheckpointError, add_to_manifest, fsync_dir, read_checkpoint_info,
+                                   verify_checkpoint)
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -176,15 +184,89 @@ class RunDir:
             raise RunDirError(f"{pointer} names {directory}, which has no {TRAINER_STATE_FILE}")
         return step
 
+    def checkpoint_steps(self) -> list[int]:
+        """The steps of all ``checkpoints/step_N`` directories, newest first (complete or not)."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        return sorted((int(p.name[5:]) for p in self.checkpoints_dir.glob("step_*")
+                       if p.name[5:].isdigit() and p.is_dir()), reverse=True)
+
     def write_trainer_state(self, step: int, state: Mapping[str, Any]) -> None:
-        atomic_write_text(self.checkpoint_dir(step) / TRAINER_STATE_FILE,
-                          json.dumps(json_safe(dict(state)), indent=1))
+        """Write ``trainer_state.json`` into a saved checkpoint and record it in its manifest."""
+        directory = self.checkpoint_dir(step)
+        atomic_write_text(directory / TRAINER_STATE_FILE, json.dumps(json_safe(dict(state)), indent=1))
+        try:
+            add_to_manifest(directory, [TRAINER_STATE_FILE])
+        except CheckpointError as exc:
+            raise RunDirError(f"cannot record {TRAINER_STATE_FILE} in checkpoint {directory}: {exc}") from None
 
     def read_trainer_state(self, step: int) -> dict[str, Any]:
         return json.loads((self.checkpoint_dir(step) / TRAINER_STATE_FILE).read_text())
 
+    def checkpoint_problems(self, step: int, *, checksums: bool = True) -> list[str]:
+        """What is wrong with ``checkpoints/step_N`` ([] when it can be resumed from)."""
+        directory = self.checkpoint_dir(step)
+        problems = verify_checkpoint(directory, checksums=checksums, require=(INFO_FILE, TRAINER_STATE_FILE))
+        if problems:
+            return problems
+        try:
+            info = read_checkpoint_info(directory)
+        except CheckpointError as exc:
+            return [str(exc)]
+        if info.step != step:
+            return [f"{directory}: {INFO_FILE} says step {info.step}"]
+        try:
+            state = self.read_trainer_state(step)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return [f"{directory}: {TRAINER_STATE_FILE} is unreadable: {exc}"]
+        if not isinstance(state, dict) or state.get("step") != step:
+            return [f"{directory}: {TRAINER_STATE_FILE} is not the state of step {step}"]
+        return []
+
     def mark_latest(self, step: int) -> None:
+        """Point ``latest`` at ``checkpoints/step_N``, which must pass verification (sizes and
+        presence; the CRC-32s were computed from these very files a moment ago)."""
+        problems = self.checkpoint_problems(step, checksums=False)
+        if problems:
+            raise RunDirError(f"not marking checkpoint step_{step} as latest, it is damaged: "
+                              + "; ".join(problems))
         atomic_write_text(self.checkpoints_dir / LATEST_FILE, f"step_{step}\n")
+
+    def newest_intact_checkpoint(self, *, checksums: bool = True) -> tuple[Optional[int], list[str]]:
+        """The step of the newest checkpoint to resume from (None: start at step 0), and one
+        warning per checkpoint skipped because it failed verification (what is wrong with it).
+
+        Candidates are the checkpoints at or before the one ``latest`` names (a newer one was
+        interrupted before it counted); all of them when ``latest`` is unreadable; none when it is
+        missing (the first save was interrupted). When checkpoints exist but none is intact, the
+        last warning says so and how to start over.
+        """
+        warnings: list[str] = []
+        steps = self.checkpoint_steps()
+        pointer = self.checkpoints_dir / LATEST_FILE
+        bound: Optional[int] = None
+        if pointer.is_file():
+            name = pointer.read_text(errors="replace").strip()
+            if name.startswith("step_") and name[5:].isdigit():
+                bound = int(name[5:])
+            else:
+                warnings.append(f"{pointer}: unexpected content {name!r}; looking at every checkpoint")
+        elif steps:
+            return None, []  # no checkpoint counted yet: the first save was interrupted
+        candidates = [s for s in steps if bound is None or s <= bound]
+        if bound is not None and bound not in candidates:
+            warnings.append(f"{pointer} names step_{bound}, which does not exist")
+        for step in candidates:
+            problems = self.checkpoint_problems(step, checksums=checksums)
+            if not problems:
+                return step, warnings
+            warnings.append(f"skipping checkpoint step_{step}, it is damaged: " + "; ".join(problems))
+        if candidates or bound is not None:
+            warnings.append(
+                f"no intact checkpoint in {self.checkpoints_dir}: to start this run over from step 0, "
+                f"move that directory away and resume again, or start a new run with "
+                f"'spade train --config {self.config_path} --run-dir NEW_DIR'")
+        return None, warnings
 
     def prune_checkpoints(self, keep: int) -> list[Path]:
         """Remove all but the newest ``keep`` complete checkpoints (0: keep all) and leftovers
@@ -193,8 +275,7 @@ class RunDir:
         if latest is None:
             return []
         removed = []
-        steps = sorted(int(p.name[5:]) for p in self.checkpoints_dir.glob("step_*")
-                       if p.name[5:].isdigit() and p.is_dir())
+        steps = sorted(self.checkpoint_steps())
         doomed = [s for s in steps if s < latest and keep and s not in steps[-keep:]]
         for step in doomed:
             shutil.rmtree(self.checkpoint_dir(step), ignore_errors=True)
