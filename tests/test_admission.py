@@ -156,3 +156,26 @@ def test_json_verdict_has_the_documented_keys(sandbox):
     data = verdict_for(sandbox, GOOD).to_json("env.py")
     assert list(data) == ["path", "admitted", "class_name", "error", "first_observation", "timings_ms"]
     assert data["admitted"] is True and data["error"] is None
+
+
+@pytest.mark.parametrize("raw, says", [
+    (b"class AEnv:\n    name = '\xff\xfe'\n", "byte 0xff, which is not UTF-8, at line 2, column 13"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "byte 0x89, which is not UTF-8, at line 1, column 1"),
+    (b"class AEnv:\n    x = 1\x00\n", "a NUL byte, at line 2, column 10"),
+], ids=["latin-1", "binary", "nul"])
+def test_source_that_is_not_text_is_a_syntax_error_in_plain_words(sandbox, tmp_path, capsys, raw, says):
+    """What ``spade env check`` reads (UTF-8 with surrogateescape) and admit() sees."""
+    from spade.cli import main
+    from spade.cli.common import read_text
+
+    path = tmp_path / "env.py"
+    path.write_bytes(raw)
+    verdict = verdict_for(sandbox, read_text(str(path)))
+    assert (verdict.admitted, verdict.error.kind, verdict.error.stage) == (False, ErrorKind.SYNTAX_ERROR, Stage.SYNTAX)
+    assert says in verdict.error.message and "Error" not in verdict.error.message
+
+    assert main(["env", "check", "--isolation", "unsafe-local", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out == f"{path}: rejected at syntax: syntax_error: {verdict.error.message}\n"
+    assert main(["env", "run", "--isolation", "unsafe-local", str(path), "--actions", "x"]) == 2
+    assert says in capsys.readouterr().err

@@ -10,11 +10,11 @@ from typing import Any
 
 from ..agent.actions import parse_action
 from ..designer.extract import extract_code
-from ..envs.admission import admit
+from ..envs.admission import admit, not_text_error
 from ..envs.protocol import EnvFault, InfrastructureFault, episode_return
 from ..envs.runner import DEFAULT_MAX_TURNS, turn_budget
 from ..envs.sandbox.client import SandboxService
-from .common import read_text, sandbox_config
+from .common import UsageError, read_text, sandbox_config
 
 
 def add_parser(subparsers: Any) -> None:
@@ -84,8 +84,18 @@ def _read_actions(args: argparse.Namespace) -> list[str]:
     return [line for line in read_text(args.actions_file).splitlines() if line.strip()]
 
 
+def _read_source(path: str) -> str:
+    """The environment code in ``path`` (a raw designer response is extracted); source that is not
+    UTF-8 text is refused with the byte and where it is."""
+    text = read_text(path)
+    not_text = not_text_error(text)
+    if not_text is not None:
+        raise UsageError(f"{path}: {not_text.message}")
+    return extract_code(text).code
+
+
 def run_actions(args: argparse.Namespace) -> int:
-    source = extract_code(read_text(args.path)).code
+    source = _read_source(args.path)
     actions = _read_actions(args)
     report = asyncio.run(_run(args, source, actions))
     if args.json:
@@ -134,7 +144,7 @@ def _print_run(report: dict[str, Any]) -> None:
 
 
 def run_play(args: argparse.Namespace) -> int:
-    source = extract_code(read_text(args.path)).code
+    source = _read_source(args.path)
     return asyncio.run(_play(args, source))
 
 

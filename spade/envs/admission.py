@@ -70,6 +70,25 @@ class _StageClock:
         self.timings[self.name] = (time.perf_counter() - self.start) * 1000.0
 
 
+def not_text_error(text: str) -> EnvError | None:
+    """A ``syntax_error`` for source that is not text: bytes that are not UTF-8 (read with
+    ``surrogateescape`` they are lone surrogates) or a NUL byte, naming the first one and where it
+    is; None for proper text."""
+    for index, char in enumerate(text):
+        if char == "\x00" or "\udc80" <= char <= "\udcff":
+            line = text.count("\n", 0, index) + 1
+            column = index - (text.rfind("\n", 0, index) + 1) + 1
+            byte = 0 if char == "\x00" else ord(char) - 0xDC00
+            what = "a NUL byte" if char == "\x00" else f"byte 0x{byte:02x}, which is not UTF-8"
+            return EnvError(ErrorKind.SYNTAX_ERROR, Stage.SYNTAX,
+                            f"the source is not text: {what}, at line {line}, column {column}; "
+                            f"an environment must be Python source in UTF-8")
+        if "\ud800" <= char <= "\udfff":
+            return EnvError(ErrorKind.SYNTAX_ERROR, Stage.SYNTAX,
+                            "the source contains a lone surrogate character, which UTF-8 cannot encode")
+    return None
+
+
 async def admit(service: SandboxService, response: str, *, max_turns: int | None = None,
                 seed: int = SMOKE_SEED, probe_actions: tuple[str, ...] = PROBE_ACTIONS,
                 max_repair_passes: int = 20) -> AdmissionVerdict:
@@ -78,6 +97,9 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
     """
     timer = _Timer()
+    not_text = not_text_error(response)
+    if not_text is not None:
+        return AdmissionVerdict(False, code="", error=not_text)
     with timer.stage(Stage.EXTRACT):
         extraction = extract_code(response, max_repair_passes=max_repair_passes)
     code = extraction.code
