@@ -266,3 +266,30 @@ def test_corrupt_gzip_and_parquet(tmp_path: Path) -> None:
     pq.write_bytes(b"not parquet")
     with pytest.raises(CorpusError, match=r"a\.parquet: not a readable Parquet file"):
         corpus(pq)
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["jsonl", "jsonl.gz"])
+def test_skipped_records_are_counted_with_the_first_line(tmp_path: Path, compress: bool, caplog) -> None:
+    name = "a.jsonl.gz" if compress else "a.jsonl"
+    path = write_jsonl(tmp_path / name, [DOCS[0], "", {"title": "no text"}, {"text": " "}, DOCS[1],
+                                         {"body": "none"}, {"text": None}], compress=compress)
+    with caplog.at_level("WARNING", logger="spade.designer.corpus"):
+        c = corpus(path)
+    assert len(c) == 2
+    assert c.skipped_warnings == [
+        f"corpus file {path}: skipped 2 of 6 records without a 'text' or 'orig_doc' field (the first at line 3)",
+        f"corpus file {path}: skipped 2 of 6 records whose text is null or blank (the first at line 4)",
+    ]
+    assert [r.getMessage() for r in caplog.records] == c.skipped_warnings
+    named = corpus(write_jsonl(tmp_path / "b.jsonl", [{"content": "x"}, {"text": "y"}]), text_field="content")
+    assert named.skipped_warnings == [f"corpus file {tmp_path / 'b.jsonl'}: skipped 1 of 2 records without a "
+                                      f"'content' field (the first at line 2)"]
+    assert corpus(write_jsonl(tmp_path / "c.jsonl", DOCS)).skipped_warnings == []
+
+
+def test_skipped_parquet_rows_are_counted_with_the_first_row(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "a.parquet", {"text": ["a", None, "b", " ", "c"]})
+    c = corpus(path)
+    assert len(c) == 3
+    assert c.skipped_warnings == [f"corpus file {path}: skipped 2 of 5 rows whose 'text' is null or blank "
+                                  f"(the first at row 1)"]

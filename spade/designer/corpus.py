@@ -13,8 +13,10 @@ Three file formats are read, chosen by suffix:
   Arrow array, i.e. about the raw text size in memory.
 
 The text field is ``CorpusSettings.text_field`` if set; otherwise each record's ``text``, else its
-``orig_doc`` (Parquet: the first of those columns the file has). Records whose text is missing, null or blank are skipped; a file where no record has
-the field is an error. Draws are uniform over all usable documents of all files and take a
+``orig_doc`` (Parquet: the first of those columns the file has). Records without the field, and
+records whose text is null or blank, are skipped but counted: ``Corpus.skipped_warnings`` (also
+logged once at start-up) says per file how many of each and the first line (Parquet: row) of each;
+a file where no record has the field is an error. Draws are uniform over all usable documents of all files and take a
 ``random.Random`` from the caller, so the sequence of documents is a pure function of the rng state
 (checkpoint ``rng.getstate()`` or derive one rng per attempt with :func:`attempt_rng`).
 """
@@ -25,6 +27,7 @@ import bisect
 import glob
 import gzip
 import json
+import logging
 import os
 import random
 import re
@@ -34,6 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import ConfigError, require
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Corpus",
@@ -145,6 +150,7 @@ def attempt_rng(seed: int, *keys: int | str) -> random.Random:
 
 class _Source(Protocol):
     path: str
+    skipped_warnings: list[str]
 
     def __len__(self) -> int: ...
 
@@ -167,6 +173,30 @@ def _record_text(record: Any, field: str | None, where: str) -> tuple[str | None
                 raise CorpusError(f"{where}: field {name!r} is {type(value).__name__}, expected a string")
             return (value if value.strip() else None), True
     return None, False
+
+
+class _Skips:
+    """Records skipped in one file: without the text field, or with a null/blank text; the count
+    and first line (or row) of each."""
+
+    def __init__(self) -> None:
+        self.counts = {"missing": 0, "empty": 0}
+        self.first: dict[str, int] = {}
+
+    def add(self, has_field: bool, line_no: int) -> None:
+        reason = "empty" if has_field else "missing"
+        self.counts[reason] += 1
+        self.first.setdefault(reason, line_no)
+
+    def warnings(self, path: str, field: str | None, records: int, unit: str = "line") -> list[str]:
+        out = []
+        if self.counts["missing"]:
+            out.append(f"corpus file {path}: skipped {self.counts['missing']} of {records} records without a "
+                       f"{_field_names(field)} field (the first at {unit} {self.first['missing']})")
+        if self.counts["empty"]:
+            out.append(f"corpus file {path}: skipped {self.counts['empty']} of {records} records whose text is "
+                       f"null or blank (the first at {unit} {self.first['empty']})")
+        return out
 
 
 def _record_id(record: dict[str, Any]) -> str | None:
@@ -200,6 +230,7 @@ class _JsonlIndex:
         self.path, self.field = path, field
         self.offsets, self.lengths, self.lines = array("q"), array("q"), array("q")
         records = had_field = 0
+        skips = _Skips()
         with open(path, "rb") as handle:
             offset = 0
             for line_no, raw in enumerate(handle, start=1):
@@ -212,9 +243,12 @@ class _JsonlIndex:
                         self.offsets.append(offset)
                         self.lengths.append(size)
                         self.lines.append(line_no)
+                    else:
+                        skips.add(has, line_no)
                 offset += size
         if not self.offsets:
             raise _no_text_error(path, field, records, had_field)
+        self.skipped_warnings = skips.warnings(path, field, records)
         stat = os.stat(path)
         self._stamp = (stat.st_size, stat.st_mtime_ns)
 
@@ -242,6 +276,7 @@ class _GzipJsonl:
         self.path = path
         self.items: list[tuple[str, int, str | None]] = []
         records = had_field = 0
+        skips = _Skips()
         try:
             with gzip.open(path, "rb") as handle:
                 for line_no, raw in enumerate(handle, start=1):
@@ -253,10 +288,13 @@ class _GzipJsonl:
                     had_field += has
                     if text is not None:
                         self.items.append((text, line_no, _record_id(record)))
+                    else:
+                        skips.add(has, line_no)
         except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
             raise CorpusError(f"corpus file {path}: cannot decompress: {exc}") from None
         if not self.items:
             raise _no_text_error(path, field, records, had_field)
+        self.skipped_warnings = skips.warnings(path, field, records)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -296,6 +334,14 @@ class _Parquet:
         self.ids = table.column("id").combine_chunks() if "id" in columns else None
         if len(self.rows) == 0:
             raise CorpusError(f"corpus file {path}: every {column!r} value is empty ({table.num_rows} rows)")
+        skipped = table.num_rows - len(self.rows)
+        self.skipped_warnings: list[str] = []
+        if skipped:
+            kept = set(self.rows)
+            first = next(row for row in range(table.num_rows) if row not in kept)
+            self.skipped_warnings.append(
+                f"corpus file {path}: skipped {skipped} of {table.num_rows} rows whose {column!r} is null or "
+                f"blank (the first at row {first})")
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -349,6 +395,9 @@ class Corpus:
         self.settings = settings
         self.files = resolve_paths(settings.paths, None if root is None else Path(root))
         self._sources = [_open_source(path, settings.text_field) for path in self.files]
+        self.skipped_warnings: list[str] = [w for source in self._sources for w in source.skipped_warnings]
+        for warning in self.skipped_warnings:
+            log.warning(warning)
         self._ends: list[int] = []
         total = 0
         for source in self._sources:
