@@ -577,3 +577,16 @@ def test_sglang_run_with_a_kl_reference_model_offloads_it(graded_config, tmp_pat
     records = metrics(run)
     assert [r["step"] for r in records] == [0, 1]
     assert records[1]["train/kl_mean"] > 0 and math.isfinite(records[1]["train/loss"])
+
+
+def test_sglang_run_refuses_an_interpreter_without_sglang_before_launching(graded_config, tmp_path):
+    """Colocated servers launched with spade's own command line: the start-up check compares this
+    process's torch/NCCL with the SGLang interpreter's and refuses before any server or model is
+    started. This venv has no sglang, so the run stops at once with both sides named."""
+    run = tmp_path / "run"
+    proc = subprocess.run(spade_cmd("--config", str(graded_config), "--run-dir", str(run), "engine.kind=sglang",
+                                    f"engine.sglang.port={free_port()}"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode != 0
+    assert "sglang: not importable" in proc.stderr, proc.stderr[-3000:]
+    assert not (run / "logs" / "sglang-server-0.log").exists()  # no server was launched

@@ -152,8 +152,16 @@ class SGLangRolloutBackend(RolloutBackend):
         self.memory = memory
 
     async def start(self) -> None:
-        await self.deployment.start()
-        self.engine = self.deployment.engine
+        deployment = self.deployment
+        settings = deployment.settings
+        if settings.colocated and not settings.server_command and deployment.local_rank == 0:
+            # one torch and one NCCL on both sides, or the weight hand-over cannot work: refuse early
+            from .runtime_versions import check_sglang_runtime
+            from .sglang_deployment import server_environment
+
+            await asyncio.to_thread(check_sglang_runtime, deployment.python, env=server_environment(settings))
+        await deployment.start()
+        self.engine = deployment.engine
 
     async def before_train(self, samples: Optional[list]) -> list:
         # Without samples nothing trains: the servers keep their memory (and their weights, which
