@@ -47,3 +47,74 @@ def test_hint_prompt_shows_the_source_and_forbids_the_answer():
 def test_clean_hint():
     assert clean_hint("<think>the secret is 7</think>\n  Use   binary\nsearch. ") == "Use binary search."
     assert len(clean_hint("x" * 5000)) == 1000
+
+
+def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tmp_path):
+    """A designer round with ``memory_seed_dir``: before anything was played, every designer prompt
+    carries the memory block with exactly the seed examples as its two positives (and no negative);
+    without seeding (the paper's setting) the first prompts have no memory block."""
+    import asyncio
+    from pathlib import Path
+
+    from chat_templates import bpe_tokenizer
+    from spade.designer.memory import Memory, format_memory_block, load_seed_records, memory_path
+    from spade.designer.skills import SkillSettings
+    from spade.rollout.conversation import ChatFormat
+    from spade.rollout.engine import GenerationResult, RolloutEngine
+    from spade.selfplay.designer_round import DesignerRound
+    from spade.selfplay.settings import SelfPlaySettings
+
+    seed_dir = Path(__file__).resolve().parent.parent / "examples" / "seed_envs"
+    examples = sorted(p.read_text() for p in seed_dir.glob("*.py"))
+    assert len(examples) == 2
+    tokenizer = bpe_tokenizer()
+
+    class Recorder(RolloutEngine):
+        def __init__(self):
+            self.prompts = []
+
+        @property
+        def weight_version(self):
+            return 0
+
+        async def generate(self, request):
+            self.prompts.append(tokenizer.decode(list(request.prompt_ids)))
+            ids = tokenizer.encode("no code here (", add_special_tokens=False)
+            return GenerationResult(ids, [-1.0] * len(ids), "stop", 0)  # rejected at the syntax stage
+
+        async def update_weights(self, named_tensors, version):
+            pass
+
+        def close(self):
+            pass
+
+    def prompts_of(seed_dir_setting, run):
+        settings = SelfPlaySettings(envs_per_set=2, max_attempts=2, memory_seed_dir=seed_dir_setting,
+                                    max_context_tokens=8192, skills=SkillSettings(window=1))
+        engine = Recorder()
+        with Memory(memory_path(run)) as memory:
+            round_ = DesignerRound(settings, sandbox=None, engine=engine, tokenizer=tokenizer,
+                                   chat_format=ChatFormat(tokenizer), corpus=None, memory=memory, run_dir=run, seed=1)
+            result = asyncio.run(round_.regenerate(0))
+            seeded = [r for r in memory.list() if r.metadata.get("seed")]
+        assert result.attempts == 4 and not result.envs
+        return engine.prompts, seeded
+
+    prompts, seeded = prompts_of(str(seed_dir), tmp_path / "seeded")
+    assert len(prompts) == 4 and len(seeded) == 2 * 6  # both examples for each of the six game skills
+    for prompt in prompts:
+        assert prompt.count("## Environments from your memory") == 1
+        assert prompt.count("### Well-calibrated example") == 2 and "Example to avoid" not in prompt
+        for example in examples:
+            assert example.rstrip("\n") in prompt
+    # the block is the ordinary memory block of those records
+    skill = SkillSettings(window=1).active("games", 0)[0].name
+    records = [r for r in load_seed_records(seed_dir, [skill])]
+    from spade.designer.memory import MemorySelection
+
+    block = format_memory_block(MemorySelection(skill, positives=tuple(records)))
+    reversed_block = format_memory_block(MemorySelection(skill, positives=tuple(reversed(records))))
+    assert all(block in p or reversed_block in p for p in prompts)
+
+    unseeded, none = prompts_of(None, tmp_path / "paper")
+    assert none == [] and not any("## Environments from your memory" in p for p in unseeded)

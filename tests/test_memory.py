@@ -295,3 +295,50 @@ def test_not_a_memory_database(tmp_path: Path) -> None:
     garbage.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(MemoryStoreError, match="cannot open"):
         Memory(garbage)
+
+
+# --------------------------------------------------------------------------
+# Seeding (selfplay.memory_seed_dir)
+
+SEED_DIR = Path(__file__).resolve().parent.parent / "examples" / "seed_envs"
+
+
+def test_seed_records_one_per_example_and_skill() -> None:
+    from spade.designer.memory import load_seed_records
+
+    examples = sorted(SEED_DIR.glob("*.py"))
+    assert len(examples) >= 2
+    records = load_seed_records(SEED_DIR, [SKILL, OTHER])
+    assert len(records) == 2 * len(examples)
+    assert {(r.skill, r.source) for r in records} == {(s, p.read_text()) for s in (SKILL, OTHER) for p in examples}
+    assert all(r.step == 0 and r.metadata["seed"] and r.class_name.endswith("Env") for r in records)
+    assert all(r.calibration == "calibrated" for r in records)  # shown as positives
+    assert len({r.env_id for r in records}) == len(records)
+
+
+def test_seeding_is_idempotent_survives_rollback_and_respects_eviction(tmp_path: Path) -> None:
+    from spade.designer.memory import load_seed_records
+
+    seeds = load_seed_records(SEED_DIR, [SKILL])
+    with Memory(memory_path(tmp_path), capacity=len(seeds)) as memory:
+        assert len(memory.seed(seeds)) == len(seeds)
+        assert memory.seed(seeds) == []  # already there
+        memory.rollback(-1)  # a resume without a checkpoint wipes everything ...
+        assert len(memory) == 0 and len(memory.seed(seeds)) == len(seeds)  # ... and seeding puts them back
+        memory.add_many([record(f"e{i}", step=1) for i in range(len(seeds))])  # the seeds age out
+        assert not any(memory.is_live(s) for s in seeds)
+        assert memory.seed(seeds) == []  # evicted seeds stay evicted
+
+
+def test_seed_sidecar_is_validated(tmp_path: Path) -> None:
+    from spade.designer.memory import load_seed_records
+
+    (tmp_path / "a.py").write_text("class AEnv:\n    pass\n")
+    (tmp_path / "a.json").write_text('{"win_rate": 0.05, "regret": 0.1, "skills": ["Optimization"]}')
+    (only,) = load_seed_records(tmp_path, [SKILL, OTHER])
+    assert only.skill == OTHER and only.win_rate == 0.05 and only.calibration == "too hard"
+    (tmp_path / "a.json").write_text('{"wins": 1}')
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_seed_records(tmp_path, [SKILL])
+    with pytest.raises(ValueError, match="does not exist"):
+        load_seed_records(tmp_path / "missing", [SKILL])

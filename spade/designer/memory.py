@@ -13,6 +13,14 @@ and free metadata. The designer prompt then shows up to three of them (:meth:`Me
 
 An empty memory (or one with nothing that qualifies) gives no block.
 
+**Seeding** (``selfplay.memory_seed_dir``; off in the paper recipes). :func:`load_seed_records`
+reads a directory of example environments (``NAME.py``, with an optional ``NAME.json`` giving
+``win_rate``, ``regret``, ``hint`` and ``skills``) and makes one record per example and skill, at
+step 0, with ``metadata.seed = true``; :meth:`Memory.seed` stores those not stored yet. The
+designer prompt then shows them through the same selection and block as any record, so a run
+that starts from nothing already carries worked examples. Seed records age and are evicted like
+the others.
+
 **Capacity and eviction.** Only the newest ``capacity`` records (200) are live: selection, ``list``
 and ``len`` see those alone, so the oldest record is evicted first. Evicted rows stay in the file
 (a run writes a few thousand, tens of MB) so that :meth:`Memory.rollback` can undo the records of
@@ -46,6 +54,7 @@ __all__ = [
     "MemoryRecord",
     "MemorySelection",
     "format_memory_block",
+    "load_seed_records",
     "memory_path",
     "win_rate",
 ]
@@ -58,6 +67,9 @@ POSITIVE_POOL = 10                 # top records by regret to draw positives fro
 N_POSITIVES = 2
 TOO_EASY = 0.9                     # win rate strictly above: too easy
 TOO_HARD = 0.1                     # win rate strictly below: too hard
+SEED_WIN_RATE = 0.5                # a seed example without NAME.json: well calibrated ...
+SEED_REGRET = 0.25                 # ... and the hint helps
+SEED_PREFIX = "seed-"
 SCHEMA_VERSION = 1
 
 _COLUMNS = "seq, env_id, skill, step, win_rate, regret, class_name, source, hint, metadata"
@@ -300,6 +312,12 @@ class Memory:
                 stored.append(replace(record, seq=cursor.lastrowid))
         return stored
 
+    def seed(self, records: Iterable[MemoryRecord]) -> list[MemoryRecord]:
+        """Store the records whose ``env_id`` was never stored (evicted ones stay evicted), in one
+        transaction; returns those added. Calling it again (say after a rollback) is harmless."""
+        missing = [r for r in records if self.get(r.env_id, include_evicted=True) is None]
+        return self.add_many(missing) if missing else []
+
     def rollback(self, after_step: int) -> int:
         """Delete the records of steps after ``after_step`` (resuming from a checkpoint); returns how many."""
         if self.readonly:
@@ -355,6 +373,70 @@ class Memory:
                      or self._live(extreme, (TOO_EASY, TOO_HARD)))
         negative = rng.choice(negatives) if negatives else None
         return MemorySelection(skill=skill, positives=positives, negative=negative)
+
+
+# --------------------------------------------------------------------------
+# Seeding
+
+
+def _env_class(source: str) -> str:
+    """The first top-level class whose name ends in ``Env`` ("" when none or unparsable)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ""
+    return next((node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.endswith("Env")), "")
+
+
+def _slug(text: str) -> str:
+    return "-".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
+
+
+def load_seed_records(directory: str | Path, skills: Sequence[str]) -> list[MemoryRecord]:
+    """Memory records for the example environments in ``directory`` (see the module docstring).
+
+    Every ``*.py`` file (sorted) becomes one record per skill of ``skills`` (or of its own
+    ``skills`` list in ``NAME.json``, which must be among ``skills``), with ``env_id``
+    ``seed-NAME-SKILL``, step 0, and the win rate and regret of ``NAME.json`` (default 0.5 and
+    0.25: a well-calibrated example, so the designer prompt shows it as a positive). Raises
+    ``ValueError`` for a missing directory, one without examples, or a malformed ``NAME.json``.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"memory seed directory {root} does not exist")
+    files = sorted(root.glob("*.py"))
+    if not files:
+        raise ValueError(f"memory seed directory {root} holds no example environment (*.py)")
+    records = []
+    for path in files:
+        meta: dict[str, Any] = {}
+        side = path.with_suffix(".json")
+        if side.is_file():
+            try:
+                meta = json.loads(side.read_text())
+            except ValueError as exc:
+                raise ValueError(f"{side}: not JSON: {exc}") from None
+            if not isinstance(meta, dict):
+                raise ValueError(f"{side}: must hold a JSON object")
+            unknown = set(meta) - {"win_rate", "regret", "hint", "skills", "class_name", "note"}
+            if unknown:
+                raise ValueError(f"{side}: unknown keys {sorted(unknown)}")
+        chosen = meta.get("skills") or list(skills)
+        if not isinstance(chosen, list) or not all(isinstance(name, str) for name in chosen):
+            raise ValueError(f"{side}: skills must be a list of skill names")
+        strangers = [name for name in chosen if name not in skills]
+        if strangers:
+            raise ValueError(f"{side}: skills {strangers} are not among this run's skills {list(skills)}")
+        source = path.read_text()
+        for skill in chosen:
+            records.append(MemoryRecord(
+                env_id=f"{SEED_PREFIX}{path.stem}-{_slug(skill)}", skill=skill, step=0,
+                win_rate=float(meta.get("win_rate", SEED_WIN_RATE)), regret=float(meta.get("regret", SEED_REGRET)),
+                source=source, hint=str(meta.get("hint", "")), class_name=str(meta.get("class_name") or _env_class(source)),
+                metadata={"seed": True, "path": str(path)}))
+    return records
 
 
 # --------------------------------------------------------------------------

@@ -14,6 +14,11 @@ On disk (``run_dir``):
 * ``envs/step_SSSSSS/ENV_ID.py``, ``ENV_ID.hint.txt``, ``ENV_ID.json``: the admitted set.
 
 ``fixed_pool`` loads the fixed-environment baseline's set from a directory instead.
+
+With ``memory_seed_dir`` set, every regeneration first makes sure the memory holds the seed
+examples (:meth:`Memory.seed`: a no-op once they are stored, and it puts them back after a resume
+rolled the memory back to nothing); the examples then reach the prompt through the ordinary
+memory selection.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..designer.corpus import Corpus, attempt_rng
-from ..designer.memory import Memory, format_memory_block
+from ..designer.memory import Memory, format_memory_block, load_seed_records
 from ..designer.prompts import DesignerRequest, clean_hint, designer_messages, hint_messages
 from ..designer.skills import Skill, slot_skills
 from ..envs.admission import AdmissionVerdict, admit
@@ -78,6 +83,16 @@ class RegenerationResult:
     rejections: list[Rejection] = field(default_factory=list)
 
 
+def resolve_seed_dir(value: str) -> Path:
+    """``memory_seed_dir`` as given (or relative to the working directory), else relative to the
+    repository root, where ``examples/`` lives."""
+    path = Path(value).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    repo = Path(__file__).resolve().parents[2] / path
+    return repo if repo.exists() else path
+
+
 def step_dir(run_dir: Path, kind: str, step: int) -> Path:
     return run_dir / kind / f"step_{step:06d}"
 
@@ -105,8 +120,17 @@ class DesignerRound:
 
     # ------------------------------------------------------------------ designer set
 
+    def seed_memory(self) -> int:
+        """Store the seed examples of ``memory_seed_dir`` that the memory lacks; returns how many."""
+        s = self.settings
+        if not s.memory_seed_dir or not s.use_memory or self.memory is None:
+            return 0
+        skills = [skill.name for skill in s.skills.skill_list(s.domain)]
+        return len(self.memory.seed(load_seed_records(resolve_seed_dir(s.memory_seed_dir), skills)))
+
     async def regenerate(self, step: int) -> RegenerationResult:
         s = self.settings
+        self.seed_memory()
         active = s.skills.active(s.domain, step // s.k)
         skills = slot_skills(active, s.envs_per_set)
         outcomes = await asyncio.gather(*(self._fill_slot(step, slot, skill) for slot, skill in enumerate(skills)))

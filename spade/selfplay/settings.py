@@ -67,6 +67,11 @@ class SelfPlaySettings:
     train_designer: bool = True
     designer_enabled: bool = True
     fixed_env_dir: str | None = None
+    # Example environments (*.py, optional NAME.json) stored in the memory before the first
+    # regeneration, one record per skill, so the first designer prompts carry two worked examples
+    # in the memory block (designer.memory.load_seed_records); ignored with use_memory false.
+    # None (the paper): the memory starts empty.
+    memory_seed_dir: str | None = None
     rewards: RewardSettings = field(default_factory=RewardSettings)
     skills: SkillSettings = field(default_factory=SkillSettings)
 
@@ -98,6 +103,8 @@ class SelfPlaySettings:
                 f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
         require(self.designer_enabled or bool(self.fixed_env_dir), key("fixed_env_dir"),
                 "the fixed-pool baseline (designer_enabled: false) needs a directory of environment .py files")
+        require(self.memory_seed_dir is None or (isinstance(self.memory_seed_dir, str) and self.memory_seed_dir),
+                key("memory_seed_dir"), "must be a directory of example environments or null")
         require(isinstance(self.rewards, RewardSettings), key("rewards"), "must be a rewards section")
         require(isinstance(self.skills, SkillSettings), key("skills"), "must be a skills section")
         try:
