@@ -4,6 +4,10 @@
     spade train --resume DIR [run.steps=N]
     spade train --config FILE --check [key.sub=value ...]     # validate and print the resolved config
 
+Known harmless warnings (Megatron-core without Transformer Engine / Apex on CPU) and model-loading
+progress bars are hidden unless ``--show-warnings`` (``spade.run.console``); after the run rank 0
+prints a summary with the next commands.
+
 Under ``torchrun`` every rank runs the same command (``--run-dir`` is then required so all ranks
 agree on it); rank 0 creates the run directory.
 """
@@ -32,6 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         help="where the run lives (default: runs/<config name>-<date>-<time>)")
     parser.add_argument("--check", action="store_true",
                         help="validate the config, print it resolved, and exit without training")
+    parser.add_argument("--show-warnings", action="store_true",
+                        help="show the known harmless Megatron/Apex/Transformer Engine warnings and the progress "
+                             "bars of model loading, hidden by default (also SPADE_SHOW_WARNINGS=1)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     parser.set_defaults(handler=run_train)
 
@@ -45,6 +52,10 @@ def _world() -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from ..run.console import quiet_known_noise
+
+    quiet_known_noise(show=getattr(args, "show_warnings", False))
+    started = time.perf_counter()
     from ..train_config import apply_overrides, from_dict, load_train_config, override_keys, read_config_file
     from ..run.run_dir import CONFIG_FILE, RunDir, RunDirError
 
@@ -92,4 +103,8 @@ def run_train(args: argparse.Namespace) -> int:
         train(config, run_dir.root, resume=resume)
     except RunDirError as exc:
         raise UsageError(str(exc)) from None
+    if _rank() == 0:
+        from ..run.console import run_summary
+
+        print(run_summary(run_dir.root, wall_s=time.perf_counter() - started), file=sys.stderr)
     return 0

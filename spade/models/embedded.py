@@ -16,6 +16,9 @@ temporary sibling directory and renamed into place, under a file lock, so reader
 half-written directory and concurrent callers convert only once; leftovers of a killed
 conversion are removed by the next one.
 
+The conversion prints one line to stderr and no progress bars (``SPADE_SHOW_WARNINGS=1`` shows
+transformers' bars). A cached directory is returned without loading transformers at all.
+
 Cache location: ``cache_dir`` if given (the model directory itself), else
 ``$SPADE_CACHE_DIR/models/SmolLM2-135M-Instruct``, else
 ``~/.cache/spade/models/SmolLM2-135M-Instruct``.
@@ -31,6 +34,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -168,9 +172,12 @@ def _rebuild(target: Path, source: Path) -> None:
         for stale in target.parent.glob(f".{target.name}.{kind}-*"):
             shutil.rmtree(stale, ignore_errors=True)
     started = time.perf_counter()
+    print(f"spade: converting the embedded model {MODEL_NAME} from {source.name} into {target} "
+          "(once, about 20 s; cached afterwards)", file=sys.stderr, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _convert(source, tmp)
+        with _quiet_progress_bars():
+            _convert(source, tmp)
         marker = {
             "format": FORMAT_VERSION,
             "model": MODEL_NAME,
@@ -197,6 +204,37 @@ def _rebuild(target: Path, source: Path) -> None:
 
 
 # ------------------------------------------------------------------ the conversion itself
+
+
+class _quiet_progress_bars:
+    """transformers' tqdm bars (GGUF de-quantisation, weight loading, shard writing) off inside the
+    block, unless SPADE_SHOW_WARNINGS asks for them; restored afterwards."""
+
+    def __enter__(self) -> None:
+        import functools
+
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+        from transformers.utils import logging as hf_logging
+
+        self.restore_bars = self.gguf_tqdm = None
+        if os.environ.get("SPADE_SHOW_WARNINGS", "") not in ("", "0"):
+            return
+        if hf_logging.is_progress_bar_enabled():
+            hf_logging.disable_progress_bar()
+            self.restore_bars = True
+        # the GGUF reader uses tqdm directly, not transformers' switchable wrapper
+        if hasattr(gguf_utils, "tqdm"):
+            self.gguf_tqdm = gguf_utils.tqdm
+            gguf_utils.tqdm = functools.partial(self.gguf_tqdm, disable=True)
+
+    def __exit__(self, *exc: object) -> None:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+        from transformers.utils import logging as hf_logging
+
+        if self.restore_bars:
+            hf_logging.enable_progress_bar()
+        if self.gguf_tqdm is not None:
+            gguf_utils.tqdm = self.gguf_tqdm
 
 
 def _convert(source: Path, out: Path) -> None:

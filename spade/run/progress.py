@@ -6,7 +6,10 @@ feeds it; on a TTY one status line is redrawn in place with ``\\r``::
     step 3/400 | playing | envs 18 admitted | episodes 212 | 1830 tok/s | last step 41.2s
 
 Otherwise each phase change and each finished step prints one plain line (phase changes only
-every ``log_every`` steps' worth of noise: at most one line per phase).
+every ``log_every`` steps' worth of noise: at most one line per phase). A finished step's line
+(:func:`spade.run.console.step_line`, printed on a TTY too, above the status line) names what the
+step did: environments admitted and rejected with the top reasons, plays and mean return with and
+without hint, loss and gradient norm, designer rewards released, time.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import sys
 import time
 from typing import Any, Optional, TextIO
+
+from .console import step_line
 
 PHASES = ("starting", "designing", "admitting", "playing", "training", "syncing", "checkpointing", "done")
 
@@ -60,18 +65,14 @@ class Progress:
 
     def end_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step_s = metrics.get("time/step_s")
-        if self.tty:
-            self._redraw()
-            return
         if (step + 1) % self.log_every == 0 or step + 1 == self.total_steps:
-            parts = [f"step {step + 1}/{self.total_steps} done"]
-            for key, label in (("env/admitted", "admitted"), ("env/rejected", "rejected"),
-                               ("agent/return_mean", "return"), ("train/loss", "loss"),
-                               ("time/step_s", "step_s")):
-                value = metrics.get(key)
-                if value is not None:
-                    parts.append(f"{label}={value:.4g}" if isinstance(value, float) else f"{label}={value}")
-            self._line(" ".join(parts))
+            line = step_line(step, self.total_steps, metrics)
+            if self.tty:
+                self.message(f"[{time.strftime('%H:%M:%S')}] {line}")
+            else:
+                self._line(line)
+        elif self.tty:
+            self._redraw()
 
     def message(self, text: str) -> None:
         """A plain line (on a TTY: above the status line)."""

@@ -1,0 +1,230 @@
+"""What ``spade train`` prints: known noise filtered out, one line per step, a summary at the end.
+
+**Filtered noise** (:func:`quiet_known_noise`; ``spade train --show-warnings`` or
+``SPADE_SHOW_WARNINGS=1`` leaves everything as it is): the Python warnings that Megatron-core
+raises on every CPU run because Transformer Engine and Apex are absent (it falls back to torch
+implementations, which is what a CPU run wants), its deprecation note about the CUDA-graph scope
+that spade never sets, and the progress bars of transformers and huggingface_hub (the GGUF
+conversion of the embedded model and every model load). Only these named messages are hidden:
+:data:`KNOWN_WARNINGS` lists them, anything else still shows.
+
+**Step lines** (:func:`step_line`): what happened in a step, from its metrics::
+
+    step 1/3 | envs 3 admitted, 5 rejected (runtime_error 3, syntax_error 2) | 24 plays: return 0.31, with hint 0.45
+      | trained 12 samples: loss 0.0123, grad norm 0.84 | designer: 2 released, reward 0.41 | 95 s
+
+**Summary** (:func:`run_summary`): read back from the run directory after the run: what was
+trained, where the run lives and the commands to look at it or continue it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+SHOW_WARNINGS_VARIABLE = "SPADE_SHOW_WARNINGS"
+
+# (category, message regex matched at the start of the warning text, why it is harmless)
+KNOWN_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    (UserWarning, r"Transformer Engine and Apex are not installed",
+     "Megatron-core falls back to torch optimizers and multi-tensor ops: what a CPU run uses"),
+    (UserWarning, r"Apex is not installed\. Falling back to Torch Norm",
+     "Megatron-core uses torch's LayerNorm/RMSNorm: what a CPU run uses"),
+    (UserWarning, r"full scope is deprecated\. Use empty cuda_graph_scope",
+     "Megatron-core's default CUDA-graph scope; spade does not capture CUDA graphs"),
+    (UserWarning, r"Transformer Engine is not installed",
+     "Megatron-core without Transformer Engine: the local (torch) layer specs are used"),
+)
+# Log records of these loggers whose message starts like one of KNOWN_WARNINGS are dropped too
+# (Megatron logs some of the same notes through logging).
+_KNOWN_LOGGERS = ("megatron", "megatron.core")
+_PROGRESS_BAR_VARIABLES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
+def show_warnings_requested(flag: bool = False) -> bool:
+    """The ``--show-warnings`` flag, or ``SPADE_SHOW_WARNINGS`` set to something other than 0/empty."""
+    return flag or os.environ.get(SHOW_WARNINGS_VARIABLE, "") not in ("", "0")
+
+
+class _KnownNoise(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.patterns = [re.compile(pattern) for _, pattern, _ in KNOWN_WARNINGS]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is not ours to judge
+            return True
+        return not any(pattern.match(text) for pattern in self.patterns)
+
+
+_FILTER = _KnownNoise()
+
+
+def quiet_known_noise(show: bool = False) -> bool:
+    """Hide the known harmless warnings and progress bars for the rest of the process, unless
+    ``show`` (or ``SPADE_SHOW_WARNINGS``). Returns whether anything was hidden. Idempotent."""
+    if show_warnings_requested(show):
+        os.environ[SHOW_WARNINGS_VARIABLE] = "1"  # lower layers (the embedded model's conversion) look
+        return False
+    for category, pattern, _ in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
+    for name in _KNOWN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+    for name, value in _PROGRESS_BAR_VARIABLES.items():
+        os.environ.setdefault(name, value)
+    disable_progress_bars()
+    return True
+
+
+def disable_progress_bars() -> None:
+    """transformers' and huggingface_hub's tqdm bars off (both read the setting when they draw)."""
+    with contextlib.suppress(Exception):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    with contextlib.suppress(Exception):
+        from huggingface_hub.utils import disable_progress_bars as hub_disable
+
+        hub_disable()
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """Progress bars off inside the block, restored after (for one-off work such as a conversion)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except Exception:  # noqa: BLE001
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+# ---------------------------------------------------------------------------- step lines
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{float(value):.{digits}g}"
+
+
+def rejection_reasons(metrics: Mapping[str, Any], top: int = 3) -> list[tuple[str, int]]:
+    """The most frequent rejection kinds of a step (``env/rejected_KIND``), most frequent first."""
+    counts = [(key[len("env/rejected_"):], int(value)) for key, value in metrics.items()
+              if key.startswith("env/rejected_") and isinstance(value, (int, float)) and value]
+    counts.sort(key=lambda item: (-item[1], item[0]))
+    return counts[:top]
+
+
+def step_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:
+    """One line that says what step ``step`` (0-based) did, from its metrics."""
+    parts = [f"step {step + 1}/{total_steps}"]
+    if "designer/attempts" in metrics or metrics.get("env/admitted") or metrics.get("env/rejected"):
+        admitted, rejected = int(metrics.get("env/admitted") or 0), int(metrics.get("env/rejected") or 0)
+        text = f"envs {admitted} admitted, {rejected} rejected"
+        reasons = rejection_reasons(metrics)
+        if reasons:
+            text += " (" + ", ".join(f"{kind} {count}" for kind, count in reasons) + ")"
+        parts.append(text)
+    episodes = int(metrics.get("agent/episodes") or 0)
+    if episodes:
+        text = f"{episodes} plays: return {_num(metrics.get('agent/return_mean'))}"
+        if metrics.get("agent/hint_episodes"):
+            text += f", with hint {_num(metrics.get('agent/hint_return_mean'))}"
+        parts.append(text)
+    else:
+        parts.append("no plays")
+    if metrics.get("train/skipped_no_samples"):
+        parts.append("nothing to train on")
+    elif metrics.get("train/loss") is not None:
+        samples = int(metrics.get("train/samples") or 0)
+        designer = int(metrics.get("designer/samples") or 0)
+        who = f"{samples} samples" + (f" ({designer} designer)" if designer else "")
+        parts.append(f"trained {who}: loss {_num(metrics.get('train/loss'))}, "
+                     f"grad norm {_num(metrics.get('train/grad_norm'))}")
+    released = int(metrics.get("designer/released") or 0)
+    if released:
+        parts.append(f"designer: {released} released, reward {_num(metrics.get('designer/reward_mean'))}")
+    elif metrics.get("designer/pending"):
+        parts.append(f"designer: {int(metrics['designer/pending'])} waiting")
+    if metrics.get("time/step_s") is not None:
+        parts.append(f"{float(metrics['time/step_s']):.0f} s")
+    return " | ".join(parts)
+
+
+# ---------------------------------------------------------------------------- summary
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rows.append(json.loads(line))
+    return rows
+
+
+def _memory_counts(path: Path) -> tuple[int, int]:
+    """(records written by the run, seed examples) in a memory database; (0, 0) when unreadable."""
+    if not path.is_file():
+        return 0, 0
+    try:
+        from ..designer.memory import Memory
+
+        with Memory.open_readonly(path) as memory:
+            records = memory.list()
+    except Exception:  # noqa: BLE001 - the summary must not fail the run
+        return 0, 0
+    seeds = sum(1 for r in records if r.metadata.get("seed"))
+    return len(records) - seeds, seeds
+
+
+def run_summary(run_dir: str | Path, *, wall_s: float | None = None, command: str = "spade") -> str:
+    """A short account of the run in ``run_dir`` and what to do next."""
+    root = Path(run_dir)
+    rows = _read_metrics(root / "metrics.jsonl")
+
+    def total(key: str) -> int:
+        return int(sum(float(r.get(key) or 0) for r in rows))
+
+    trained = [r for r in rows if r.get("train/loss") is not None and not r.get("train/skipped_no_samples")]
+    attempts = total("designer/attempts")
+    admitted = total("env/admitted")
+    records, seeds = _memory_counts(root / "memory.sqlite")
+    lines = [f"spade train: {len(rows)} steps" + (f" in {wall_s / 60:.1f} min" if wall_s is not None else "")]
+    rate = f" ({admitted / attempts:.0%} of attempts)" if attempts else ""
+    lines.append(f"  designer   {attempts} attempts, {admitted} environments admitted{rate}")
+    lines.append(f"  agent      {total('agent/episodes')} plays without hint, {total('agent/hint_episodes')} with hint")
+    if trained:
+        last = trained[-1]
+        lines.append(f"  trained    {len(trained)} GRPO updates on {total('train/samples')} samples "
+                     f"({total('designer/samples')} designer); last loss {_num(last.get('train/loss'))}, "
+                     f"grad norm {_num(last.get('train/grad_norm'))}")
+    else:
+        lines.append("  trained    nothing: no step produced samples (see the rejections under rejected/)")
+    released = total("designer/released")
+    if released:
+        lines.append(f"  designer   {released} environments rewarded after k steps (delay buffer)")
+    lines.append(f"  memory     {records} records" + (f" (+{seeds} seed examples)" if seeds else ""))
+    lines.append(f"  run dir    {root}")
+    lines.append("next:")
+    lines.append(f"  tensorboard --logdir {root / 'tensorboard'}")
+    lines.append(f"  {command} memory list {root}")
+    lines.append(f"  {command} train --resume {root} run.steps={len(rows) + 2}")
+    lines.append(f"  ls {root / 'envs'}  {root / 'rejected'}")
+    return "\n".join(lines)
