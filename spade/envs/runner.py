@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 from ..agent.actions import parse_action
 from ..agent.prompts import first_user_message, later_user_message
-from .protocol import EnvError, EnvFault, InfrastructureFault, episode_return
-from .sandbox.client import SandboxedEnv
+from .protocol import EnvError, EnvFault, EnvInstance, InfrastructureFault, episode_return
 
 DEFAULT_MAX_TURNS = 25
 
@@ -91,7 +90,7 @@ def turn_budget(configured: int, env_max_turns: int | None) -> int:
     return configured
 
 
-async def play_episode(env: SandboxedEnv, policy: Policy, *, seed: int | None = None,
+async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = None,
                        max_turns: int = DEFAULT_MAX_TURNS, hint: str | None = None,
                        system_prompt: str | None = None) -> EpisodeResult:
     """Play until the environment ends the episode or a budget runs out.
