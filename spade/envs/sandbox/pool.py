@@ -74,9 +74,9 @@ class Sandbox:
         loop.add_reader(ours.fileno(), self._on_readable)
         self._stderr_task = asyncio.create_task(self._collect_stderr())
         limits = self.config.child_limits(self.readable_paths)
-        self._send({"limits": limits.to_json(), "warm_children": self.config.warm_children,
-                    "tmp_probe": self.tmp_probe, "probe_filesystem": self.bubblewrap})
-        try:
+        try:  # a bubblewrap that cannot set up the sandbox has exited by now: say what it said
+            self._send({"limits": limits.to_json(), "warm_children": self.config.warm_children,
+                        "tmp_probe": self.tmp_probe, "probe_filesystem": self.bubblewrap})
             self.hello = await asyncio.wait_for(self._hello, self.config.start_timeout_s)
         except (asyncio.TimeoutError, SandboxDied):
             await self.destroy()
@@ -217,4 +217,6 @@ class Sandbox:
             self.channel.close()
             self.channel = None
         if self._stderr_task is not None:
+            # the process is gone: its stderr ends now; keep its last words for the error message
+            await asyncio.wait({self._stderr_task}, timeout=2)
             self._stderr_task.cancel()
