@@ -291,7 +291,7 @@ async def measured_step(orchestrator: Orchestrator, engine: ReplayEngine, step: 
     wall = time.perf_counter() - started
     m = out.metrics
     counts = engine.counts
-    train_tokens = sum(int(sample.token_ids.numel()) for sample in out.samples)
+    train_tokens = sum(len(trajectory.token_ids) for trajectory in out.samples)
     episodes = int(m.get("agent/episodes", 0) + m.get("agent/hint_episodes", 0))
     designer_s, play_s = m["time/designer_s"], m["time/play_s"]
     return StepFigures(
