@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 import hf_fixtures as hx
 from megatron_fixtures import ensure_megatron_world

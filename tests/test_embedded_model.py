@@ -71,7 +71,8 @@ def test_directory_is_complete_and_cached(converted, monkeypatch):
     monkeypatch.setattr(embedded, "_convert", no_conversion)
     started = time.perf_counter()
     assert embedded_model_dir(path) == path
-    assert time.perf_counter() - started < 1.0 < seconds
+    # cheap next to a conversion (a fixed window would break on a busy machine: scale by it)
+    assert time.perf_counter() - started < seconds / 5
 
 
 def test_saved_config_reads_as_tied_llama(converted):

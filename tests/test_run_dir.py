@@ -107,7 +107,7 @@ def test_several_damaged_checkpoints_and_none_intact(run):
     distcp(run, 1).unlink()
     step, warnings = run.newest_intact_checkpoint()
     assert step is None and len(warnings) == 4
-    assert "no intact checkpoint" in warnings[-1] and f"--run-dir NEW_DIR" in warnings[-1]
+    assert "no intact checkpoint" in warnings[-1] and "--run-dir NEW_DIR" in warnings[-1]
     assert str(run.config_path) in warnings[-1]
 
 
