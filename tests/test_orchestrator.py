@@ -250,6 +250,22 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
         assert records[env_id].regret == pytest.approx(sum(h) / 2 - sum(n) / 2)
         assert sorted(n) == sorted(t.reward for t in out0.agent_samples if t.env_id == env_id)
 
+    # The step's returns and its kept episodes are on disk for the analysis.
+    lines = [json.loads(line) for line in (run_a / "trajectories" / "step_000000.jsonl").read_text().splitlines()]
+    returns = {line["env_id"]: line for line in lines if line["kind"] == "env_returns"}
+    assert set(returns) == set(ids)
+    for env_id in ids:
+        assert sorted(returns[env_id]["nohint_returns"]) == sorted(pending0[env_id].nohint_returns)
+        assert sorted(returns[env_id]["hint_returns"]) == sorted(pending0[env_id].hint_returns)
+    episodes = [line for line in lines if line["kind"] == "episode"]
+    assert sorted((e["env_id"], e["arm"], e["index"]) for e in episodes) == sorted(
+        (env_id, arm, i) for env_id in ids for arm in ("nohint", "hint") for i in range(2))
+    hinted = [e for e in episodes if e["arm"] == "hint"]
+    assert all("HINT:" in e["opening"] for e in hinted) and not any("HINT:" in e["opening"] for e in episodes
+                                                                      if e["arm"] == "nohint")
+    for e in episodes:  # the returns are listed by play index
+        assert e["turns"] and e["return"] == returns[e["env_id"]][f"{e['arm']}_returns"][e["index"]]
+
     # Step 1: no regeneration, no hints, window returns recorded, nothing released.
     out1 = sandbox.run(orch.run_step(1), timeout=120)
     assert "env/admitted" not in out1.metrics and "agent/hint_episodes" not in out1.metrics
@@ -294,7 +310,10 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
     memory_b = Memory(tmp_path / "memory_b.sqlite")
     resumed = make(sandbox, ScriptedDesigner(engine, tokenizer, [EXAMPLE_SOURCE, COIN_SOURCE]), tokenizer,
                    tmp_path / "b", memory_b)
+    (tmp_path / "b" / "trajectories").mkdir(parents=True)
+    (tmp_path / "b" / "trajectories" / "step_000002.jsonl").write_text("{}\n")  # from a run that went on
     resumed.load_state_dict(state)
+    assert not (tmp_path / "b" / "trajectories" / "step_000002.jsonl").exists()
     out2b = sandbox.run(resumed.run_step(2), timeout=120)
     assert _comparable(out2b) == _comparable(out2)
     assert json.loads(json.dumps(resumed.state_dict())) == json.loads(json.dumps(orch.state_dict()))

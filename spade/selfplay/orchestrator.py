@@ -20,6 +20,9 @@
 6. **Memory**: after the plays of a regeneration step, one record per environment (win rate = share
    of no-hint plays with return > 0, raw regret = mean hinted return - mean no-hint return, step s).
 
+Every step's returns, and a bounded sample of its episodes, go to ``RUN/trajectories/``
+(:mod:`.trajectory_log`, read by ``spade analyze`` and ``spade explore``).
+
 Resume. ``state_dict()`` is JSON-serialisable: the current set (sources, hints, ids, skills,
 generation step), the delay buffer, and the pending designer trajectories (``Trajectory.to_json``). There is no mutable rng: every random choice (corpus document, memory
 examples, sampling seeds, reset seeds) comes from a seed derived from ``(seed, step, slot/env,
@@ -48,8 +51,10 @@ from .designer_round import DesignerRound, EnvSpec, RegenerationResult
 from .plays import Play, Player
 from .rewards import agent_advantages, designer_advantage_scale, designer_advantages, hint_regret
 from .settings import SelfPlaySettings
+from .trajectory_log import TrajectoryLog
 
 STATE_VERSION = 1
+KEEP_TRAJECTORIES = 4  # kept episodes per arm per environment per step (trajectory_log)
 LEARNABLE_BAND = (0.2, 0.8)
 
 
@@ -101,6 +106,7 @@ class Orchestrator:
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
         self.last_step: int | None = None
+        self.trajectory_log = TrajectoryLog(self.run_dir, getattr(settings, "keep_trajectories", KEEP_TRAJECTORIES))
 
     # ------------------------------------------------------------------ the step
 
@@ -120,6 +126,7 @@ class Orchestrator:
 
         plays = await self.player.play_all(step, self.player.requests(self.envs, with_hint=regenerate))
         played = time.perf_counter()
+        self.trajectory_log.write_step(step, self.envs, plays)
         nohint: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
         hinted: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
         for play in plays:
@@ -259,6 +266,7 @@ class Orchestrator:
             raise ValueError(f"orchestrator state has k={buffer.k}, the settings say k={self.settings.k}")
         self.buffer = buffer
         self.last_step = state.get("last_step")
+        self.trajectory_log.drop_after(self.last_step)
         self.envs = [EnvSpec.from_json(env) for env in state["envs"]]
         self.pending_samples = {key: Trajectory.from_json(value) for key, value in state["pending_samples"].items()}
         self.player.infrastructure_failures = int(state.get("infrastructure_failures", 0))

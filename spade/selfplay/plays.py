@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..envs.protocol import EnvFault, InfrastructureFault, Sandbox
-from ..envs.runner import EndReason, EpisodeResult, play_episode
+from ..envs.runner import EndReason, EpisodeResult, Turn, play_episode
 from ..rollout.conversation import ChatFormat
 from ..rl.samples import Trajectory
 from ..rollout.engine import RolloutEngine, SamplingParams
@@ -36,6 +36,9 @@ class Play:
     turns: int
     end_reason: str
     trajectory: Trajectory | None
+    seed: int | None = None  # the reset seed
+    opening: str = ""  # the first user message, as the agent saw it
+    turn_log: tuple[Turn, ...] = ()
 
 
 @dataclass
@@ -90,8 +93,10 @@ class Player:
             except InfrastructureFault:
                 continue
             trajectory = None if policy.conversation is None else trajectory_of(policy.conversation)
+            opening = next((m.content for m in result.messages if m.role == "user"), "")
             return Play(request.env.env_id, request.hinted, request.index, result.episode_return, len(result.turns),
-                        result.end_reason.value, trajectory)
+                        result.end_reason.value, trajectory, seed=env_seed, opening=opening,
+                        turn_log=tuple(result.turns))
         self.infrastructure_failures += 1
         return None
 
