@@ -186,8 +186,10 @@ class Trainer:
 
         if not self.resume:
             return 0
-        step = self.run_dir.latest_step() if self.is_main else None
-        step = broadcast_object(step)
+        found = self.run_dir.newest_intact_checkpoint() if self.is_main else None
+        step, warnings = broadcast_object(found)
+        for warning in warnings:
+            self.progress.message(f"warning: {warning}")
         if step is None:
             self.progress.message(f"no complete checkpoint in {self.run_dir.checkpoints_dir}: starting at step 0")
             if self.is_main:
