@@ -307,6 +307,92 @@ def test_broadcast_sender_updates_two_standin_servers(tmp_path):
     asyncio.run(asyncio.wait_for(main(), 100))
 
 
+
+# ----------------------------------------------------------------- update_weights_by_ipc over two ranks
+
+IPC_RANK = r"""
+import asyncio, json, os, sys
+import torch
+import torch.distributed as dist
+from hf_fixtures import tiny_model
+from spade.collectives import barrier, broadcast_object, gather_object_to_0
+from spade.rollout import sglang_protocol as proto
+from spade.rollout.sglang_engine import SGLangEngine
+from spade.rollout.weight_transport import Collectives, IpcFeed, WeightSyncFailed, update_weights_by_ipc
+
+rank, port, url = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+world = Collectives(gather_to_0=gather_object_to_0, barrier=barrier, broadcast_from_0=broadcast_object)
+state = {k: v.detach().clone() for k, v in tiny_model("qwen3", seed=1).state_dict().items()}
+feed = IpcFeed({0: (0, 1)})  # the TP-2 server's worker t is fed by rank t, as colocated training does
+
+async def main():
+    engine = SGLangEngine([url]) if rank == 0 else None
+    buckets = await update_weights_by_ipc(engine, iter(state.items()), 7, feed=feed, rank=rank,
+                                          max_bucket_bytes=48 << 10, collectives=world)
+    try:  # refused by the server: every rank learns it, none is left waiting in a collective
+        await update_weights_by_ipc(engine, iter([("no_such.weight", torch.zeros(3))]), 8, feed=feed, rank=rank,
+                                    collectives=world)
+        outcome = "none"
+    except (WeightSyncFailed, proto.SGLangServerError) as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    version = None
+    if engine is not None:
+        version = engine.weight_version
+        await engine.aclose()
+    print("RESULT " + json.dumps({"rank": rank, "buckets": buckets, "outcome": outcome, "version": version}), flush=True)
+
+asyncio.run(main())
+dist.destroy_process_group()
+os._exit(0)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_update_weights_by_ipc_from_two_ranks_each_feeding_one_tp_worker(tmp_path):
+    """Training's sync: rank t serializes for TP worker t, rank 0 gathers and posts."""
+    model_dir = save_tiny_hf("qwen3", tmp_path / "model")
+    expected = {k: sha(v) for k, v in tiny_model("qwen3", seed=1).state_dict().items()}
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+
+    async def main():
+        server = standin_launcher(model_dir, tp=2, log_path=tmp_path / "tp2.log")
+        await server.start()
+        try:
+            port = str(free_port())
+            # output to files, not pipes: torch's shared-memory manager (a grandchild) keeps inherited pipes open
+            outputs = [tmp_path / f"rank{rank}.out" for rank in range(2)]
+            procs = []
+            for rank, output in enumerate(outputs):
+                with open(output, "wb") as sink:
+                    procs.append(await asyncio.create_subprocess_exec(
+                        sys.executable, "-c", IPC_RANK, str(rank), port, server.url, env=env, cwd=ROOT,
+                        stdout=sink, stderr=subprocess.STDOUT))
+            try:
+                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), 200)
+            finally:
+                for p in procs:
+                    if p.returncode is None:
+                        p.kill()
+            texts = [output.read_text() for output in outputs]
+            for p, text in zip(procs, texts):
+                assert p.returncode == 0, text[-3000:]
+            results = [json.loads(line[len("RESULT "):]) for text in texts for line in text.splitlines()
+                       if line.startswith("RESULT ")]
+            return results, get_json(server.url + "/spade_standin/weights"), get_json(server.url + "/spade_standin/log")
+        finally:
+            await server.stop(grace_s=2)
+
+    (first, second), digests, log = asyncio.run(main())
+    assert digests == expected  # both entries decoded, equal, and loaded
+    assert first["buckets"] == second["buckets"] >= 3 and first["version"] == 7
+    assert first["outcome"].startswith("SGLangServerError") and "no_such.weight" in first["outcome"]
+    assert second["outcome"].startswith("WeightSyncFailed") and "no_such.weight" in second["outcome"]
+    updates = [c for c in log if c["endpoint"] == "/update_weights_from_tensor"]
+    assert all(c["body"]["serialized_named_tensors"] == "<2 entries>" for c in updates)
+    assert log[-1]["endpoint"] == "/end_weight_update"  # the refused session was closed
+
+
 @pytest.mark.gpu
 def test_cuda_ipc_update_gives_each_tp_worker_a_share_of_its_own(tmp_path, monkeypatch):
     """On CUDA each dump of a bucket is a new IPC share (its own reference-counter slot): the two

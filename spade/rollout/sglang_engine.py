@@ -82,6 +82,10 @@ class TransportError(ConnectionError):
     """The HTTP exchange with a server failed (connection, timeout, 5xx): retryable elsewhere."""
 
 
+class RequestTimeout(TransportError):
+    """The request reached the server but no reply came in time (it may still be running there)."""
+
+
 class NoHealthyServer(ConnectionError):
     """Every retry failed."""
 
@@ -220,8 +224,8 @@ class SGLangEngine(RolloutEngine):
                 self._mark_unhealthy(idx)
                 if self._closed:
                     return GenerationResult((), (), "abort", version)
-                if isinstance(exc.__cause__, asyncio.TimeoutError):
-                    self._abort_in_background(idx, rid)  # it may still be running there
+                if isinstance(exc, RequestTimeout):
+                    self._abort_in_background(idx, rid)
                 recovered, recovery_error = await self._recovered(idx)
                 if not recovered:
                     tried.add(idx)
@@ -581,7 +585,8 @@ class SGLangEngine(RolloutEngine):
                     exc, asyncio.TimeoutError
                 ):
                     continue
-                raise TransportError(f"{method} {s.url}{path} failed: {exc!r}") from exc
+                error = RequestTimeout if isinstance(exc, asyncio.TimeoutError) else TransportError
+                raise error(f"{method} {s.url}{path} failed: {exc!r}") from exc
             break
         keep = headers.get("connection", "").lower() != "close" and not self._closed
         if keep and len(s.idle) < self.max_idle_connections:
