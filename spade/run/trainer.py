@@ -188,6 +188,8 @@ class Trainer:
             return 0
         found = self.run_dir.newest_intact_checkpoint() if self.is_main else None
         step, warnings = broadcast_object(found)
+        if step is None and warnings:  # checkpoints exist but none is intact: never wipe the run silently
+            raise RunDirError("\n".join(warnings))
         for warning in warnings:
             self.progress.message(f"warning: {warning}")
         if step is None:
@@ -282,6 +284,7 @@ class Trainer:
         self.learner.on_device()
         save_checkpoint(directory, self.learner.chunks, hf_config=self.hf_config, layout=self.layout, step=step,
                         optimizer=self.learner.optimizer, save_rng=True, tokenizer_dir=self.hf_dir)
+        error = None
         if self.is_main:
             state = {
                 "step": step,
@@ -291,11 +294,16 @@ class Trainer:
                 "metrics_lines": step,
                 "saved_at": time.time(),
             }
-            self.run_dir.write_trainer_state(step, state)
-            self.run_dir.mark_latest(step)  # the checkpoint counts from here on
-            self.run_dir.prune_checkpoints(self.config.run.keep_checkpoints)
+            try:
+                self.run_dir.write_trainer_state(step, state)
+                self.run_dir.mark_latest(step)  # the checkpoint counts from here on (verified first)
+                self.run_dir.prune_checkpoints(self.config.run.keep_checkpoints)
+            except RunDirError as exc:
+                error = str(exc)
         self.learner.off_device()  # back to host: the engine generates next
-        broadcast_object(None)
+        error = broadcast_object(error)  # every rank stops together rather than waiting on rank 0
+        if error is not None:
+            raise RunDirError(error)
 
     async def close(self) -> None:
         if self.writers is not None:
