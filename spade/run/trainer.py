@@ -175,6 +175,8 @@ class Trainer:
                 raise RunDirError("corpus.paths is empty but selfplay.use_corpus is true: give a corpus "
                                   "(e.g. examples/corpus/demo.jsonl.gz) or set selfplay.use_corpus: false")
             corpus = Corpus(cfg.corpus)
+            for warning in corpus.skipped_warnings:
+                self.progress.message(f"warning: {warning}")
         self.memory = Memory(memory_path(self.run_dir.root), capacity=sp.memory_capacity)
         self.orchestrator = Orchestrator(sp, sandbox=self.sandbox, engine=self.rollout.engine,
                                          tokenizer=self.tokenizer, corpus=corpus, memory=self.memory,
