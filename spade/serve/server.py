@@ -1,0 +1,135 @@
+"""Building a ``ModelService`` for a model path and an engine kind, and running it over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .http import HTTPServer
+from .service import ModelService
+
+EMBEDDED = "embedded"
+
+
+class ServeError(Exception):
+    """The model or the engine cannot be set up as asked (a usage error)."""
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    engine: str = "hf"  # "hf" | "sglang"
+    served_model_name: Optional[str] = None
+    sglang_urls: list[str] = field(default_factory=list)
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 8
+    max_context_tokens: Optional[int] = None
+    default_max_tokens: Optional[int] = None
+
+
+def resolve_model_dir(model: str) -> tuple[Path, str]:
+    """The HF directory for ``--model`` and the default served name."""
+    if model == EMBEDDED:
+        from spade.models.embedded import MODEL_NAME, embedded_model_dir
+
+        return Path(embedded_model_dir()), MODEL_NAME
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ServeError(f"--model {model}: not a directory (an HF model directory, or 'embedded')")
+    if (path / "spade_checkpoint.json").exists():
+        raise ServeError(f"--model {model}: serving a Megatron checkpoint is not supported yet; "
+                         "export it to an HF directory first")
+    if not (path / "config.json").is_file():
+        raise ServeError(f"--model {model}: no config.json (not an HF model directory)")
+    return path, path.resolve().name
+
+
+def _eos_ids(directory: Path, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    config = directory / "generation_config.json"
+    if config.is_file():
+        value = json.loads(config.read_text()).get("eos_token_id")
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def build_service(options: ServeOptions) -> ModelService:
+    """Load the tokenizer and start the engine (the hf engine loads the model in this process)."""
+    from transformers import AutoTokenizer
+
+    directory, default_name = resolve_model_dir(options.model)
+    name = options.served_model_name or default_name
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    hf_config = json.loads((directory / "config.json").read_text())
+    context = options.max_context_tokens or int(hf_config.get("max_position_embeddings") or 4096)
+    vocab = int(hf_config.get("vocab_size") or len(tokenizer))
+    if options.engine == "hf":
+        import torch
+
+        from spade.rollout.hf_engine import HFEngine
+
+        device = options.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = options.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        engine = HFEngine(directory, tokenizer, device=device, dtype=dtype,
+                          max_batch_size=options.max_batch_size, max_context_tokens=context)
+        eos = set(engine.eos_token_ids)
+    elif options.engine == "sglang":
+        from spade.rollout.sglang_engine import SGLangEngine
+
+        if not options.sglang_urls:
+            raise ServeError("--engine sglang needs --sglang-url URL (one or more)")
+        engine = SGLangEngine(options.sglang_urls)
+        eos = _eos_ids(directory, tokenizer)
+    else:
+        raise ServeError(f"--engine must be hf or sglang, got {options.engine!r}")
+    return ModelService(engine, tokenizer, name, max_context_tokens=context, eos_token_ids=eos,
+                        vocab_size=vocab, default_max_tokens=options.default_max_tokens,
+                        aliases=[options.model] if options.model != name else ())
+
+
+async def serve(service: ModelService, host: str, port: int,
+                on_ready: Optional[Callable[[HTTPServer], None]] = None) -> None:
+    """Serve until SIGINT / SIGTERM, then close the engine."""
+    server = HTTPServer(service.handle, host, port)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    if on_ready is not None:
+        on_ready(server)
+    try:
+        await stop.wait()
+    finally:
+        service.engine.close()
+        await server.close()
+
+
+def run(options: ServeOptions, host: str, port: int) -> int:
+    service = build_service(options)
+
+    def ready(server: HTTPServer) -> None:
+        print(f"spade serve: {service.name} on http://{server.host}:{server.port}/v1 "
+              f"(engine {options.engine})", file=sys.stderr, flush=True)
+
+    asyncio.run(serve(service, host, port, ready))
+    return 0
+

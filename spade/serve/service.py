@@ -1,0 +1,396 @@
+"""The OpenAI-compatible application: a model (tokenizer, chat template) over a ``RolloutEngine``.
+
+``ModelService`` answers ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and
+``/health`` (``handle`` is the HTTP handler). A chat request is rendered with the model's own chat
+template (``apply_chat_template(..., tools=...)``), tokenised, and sent to the engine as token ids,
+``n`` requests at once (the engine batches them); the generated ids are decoded, cut at the first
+``stop`` string, and, when the request had tools, parsed for the model's native tool calls.
+
+Sampling: ``temperature``, ``top_p``, ``top_k`` (extra field), ``seed`` (choice ``j`` of prompt
+``i`` gets ``seed + i * n + j``, so every choice differs and the whole response is reproducible),
+``max_tokens`` (clamped to the context left after the prompt; default: all of it, or the
+server's ``default_max_tokens``), ``stop`` strings (not included in the text; a stop string that is
+one token also stops generation there, the others cut the text afterwards), ``stop_token_ids`` and
+``ignore_eos`` (extra fields), ``logprobs`` of the sampled tokens.
+
+Streaming sends the role chunk at once, then the text of each choice in per-token pieces as soon
+as its completion is done (the engine interface returns whole completions, not token streams),
+then the finish chunk, the usage chunk if ``stream_options.include_usage``, and ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence
+
+from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
+
+from . import protocol
+from .http import Request, Response, StreamResponse
+from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
+
+log = logging.getLogger(__name__)
+
+SEED_MODULUS = 1 << 63
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One choice after decoding: its text, why it ended, the ids the engine produced (all of
+    them, for usage) and the (token text, log-prob) of each token kept in ``text``."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    logprobs: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    prompt_ids: list[int]
+    requests: list[GenerationRequest]
+
+
+class ModelService:
+    """One served model. ``eos_token_ids`` end every completion (the engine stops there too)."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer: Any, name: str, *,
+                 max_context_tokens: int, eos_token_ids: Iterable[int] = (),
+                 vocab_size: Optional[int] = None, default_max_tokens: Optional[int] = None,
+                 aliases: Sequence[str] = ()) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.name = name
+        self.names = (name, *[a for a in aliases if a and a != name])
+        self.max_context_tokens = int(max_context_tokens)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.vocab_size = vocab_size or len(tokenizer)
+        self.default_max_tokens = default_max_tokens
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ HTTP entry
+
+    async def handle(self, request: Request) -> Response | StreamResponse:
+        routes = {
+            "/health": ("GET", self._health),
+            "/v1/models": ("GET", self._models),
+            "/v1/chat/completions": ("POST", self._chat),
+            "/v1/completions": ("POST", self._completions),
+        }
+        path = request.path.rstrip("/") or "/"
+        try:
+            if path.startswith("/v1/models/"):
+                if request.method != "GET":
+                    raise APIError(f"{request.method} is not allowed on {path}", status=405)
+                return self._model(path[len("/v1/models/"):])
+            if path not in routes:
+                raise APIError(f"no route {path}", status=404, kind="not_found_error")
+            method, handler = routes[path]
+            if request.method != method:
+                raise APIError(f"{request.method} is not allowed on {path}; use {method}", status=405)
+            if method == "GET":
+                return handler()
+            try:
+                body = request.json()
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise APIError(f"the request body is not valid JSON: {exc}") from None
+            return await handler(body)
+        except APIError as exc:
+            return Response.json(exc.body(), exc.status)
+
+    def _health(self) -> Response:
+        return Response.json({"status": "ok", "model": self.name,
+                              "weight_version": self.engine.weight_version})
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "spade",
+                "max_model_len": self.max_context_tokens}
+
+    def _models(self) -> Response:
+        return Response.json({"object": "list", "data": [self._model_card(self.name)]})
+
+    def _model(self, name: str) -> Response:
+        if name not in self.names:
+            raise APIError(f"The model `{name}` does not exist.", "model", 404, "not_found_error",
+                           "model_not_found")
+        return Response.json(self._model_card(name))
+
+    def _check_model(self, model: Optional[str]) -> None:
+        if model is not None and model not in self.names:
+            raise APIError(f"The model `{model}` does not exist; this server serves "
+                           f"{', '.join(self.names)}.", "model", 404, "not_found_error",
+                           "model_not_found")
+
+    # ------------------------------------------------------------------ prompts
+
+    def chat_prompt(self, request: ChatRequest) -> str:
+        """The chat template's rendering of the request (messages, tools, generation prompt)."""
+        text = self._render(request.messages, request.tools, request.template_kwargs)
+        if request.tools:
+            bare = self._render(request.messages, None, request.template_kwargs)
+            if bare == text:
+                raise APIError("tools were given but this model's chat template does not render "
+                               "tools", "tools")
+        return text
+
+    def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]],
+                kwargs: dict[str, Any]) -> str:
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise APIError("this model has no chat template; use /v1/completions", "messages")
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a template's raise_exception, or a type error in it
+            raise APIError(f"the chat template rejected the messages: {exc}", "messages") from None
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # same ids as the conversation code (spade.rollout.conversation)
+            return backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ generation
+
+    def _prepare(self, prompt_ids: list[int], sampling: Sampling, first_index: int, param: str) -> _Prepared:
+        room = self.max_context_tokens - len(prompt_ids)
+        if room < 1:
+            raise APIError(f"the prompt is {len(prompt_ids)} tokens; this model's context is "
+                           f"{self.max_context_tokens} tokens", param)
+        wanted = sampling.max_tokens or self.default_max_tokens or room
+        stop_ids = set(sampling.stop_token_ids)
+        for stop in sampling.stop:
+            ids = self.encode(stop, add_special_tokens=False)
+            if len(ids) == 1:
+                stop_ids.add(ids[0])
+        requests = []
+        for j in range(sampling.n):
+            seed = None if sampling.seed is None else (sampling.seed + first_index + j) % SEED_MODULUS
+            try:
+                params = SamplingParams(
+                    temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                    max_new_tokens=min(wanted, room), stop_token_ids=tuple(sorted(stop_ids)),
+                    seed=seed, ignore_eos=sampling.ignore_eos)
+            except ValueError as exc:
+                raise APIError(str(exc)) from None
+            requests.append(GenerationRequest(tuple(prompt_ids), params))
+        return _Prepared(prompt_ids, requests)
+
+    async def _run(self, prepared: _Prepared, sampling: Sampling) -> list[Generated]:
+        results = await asyncio.gather(*(self.engine.generate(r) for r in prepared.requests))
+        return [self._finish(result, request.sampling, sampling)
+                for result, request in zip(results, prepared.requests)]
+
+    def _finish(self, result: GenerationResult, params: SamplingParams, sampling: Sampling) -> Generated:
+        if result.finish_reason == "abort":
+            raise APIError("the engine stopped before the completion was done", None, 503,
+                           "server_error", "engine_closed")
+        ids = list(result.token_ids)
+        logprobs = list(result.logprobs)
+        finish = result.finish_reason
+        stops = self.eos_token_ids | set(params.stop_token_ids)
+        if finish == "stop" and ids and ids[-1] in stops:
+            ids, logprobs = ids[:-1], logprobs[:-1]
+        text = self.decode(ids)
+        cuts = [text.find(s) for s in sampling.stop if s in text]
+        if cuts:
+            text, finish = text[:min(cuts)], "stop"
+        kept: list[tuple[str, float]] = []
+        if sampling.logprobs:
+            length = 0
+            for token, logprob in zip(ids, logprobs):
+                piece = self.decode([token])
+                if length + len(piece) > len(text) and cuts:
+                    break
+                kept.append((piece, logprob))
+                length += len(piece)
+        return Generated(text, finish, len(result.token_ids), tuple(kept))
+
+    # ------------------------------------------------------------------ chat
+
+    async def _chat(self, body: Any) -> Response | StreamResponse:
+        request = protocol.parse_chat_request(body)
+        self._check_model(request.model)
+        prompt_ids = self.encode(self.chat_prompt(request), add_special_tokens=False)
+        prepared = self._prepare(prompt_ids, request.sampling, 0, "messages")
+        if request.stream:
+            task = asyncio.ensure_future(self._run(prepared, request.sampling))
+            return StreamResponse(self._chat_events(request, prepared, task))
+        choices = await self._run(prepared, request.sampling)
+        return Response.json({
+            "id": protocol.new_id("chatcmpl"), "object": "chat.completion",
+            "created": int(time.time()), "model": self.name, "system_fingerprint": None,
+            "choices": [protocol.chat_choice(i, c.text, c.finish_reason, parse_tools=request.parse_tools,
+                                             tools=request.tools, logprobs=_chat_logprobs(c, request))
+                        for i, c in enumerate(choices)],
+            "usage": protocol.usage(len(prompt_ids), sum(c.completion_tokens for c in choices)),
+        })
+
+    async def _chat_events(self, request: ChatRequest, prepared: _Prepared,
+                           task: asyncio.Future) -> AsyncIterator[bytes]:
+        head = {"id": protocol.new_id("chatcmpl"), "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": self.name, "system_fingerprint": None}
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            body = {**head, "choices": choices, **extra}
+            if request.include_usage and "usage" not in extra:
+                body["usage"] = None
+            return _event(body)
+
+        def delta(index: int, value: dict[str, Any], finish: Optional[str] = None) -> dict[str, Any]:
+            return {"index": index, "delta": value, "logprobs": None, "finish_reason": finish}
+
+        try:
+            yield chunk([delta(i, {"role": "assistant", "content": ""}) for i in range(request.sampling.n)])
+            try:
+                choices = await task
+            except APIError as exc:
+                yield _event(exc.body())
+                yield _DONE
+                return
+            for i, choice in enumerate(choices):
+                message, called = protocol.chat_message(choice.text, parse_tools=request.parse_tools,
+                                                        tools=request.tools)
+                if called:
+                    if message["content"]:
+                        yield chunk([delta(i, {"content": message["content"]})])
+                    calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                    yield chunk([delta(i, {"tool_calls": calls})])
+                else:
+                    for piece in self._pieces(choice):
+                        yield chunk([delta(i, {"content": piece})])
+                yield chunk([delta(i, {}, "tool_calls" if called else choice.finish_reason)])
+            if request.include_usage:
+                yield chunk([], usage=protocol.usage(
+                    len(prepared.prompt_ids), sum(c.completion_tokens for c in choices)))
+            yield _DONE
+        finally:
+            task.cancel()
+
+    # ------------------------------------------------------------------ completions
+
+    async def _completions(self, body: Any) -> Response | StreamResponse:
+        request = protocol.parse_completion_request(body)
+        self._check_model(request.model)
+        n = request.sampling.n
+        prepared, prompt_texts = [], []
+        for i, prompt in enumerate(request.prompts):
+            if isinstance(prompt, str):
+                ids = self.encode(prompt, add_special_tokens=True)
+                if not ids:
+                    raise APIError(f"prompt {i} encodes to no tokens", "prompt")
+                prompt_texts.append(prompt)
+            else:
+                bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+                if bad:
+                    raise APIError(f"prompt token id {bad[0]} is outside the vocabulary "
+                                   f"(0..{self.vocab_size - 1})", "prompt")
+                ids = list(prompt)
+                prompt_texts.append(self.decode(ids) if request.echo else "")
+            prepared.append(self._prepare(ids, request.sampling, i * n, "prompt"))
+        prompt_tokens = sum(len(p.prompt_ids) for p in prepared)
+
+        async def run_all() -> list[Generated]:
+            per_prompt = await asyncio.gather(*(self._run(p, request.sampling) for p in prepared))
+            return [c for choices in per_prompt for c in choices]
+
+        if request.stream:
+            return StreamResponse(self._completion_events(
+                request, prompt_texts, prompt_tokens, asyncio.ensure_future(run_all())))
+        choices = await run_all()
+        return Response.json({
+            "id": protocol.new_id("cmpl"), "object": "text_completion",
+            "created": int(time.time()), "model": self.name, "system_fingerprint": None,
+            "choices": [protocol.completion_choice(
+                k, (prompt_texts[k // n] if request.echo else "") + c.text, c.finish_reason,
+                _completion_logprobs(c, request.sampling, len(prompt_texts[k // n]) if request.echo else 0))
+                for k, c in enumerate(choices)],
+            "usage": protocol.usage(prompt_tokens, sum(c.completion_tokens for c in choices)),
+        })
+
+    async def _completion_events(self, request: CompletionRequest, prompt_texts: list[str],
+                                 prompt_tokens: int, task: asyncio.Future) -> AsyncIterator[bytes]:
+        head = {"id": protocol.new_id("cmpl"), "object": "text_completion",
+                "created": int(time.time()), "model": self.name, "system_fingerprint": None}
+
+        def chunk(index: int, text: str, finish: Optional[str] = None) -> bytes:
+            body = {**head, "choices": [protocol.completion_choice(index, text, finish)]}
+            if request.include_usage:
+                body["usage"] = None
+            return _event(body)
+
+        try:
+            try:
+                choices = await task
+            except APIError as exc:
+                yield _event(exc.body())
+                yield _DONE
+                return
+            for k, choice in enumerate(choices):
+                if request.echo and prompt_texts[k // request.sampling.n]:
+                    yield chunk(k, prompt_texts[k // request.sampling.n])
+                for piece in self._pieces(choice):
+                    yield chunk(k, piece)
+                yield chunk(k, "", choice.finish_reason)
+            if request.include_usage:
+                yield _event({**head, "choices": [], "usage": protocol.usage(
+                    prompt_tokens, sum(c.completion_tokens for c in choices))})
+            yield _DONE
+        finally:
+            task.cancel()
+
+    # ------------------------------------------------------------------ streaming text
+
+    def _pieces(self, choice: Generated) -> Iterable[str]:
+        """``choice.text`` in about-one-token pieces whose concatenation is exactly the text."""
+        text = choice.text
+        if not text:
+            return []
+        ids = self.encode(text, add_special_tokens=False)
+        pieces, done, start = [], 0, 0
+        for end in range(1, len(ids) + 1):
+            decoded = self.decode(ids[start:end])
+            if decoded.endswith("\ufffd") and end < len(ids):
+                continue  # an incomplete UTF-8 sequence: wait for the next token
+            if not text.startswith(decoded, done):
+                break
+            if decoded:
+                pieces.append(decoded)
+                done += len(decoded)
+            start = end
+        if done < len(text):
+            pieces.append(text[done:])
+        return pieces
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+def _event(value: Any) -> bytes:
+    return b"data: " + json.dumps(value, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def _chat_logprobs(choice: Generated, request: ChatRequest) -> Optional[list[dict[str, Any]]]:
+    if not request.sampling.logprobs:
+        return None
+    return [{"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")),
+             "top_logprobs": []} for token, logprob in choice.logprobs]
+
+
+def _completion_logprobs(choice: Generated, sampling: Sampling, start: int) -> Optional[dict[str, Any]]:
+    if not sampling.logprobs:
+        return None
+    offsets, position = [], start
+    for token, _ in choice.logprobs:
+        offsets.append(position)
+        position += len(token)
+    return {"tokens": [t for t, _ in choice.logprobs],
+            "token_logprobs": [lp for _, lp in choice.logprobs],
+            "top_logprobs": [{t: lp} for t, lp in choice.logprobs],
+            "text_offset": offsets}
