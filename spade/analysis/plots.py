@@ -1,0 +1,163 @@
+"""PNG plots of an analysis, every run of it overlaid in one colour each (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+SKILL_PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _curve(ax: Any, data: dict[str, Any], key: str, label: str, *, band: tuple[str, str] | None = None,
+           style: str = "-", with_label: bool = True) -> None:
+    for i, run in enumerate(data["runs"]):
+        steps = [s for s in run["steps"] if _get(s, key) is not None]
+        if not steps:
+            continue
+        xs = [s["step"] for s in steps]
+        colour = PALETTE[i % len(PALETTE)]
+        ax.plot(xs, [_get(s, key) for s in steps], style, marker="o", markersize=3, color=colour,
+                label=f"{run['name']}" + (f" {label}" if with_label and label else ""))
+        if band:
+            low = [_get(s, band[0]) for s in steps]
+            high = [_get(s, band[1]) for s in steps]
+            ax.fill_between(xs, low, high, color=colour, alpha=0.15, linewidth=0)
+
+
+def _get(summary: dict[str, Any], key: str) -> Any:
+    value: Any = summary
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _finish(fig: Any, ax: Any, path: Path, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> Path:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("regeneration step")
+    ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    return path
+
+
+def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> list[Path]:
+    plt = _pyplot()
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def single(name: str, key: str, title: str, ylabel: str, ylim=None, band=None) -> None:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        _curve(ax, data, key, "", band=band)
+        written.append(_finish(fig, ax, out / name, title, ylabel, ylim))
+        plt.close(fig)
+
+    single("vendi.png", "vendi_per_n", "Vendi/n of each regenerated set (1/n: all alike, 1: all different)",
+           "Vendi / n", (0, 1.05))
+    single("learnable.png", "learnable_share", "Learnable share (no-hint win rate in [0.2, 0.8])", "share", (0, 1.05))
+    single("win_rate.png", "win_rate.median", "No-hint win rate: median, band p10-p90", "win rate", (-0.02, 1.02),
+           band=("win_rate.p10", "win_rate.p90"))
+    single("regret.png", "regret.median", "Regret (hint - no hint): median, band p10-p90", "regret", (-1.02, 1.02),
+           band=("regret.p10", "regret.p90"))
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    _curve(ax, data, "reward_levels_mean", "all levels")
+    _curve(ax, data, "partial_levels_mean", "strictly partial", style="--")
+    written.append(_finish(fig, ax, out / "reward_levels.png", "Distinct reward values per environment (mean)", "values"))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    _curve(ax, data, "formula_reveal_share", "formula reveal (physics envs)")
+    _curve(ax, data, "state_gated_share", "state-gated", style="--")
+    written.append(_finish(fig, ax, out / "reveal_gating.png", "Formula reveal and state gating", "share", (-0.02, 1.05)))
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+    for ax, key, title in zip(axes, ("lines_mean", "state_variables_mean", "turns_mean"),
+                              ("lines", "state variables", "turns per no-hint episode")):
+        _curve(ax, data, key, "")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("regeneration step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Program size (means per set)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "program_size.png", dpi=80)
+    written.append(out / "program_size.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    _curve(ax, data, "duplicate_share", "near-duplicate share in set")
+    for i, run in enumerate(data["runs"]):
+        c = run["collapse"]
+        ax.text(0.01, 0.95 - 0.07 * i, f"{run['name']}: longest streak {c['longest_streak']}, "
+                f"{c['streaks_at_least_min']} streaks >= {c['min_streak']}", transform=ax.transAxes, fontsize=7,
+                color=PALETTE[i % len(PALETTE)], va="top")
+    written.append(_finish(fig, ax, out / "collapse.png", "Collapse: near-duplicates within a set", "share", (-0.02, 1.05)))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    _curve(ax, data, "hint_contains_answer_share", "hint contains a winning action")
+    _curve(ax, data, "hint_one_turn_win_rate", "one-turn wins, hinted", style="--")
+    _curve(ax, data, "nohint_one_turn_win_rate", "one-turn wins, no hint", style=":")
+    written.append(_finish(fig, ax, out / "hint_leakage.png", "Hint leakage", "share", (-0.02, 1.05)))
+    plt.close(fig)
+
+    written.append(plot_map(data, out / "tsne.png"))
+    return written
+
+
+def plot_map(data: dict[str, Any], path: Path) -> Path:
+    plt = _pyplot()
+    rows = [r for r in data["envs"] if "x" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    runs = [run["name"] for run in data["runs"]]
+    skills = sorted({r["skill"] for r in rows})
+    xs = np.array([r["x"] for r in rows]) if rows else np.zeros(0)
+    ys = np.array([r["y"] for r in rows]) if rows else np.zeros(0)
+    ax = axes[0]
+    for i, name in enumerate(runs):
+        mask = np.array([r["run"] == name for r in rows], dtype=bool)
+        if mask.any():
+            ax.scatter(xs[mask], ys[mask], s=14, color=PALETTE[i % len(PALETTE)], label=name)
+    ax.set_title("by run", fontsize=10)
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    if rows:
+        points = ax.scatter(xs, ys, s=14, c=[r["generated_step"] for r in rows], cmap="viridis")
+        fig.colorbar(points, ax=ax, label="step")
+    ax.set_title("by regeneration step", fontsize=10)
+    ax = axes[2]
+    for i, skill in enumerate(skills):
+        mask = np.array([r["skill"] == skill for r in rows], dtype=bool)
+        ax.scatter(xs[mask], ys[mask], s=14, color=SKILL_PALETTE[i % len(SKILL_PALETTE)], label=skill or "?")
+    ax.set_title("by skill", fontsize=10)
+    if skills:
+        ax.legend(fontsize=7)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"t-SNE map of {len(rows)} environments ({data.get('embedding')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

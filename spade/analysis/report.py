@@ -1,0 +1,185 @@
+"""Every metric for the given runs: one row per environment, aggregates per regeneration step, per
+window of steps and per run. ``analyze`` returns a JSON-ready dict (docs/analysis.md describes its
+keys); ``writers`` and ``plots`` turn it into files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import collapse, diversity, learnability
+from .embeddings import Embedder
+from .formula import is_physics, states_formula
+from .hint_leakage import hint_leakage
+from .program_size import program_size
+from .reward_levels import env_rewards, reward_levels
+from .run_reader import EnvRecord, Run
+from .state_gating import GatingVerdict
+from .tsne_map import tsne_coordinates
+
+DEFAULT_WINDOW = 40  # steps per window (10 regenerations at k = 4)
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Analysis:
+    data: dict[str, Any]
+    runs: list[Run]
+    envs: list[EnvRecord]
+    embeddings: np.ndarray
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(known) / len(known) if known else None
+
+
+def _share(values: Sequence[bool | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(1 for v in known if v) / len(known) if known else None
+
+
+def env_row(env: EnvRecord, gating: GatingVerdict | None) -> dict[str, Any]:
+    nohint = env.episodes_of("nohint")
+    opening = nohint[0].opening if nohint else None
+    physics = is_physics(env.source, env.class_name)
+    levels = reward_levels(env_rewards(env.episodes)) if env.episodes else None
+    size = program_size(env.source, env.class_name, [len(e.turns) for e in nohint])
+    leak = hint_leakage(env.hint, env.episodes)
+    win_rate = env.win_rate
+    return {
+        "run": env.run, "uid": env.uid, "env_id": env.env_id, "generated_step": env.generated_step,
+        "slot": env.slot, "skill": env.skill, "class_name": env.class_name, "attempts": env.attempts,
+        "win_rate": win_rate, "window_win": env.window_win, "regret": env.regret,
+        "learnable": learnability.is_learnable(win_rate),
+        "n_nohint_plays": len(env.gen_nohint), "n_hint_plays": len(env.gen_hint), "kept_episodes": len(env.episodes),
+        "reward_levels": None if levels is None else levels["levels"],
+        "partial_levels": None if levels is None else levels["partial_levels"],
+        "reward_values": None if levels is None else levels["values"],
+        "physics": physics,
+        "formula_revealed": (states_formula(opening) if opening is not None else None) if physics else None,
+        "state_gated": None if gating is None else gating.gated,
+        "gating_reason": None if gating is None else gating.reason,
+        "lines": size["lines"], "code_lines": size["code_lines"], "state_variables": size["state_variables"],
+        "turns": size["turns"],
+        "hint_contains_answer": leak["hint_contains_answer"],
+        "hint_one_turn_win_rate": leak["hint_one_turn_win_rate"],
+        "nohint_one_turn_win_rate": leak["nohint_one_turn_win_rate"],
+    }
+
+
+def aggregate(rows: list[dict[str, Any]], vectors: np.ndarray, classes: list[str], sampled: bool, seed: int) -> dict[str, Any]:
+    """The set-level numbers of a group of environments (a step's set, a window, a whole run)."""
+    if sampled:
+        vendi = diversity.sampled_vendi_per_n(vectors, seed=seed)
+    else:
+        vendi = {"vendi_per_n": diversity.vendi_per_n(vectors) if len(vectors) else None,
+                 "vendi_per_n_std": 0.0, "sample_size": len(vectors), "draws": 1}
+    physics = [r for r in rows if r["physics"]]
+    gated = [r["state_gated"] for r in rows]
+    return {
+        "n_envs": len(rows),
+        "vendi_per_n": vendi["vendi_per_n"], "vendi_per_n_std": vendi["vendi_per_n_std"],
+        "vendi_sample_size": vendi["sample_size"], "vendi_draws": vendi["draws"],
+        "learnable_share": learnability.learnable_share(r["win_rate"] for r in rows),
+        "win_rate": learnability.distribution([r["win_rate"] for r in rows], 0.0, 1.0),
+        "regret": learnability.distribution([r["regret"] for r in rows], -1.0, 1.0),
+        "reward_levels_mean": _mean([r["reward_levels"] for r in rows]),
+        "partial_levels_mean": _mean([r["partial_levels"] for r in rows]),
+        "physics_envs": len(physics),
+        "formula_reveal_share": _share([r["formula_revealed"] for r in physics]),
+        "state_gated_share": _share(gated),
+        "state_gating_known": sum(1 for g in gated if g is not None),
+        "lines_mean": _mean([r["lines"] for r in rows]),
+        "code_lines_mean": _mean([r["code_lines"] for r in rows]),
+        "state_variables_mean": _mean([r["state_variables"] for r in rows]),
+        "turns_mean": _mean([r["turns"] for r in rows]),
+        "duplicate_share": collapse.set_duplicate_share(vectors, classes) if rows else None,
+        "hint_contains_answer_share": _share([r["hint_contains_answer"] for r in rows]),
+        "hint_one_turn_win_rate": _mean([r["hint_one_turn_win_rate"] for r in rows]),
+        "nohint_one_turn_win_rate": _mean([r["nohint_one_turn_win_rate"] for r in rows]),
+        "skills": dict(Counter(r["skill"] for r in rows)),
+    }
+
+
+def _flat(summary: dict[str, Any]) -> dict[str, Any]:
+    """Distributions shown as their mean and quartile-ish points (for CSV and curves)."""
+    out = {}
+    for key, value in summary.items():
+        if isinstance(value, dict) and "histogram" in value:
+            for stat in ("mean", "p10", "median", "p90"):
+                out[f"{key}_{stat}"] = value[stat]
+        elif not isinstance(value, (dict, list)):
+            out[key] = value
+    return out
+
+
+def analyze(runs: list[Run], embedder: Embedder, gating: dict[str, GatingVerdict] | None = None,
+            window: int = DEFAULT_WINDOW, seed: int = 0, with_map: bool = True,
+            progress: Callable[[str], None] | None = None) -> Analysis:
+    say = progress or (lambda _msg: None)
+    envs = [env for run in runs for env in run.envs]
+    say(f"embedding {len(envs)} environments ({embedder.name})")
+    vectors = embedder.embed([env.source for env in envs]) if envs else np.zeros((0, 1))
+    rows = [env_row(env, (gating or {}).get(env.uid)) for env in envs]
+    if with_map and envs:
+        say("t-SNE map")
+        coords = tsne_coordinates(vectors, seed=seed)
+        for row, (x, y) in zip(rows, coords):
+            row["x"], row["y"] = float(x), float(y)
+    index = {env.uid: i for i, env in enumerate(envs)}
+
+    out_runs = []
+    for run in runs:
+        mine = [index[env.uid] for env in run.envs]
+        rejected_by_step: dict[int, Counter[str]] = {}
+        for rejection in run.rejections:
+            rejected_by_step.setdefault(rejection.step, Counter())[rejection.kind] += 1
+
+        def group(ids: list[int], sampled: bool) -> dict[str, Any]:
+            return aggregate([rows[i] for i in ids], vectors[ids] if ids else np.zeros((0, vectors.shape[1] if vectors.ndim == 2 else 1)),
+                             [envs[i].class_name for i in ids], sampled, seed)
+
+        steps = []
+        for step in run.regeneration_steps:
+            ids = [i for i in mine if envs[i].generated_step == step]
+            counts = rejected_by_step.get(step, Counter())
+            steps.append({"step": step, **group(ids, False), "rejected": sum(counts.values()),
+                          "rejected_by_kind": dict(counts)})
+        windows = []
+        if run.regeneration_steps:
+            last = max(run.regeneration_steps)
+            for start in range(0, last + 1, window):
+                ids = [i for i in mine if start <= envs[i].generated_step < start + window]
+                if ids:
+                    windows.append({"start": start, "end": start + window - 1, **group(ids, True)})
+        whole = group(mine, True)
+        collapse_info = collapse.collapse_summary(vectors[mine] if mine else np.zeros((0, 1)),
+                                                  [envs[i].class_name for i in mine], [envs[i].uid for i in mine])
+        out_runs.append({"name": run.name, "path": str(run.path), "k": run.k,
+                         "regeneration_steps": run.regeneration_steps, "steps": steps, "windows": windows,
+                         "whole_run": whole, "collapse": collapse_info, "rejections": len(run.rejections),
+                         "metrics_steps": len(run.metrics)})
+    data = {"format": FORMAT_VERSION, "embedding": embedder.name, "window": window,
+            "state_gating": gating is not None, "runs": out_runs, "envs": rows}
+    return Analysis(data=data, runs=runs, envs=envs, embeddings=vectors, rows=rows)
+
+
+def step_table(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per (run, regeneration step)."""
+    return [{"run": run["name"], **_flat(step)} for run in data["runs"] for step in run["steps"]]
+
+
+def window_table(data: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for run in data["runs"]:
+        for w in run["windows"]:
+            rows.append({"run": run["name"], **_flat(w)})
+        rows.append({"run": run["name"], "start": "all", "end": "all", **_flat(run["whole_run"])})
+    return rows
