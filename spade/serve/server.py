@@ -44,7 +44,7 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
         raise ServeError(f"--model {model}: not a directory (an HF model directory, or 'embedded')")
     if (path / "spade_checkpoint.json").exists():
         raise ServeError(f"--model {model}: serving a Megatron checkpoint is not supported yet; "
-                         "export it to an HF directory first")
+                         "export it to an HF directory first (tools/convert_mcore_to_hf.py)")
     if not (path / "config.json").is_file():
         raise ServeError(f"--model {model}: no config.json (not an HF model directory)")
     return path, path.resolve().name
