@@ -16,7 +16,7 @@ def test_analyze_two_runs_writes_json_csv_and_overlaid_plots(tmp_path, capsys) -
     out = tmp_path / "out"
     assert main(["analyze", str(a), str(b), "--out", str(out), "--embedding", "hashing"]) == 0
     printed = capsys.readouterr().out
-    assert "base: 3 envs" in printed and f"wrote 14 files to {out}" in printed
+    assert "base: 3 envs" in printed and f"wrote 15 files to {out}" in printed
 
     data = json.loads((out / "analysis.json").read_text())
     assert [r["name"] for r in data["runs"]] == ["base", "ablation"] and data["state_gating"] is True
@@ -40,10 +40,29 @@ def test_analyze_two_runs_writes_json_csv_and_overlaid_plots(tmp_path, capsys) -
     with (out / "envs.csv").open() as handle:
         assert len(list(csv.DictReader(handle))) == 6
     for name in ("vendi", "learnable", "win_rate", "regret", "reward_levels", "reveal_gating", "program_size",
-                 "collapse", "hint_leakage", "tsne"):
+                 "collapse", "hint_leakage", "tsne", "distributions"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG, name
 
 
 def test_analyze_refuses_a_missing_directory(tmp_path, capsys) -> None:
     assert main(["analyze", str(tmp_path / "nope")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_analyze_a_real_run_directory(tmp_path, capsys) -> None:
+    """On the directory of a real CPU run (``spade train --config examples/smoke_cpu.yaml --run-dir R
+    run.steps=2``), named by SPADE_ANALYSIS_RUN_DIR: training takes minutes, too long to start here."""
+    import os
+
+    import pytest
+
+    run = os.environ.get("SPADE_ANALYSIS_RUN_DIR")
+    if not run:
+        pytest.skip("set SPADE_ANALYSIS_RUN_DIR to a real run directory to analyse it")
+    out = tmp_path / "out"
+    assert main(["analyze", run, "--out", str(out), "--embedding", "hashing"]) == 0
+    data = json.loads((out / "analysis.json").read_text())
+    (only,) = data["runs"]
+    assert only["steps"] and all(s["n_envs"] + s["rejected"] > 0 for s in only["steps"])
+    assert all(e["n_nohint_plays"] > 0 for e in data["envs"])  # the run kept its returns
+    assert any(e["kept_episodes"] > 0 for e in data["envs"])

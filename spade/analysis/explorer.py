@@ -119,7 +119,7 @@ def build_site(run_dirs: list[str | Path], embedder: Embedder, seed: int = 0,
         summary["detail"] = detail_key(env.uid)
         envs.append(summary)
         details[summary["detail"]] = _js_call("spadeDetail", env.uid, _clean(_detail(env)))
-    data = {"built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "embedding": analysis.data["embedding"],
+    data = {"built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "build": time.time_ns(), "embedding": analysis.data["embedding"],
             "runs": out_runs, "envs": envs}
     return Site(data_js=_js_call("spadeData", _clean(data)), details=details, built_at=time.time())
 

@@ -79,6 +79,23 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
     single("regret.png", "regret.median", "Regret (hint - no hint): median, band p10-p90", "regret", (-1.02, 1.02),
            band=("regret.p10", "regret.p90"))
 
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, key, title in zip(axes, ("win_rate", "regret"), ("no-hint win rate", "regret (hint - no hint)")):
+        for i, run in enumerate(data["runs"]):
+            dist = run["whole_run"][key]
+            edges = np.array(dist["edges"])
+            total = max(1, sum(dist["histogram"]))
+            ax.stairs(np.array(dist["histogram"]) / total, edges, color=PALETTE[i % len(PALETTE)], linewidth=2,
+                      label=f"{run['name']} (n={dist['n']})")
+        ax.set_title(f"{title}, whole run", fontsize=10)
+        ax.set_ylabel("share of environments")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "distributions.png", dpi=80)
+    written.append(out / "distributions.png")
+    plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(6, 3.6))
     _curve(ax, data, "reward_levels_mean", "all levels")
     _curve(ax, data, "partial_levels_mean", "strictly partial", style="--")

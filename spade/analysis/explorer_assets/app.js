@@ -373,6 +373,10 @@ function drawRejected() {
 /* ------------------------------------------------------------------ data */
 
 window.spadeData = function (data) {
+  if (state.data && state.data.build === data.build) {
+    setStatus("data of " + data.built_at + " (unchanged)");
+    return;  // nothing new: keep the page as it is (scroll, open episodes)
+  }
   state.data = data;
   state.byUid = {};
   data.envs.forEach(function (e) { state.byUid[e.uid] = e; });
