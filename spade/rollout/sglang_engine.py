@@ -198,6 +198,8 @@ class SGLangEngine(RolloutEngine):
         tried: set[int] = set()
         for _attempt in range(self.max_retries + 1):
             idx = await self._placement(affinity, tried)
+            if idx is None:
+                break
             rid = uuid.uuid4().hex
             version = self._weight_version
             payload = proto.generate_payload(request, rid)
@@ -511,14 +513,17 @@ class SGLangEngine(RolloutEngine):
             w.close()
         s.idle.clear()
 
-    async def _placement(self, affinity: Optional[str], avoid: set[int]) -> int:
-        """``_pick``, waiting while every server is held."""
+    async def _placement(self, affinity: Optional[str], avoid: set[int]) -> Optional[int]:
+        """``_pick``, waiting while every server is held; None when every held server already
+        failed this request and could not be recovered (nothing will release it)."""
         while True:
             if self._closed:
                 raise EngineClosed("SGLangEngine is closed")
             idx = self._pick(affinity, avoid)
             if idx is not None:
                 return idx
+            if all(i in avoid for i, s in enumerate(self.servers) if s.held):
+                return None
             self._unheld.clear()
             await self._unheld.wait()
 
