@@ -54,7 +54,6 @@ from .settings import SelfPlaySettings
 from .trajectory_log import TrajectoryLog
 
 STATE_VERSION = 1
-KEEP_TRAJECTORIES = 4  # kept episodes per arm per environment per step (trajectory_log)
 LEARNABLE_BAND = (0.2, 0.8)
 
 
@@ -106,7 +105,7 @@ class Orchestrator:
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
         self.last_step: int | None = None
-        self.trajectory_log = TrajectoryLog(self.run_dir, getattr(settings, "keep_trajectories", KEEP_TRAJECTORIES))
+        self.trajectory_log = TrajectoryLog(self.run_dir, settings.keep_trajectories)
 
     # ------------------------------------------------------------------ the step
 

@@ -61,6 +61,7 @@ class SelfPlaySettings:
     admission_timeout_s: float = 60.0  # validation of one candidate
     hint_timeout_s: float = 120.0      # one hint generation
     hint_max_chars: int = 1000
+    keep_trajectories: int = 4        # episodes kept on disk per arm per env per step (0: returns only)
     memory_capacity: int = 200
     use_corpus: bool = True
     use_memory: bool = True
@@ -89,6 +90,9 @@ class SelfPlaySettings:
                     f"must be an integer >= 1, got {value!r}")
         require(isinstance(self.g_hint, int) and not isinstance(self.g_hint, bool) and self.g_hint >= 0,
                 key("g_hint"), f"must be an integer >= 0, got {self.g_hint!r}")
+        require(isinstance(self.keep_trajectories, int) and not isinstance(self.keep_trajectories, bool)
+                and self.keep_trajectories >= 0, key("keep_trajectories"),
+                f"must be an integer >= 0, got {self.keep_trajectories!r}")
         require(isinstance(self.max_play_retries, int) and self.max_play_retries >= 0, key("max_play_retries"),
                 f"must be an integer >= 0, got {self.max_play_retries!r}")
         for name in ("designer_temperature", "agent_temperature", "hint_temperature"):
