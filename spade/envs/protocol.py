@@ -38,6 +38,7 @@ class ErrorKind(str, enum.Enum):
     NONDETERMINISTIC_RESET = "nondeterministic_reset"
     PROTOCOL_ERROR = "protocol_error"
     NO_OUTPUT = "no_output"  # the designer's generation returned nothing
+    PROMPT_TOO_LONG = "prompt_too_long"  # the designer prompt does not fit the context budget
 
 
 class Stage(str, enum.Enum):

@@ -34,11 +34,11 @@ from ..designer.memory import Memory, format_memory_block, load_seed_records
 from ..designer.prompts import DesignerRequest, clean_hint, designer_messages, hint_messages
 from ..designer.skills import Skill, slot_skills
 from ..envs.admission import AdmissionVerdict, admit
-from ..envs.protocol import InfrastructureFault
-from ..envs.sandbox.client import SandboxService
+from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
 from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
 from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
-from .samples import derive_seed, sample_fields
+from ..rl.samples import Trajectory
+from .samples import derive_seed, trajectory_of
 from .settings import SelfPlaySettings
 
 
@@ -70,15 +70,15 @@ class Rejection:
     slot: int
     attempt: int
     skill: str
-    kind: str
-    stage: str
+    kind: ErrorKind
+    stage: Stage
     message: str
 
 
 @dataclass
 class RegenerationResult:
     envs: list[EnvSpec] = field(default_factory=list)
-    designer_fields: dict[str, dict[str, Any]] = field(default_factory=dict)  # env_id -> sample fields
+    designer_fields: dict[str, Trajectory] = field(default_factory=dict)  # env_id -> the designer call
     attempts: int = 0
     rejections: list[Rejection] = field(default_factory=list)
 
@@ -104,7 +104,7 @@ def env_id_for(step: int, slot: int) -> str:
 class DesignerRound:
     """Regenerates the environment set of one regeneration step."""
 
-    def __init__(self, settings: SelfPlaySettings, *, sandbox: SandboxService, engine: RolloutEngine,
+    def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine,
                  tokenizer: Any, chat_format: ChatFormat, corpus: Corpus | None, memory: Memory | None,
                  run_dir: Path, seed: int, stop_token_ids: tuple[int, ...] = ()):
         self.settings = settings
@@ -164,7 +164,7 @@ class DesignerRound:
                 conversation = Conversation(self.tokenizer, designer_messages(request),
                                             max_context_tokens=s.max_context_tokens, chat_format=self.chat_format)
             except BudgetExceeded as exc:
-                rejections.append(self._reject(record, "prompt_too_long", "generate", str(exc), ""))
+                rejections.append(self._reject(record, ErrorKind.PROMPT_TOO_LONG, Stage.GENERATE, str(exc), ""))
                 continue
             sampling = SamplingParams(
                 temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
@@ -175,11 +175,11 @@ class DesignerRound:
                     self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling)),
                     s.designer_timeout_s)
             except asyncio.TimeoutError:
-                rejections.append(self._reject(record, "timeout", "generate",
+                rejections.append(self._reject(record, ErrorKind.TIMEOUT, Stage.GENERATE,
                                                f"designer generation took over {s.designer_timeout_s:g} s", ""))
                 continue
             if not generated.token_ids:
-                rejections.append(self._reject(record, "no_output", "generate",
+                rejections.append(self._reject(record, ErrorKind.NO_OUTPUT, Stage.GENERATE,
                                                f"the engine returned nothing ({generated.finish_reason})", ""))
                 continue
             response = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason,
@@ -187,19 +187,19 @@ class DesignerRound:
             record["finish_reason"] = generated.finish_reason
             verdict = await self._admit(response)
             if verdict is None:
-                rejections.append(self._reject(record, "crashed", "service",
+                rejections.append(self._reject(record, ErrorKind.CRASHED, Stage.SERVICE,
                                                "the sandbox failed on every try (infrastructure)", response))
                 continue
             if not verdict.admitted:
                 assert verdict.error is not None
-                rejections.append(self._reject(record, verdict.error.kind.value, verdict.error.stage.value,
+                rejections.append(self._reject(record, verdict.error.kind, verdict.error.stage,
                                                verdict.error.message, response))
                 continue
             hint = await self.make_hint(verdict.code, step, slot)
             spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
                            class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
                            document=record["document"], attempts=attempt + 1)
-            return attempt + 1, rejections, (spec, sample_fields(conversation))
+            return attempt + 1, rejections, (spec, trajectory_of(conversation))
         return s.max_attempts, rejections, None
 
     async def _admit(self, response: str) -> AdmissionVerdict | None:
@@ -212,10 +212,10 @@ class DesignerRound:
                 continue
         return None
 
-    def _reject(self, record: dict[str, Any], kind: str, stage: str, message: str, response: str) -> Rejection:
+    def _reject(self, record: dict[str, Any], kind: ErrorKind, stage: Stage, message: str, response: str) -> Rejection:
         directory = step_dir(self.run_dir, "rejected", record["step"])
         directory.mkdir(parents=True, exist_ok=True)
-        data = {**record, "reason": {"kind": kind, "stage": stage, "message": message}, "response": response}
+        data = {**record, "reason": {"kind": kind.value, "stage": stage.value, "message": message}, "response": response}
         path = directory / f"slot{record['slot']}_attempt{record['attempt']}.json"
         path.write_text(json.dumps(data, indent=1))
         return Rejection(record["slot"], record["attempt"], record["skill"], kind, stage, message)
@@ -260,8 +260,8 @@ class DesignerRound:
             if verdict is None or not verdict.admitted:
                 error = None if verdict is None else verdict.error
                 result.rejections.append(self._reject(
-                    record, "crashed" if error is None else error.kind.value,
-                    "service" if error is None else error.stage.value,
+                    record, ErrorKind.CRASHED if error is None else error.kind,
+                    Stage.SERVICE if error is None else error.stage,
                     "sandbox failure" if error is None else error.message, path.read_text()))
                 continue
             hint_path = path.with_name(path.stem + ".hint.txt")

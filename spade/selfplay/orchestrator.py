@@ -211,7 +211,7 @@ class Orchestrator:
         metrics["designer/attempts"] = float(regen.attempts)
         metrics["env/admitted"] = float(len(regen.envs))
         metrics["env/rejected"] = float(len(regen.rejections))
-        for kind, count in sorted(Counter(r.kind for r in regen.rejections).items()):
+        for kind, count in sorted(Counter(r.kind.value for r in regen.rejections).items()):
             metrics[f"env/rejected_{kind}"] = float(count)
 
     def _play_metrics(self, out: StepOutput, nohint: dict[str, list[Play]], hinted: dict[str, list[Play]],

@@ -32,6 +32,3 @@ def trajectory_of(conversation: Conversation) -> Trajectory:
     fields = conversation.train_fields()
     return Trajectory(token_ids=fields["token_ids"], loss_mask=fields["loss_mask"],
                       rollout_logprobs=fields["rollout_logprobs"], weight_version=fields["weight_version"])
-
-
-sample_fields = trajectory_of  # the designer round's name for it
