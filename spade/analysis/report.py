@@ -49,7 +49,8 @@ def env_row(env: EnvRecord, gating: GatingVerdict | None) -> dict[str, Any]:
     nohint = env.episodes_of("nohint")
     opening = nohint[0].opening if nohint else None
     physics = is_physics(env.source, env.class_name)
-    levels = reward_levels(env_rewards(env.episodes)) if env.episodes else None
+    rewards = env_rewards(env.episodes)
+    levels = reward_levels(rewards) if rewards else None  # no turn played: nothing emitted, unknown
     size = program_size(env.source, env.class_name, [len(e.turns) for e in nohint])
     leak = hint_leakage(env.hint, env.episodes)
     win_rate = env.win_rate
