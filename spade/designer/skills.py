@@ -7,8 +7,9 @@ step ``r * k``) a curriculum picks the active skills, and environment slot ``i``
 - ``games``: a round-robin window of 3 over the 6 game skills, moving by 3 each regeneration, so
   the two halves alternate: skills 0-2, then 3-5, then 0-2 again ...
 - ``tool_use``: all 6 tool-use skills every time.
-- ``two_skill`` curriculum (the paper's ablation, as defined here): only the first two skills of the
-  list, both active at every regeneration (a window of 2 over 2 skills).
+- ``two_skill`` curriculum (the paper's ablation): two skills, both active at every regeneration (a
+  window of 2 over 2 skills). Games with the default list: Mathematical Reasoning and Pattern
+  Recognition, as the paper ran it; a custom list or tool use: its first two skills.
 
 The skill list and the window are configurable (:class:`SkillSettings`). Standard library only.
 """
@@ -39,6 +40,8 @@ Domain = Literal["games", "tool_use"]
 Curriculum = Literal["full", "two_skill"]
 DOMAINS: tuple[str, ...] = get_args(Domain)
 CURRICULA: tuple[str, ...] = get_args(Curriculum)
+# The paper's two-skill ablation (games): these two of the six.
+PAPER_TWO_SKILLS = ("Mathematical Reasoning", "Pattern Recognition")
 
 T = TypeVar("T")
 
@@ -151,7 +154,8 @@ def active_skills(
     ``skills`` defaults to the domain's six. ``window`` defaults to 3 for games and to the whole
     list for tool use. With ``n`` skills and window ``w`` the active skills are ``w`` consecutive
     ones (wrapping around) starting at ``(regeneration_index * w) % n``. ``curriculum="two_skill"``
-    keeps only the first two skills with a window of 2 (any other explicit window is an error).
+    keeps two skills with a window of 2 (any other explicit window is an error): for games with the
+    default list the paper's pair (``PAPER_TWO_SKILLS``), otherwise the first two of the list.
     """
     if not _is_int(regeneration_index) or regeneration_index < 0:
         raise ValueError(f"regeneration_index: must be an integer >= 0, got {regeneration_index!r}")
@@ -162,6 +166,8 @@ def active_skills(
             raise ValueError(f"window: the two_skill curriculum uses a window of 2, got {window}")
         if len(pool) < 2:
             raise ValueError(f"skills: the two_skill curriculum needs at least 2 skills, got {len(pool)}")
+        if domain == "games" and skills is None:
+            pool = tuple(skill for name in PAPER_TWO_SKILLS for skill in pool if skill.name == name)
         pool, window = pool[:2], 2
     elif curriculum != "full":
         raise ValueError(f"curriculum: {curriculum!r} is not allowed; choose one of: {', '.join(CURRICULA)}")
@@ -223,7 +229,7 @@ class SkillSettings:
 
     def active(self, domain: Domain, regeneration_index: int) -> tuple[Skill, ...]:
         """:func:`active_skills` with these settings."""
-        skills = self.skill_list(domain)
+        skills = None if self.skills is None else self.skill_list(domain)
         return active_skills(
             domain, regeneration_index, self.window, skills=skills, curriculum=self.curriculum
         )
