@@ -103,7 +103,25 @@ def test_dockerfile_pins_base_image_and_megatron_core():
         assert name and tag and "/" not in tag, f"base image {image!r} is not pinned by tag"
         assert tag != "latest", f"base image {image!r} uses latest"
     version = _pinned("megatron-core")
-    assert f"megatron-core=={version}" in text
+    arg = re.search(r"^ARG MEGATRON_CORE_VERSION=(\S+)$", text, re.M)
+    assert f"megatron-core=={version}" in text or (arg and arg.group(1) == version
+                                                    and '"megatron-core==${MEGATRON_CORE_VERSION}"' in text)
     # the image's CUDA torch stays: torch is filtered out of the pinned requirements
     assert "--no-deps" in text and re.search(r"grep -vE '\^\(torch\|", text)
     assert "bubblewrap" in text
+
+
+ABLATIONS = sorted([*RECIPES.glob("ablation_*.yaml"), *RECIPES.glob("baseline_*.yaml")])
+
+
+@pytest.mark.parametrize("path", ABLATIONS, ids=lambda p: p.name)
+def test_ablations_run_on_the_engine_and_layout_of_the_run_they_vary(path):
+    """The paper's ablations and baselines are 30B-A3B runs on one 8-GPU node: each must differ
+    from that recipe only in its own switches, never in the engine or the parallel layout."""
+    reference = load_train_config(RECIPES / "qwen3_30b_a3b_games_8gpu.yaml", [])
+    config = load_train_config(path, [])
+    assert config.engine == reference.engine and config.parallel == reference.parallel
+    assert config.model == reference.model and config.optimizer == reference.optimizer
+    changed = {name for name in ("selfplay", "loss", "run", "corpus", "sandbox")
+               if getattr(config, name) != getattr(reference, name)}
+    assert changed == {"selfplay"}, f"{path.name} changes {sorted(changed)}"
