@@ -120,11 +120,23 @@ function py(env) { return PAD + (1 - (env.y == null ? 0.5 : env.y)) * (MAP_H - 2
 function drawMap() {
   var g = $("viewport");
   while (g.firstChild) g.removeChild(g.firstChild);
-  var shown = 0, r = 6 / Math.sqrt(state.zoom.k);
+  var shown = 0, r = 6 / Math.sqrt(state.zoom.k), groups = {}, offset = {};
+  // environments with the same source sit on the same spot: spread them on a small ring
+  state.data.envs.forEach(function (env) {
+    var key = px(env).toFixed(1) + "," + py(env).toFixed(1);
+    (groups[key] = groups[key] || []).push(env.uid);
+  });
+  Object.keys(groups).forEach(function (key) {
+    var members = groups[key];
+    members.forEach(function (uid, i) {
+      var a = 2 * Math.PI * i / members.length, d = members.length > 1 ? 9 : 0;
+      offset[uid] = [d * Math.cos(a), d * Math.sin(a)];
+    });
+  });
   state.data.envs.forEach(function (env) {
     if (!visible(env)) return;
     shown++;
-    var c = svg("circle", { cx: px(env), cy: py(env), r: r, fill: colourOf(env), "class": "pt" + (state.selected === env.uid ? " selected" : ""),
+    var c = svg("circle", { cx: px(env) + offset[env.uid][0], cy: py(env) + offset[env.uid][1], r: r, fill: colourOf(env), "class": "pt" + (state.selected === env.uid ? " selected" : ""),
       "data-uid": env.uid, "stroke-width": 1 / state.zoom.k });
     c.addEventListener("mouseenter", function (ev) { showTooltip(env, ev); });
     c.addEventListener("mousemove", function (ev) { moveTooltip(ev); });
