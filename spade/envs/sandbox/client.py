@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import EnvError, ErrorKind, InfrastructureFault, ResetResult, Stage, StepResult, raise_for
+from ..tool_use.protocol import CriteriaResult, CriterionValue, Progress, ToolResult, ToolSchemas
 from .config import SandboxConfig
 from .runtime import framing
 
@@ -156,7 +157,8 @@ class SandboxService:
         await self._ensure_running()
         generation = self.generation
         result = await self._request("open", generation=generation, source=source, max_turns=max_turns)
-        return SandboxedEnv(self, generation, result["env"], result["class_name"], result["max_turns"])
+        return SandboxedEnv(self, generation, result["env"], result["class_name"], result["max_turns"],
+                            tool_use=result.get("tool_use") is True)
 
     async def stats(self) -> dict[str, Any]:
         return await self._request("stats")
@@ -189,8 +191,9 @@ class SandboxedEnv:
     """One live environment in the sandbox. Calls on it are serialised by the supervisor."""
 
     def __init__(self, service: SandboxService, generation: int, env_id: int, class_name: str,
-                 max_turns: int | None):
+                 max_turns: int | None, *, tool_use: bool = False):
         self._service = service
+        self.tool_use = tool_use  # the class subclasses ToolUseBaseEnv: the tool operations apply
         self._generation = generation
         self.env_id = env_id
         self.class_name = class_name
@@ -209,6 +212,30 @@ class SandboxedEnv:
         result = await self._call("step", action=action)
         return StepResult(result["observation"], float(result["reward"]), result["terminated"],
                           result["truncated"], result["info"], result.get("output", ""))
+
+    # -- tool environments (spade.envs.tool_use.protocol) ----------------------------------------
+
+    async def tools(self) -> ToolSchemas:
+        """The tool schemas fixed at the last reset, and the instruction progress."""
+        result = await self._call("tools")
+        return ToolSchemas(result["tools"], Progress.from_json(result))
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """One tool call with structured arguments. Raises ValueError for arguments larger than
+        ``sandbox.max_action_chars`` once encoded."""
+        size = len(framing.encode(arguments)) if isinstance(arguments, dict) else 0
+        if size > self._service.config.max_action_chars:
+            raise ValueError(f"tool arguments of {size} bytes exceed sandbox.max_action_chars "
+                             f"({self._service.config.max_action_chars})")
+        result = await self._call("call_tool", name=name, arguments=arguments)
+        return ToolResult(result["output"], int(result["returncode"]), Progress.from_json(result),
+                          int(result["advanced"]), result.get("printed", ""))
+
+    async def criteria(self) -> CriteriaResult:
+        """Every success criterion evaluated on the current state."""
+        result = await self._call("criteria")
+        return CriteriaResult([CriterionValue(c.get("value"), c.get("error")) for c in result["criteria"]],
+                              Progress.from_json(result))
 
     async def close(self) -> None:
         if self.closed:

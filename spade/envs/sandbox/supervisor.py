@@ -40,6 +40,7 @@ CHILD_REPORTABLE_KINDS = frozenset({
     ErrorKind.OUTPUT_TOO_LARGE, ErrorKind.EXIT_CALLED, ErrorKind.MEMORY_LIMIT,
 })
 EXIT_WAIT_S = 3.0
+MAX_TOOL_NAME_CHARS = 200
 
 
 class Fault(Exception):
@@ -199,7 +200,8 @@ class Supervisor:
         reply = await self.call(env, "load", {"source": source, "max_turns": max_turns},
                                 self.config.load_timeout_s, Stage.LOAD)
         result = reply["result"]
-        return {"env": env.env_id, "class_name": result["class_name"], "max_turns": result["max_turns"]}
+        return {"env": env.env_id, "class_name": result["class_name"], "max_turns": result["max_turns"],
+                "tool_use": result.get("tool_use") is True}
 
     async def call(self, env: ChildEnv, op: str, payload: dict[str, Any], timeout: float, stage: Stage) -> dict[str, Any]:
         async with env.lock:
@@ -340,6 +342,21 @@ class Supervisor:
                             f"action must be a string of at most {self.config.max_action_chars} characters")
             reply = await self.call(env, "step", {"action": action}, self.config.step_timeout_s, Stage.STEP)
             return _with_output(reply)
+        if op in ("tools", "criteria"):
+            stage = Stage.RESET if op == "tools" else Stage.STEP
+            env = self.get_env(request.get("env"), stage)
+            reply = await self.call(env, op, {}, self.config.step_timeout_s, stage)
+            return _with_output(reply)
+        if op == "call_tool":
+            env = self.get_env(request.get("env"), Stage.STEP)
+            name, arguments = request.get("name"), request.get("arguments")
+            if not isinstance(name, str) or len(name) > MAX_TOOL_NAME_CHARS or not isinstance(arguments, dict):
+                raise fault(ErrorKind.PROTOCOL_ERROR, Stage.STEP, "call_tool needs a tool name (a string of at most "
+                            f"{MAX_TOOL_NAME_CHARS} characters) and an arguments object")
+            reply = await self.call(env, "call_tool", {"name": name, "arguments": arguments},
+                                    self.config.step_timeout_s, Stage.STEP)
+            # "output" is the tool's answer here; what the environment printed travels as "printed"
+            return {**reply["result"], "printed": reply["output"], "output_dropped": reply["output_dropped"]}
         if op == "close":
             await self.close_env(request.get("env"))
             return {}
@@ -438,6 +455,8 @@ def _reply_problem(reply: Any, op: str, seq: int, config: SandboxConfig) -> str 
                 result.get("max_turns") is None or _is_int(result.get("max_turns"))):
             return "load result needs class_name and max_turns"
         return None
+    if op in ("tools", "call_tool", "criteria"):
+        return _tool_reply_problem(result, op, config)
     observation = result.get("observation")
     if not isinstance(observation, str) or not isinstance(result.get("info"), dict):
         return f"{op} result needs observation (str) and info (object)"
@@ -448,6 +467,35 @@ def _reply_problem(reply: Any, op: str, seq: int, config: SandboxConfig) -> str 
             return "step reward is not a finite number"
         if not isinstance(result.get("terminated"), bool) or not isinstance(result.get("truncated"), bool):
             return "step terminated/truncated must be booleans"
+    return None
+
+
+def _tool_reply_problem(result: dict[str, Any], op: str, config: SandboxConfig) -> str | None:
+    """The tool operations' results: progress fields on all three, then each op's own."""
+    total, current, instruction = result.get("total"), result.get("current"), result.get("instruction")
+    if not (_is_int(total) and _is_int(current) and 0 <= current <= total) \
+            or not isinstance(result.get("all_done"), bool) \
+            or not (instruction is None or (isinstance(instruction, str)
+                                            and len(instruction) <= config.max_observation_chars)):
+        return f"{op} result needs current/total/instruction/all_done progress fields"
+    if op == "tools":
+        tools = result.get("tools")
+        if not isinstance(tools, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str) for t in tools):
+            return "tools result needs a list of OpenAI function objects"
+    elif op == "call_tool":
+        if not isinstance(result.get("output"), str) or result.get("returncode") not in (0, 1) \
+                or isinstance(result.get("returncode"), bool) or not _is_int(result.get("advanced")):
+            return "call_tool result needs output (str), returncode (0 or 1) and advanced (int)"
+        if len(result["output"]) > config.max_observation_chars:
+            return "tool output exceeds the size limit"
+    else:
+        criteria = result.get("criteria")
+        if not isinstance(criteria, list) or not all(
+                isinstance(c, dict) and (c.get("value") is None or isinstance(c.get("value"), bool))
+                and (c.get("error") is None or isinstance(c.get("error"), str)) for c in criteria):
+            return "criteria result needs a list of {value, error}"
     return None
 
 

@@ -22,7 +22,7 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-from . import framing, landlock, seccomp
+from . import framing, landlock, seccomp, tool_base
 from .limits import ChildLimits
 
 EXIT_HARDENING_FAILED = 70
@@ -31,6 +31,9 @@ MAX_REQUEST_BYTES = 64 << 20
 MODULE_NAME = "environment"
 FILENAME = "<environment>"
 _MESSAGE_LIMIT = 2_000
+TOOL_BASE_NAME = "ToolUseBaseEnv"
+MAX_TOOLS = 64
+MAX_TOOL_OUTPUT_CHARS = 20_000
 
 
 class ImportBlocked(ImportError):
@@ -143,6 +146,7 @@ class EnvHost:
         self.applied = applied
         self.env: Any = None
         self.output = CapturedOutput(limits.max_captured_output_bytes)
+        self.tool_schema: list[dict[str, Any]] | None = None  # a tool env's schemas, fixed at reset
         sys.stdout = sys.stderr = self.output  # type: ignore[assignment]
 
     def serve(self) -> None:
@@ -150,6 +154,9 @@ class EnvHost:
             "load": self._load,
             "reset": self._reset,
             "step": self._step,
+            "tools": self._tools,
+            "call_tool": self._call_tool,
+            "criteria": self._criteria,
             "selftest": self._selftest,
             "selftest_seccomp": self._selftest_seccomp,
         }
@@ -168,7 +175,8 @@ class EnvHost:
 
     def _call(self, seq: Any, handler: Any, request: dict[str, Any]) -> bool:
         """Run one handler; reply; True when the child must stop afterwards."""
-        default_kind = {"load": "init_error", "reset": "reset_error"}.get(request["op"], "step_error")
+        default_kind = {"load": "init_error", "reset": "reset_error", "tools": "reset_error"}.get(
+            request["op"], "step_error")
         try:
             result = handler(request)
         except Rejected as exc:
@@ -212,6 +220,7 @@ class EnvHost:
             raise Rejected("syntax_error", _describe_syntax_error(exc)) from None
         module = types.ModuleType(MODULE_NAME)
         module.__dict__["__builtins__"] = _guarded_builtins(frozenset(self.limits.allowed_imports))
+        module.__dict__[TOOL_BASE_NAME] = tool_base.ToolUseBaseEnv
         sys.modules[MODULE_NAME] = module
         try:
             exec(code, module.__dict__)
@@ -227,16 +236,23 @@ class EnvHost:
         env_max_turns = getattr(self.env, "max_turns", None)
         if not isinstance(env_max_turns, int) or isinstance(env_max_turns, bool) or env_max_turns <= 0:
             env_max_turns = None
-        return {"class_name": env_class.__name__, "max_turns": env_max_turns}
+        return {"class_name": env_class.__name__, "max_turns": env_max_turns,
+                "tool_use": isinstance(self.env, tool_base.ToolUseBaseEnv)}
 
     def _reset(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_env()
         returned = self.env.reset(seed=request.get("seed"))
+        tool_env = isinstance(self.env, tool_base.ToolUseBaseEnv)
+        if tool_env and isinstance(returned, str):
+            returned = (returned, {})  # a tool environment may return just the first instruction
         if not isinstance(returned, tuple) or len(returned) != 2:
             raise Rejected("bad_return", f"reset() must return (observation, info), got {_shape(returned)}")
         observation, info = returned
-        return {"observation": self._check_observation(observation, "reset"),
-                "info": _check_info(info, "reset")}
+        result = {"observation": self._check_observation(observation, "reset"), "info": _check_info(info, "reset")}
+        if tool_env:
+            self.tool_schema = None
+            self.tool_schema = self._current_tools()
+        return result
 
     def _step(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_env()
@@ -253,6 +269,100 @@ class EnvHost:
             "truncated": _check_flag(truncated, "truncated"),
             "info": _check_info(info, "step"),
         }
+
+    # -- tool environments --------------------------------------------------------------------
+
+    def _require_tool_env(self) -> None:
+        self._require_env()
+        if not isinstance(self.env, tool_base.ToolUseBaseEnv):
+            raise Rejected("protocol_error", "this environment is not a tool environment (no ToolUseBaseEnv)")
+        if self.tool_schema is None:
+            raise Rejected("protocol_error", "reset() the tool environment first")
+
+    def _current_tools(self) -> list[dict[str, Any]]:
+        tools = self.env.get_tools()
+        if not isinstance(tools, list):
+            raise Rejected("bad_return", f"get_tools() must return a list, got {type(tools).__name__}")
+        if len(tools) > MAX_TOOLS:
+            raise Rejected("output_too_large", f"get_tools() returned {len(tools)} tools, limit {MAX_TOOLS}")
+        checked = []
+        for index, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                    or not function["name"]:
+                raise Rejected("bad_return", f"get_tools()[{index}] is not an OpenAI function "
+                                             "({\"type\": \"function\", \"function\": {\"name\": ...}})")
+            checked.append(_check_info(tool, "get_tools"))
+        text = json.dumps(checked)
+        if len(text) > self.limits.max_observation_chars:
+            raise Rejected("output_too_large", f"the tool schemas take {len(text)} characters, "
+                                               f"limit {self.limits.max_observation_chars}")
+        return checked
+
+    def _tools(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._require_tool_env()
+        return {"tools": self.tool_schema, **self._progress()}
+
+    def _call_tool(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._require_tool_env()
+        name, arguments = request.get("name"), request.get("arguments")
+        before = self._progress()["current"]
+        returned = self.env.execute_tool(name, arguments)
+        if not isinstance(returned, dict) or set(returned) - {"output", "returncode"} \
+                or not isinstance(returned.get("output"), str) or returned.get("returncode") not in (0, 1):
+            raise Rejected("bad_return", "execute_tool() must return {\"output\": str, \"returncode\": 0 or 1}, "
+                                         f"got {_shape(returned) if not isinstance(returned, dict) else returned!r}"[:500])
+        output = returned["output"]
+        if len(output) > MAX_TOOL_OUTPUT_CHARS:
+            raise Rejected("output_too_large", f"tool {name!r} returned {len(output)} characters, "
+                                               f"limit {MAX_TOOL_OUTPUT_CHARS}")
+        advance = getattr(self.env, "_advance_if_done", None)
+        if callable(advance):
+            advance()
+        if self._current_tools() != self.tool_schema:
+            raise Rejected("bad_return", f"the tool schemas changed during the episode (after calling {name!r}); "
+                                         "tools are fixed at reset")
+        progress = self._progress()
+        progress["advanced"] = progress["current"] - before
+        return {"output": output, "returncode": returned["returncode"], **progress}
+
+    def _progress(self) -> dict[str, Any]:
+        """Which instruction the agent is on: ``current`` (index), ``total``, the ``instruction``
+        text to give now (None once all are done) and ``all_done``."""
+        messages = getattr(self.env, "_user_messages", None)
+        current = getattr(self.env, "_current_msg", 0)
+        if not isinstance(messages, list) or not all(isinstance(m, str) for m in messages):
+            raise Rejected("bad_return", "_user_messages must be a list of strings")
+        if not isinstance(current, int) or isinstance(current, bool) or current < 0:
+            raise Rejected("bad_return", f"_current_msg must be an integer >= 0, got {current!r}"[:200])
+        total = len(messages)
+        instruction = messages[current] if current < total else None
+        if instruction is not None:
+            self._check_observation(instruction, "instruction")
+        return {"current": min(current, total), "total": total, "instruction": instruction,
+                "all_done": total > 0 and current >= total}
+
+    def _criteria(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Each success criterion evaluated on the current state: ``{"value": bool | None,
+        "error": str | None}`` (a raising criterion gives its error, a non-bool result is coerced)."""
+        self._require_tool_env()
+        criteria = getattr(self.env, "_message_criteria", None)
+        if not isinstance(criteria, list):
+            raise Rejected("bad_return", "_message_criteria must be a list of callables")
+        state = getattr(self.env, "_state", None)
+        results = []
+        for criterion in criteria:
+            try:
+                results.append({"value": bool(criterion(state)), "error": None})
+            except Rejected:
+                raise
+            except MemoryError:
+                raise
+            except (SystemExit, KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                results.append({"value": None, "error": _describe(exc)[:500]})
+        return {"criteria": results, **self._progress()}
 
     def _selftest(self, request: dict[str, Any]) -> dict[str, Any]:
         probe_path = request.get("write_probe", "/tmp/spade-selftest")
