@@ -1,0 +1,141 @@
+"""Reasoning-Gym at hard difficulty, four categories, generated and scored by ``reasoning-gym``.
+
+Items: each task of a category (``data/rg_hard.json``: the 100 tasks of the Reasoning-Gym paper's
+hard configurations, parameters from that repository's ``eval/yaml/hard``, grouped as arXiv
+2601.22975 Table 3 does) is instantiated with ``reasoning_gym.create_dataset(task, seed=S,
+size=N, **hard_params)``; ``episodes`` items per task. A success is ``score_answer(...) == 1.0`` on
+the strict ``<answer>`` extraction (no tag: failure). Category score = pooled win rate over all
+episodes of the category's tasks.
+
+Known scorer defects of reasoning-gym 0.1.25, and what we do instead:
+- ``game_of_life_halting``: its scorer returns 1.0 for any non-empty answer. We do not call it;
+  the answer succeeds when it equals the item's gold answer ("True"/"False"), case-insensitively.
+- ``prime_factorization``: its scorer raises ValueError on a non-numeric factor. A raising scorer
+  (this or any other task) counts as a failure, with the error recorded in the sample's detail.
+- ``knight_swap`` (and any task): generation may fail at hard settings. An index that fails to
+  generate is replaced by the next index of the same dataset (at most ``episodes`` extra tries);
+  replacements are recorded in the item's meta; a task that yields nothing is left out of its
+  category and named in the summary's ``groups`` as absent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .extract import answer_tag
+from .types import Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
+
+log = logging.getLogger("spade.eval")
+DATA_FILE = Path(__file__).parent / "data" / "rg_hard.json"
+CATEGORIES = ("math", "algorithmic", "cognition", "logic")
+INSTRUCTION = ("Solve the problem below. Reason as much as you need, then give only your final answer "
+               "between <answer> and </answer> tags, in the format the problem asks for.")
+
+
+@lru_cache(maxsize=1)
+def hard_settings() -> dict[str, Any]:
+    return json.loads(DATA_FILE.read_text())
+
+
+def tasks_of(category: str) -> list[str]:
+    return list(hard_settings()["categories"][category])
+
+
+def score_rg_answer(task: str, dataset: Any, entry: dict, answer: Optional[str]) -> tuple[float, dict]:
+    """The package's score of ``answer`` for ``entry`` with the documented defects worked around."""
+    if answer is None:
+        return 0.0, {"reason": "no <answer> tag"}
+    if task == "game_of_life_halting":
+        gold = str(entry.get("answer", "")).strip().lower()
+        return (1.0 if answer.strip().lower() == gold else 0.0), {"scorer": "exact match (package scorer defective)"}
+    try:
+        return float(dataset.score_answer(answer=answer, entry=entry)), {}
+    except Exception as exc:  # noqa: BLE001  (the package's scorer failing = the answer is not right)
+        return 0.0, {"scorer_error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+@dataclass
+class _Task:
+    dataset: Any
+    entries: dict[int, dict]
+
+
+class ReasoningGymHard(Benchmark):
+    metric = "win rate"
+
+    def __init__(self, category: str, *, episodes: int = 8,
+                 sampling: SamplingSettings = SamplingSettings(n=1, temperature=0.6, top_p=0.95, top_k=20,
+                                                               max_new_tokens=8192),
+                 tasks: Optional[Sequence[str]] = None):
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown Reasoning-Gym category {category!r}; one of {CATEGORIES}")
+        self.category = category
+        self.name = f"rg_{category}"
+        self.episodes = episodes
+        self.sampling = sampling
+        self.tasks = list(tasks) if tasks is not None else tasks_of(category)
+        self._loaded: dict[str, _Task] = {}
+
+    def _dataset(self, task: str, seed: int) -> _Task:
+        if task not in self._loaded:
+            import reasoning_gym
+
+            params = hard_settings()["params"][task]
+            size = 2 * self.episodes
+            self._loaded[task] = _Task(reasoning_gym.create_dataset(task, seed=seed, size=size, **params), {})
+        return self._loaded[task]
+
+    def load(self, seed: int, limit: Optional[int] = None) -> list[EvalItem]:
+        try:
+            import reasoning_gym  # noqa: F401
+        except ImportError as exc:
+            raise BenchmarkUnavailable(f"reasoning-gym is not installed ({exc}); pip install reasoning-gym==0.1.25") from None
+        items: list[EvalItem] = []
+        # --limit N: N episodes of each task (so every task of the category still counts)
+        episodes = self.episodes if limit is None else min(self.episodes, limit)
+        self.absent: dict[str, str] = {}
+        for task in self.tasks:
+            try:
+                holder = self._dataset(task, seed)
+            except Exception as exc:  # noqa: BLE001
+                self.absent[task] = f"{type(exc).__name__}: {exc}"[:200]
+                log.warning("reasoning-gym %s: cannot build the dataset: %s", task, exc)
+                continue
+            kept, index, failures = 0, 0, 0
+            while kept < episodes and index < 2 * self.episodes:
+                try:
+                    entry = holder.dataset[index]
+                except Exception as exc:  # noqa: BLE001  (generation failure: take the next index)
+                    failures += 1
+                    log.info("reasoning-gym %s[%d] failed to generate: %s", task, index, exc)
+                    index += 1
+                    continue
+                holder.entries[index] = entry
+                prompt = f"{INSTRUCTION}\n\n{entry['question']}"
+                items.append(EvalItem(f"{task}/{index}", ({"role": "user", "content": prompt},),
+                                      reference=index, group=task,
+                                      meta={"replaced_failures": failures}))
+                kept += 1
+                index += 1
+            if kept == 0:
+                self.absent[task] = f"no item generated ({failures} failures)"
+        return items
+
+    async def score(self, item: EvalItem, text: str) -> SampleRecord:
+        task = item.group
+        holder = self._loaded[task]
+        entry = holder.entries[item.reference]
+        answer = answer_tag(text)
+        score, detail = score_rg_answer(task, holder.dataset, entry, answer)
+        return SampleRecord(text, answer, score, score == 1.0, detail=detail)
+
+    def summarize(self, records: Sequence[ItemRecord]) -> BenchmarkScore:
+        result = super().summarize(records)
+        notes = {f"absent {task}": why for task, why in getattr(self, "absent", {}).items()}
+        return BenchmarkScore(result.name, result.score, result.items, result.samples, result.groups,
+                              metric=self.metric, notes=notes)

@@ -1,0 +1,104 @@
+"""Benchmark names and suites: which benchmarks ``--suite`` runs, built with their settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from .types import Benchmark, SamplingSettings
+
+GAMES = ("aime25", "aime26", "gpqa_diamond", "lcb_v6", "rg_math", "rg_algorithmic", "rg_cognition", "rg_logic")
+TOOL_USE = ("bfcl_multi_turn",)
+SUITES: dict[str, tuple[str, ...]] = {
+    "games": GAMES,
+    "tool": TOOL_USE,
+    "reasoning_gym": ("rg_math", "rg_algorithmic", "rg_cognition", "rg_logic"),
+    "all": GAMES + TOOL_USE,
+}
+
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """What every benchmark may read: the data directory, sampling overrides (None: the
+    benchmark's paper default), Reasoning-Gym episodes per task, LCB limits and date window."""
+
+    data_dir: Optional[Path] = None
+    n: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_new_tokens: Optional[int] = None
+    rg_episodes: int = 8
+    rg_tasks: Optional[Mapping[str, Sequence[str]]] = None
+    lcb_start_date: Optional[str] = None
+    lcb_end_date: Optional[str] = None
+    lcb_time_limit_s: float = 6.0
+    lcb_memory_limit_mb: int = 1024
+    sandbox: Any = None  # a SandboxConfig whose isolation and limits the LCB judge starts from
+
+    def sampling(self, default: SamplingSettings) -> SamplingSettings:
+        return default.replace(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                               max_new_tokens=self.max_new_tokens)
+
+
+def _rg(category: str) -> Callable[[BenchmarkOptions], Benchmark]:
+    def build(options: BenchmarkOptions) -> Benchmark:
+        from .reasoning_gym_bench import ReasoningGymHard
+
+        probe = ReasoningGymHard(category)
+        tasks = (options.rg_tasks or {}).get(category)
+        return ReasoningGymHard(category, episodes=options.rg_episodes, sampling=options.sampling(probe.sampling),
+                                tasks=tasks)
+    return build
+
+
+def _aime(year: int) -> Callable[[BenchmarkOptions], Benchmark]:
+    def build(options: BenchmarkOptions) -> Benchmark:
+        from .aime import AIME, AIME_SAMPLING
+
+        return AIME(year, data_dir=options.data_dir, sampling=options.sampling(AIME_SAMPLING))
+    return build
+
+
+def _gpqa(options: BenchmarkOptions) -> Benchmark:
+    from .gpqa import GPQA_SAMPLING, GPQADiamond
+
+    return GPQADiamond(data_dir=options.data_dir, sampling=options.sampling(GPQA_SAMPLING))
+
+
+def _lcb(options: BenchmarkOptions) -> Benchmark:
+    from .livecodebench import LCB_SAMPLING, LiveCodeBench
+
+    return LiveCodeBench(data_dir=options.data_dir, sampling=options.sampling(LCB_SAMPLING),
+                         start_date=options.lcb_start_date, end_date=options.lcb_end_date,
+                         time_limit_s=options.lcb_time_limit_s, memory_limit_mb=options.lcb_memory_limit_mb,
+                         sandbox=options.sandbox)
+
+
+def _bfcl(options: BenchmarkOptions) -> Benchmark:
+    from .bfcl import BFCL_SAMPLING, BFCLMultiTurn
+
+    return BFCLMultiTurn(sampling=options.sampling(BFCL_SAMPLING))
+
+
+BUILDERS: dict[str, Callable[[BenchmarkOptions], Benchmark]] = {
+    "aime25": _aime(2025), "aime26": _aime(2026), "gpqa_diamond": _gpqa, "lcb_v6": _lcb,
+    "rg_math": _rg("math"), "rg_algorithmic": _rg("algorithmic"), "rg_cognition": _rg("cognition"),
+    "rg_logic": _rg("logic"), "bfcl_multi_turn": _bfcl,
+}
+
+
+def benchmark_names(suite: Optional[str], benchmarks: Optional[Sequence[str]] = None) -> list[str]:
+    if benchmarks:
+        unknown = [b for b in benchmarks if b not in BUILDERS]
+        if unknown:
+            raise ValueError(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BUILDERS)}")
+        return list(benchmarks)
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    return list(SUITES[suite])
+
+
+def build_benchmarks(names: Sequence[str], options: BenchmarkOptions = BenchmarkOptions()) -> list[Benchmark]:
+    return [BUILDERS[name](options) for name in names]
