@@ -14,6 +14,7 @@ from typing import Any
 from ..designer.extract import extract_code
 from .protocol import EnvError, EnvFault, ErrorKind, InfrastructureFault, Stage, StepResult
 from .sandbox.client import SandboxedEnv, SandboxService
+from .tool_use.admission import ModelScreen, ToolAdmissionSettings, ToolRejection, ToolReport, tool_stages
 
 SMOKE_SEED = 42
 SECOND_SEED = 123
@@ -31,6 +32,8 @@ class AdmissionVerdict:
     first_observation: str | None = None
     repairs: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
+    tool_use: bool = False
+    tool_report: ToolReport | None = None  # the tool stages' findings (tool environments only)
 
     def to_json(self, path: str | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {} if path is None else {"path": path}
@@ -42,6 +45,9 @@ class AdmissionVerdict:
             first_observation=self.first_observation,
             timings_ms={stage: round(ms, 3) for stage, ms in self.timings_ms.items()},
         )
+        if self.tool_use:
+            data["tool_use"] = True
+            data["tool_report"] = None if self.tool_report is None else self.tool_report.to_json()
         return data
 
 
@@ -91,8 +97,14 @@ def not_text_error(text: str) -> EnvError | None:
 
 async def admit(service: SandboxService, response: str, *, max_turns: int | None = None,
                 seed: int = SMOKE_SEED, probe_actions: tuple[str, ...] = PROBE_ACTIONS,
-                max_repair_passes: int = 20) -> AdmissionVerdict:
+                max_repair_passes: int = 20, require_tool_env: bool = False,
+                tool_settings: ToolAdmissionSettings | None = None,
+                screen: ModelScreen | None = None) -> AdmissionVerdict:
     """Run every admission stage on a designer response (or plain source).
+
+    A tool environment (its class subclasses ``ToolUseBaseEnv``) also goes through the tool-use
+    stages (:mod:`spade.envs.tool_use.admission`); ``require_tool_env`` (the tool-use domain)
+    rejects any other class at ``load``. ``screen`` is the model screen (None: not asked).
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
     """
@@ -114,9 +126,14 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
 
     env: SandboxedEnv | None = None
     first_observation: str | None = None
+    report: ToolReport | None = None
     try:
         with timer.stage(Stage.LOAD):
             env = await _staged(service.open(code, max_turns=max_turns), Stage.LOAD)
+            if require_tool_env and not getattr(env, "tool_use", False):
+                raise _Rejection(EnvError(ErrorKind.NO_ENV_CLASS, Stage.LOAD,
+                                          f"class {env.class_name} does not subclass ToolUseBaseEnv, which a "
+                                          "tool-use environment must"))
         with timer.stage(Stage.SMOKE):
             first_observation = await _smoke_test(env, seed, probe_actions)
         with timer.stage(Stage.DETERMINISM):
@@ -124,14 +141,33 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
             if again.observation != first_observation:
                 raise _Rejection(EnvError(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
                                           f"reset(seed={seed}) gave a different first observation the second time"))
+        if getattr(env, "tool_use", False):
+            current = [Stage.TOOL_SCHEMA]
+
+            def clock(stage: Stage) -> "_StageClock":
+                current[0] = stage
+                return timer.stage(stage)
+
+            try:
+                report = await tool_stages(env, code, tool_settings or ToolAdmissionSettings(), timer.timings,
+                                           screen=screen, clock=clock)
+            except ToolRejection as rejection:
+                raise _Rejection(rejection.error) from None
+            except InfrastructureFault:
+                raise
+            except EnvFault as fault:
+                raise _Rejection(EnvError(fault.error.kind, current[0],
+                                          f"{fault.error.stage.value}(): {fault.error.message}")) from None
     except _Rejection as rejection:
         return AdmissionVerdict(False, class_name=env.class_name if env else None, error=rejection.error,
-                                first_observation=first_observation, **partial)
+                                first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
+                                tool_report=report, **partial)
     finally:
         if env is not None:
             await env.close()
     return AdmissionVerdict(True, class_name=env.class_name, max_turns=env.max_turns,
-                            first_observation=first_observation, **partial)
+                            first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
+                            tool_report=report, **partial)
 
 
 async def _staged(awaitable: Any, stage: Stage) -> Any:

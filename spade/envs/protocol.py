@@ -39,6 +39,13 @@ class ErrorKind(str, enum.Enum):
     PROTOCOL_ERROR = "protocol_error"
     NO_OUTPUT = "no_output"  # the designer's generation returned nothing
     PROMPT_TOO_LONG = "prompt_too_long"  # the designer prompt does not fit the context budget
+    # tool-use admission (SPEC 3.6, 5)
+    BAD_TOOL_SCHEMA = "bad_tool_schema"  # schemas not valid JSON Schema objects, or SPEC 5's structure broken
+    CRITERION_ERROR = "criterion_error"  # a criterion raises on the fresh state under every gate seed
+    SCREEN_REJECTED = "screen_rejected"  # the model screen judged some criterion unreachable
+    CRITERION_TRUE_AT_RESET = "criterion_true_at_reset"  # diagnostics, rejections only when switched on
+    CRITERION_UNCHANGEABLE = "criterion_unchangeable"
+    TRIVIAL_INSTRUCTION = "trivial_instruction"
 
 
 class Stage(str, enum.Enum):
@@ -50,6 +57,10 @@ class Stage(str, enum.Enum):
     LOAD = "load"
     SMOKE = "smoke"
     DETERMINISM = "determinism"
+    TOOL_SCHEMA = "tool_schema"  # tool environments only, after determinism
+    RESET_GATE = "reset_gate"
+    TOOL_PROBES = "tool_probes"
+    MODEL_SCREEN = "model_screen"
     RESET = "reset"
     STEP = "step"
     SERVICE = "service"
