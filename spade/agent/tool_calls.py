@@ -206,3 +206,33 @@ def _parameter_types(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             if isinstance(spec, Mapping) and isinstance(spec.get("type"), str)
         }
     return types
+
+
+# -- the agent's side: one parser per model family's tool-call syntax, chosen by chat format --------
+
+
+class Qwen3ToolCallParser:
+    """Qwen3's native syntax: ``<tool_call>`` blocks holding JSON (``{"name", "arguments"}``) or
+    the XML parameter form (``<function=NAME><parameter=KEY>VALUE</parameter></function>``), any
+    number per turn. The template's own rendering of a call is exactly the JSON form."""
+
+    name = "qwen3"
+
+    def parse(self, text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None) -> ParsedOutput:
+        return parse(text, tools)
+
+
+PARSERS = {"qwen3": Qwen3ToolCallParser}
+
+
+class UnknownToolFormat(ValueError):
+    """The chat template shows no tool-call syntax this project can parse."""
+
+
+def parser_for_template(chat_template: Optional[str]) -> Qwen3ToolCallParser:
+    """The parser for a tokenizer's chat template: templates that render calls inside
+    ``<tool_call>`` tags (Qwen3, Qwen3-MoE, Qwen3-Coder) get :class:`Qwen3ToolCallParser`."""
+    if chat_template and OPEN in chat_template and CLOSE in chat_template:
+        return Qwen3ToolCallParser()
+    raise UnknownToolFormat("the chat template renders no <tool_call> blocks: no native tool-call parser "
+                            "is known for it (tool use needs a Qwen3-family template)")

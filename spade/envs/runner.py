@@ -9,11 +9,15 @@ terminated.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..agent.actions import parse_action
-from ..agent.prompts import first_user_message, later_user_message
+from ..agent.prompts import TOOL_INSTRUCTIONS, first_tool_message, first_user_message, later_user_message
+from ..agent.tool_actions import read_tool_turn
+from .sandbox.runtime.tool_base import FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD
 from .protocol import EnvError, EnvFault, EnvInstance, InfrastructureFault, episode_return
 
 DEFAULT_MAX_TURNS = 25
@@ -21,7 +25,7 @@ DEFAULT_MAX_TURNS = 25
 
 @dataclass(frozen=True)
 class Message:
-    role: str  # "system", "user" or "assistant"
+    role: str  # "system", "user", "assistant" or "tool"
     content: str
 
     def to_dict(self) -> dict[str, str]:
@@ -59,6 +63,7 @@ class Turn:
     reward: float
     terminated: bool
     truncated: bool
+    tool_calls: tuple[dict, ...] = ()  # tool episodes: each call with its result
 
 
 @dataclass
@@ -131,5 +136,84 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
             episode.end_reason = EndReason.TERMINATED if result.terminated else EndReason.TRUNCATED
             return episode
         messages.append(Message("user", later_user_message(result.observation)))
+    episode.end_reason = EndReason.TURN_BUDGET
+    return episode
+
+
+# -- tool use (SPEC 4, "Tool use") --------------------------------------------------------------
+
+
+async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | None = None,
+                            max_turns: int = DEFAULT_MAX_TURNS, hint: str | None = None,
+                            system_prompt: str | None = TOOL_INSTRUCTIONS,
+                            mask_malformed: bool = True) -> EpisodeResult:
+    """Play a tool environment with native tool calls.
+
+    The policy is called as ``policy(messages, tools=schemas)``. Each reply is read with
+    ``parser`` (chosen by the chat format): tool calls run through ``env.call_tool`` and come back
+    as ``tool`` messages, all results of one turn together (plus the next instruction as a user
+    message when a call completed the current one); ``<answer>..</answer>`` goes to the
+    environment's ``step`` (1.0 and terminated when accepted); anything else is a format error
+    (``FORMAT_ERROR_REWARD``, not terminal), and with ``mask_malformed`` the policy is asked to
+    drop that reply's tokens from the loss (``policy.mask_last_turn()``). Return rule and budgets
+    as in :func:`play_episode`.
+    """
+    messages = [Message("system", system_prompt)] if system_prompt else []
+    episode = EpisodeResult(seed, messages)
+    try:
+        first = await env.reset(seed=seed)
+        schemas = await env.tools()
+    except InfrastructureFault:
+        raise
+    except EnvFault as fault:
+        episode.end_reason, episode.error = EndReason.ENV_ERROR, fault.error
+        return episode
+    tools = schemas.tools
+    messages.append(Message("user", first_tool_message(first.observation, hint)))
+    for _ in range(turn_budget(max_turns, env.max_turns)):
+        try:
+            response = await policy(list(messages), tools=tools)
+        except StopEpisode as stop:
+            if stop.response is not None:
+                messages.append(Message("assistant", stop.response))
+            episode.end_reason, episode.stop_detail = EndReason.POLICY_STOPPED, str(stop)
+            return episode
+        messages.append(Message("assistant", response))
+        turn = read_tool_turn(response, parser, tools)
+        try:
+            if turn.kind == "calls":
+                log, replies = [], []
+                for call in turn.calls:
+                    result = await env.call_tool(call.name, call.arguments)
+                    replies.append(Message("tool", result.output))
+                    log.append({"name": call.name, "arguments": call.arguments, **result.to_json()})
+                if result.advanced and result.progress.instruction is not None:
+                    replies.append(Message("user", result.progress.instruction))
+                action = json.dumps([{"name": c.name, "arguments": c.arguments} for c in turn.calls])
+                episode.turns.append(Turn(response, action, "\n".join(m.content for m in replies), 0.0,
+                                          False, False, tuple(log)))
+                messages.extend(replies)
+                continue
+            if turn.kind == "answer":
+                action = f"<answer>{turn.answer}</answer>"
+                outcome = await env.step(action)
+                observation, reward = outcome.observation, outcome.reward
+                terminated, truncated = outcome.terminated, outcome.truncated
+            else:
+                if mask_malformed and hasattr(policy, "mask_last_turn"):
+                    policy.mask_last_turn()
+                detail = "; ".join(e.message for e in turn.errors)
+                action, reward, terminated, truncated = "", FORMAT_ERROR_REWARD, False, False
+                observation = FORMAT_ERROR_MESSAGE + (f" ({detail})" if detail else "")
+        except InfrastructureFault:
+            raise
+        except EnvFault as fault:
+            episode.end_reason, episode.error = EndReason.ENV_ERROR, fault.error
+            return episode
+        episode.turns.append(Turn(response, action, observation, reward, terminated, truncated))
+        if terminated or truncated:
+            episode.end_reason = EndReason.TERMINATED if terminated else EndReason.TRUNCATED
+            return episode
+        messages.append(Message("user", observation))
     episode.end_reason = EndReason.TURN_BUDGET
     return episode

@@ -158,6 +158,7 @@ class Conversation:
         self.end_reason: Optional[EndReason] = None
         self._awaiting_reply = True
         self._last_generated: tuple[int, ...] = ()
+        self._last_start = len(self._tokens)  # where the last completion begins
 
     # ------------------------------------------------------------------ state
 
@@ -231,6 +232,7 @@ class Conversation:
                              "left in the context budget")
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs")
+        self._last_start = len(self._tokens)
         self._tokens += token_ids
         self._mask += [1] * len(token_ids)
         if logprobs is None:
@@ -250,6 +252,14 @@ class Conversation:
         elif self.max_turns is not None and self.turns >= self.max_turns:
             self.end_reason = "turns"
         return text
+
+    def mask_last_completion(self) -> None:
+        """Take the last completion out of the loss (mask 0), e.g. a malformed tool call when
+        ``selfplay.tool_mask_malformed_calls`` is on. Its tokens stay in the sequence."""
+        if self.turns == 0:
+            raise RuntimeError("nothing has been generated yet")
+        end = self._last_start + len(self._last_generated)
+        self._mask[self._last_start:end] = [0] * (end - self._last_start)
 
     def append_message(self, role: str, content: str, **fields: Any) -> list[int]:
         """Append one message (see ``append_messages``)."""

@@ -34,12 +34,18 @@ class EnginePolicy:
         self.affinity = uuid.uuid4().hex  # every turn of the episode on one server (prefix cache)
         self._consumed = 0  # runner messages already in the conversation
 
-    async def __call__(self, messages: list[Message]) -> str:
+    async def __call__(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
+        """The next reply. ``tools`` (tool episodes, OpenAI format) go into the chat template's
+        ``tools=`` argument, the way the model family expects them (Qwen3: a system block)."""
         new = [m.to_dict() for m in messages[self._consumed:]]
         try:
             if self.conversation is None:
+                chat_format = self.chat_format
+                if tools:
+                    base = dict(chat_format.template_kwargs) if chat_format is not None else {}
+                    chat_format = ChatFormat(self.tokenizer, {**base, "tools": tools})
                 self.conversation = Conversation(self.tokenizer, new, max_context_tokens=self.max_context_tokens,
-                                                 chat_format=self.chat_format)
+                                                 chat_format=chat_format)
             else:
                 self.conversation.append_messages(new)
         except BudgetExceeded as exceeded:
@@ -57,3 +63,8 @@ class EnginePolicy:
         if result.finish_reason != "stop":
             raise StopEpisode(f"the reply ended without end-of-turn ({result.finish_reason})", response=text)
         return text
+
+    def mask_last_turn(self) -> None:
+        """Drop the last reply's tokens from the loss (a malformed tool call, when so configured)."""
+        if self.conversation is not None:
+            self.conversation.mask_last_completion()

@@ -20,6 +20,7 @@ from typing import Literal
 from ..config import require
 from ..designer.prompts import DIFFICULTIES
 from ..designer.skills import DOMAINS, Domain, SkillSettings
+from ..envs.tool_use.admission import ToolAdmissionSettings
 from .rewards import RewardSettings
 
 Difficulty = Literal["easy", "medium", "hard"]
@@ -75,6 +76,11 @@ class SelfPlaySettings:
     memory_seed_dir: str | None = None
     rewards: RewardSettings = field(default_factory=RewardSettings)
     skills: SkillSettings = field(default_factory=SkillSettings)
+    # Tool use: whether the tokens of a malformed tool call carry loss. Default True = masked
+    # (mask 0), as the paper's code did: the -0.1 format penalty still reaches the episode's return
+    # only through the return rule, and the garbled call itself is not reinforced or punished.
+    tool_mask_malformed_calls: bool = True
+    tool_admission: ToolAdmissionSettings = field(default_factory=ToolAdmissionSettings)
 
     def __post_init__(self) -> None:
         def key(name: str) -> str:

@@ -1,0 +1,143 @@
+"""The agent's tool protocol: the Qwen3 parser against calls rendered by the real Qwen3 chat
+templates (tests/fixtures), the parser chosen by chat format, and a tool episode through the real
+sandbox whose token sequence is built by template deltas (tools in ``tools=``, grouped results in
+one delta) and equals the full rendering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from chat_templates import CHATML, bpe_tokenizer
+from conftest import make_harness
+from spade.agent.tool_actions import read_tool_turn
+from spade.agent.tool_calls import Qwen3ToolCallParser, UnknownToolFormat, parser_for_template
+from spade.envs.runner import EndReason, play_tool_episode
+from spade.envs.tool_use import FORMAT_ERROR_REWARD
+from spade.envs.tool_use.local import EXAMPLES_DIR, scripted_calls
+from spade.rollout.conversation import ChatFormat
+from spade.rollout.engine import GenerationResult, SamplingParams
+from spade.selfplay.policy import EnginePolicy
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TEMPLATES = {"qwen3_hybrid": (FIXTURES / "qwen3_hybrid.jinja").read_text(),
+             "qwen3_thinking_2507": (FIXTURES / "qwen3_thinking_2507.jinja").read_text()}
+TOOLS = [{"type": "function", "function": {"name": "set_mode", "description": "Set the mode.", "parameters": {
+    "type": "object", "properties": {"mode": {"type": "string", "enum": ["a", "b"]}, "level": {"type": "integer"}},
+    "required": ["mode"]}}}]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_parser_reads_calls_rendered_by_the_real_template(name):
+    tokenizer = bpe_tokenizer(TEMPLATES[name])
+    calls = [{"name": "set_mode", "arguments": {"mode": "b", "level": 3}},
+             {"name": "get_order", "arguments": {"order_id": "O12", "note": "ünïcode \"quoted\""}}]
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": "Working on it.",
+                 "tool_calls": [{"type": "function", "function": c} for c in calls]}]
+    head = tokenizer.apply_chat_template(messages[:1], tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False)
+    assert "<tools>" in head and '"set_mode"' in head
+    reply = full[full.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n"):].split("<|im_end|>")[0]
+    parser = parser_for_template(tokenizer.chat_template)
+    assert isinstance(parser, Qwen3ToolCallParser)
+    parsed = parser.parse(reply, TOOLS)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [(c["name"], c["arguments"]) for c in calls]
+    assert parsed.errors == () and "Working on it." in parsed.content
+    turn = read_tool_turn(reply, parser, TOOLS)
+    assert turn.kind == "calls" and len(turn.calls) == 2
+
+
+def test_xml_form_and_answers_and_format_errors():
+    parser = Qwen3ToolCallParser()
+    xml = "<tool_call>\n<function=set_mode>\n<parameter=mode>\nb\n</parameter>\n<parameter=level>\n2\n" \
+          "</parameter>\n</function>\n</tool_call>"
+    turn = read_tool_turn("<think>plan</think>" + xml, parser, TOOLS)
+    assert turn.kind == "calls" and (turn.calls[0].name, turn.calls[0].arguments) == ("set_mode",
+                                                                                      {"mode": "b", "level": 2})
+    assert read_tool_turn("All set. <answer>done</answer>", parser).answer == "done"
+    assert read_tool_turn("I think I am finished", parser).kind == "format_error"
+    bad = read_tool_turn('<tool_call>{"name": "set_mode", "arguments": {oops}}</tool_call>', parser)
+    assert bad.malformed and "not valid JSON" in bad.errors[0].message
+    with pytest.raises(UnknownToolFormat):
+        parser_for_template(CHATML)
+
+
+class ScriptedEngine:
+    """Stands in for the model only: each reply is the tokenisation of a scripted text plus
+    ``<|im_end|>`` (finish "stop")."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
+
+    async def generate(self, request):
+        self.prompts.append(request.prompt_ids)
+        text = self.replies.pop(0)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.convert_tokens_to_ids(
+            "<|im_end|>")]
+        return GenerationResult(token_ids=tuple(ids), logprobs=tuple(-0.5 for _ in ids), finish_reason="stop",
+                                weight_version=0)
+
+
+def call_text(name, arguments):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def harness():
+    h = make_harness()
+    yield h
+    h.close()
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_tool_episode_token_exact_through_the_sandbox(harness, mask):
+    source = (EXAMPLES_DIR / "smart_home.py").read_text()
+    calls = scripted_calls(source, 5)
+    tokenizer = bpe_tokenizer(TEMPLATES["qwen3_hybrid"])
+    replies = ["I will look first.\n" + call_text(*calls[0]) + "\n" + call_text(*calls[1]),  # two calls, one turn
+               "not a call",  # format error
+               *[call_text(*c) for c in calls[2:]],
+               "<answer>done</answer>"]
+    engine = ScriptedEngine(tokenizer, replies)
+    policy = EnginePolicy(engine, tokenizer, SamplingParams(max_new_tokens=256), max_context_tokens=16384,
+                          chat_format=ChatFormat(tokenizer))
+    env = harness.run(harness.service.open(source, max_turns=20))
+    try:
+        episode = harness.run(play_tool_episode(env, policy, parser=Qwen3ToolCallParser(), seed=5, max_turns=20,
+                                                mask_malformed=mask))
+    finally:
+        harness.run(env.close())
+    assert episode.end_reason is EndReason.TERMINATED and episode.episode_return == 1.0
+    assert [t.reward for t in episode.turns] == [0.0, FORMAT_ERROR_REWARD, 0.0, 0.0, 0.0, 1.0]
+    assert [c["name"] for c in episode.turns[0].tool_calls] == [calls[0][0], calls[1][0]]
+    roles = [m.role for m in episode.messages]
+    assert roles[:5] == ["system", "user", "assistant", "tool", "tool"]
+    # the instruction that follows a completed one arrives as a user turn after the tool results
+    assert episode.messages[5].role == "user" and "light" in episode.messages[5].content
+    conversation = policy.conversation
+    # everything before the last reply equals the template's full rendering (the template itself
+    # rewrites a final assistant turn, adding an empty think block: that is why deltas are appended)
+    rendered = tokenizer.apply_chat_template([m.to_dict() for m in episode.messages[:-1]],
+                                             tools=harness.run(_tools(harness, source)), tokenize=False,
+                                             add_generation_prompt=True)
+    expected = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    last = tokenizer(replies[-1], add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    assert conversation.token_ids == expected + last
+    assert list(engine.prompts[-1]) == expected
+    masked_turn = conversation.loss_mask.count(1)
+    total_generated = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) + 1 for r in replies)
+    format_error_tokens = len(tokenizer("not a call", add_special_tokens=False)["input_ids"]) + 1
+    assert masked_turn == total_generated - (format_error_tokens if mask else 0)
+
+
+async def _tools(harness, source):
+    env = await harness.service.open(source)
+    try:
+        await env.reset(seed=5)
+        return (await env.tools()).tools
+    finally:
+        await env.close()
