@@ -9,7 +9,7 @@ import sys
 
 from ..config import ConfigError
 from ..envs.sandbox.client import SandboxUnavailable
-from . import analyze, demo, engine_check, env_commands, explore, memory, score, train
+from . import analyze, demo, engine_check, env_commands, eval, explore, memory, score, train
 from .common import UsageError
 
 EXIT_USAGE = 2
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_check.add_parser(commands)
     analyze.add_parser(commands)
     explore.add_parser(commands)
+    eval.add_parser(commands)
     return parser
 
 

@@ -177,7 +177,7 @@ def judge_config(base: Optional[SandboxConfig] = None, *, time_limit_s: float = 
 
 
 @dataclass(frozen=True)
-class TestCase:
+class ProgramTest:
     input: str
     output: str
     kind: str = "stdin"  # or "functional"
@@ -234,7 +234,7 @@ def _functional_args(text: str) -> list[Any]:
     return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
-async def judge(service: SandboxService, program: str, tests: Sequence[TestCase],
+async def judge(service: SandboxService, program: str, tests: Sequence[ProgramTest],
                 func_name: Optional[str] = None) -> Verdict:
     """Run ``program`` on each test in the sandbox; stop at the first failure."""
     mode = "functional" if tests and tests[0].kind == "functional" else "stdin"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..envs.sandbox.config import SandboxConfig
-from .code_judge import TestCase, judge, judge_config
+from .code_judge import ProgramTest, judge, judge_config
 from .data_files import default_data_dir, field, find_file, read_rows
 from .extract import code_block
 from .types import Benchmark, BenchmarkUnavailable, EvalItem, SampleRecord, SamplingSettings
@@ -127,7 +127,7 @@ class LiveCodeBench(Benchmark):
         if program is None:
             return SampleRecord(text, None, 0.0, False, detail={"status": "no_code"})
         await self.start()
-        tests = [TestCase(t["input"], t["output"], t["kind"]) for t in item.reference["tests"]]
+        tests = [ProgramTest(t["input"], t["output"], t["kind"]) for t in item.reference["tests"]]
         verdict = await judge(self._service, program, tests, item.reference.get("func_name"))
         return SampleRecord(text, program, 1.0 if verdict.passed else 0.0, verdict.passed,
                             detail={"status": verdict.status, "tests_run": verdict.tests_run,

@@ -1,0 +1,148 @@
+"""``spade eval``: held-out benchmarks on a model or checkpoint; ``spade eval report``: the tables."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from .common import UsageError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "eval", help="held-out benchmarks (AIME, GPQA-D, LCB, Reasoning-Gym hard, BFCL); 'eval report' for tables",
+        description="Evaluate a model on the paper's held-out benchmarks, resumably. 'spade eval report DIR...' "
+                    "builds Table 1 / Table 2 from result directories. See docs/evaluation.md.")
+    parser.add_argument("--model", metavar="PATH",
+                        help="HF directory, 'embedded', a checkpoint (RUN/checkpoints/step_N) or a run directory")
+    parser.add_argument("--suite", default="games", help="games, tool, reasoning_gym, all (default games)")
+    parser.add_argument("--benchmarks", default=None, help="comma-separated benchmark names (overrides --suite)")
+    parser.add_argument("--out", default=None, metavar="DIR", help="results directory (resumed when it exists)")
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help="first N items per benchmark (Reasoning-Gym: N episodes per task)")
+    parser.add_argument("--engine", choices=("hf", "sglang"), default="hf")
+    parser.add_argument("--sglang-url", nargs="+", default=[], metavar="URL")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", default=None, metavar="DIR", help="benchmark data directory "
+                        "(default $SPADE_EVAL_DATA or ~/.cache/spade/eval_data)")
+    parser.add_argument("--concurrency", type=int, default=64, help="generations in flight (default 64)")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="hf engine: requests per batch")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--samples", type=int, default=None, help="override samples per item")
+    parser.add_argument("--temperature", type=float, default=None, help="override the sampling temperature")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="override the completion budget")
+    parser.add_argument("--rg-episodes", type=int, default=8, help="Reasoning-Gym episodes per task")
+    parser.add_argument("--isolation", default=None, help="sandbox isolation for LCB (bubblewrap, unsafe-local)")
+    parser.add_argument("--config", default=None, help="YAML whose sandbox: section the LCB judge uses")
+    parser.set_defaults(handler=run_eval)
+    sub = parser.add_subparsers(dest="eval_command", metavar="report", required=False)
+    add_report_parser(sub.add_parser("report", help="Table 1 / Table 2 from result directories",
+                                     description="Table 1 / Table 2 from spade eval result directories."))
+
+
+def add_report_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="result directories (or parents of several)")
+    parser.add_argument("--base", default=None, metavar="DIR", help="the base model's results (deltas)")
+    parser.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    parser.add_argument("--paper", action="store_true", help="add the paper's published rows")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="gain-vs-size figure (default DIR0/scaling.png)")
+    parser.add_argument("--size", action="append", default=[], metavar="LABEL=B",
+                        help="model size in billions for a run label (the figure's x axis), repeatable")
+    parser.set_defaults(handler=run_report)
+    return parser
+
+
+def resolve_model_path(path: str) -> str:
+    """A run directory becomes its newest intact checkpoint; anything else is returned as is."""
+    root = Path(path)
+    if path != "embedded" and (root / "checkpoints").is_dir() and not (root / "config.json").exists():
+        from ..run.run_dir import RunDir
+
+        step, warnings = RunDir(root).newest_intact_checkpoint()
+        for warning in warnings:
+            print(f"spade eval: {warning}", file=sys.stderr)
+        if step is None:
+            raise UsageError(f"--model {path}: the run directory has no usable checkpoint")
+        return str(RunDir(root).checkpoint_dir(step))
+    return path
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    if not args.model:
+        raise UsageError("spade eval needs --model PATH (or 'spade eval report DIR...')")
+    from ..eval.suites import BenchmarkOptions, benchmark_names
+
+    try:
+        names = benchmark_names(args.suite, args.benchmarks.split(",") if args.benchmarks else None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be >= 1")
+    sandbox = None
+    if "lcb_v6" in names:
+        from .common import sandbox_config
+
+        sandbox = sandbox_config(args)
+    options = BenchmarkOptions(data_dir=Path(args.data) if args.data else None, n=args.samples,
+                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                               rg_episodes=args.rg_episodes, sandbox=sandbox)
+    return asyncio.run(_evaluate(args, names, options))
+
+
+async def _evaluate(args: argparse.Namespace, names: list[str], options) -> int:
+    from ..eval.models import ModelLoadError, load_model
+    from ..eval.runner import ChatModel, EvalError, format_table, run_suite, stderr_progress
+    from ..eval.suites import build_benchmarks
+
+    benchmarks = build_benchmarks(names, options)
+    for benchmark in benchmarks:  # the sandbox starts before the model is loaded
+        if benchmark.needs_sandbox and hasattr(benchmark, "start"):
+            try:
+                benchmark.load(args.seed, args.limit)
+            except Exception:  # noqa: BLE001  (no data: the runner reports it skipped)
+                continue
+            await benchmark.start()
+    model_path = resolve_model_path(args.model)
+    try:
+        loaded = await load_model(model_path, engine=args.engine, device=args.device, dtype=args.dtype,
+                                  max_batch_size=args.max_batch_size, sglang_urls=args.sglang_url)
+    except ModelLoadError as exc:
+        raise UsageError(str(exc)) from None
+    chat = ChatModel(loaded.engine, loaded.tokenizer, concurrency=args.concurrency,
+                     max_context_tokens=loaded.max_context_tokens)
+    out = Path(args.out) if args.out else None
+    info = {"model": args.model, "resolved_model": model_path, "label": loaded.label, "step": loaded.step,
+            "engine": args.engine, "suite": args.suite, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        scores = await run_suite(benchmarks, chat, seed=args.seed, limit=args.limit, out_dir=out,
+                                 progress=stderr_progress, info=info)
+    except EvalError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        loaded.engine.close()
+    print(format_table(scores))
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from ..eval.report import ReportError, build_report
+
+    sizes = {}
+    for item in args.size:
+        label, _, value = item.partition("=")
+        try:
+            sizes[label] = float(value)
+        except ValueError:
+            raise UsageError(f"--size {item}: expected LABEL=BILLIONS") from None
+    try:
+        text = build_report([Path(d) for d in args.dirs], base=Path(args.base) if args.base else None,
+                            fmt=args.format, paper=args.paper, plot=Path(args.plot) if args.plot else None,
+                            sizes=sizes)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    print(text)
+    return 0

@@ -1,0 +1,172 @@
+"""The runner (seeds, resume, skipped benchmarks, summary), `spade eval` end to end on a tiny model with
+--limit and resumed after a kill, `spade eval report`, and the in-loop entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spade.eval.aime import AIME
+from spade.eval.in_loop import EvalSettings, evaluate_in_loop
+from spade.eval.report import build_report
+from spade.eval.runner import ChatModel, EvalError, read_records, run_suite, sample_seed
+from spade.eval.types import SamplingSettings
+
+from eval_helpers import ByteTokenizer, ScriptedEngine
+
+FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _answers(prompt: str, seed: int) -> str:
+    if "17 + 25" in prompt:
+        return r"\boxed{42}"
+    if "square of 12" in prompt:
+        return r"\boxed{144}" if seed % 2 else r"\boxed{12}"
+    return "no idea"
+
+
+def _aime(n=4):
+    return AIME(2025, data_dir=FIXTURES, sampling=SamplingSettings(n=n, max_new_tokens=64))
+
+
+def test_scores_seeds_and_summary(tmp_path):
+    engine = ScriptedEngine(_answers)
+    model = ChatModel(engine, ByteTokenizer(), concurrency=3)
+    missing = AIME(2026, data_dir=tmp_path / "none")
+    scores = asyncio.run(run_suite([_aime(), missing], model, seed=7, out_dir=tmp_path))
+    records = read_records(tmp_path / "aime25.jsonl")
+    assert set(records) == {"fx-1", "fx-2", "fx-3"}
+    square = records["fx-3"]
+    expected = [1.0 if sample_seed(7, "aime25", "fx-3", k) % 2 else 0.0 for k in range(4)]
+    assert [s.score for s in square.samples] == expected
+    assert scores["aime25"].score == pytest.approx(100 * (4 + 0 + sum(expected)) / 12)
+    assert scores["aime26"].score is None and "aime2026" in scores["aime26"].skipped
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["benchmarks"]["aime26"]["skipped"] and summary["benchmarks"]["aime26"]["score"] is None
+    assert summary["seed"] == 7
+
+
+def test_resume_skips_finished_items_and_repairs_a_cut_line(tmp_path):
+    model = ChatModel(ScriptedEngine(_answers), ByteTokenizer())
+    asyncio.run(run_suite([_aime()], model, seed=1, out_dir=tmp_path, limit=2))
+    path = tmp_path / "aime25.jsonl"
+    first = path.read_text()
+    with open(path, "a") as handle:
+        handle.write('{"item_id": "fx-3", "samp')  # a line cut by a kill
+    engine = ScriptedEngine(_answers)
+    scores = asyncio.run(run_suite([_aime()], ChatModel(engine, ByteTokenizer()), seed=1, out_dir=tmp_path))
+    assert engine.calls == 4  # only fx-3's four samples
+    assert path.read_text().startswith(first) and len(path.read_text().splitlines()) == 3
+    assert scores["aime25"].items == 3
+    fresh = asyncio.run(run_suite([_aime()], ChatModel(ScriptedEngine(_answers), ByteTokenizer()), seed=1))
+    assert fresh["aime25"].score == scores["aime25"].score  # resumed == uninterrupted
+    with pytest.raises(EvalError, match="seed"):
+        asyncio.run(run_suite([_aime()], model, seed=2, out_dir=tmp_path))
+
+
+def test_in_loop_returns_eval_keys(tmp_path):
+    settings = EvalSettings(every=2, benchmarks=("aime25", "aime26"), data_dir=str(FIXTURES), samples=2)
+    assert settings.due(4) and not settings.due(3) and not EvalSettings().due(2)
+    metrics = asyncio.run(evaluate_in_loop(ScriptedEngine(_answers), ByteTokenizer(), settings, step=4,
+                                           out_dir=tmp_path))
+    square = sum(1 for k in range(2) if sample_seed(0, "aime25", "fx-3", k) % 2)
+    assert metrics["eval/aime25"] == pytest.approx(100 * (2 + 0 + square) / 6)
+    assert metrics["eval/skipped/aime26"] == 1.0 and "eval/aime26" not in metrics
+    assert (tmp_path / "step_4" / "aime25.jsonl").is_file()
+    with pytest.raises(ValueError):
+        EvalSettings(every=-1)
+
+
+def _write_summary(directory: Path, label: str, step, scores: dict) -> Path:
+    directory.mkdir(parents=True)
+    benchmarks = {name: {"name": name, "score": value} for name, value in scores.items()}
+    (directory / "summary.json").write_text(json.dumps({"label": label, "step": step, "benchmarks": benchmarks}))
+    return directory
+
+
+GAMES = ("aime25", "aime26", "gpqa_diamond", "lcb_v6", "rg_math", "rg_algorithmic", "rg_cognition", "rg_logic")
+
+
+def test_report_tables_deltas_best_checkpoint_and_plot(tmp_path):
+    base = _write_summary(tmp_path / "base", "base", None, {n: 40.0 for n in GAMES})
+    _write_summary(tmp_path / "runs" / "a16", "runA@16", 16, {n: 44.0 for n in GAMES})
+    _write_summary(tmp_path / "runs" / "a32", "runA@32", 32, {n: 48.0 for n in GAMES})
+    _write_summary(tmp_path / "runs" / "b16", "runB@16", 16, {n: 50.0 for n in GAMES[:7]})
+    report = json.loads(build_report([tmp_path / "runs"], base=base, fmt="json", paper=True))
+    rows = {r["label"]: r for r in report["table1"]}
+    assert rows["runA@32"]["Avg"] == 48.0 and rows["runA@32"]["Δ base"] == 8.0
+    assert rows["runB@16"]["Avg"] is None  # 7 of 8 columns: no average
+    assert report["best_checkpoint"] == {"runA": "runA@32"}
+    assert rows["paper: SPADE (30B-A3B)"]["Avg"] == 58.3
+    plot = tmp_path / "scaling.png"
+    markdown = build_report([tmp_path / "runs"], base=base, fmt="md", paper=True, plot=plot, sizes={"runA": 0.135})
+    assert "| runA@32 (best) |" in markdown and "Table 2: tool use" in markdown
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    csv_text = build_report([tmp_path / "runs"], fmt="csv")
+    assert csv_text.splitlines()[0].startswith("table,model,AIME'25")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_fixtures import make_tokenizer, save_tiny_hf
+
+    directory = tmp_path_factory.mktemp("tiny")
+    save_tiny_hf("llama-tied", directory)
+    make_tokenizer().save_pretrained(directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["max_position_embeddings"] = 4096  # room for the fixture prompts
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def _spade(*args: str) -> list[str]:
+    return [sys.executable, "-m", "spade", "eval", *args]
+
+
+def test_spade_eval_end_to_end_with_limit_and_resume_after_kill(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    common = ["--model", str(tiny_model), "--benchmarks", "aime25,gpqa_diamond,aime26", "--data", str(FIXTURES),
+              "--samples", "3", "--max-new-tokens", "6", "--concurrency", "2", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(_spade(*common, "--limit", "3"), cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    results = out / "aime25.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if results.is_file() and results.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    kept = results.read_text().splitlines() if results.is_file() else []
+    assert kept, "the first run wrote no item before the kill"
+    done = subprocess.run(_spade(*common, "--limit", "3"), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = results.read_text().splitlines()
+    assert lines[:len(kept)] == kept[:len(lines)] or lines[:1] == kept[:1]
+    ids = [json.loads(line)["item_id"] for line in lines]
+    assert sorted(ids) == ["fx-1", "fx-2", "fx-3"]  # no item twice
+    summary = json.loads((out / "summary.json").read_text())["benchmarks"]
+    assert summary["aime25"]["items"] == 3 and summary["gpqa_diamond"]["items"] == 2
+    assert summary["aime26"]["skipped"] and summary["aime26"]["score"] is None
+    assert "skipped:" in done.stdout and "aime25" in done.stdout
+    record = json.loads(lines[0])
+    assert len(record["samples"]) == 3 and all(s["completion_tokens"] <= 6 for s in record["samples"])
+    again = subprocess.run(_spade(*common, "--limit", "3"), cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and results.read_text().splitlines() == lines  # nothing left to run
+    report = subprocess.run([sys.executable, "-m", "spade", "eval", "report", str(out), "--format", "json"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["table1"][0]["AIME'25"] == summary["aime25"]["score"]
