@@ -31,7 +31,9 @@ from typing import Any
 
 from ..designer.corpus import Corpus, attempt_rng
 from ..designer.memory import Memory, format_memory_block, load_seed_records
-from ..designer.prompts import DesignerRequest, clean_hint, designer_messages, hint_messages
+from ..designer.prompts import (DesignerRequest, TOOL_APP_DOMAINS, clean_hint, designer_messages, draw_tool_variant,
+                                hint_messages, parse_screen_verdict, screen_messages, tool_designer_messages,
+                                tool_hint_messages)
 from ..designer.skills import Skill, slot_skills
 from ..envs.admission import AdmissionVerdict, admit
 from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
@@ -160,8 +162,15 @@ class DesignerRound:
                                       memory_block=block, difficulty=s.difficulty, max_turns=s.max_turns)
             record: dict[str, Any] = {"step": step, "slot": slot, "attempt": attempt, "skill": skill.name,
                                       "document": None if document is None else document.key}
+            if s.domain == "tool_use":
+                rng = attempt_rng(self.seed, "tool_task", step, slot, attempt)
+                app_domain, variant = rng.choice(TOOL_APP_DOMAINS), draw_tool_variant(rng)
+                record.update(app_domain=app_domain, variant=variant[0])
+                prompt = tool_designer_messages(request, app_domain, variant)
+            else:
+                prompt = designer_messages(request)
             try:
-                conversation = Conversation(self.tokenizer, designer_messages(request),
+                conversation = Conversation(self.tokenizer, prompt,
                                             max_context_tokens=s.max_context_tokens, chat_format=self.chat_format)
             except BudgetExceeded as exc:
                 rejections.append(self._reject(record, ErrorKind.PROMPT_TOO_LONG, Stage.GENERATE, str(exc), ""))
@@ -206,8 +215,12 @@ class DesignerRound:
         """The admission verdict; None when the sandbox failed on every try (not the candidate's fault)."""
         for _ in range(self.settings.max_play_retries + 1):
             try:
-                return await asyncio.wait_for(admit(self.sandbox, response, max_turns=self.settings.max_turns),
-                                              self.settings.admission_timeout_s)
+                tool_use = self.settings.domain == "tool_use"
+                return await asyncio.wait_for(
+                    admit(self.sandbox, response, max_turns=self.settings.max_turns, require_tool_env=tool_use,
+                          tool_settings=self.settings.tool_admission,
+                          screen=self.model_screen if tool_use else None),
+                    self.settings.admission_timeout_s)
             except (InfrastructureFault, asyncio.TimeoutError):
                 continue
         return None
@@ -220,11 +233,34 @@ class DesignerRound:
         path.write_text(json.dumps(data, indent=1))
         return Rejection(record["slot"], record["attempt"], record["skill"], kind, stage, message)
 
+    async def model_screen(self, source: str, tools: list[dict[str, Any]]) -> bool | None:
+        """SPEC 3.6: the policy judges whether every criterion can be met with the tools (hint
+        temperature, hint budget); None (no verdict) when the prompt does not fit, the call times
+        out or the reply names no verdict: admission counts that as accept."""
+        s = self.settings
+        try:
+            conversation = Conversation(self.tokenizer, screen_messages(source, json.dumps(tools)),
+                                        max_context_tokens=s.max_context_tokens, chat_format=self.chat_format)
+        except BudgetExceeded:
+            return None
+        sampling = SamplingParams(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
+                                  max_new_tokens=max(1, conversation.max_new_tokens(s.hint_max_tokens)),
+                                  stop_token_ids=self.stop_token_ids, seed=derive_seed(self.seed, "screen", source))
+        try:
+            generated = await asyncio.wait_for(
+                self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling)), s.hint_timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        if not generated.token_ids:
+            return None
+        return parse_screen_verdict(self.tokenizer.decode(list(generated.token_ids), skip_special_tokens=True))
+
     async def make_hint(self, source: str, step: int, slot: int) -> str:
         """One hint call (hint temperature) on the admitted source; "" when it fails or times out."""
         s = self.settings
         try:
-            conversation = Conversation(self.tokenizer, hint_messages(source), max_context_tokens=s.max_context_tokens,
+            messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source)
+            conversation = Conversation(self.tokenizer, messages, max_context_tokens=s.max_context_tokens,
                                         chat_format=self.chat_format)
         except BudgetExceeded:
             return ""

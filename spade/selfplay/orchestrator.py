@@ -86,9 +86,6 @@ class Orchestrator:
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
                  stop_token_ids: tuple[int, ...] | None = None):
-        if settings.domain != "games":
-            raise NotImplementedError("the orchestrator plays games (SPEC 4, games); the tool-use protocol is "
-                                      "not implemented by the episode runner yet")
         self.settings = settings
         self.memory = memory
         self.run_dir = Path(run_dir)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..envs.protocol import EnvFault, InfrastructureFault, Sandbox
-from ..envs.runner import EndReason, EpisodeResult, Turn, play_episode
+from ..agent.tool_calls import parser_for_template
+from ..envs.runner import EndReason, EpisodeResult, Turn, play_episode, play_tool_episode
 from ..rollout.conversation import ChatFormat
 from ..rl.samples import Trajectory
 from ..rollout.engine import RolloutEngine, SamplingParams
@@ -59,6 +60,9 @@ class Player:
         self.seed = seed
         self.stop_token_ids = stop_token_ids
         self.infrastructure_failures = 0  # plays dropped after every retry failed (cumulative)
+        # tool use: the native tool-call parser of this model family, chosen by its chat template
+        self.tool_parser = parser_for_template(getattr(tokenizer, "chat_template", None)) \
+            if settings.domain == "tool_use" else None
 
     def requests(self, envs: list[EnvSpec], *, with_hint: bool) -> list[PlayRequest]:
         s = self.settings
@@ -107,8 +111,13 @@ class Player:
             raise
         except EnvFault as fault:  # an admitted environment that no longer loads: scored as a failed play
             return EpisodeResult(env_seed, [], end_reason=EndReason.ENV_ERROR, error=fault.error)
+        hint = request.env.hint if request.hinted else None
         try:
+            if self.tool_parser is not None:
+                return await play_tool_episode(env, policy, parser=self.tool_parser, seed=env_seed,
+                                               max_turns=self.settings.max_turns, hint=hint,
+                                               mask_malformed=self.settings.tool_mask_malformed_calls)
             return await play_episode(env, policy, seed=env_seed, max_turns=self.settings.max_turns,
-                                      hint=request.env.hint if request.hinted else None)
+                                      hint=hint)
         finally:
             await env.close()
