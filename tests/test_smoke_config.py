@@ -1,0 +1,50 @@
+"""The CPU smoke run's settings (examples/smoke_cpu.yaml) against the paper recipes.
+
+The smoke run turns a few knobs so that a 135M model on 2 cores gets through the whole method in
+minutes (README, "The smoke run's settings"); the paper recipes must leave every one of those
+knobs at the paper's setting, memory seeding off above all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spade.designer.memory import load_seed_records
+from spade.selfplay.settings import SelfPlaySettings
+from spade.train_config import load_train_config
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
+SMOKE = ROOT / "examples" / "smoke_cpu.yaml"
+PAPER = SelfPlaySettings()
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipes_keep_the_paper_settings_and_do_not_seed_the_memory(recipe: Path):
+    config = load_train_config(recipe)
+    sp = config.selfplay
+    assert sp.memory_seed_dir is None
+    assert (sp.designer_temperature, sp.agent_temperature, sp.hint_temperature) == (0.6, 0.6, 0.3)
+    assert (sp.top_p, sp.top_k) == (PAPER.top_p, PAPER.top_k)
+    assert sp.designer_max_tokens in (16384, 20000)  # 8B thinking: 20,000
+    assert sp.max_attempts == 5 and sp.g_hint == 16 and sp.envs_per_set == 24
+    assert config.optimizer.lr == 1e-6
+    assert config.corpus.max_words == 6000
+    assert sp.skills.window is None  # the curriculum's own window (games: 3)
+
+
+def test_the_smoke_run_seeds_the_memory_with_graded_examples():
+    smoke = load_train_config(SMOKE)
+    sp = smoke.selfplay
+    assert sp.memory_seed_dir is not None and sp.use_memory
+    from spade.selfplay.designer_round import resolve_seed_dir
+
+    seeds = load_seed_records(resolve_seed_dir(sp.memory_seed_dir), ["Mathematical Reasoning"])
+    assert len(seeds) == 2  # the designer prompt's two positives
+    # the paper's sampling settings stay
+    assert (sp.designer_temperature, sp.top_p, sp.top_k) == (0.6, 0.95, 20)
+    # the designer budget holds an example, and the context holds the prompt plus the budget
+    assert sp.designer_max_tokens >= max(len(r.source) for r in seeds) // 4
+    assert sp.max_context_tokens >= 2 * sp.designer_max_tokens
