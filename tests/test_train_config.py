@@ -72,7 +72,7 @@ def test_smoke_config_is_small():
     smoke = load_train_config(ROOT / "examples" / "smoke_cpu.yaml")
     sp = smoke.selfplay
     assert smoke.model.hf_dir == "embedded"
-    assert smoke.run.steps <= 5 and sp.envs_per_set <= 8 and sp.max_turns <= 6
+    assert smoke.run.steps <= 5 and sp.envs_per_set <= 16 and sp.max_turns <= 6
     assert smoke.run.steps > sp.k  # a designer sample is released (at step k) within the run
     assert Path(smoke.corpus.paths[0]).is_file()
     # the rest of the smoke run's settings: tests/test_smoke_config.py
