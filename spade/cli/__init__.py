@@ -9,7 +9,7 @@ import sys
 
 from ..config import ConfigError
 from ..envs.sandbox.client import SandboxUnavailable
-from . import analyze, demo, engine_check, env_commands, eval, explore, memory, score, train
+from . import analyze, demo, engine_check, env_commands, eval, explore, memory, score, serve, train
 from .common import UsageError
 
 EXIT_USAGE = 2
@@ -27,12 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     engine_check.add_parser(commands)
     analyze.add_parser(commands)
     explore.add_parser(commands)
+    serve.add_parser(commands)
     eval.add_parser(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `spade env check ... | head` ends quietly
+    if argv is None:  # the real command line: `spade env check ... | head` ends quietly. Not when
+        # called in process (tests): a default SIGPIPE would kill the caller on its next write to a closed socket
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
