@@ -16,7 +16,7 @@ def test_analyze_two_runs_writes_json_csv_and_overlaid_plots(tmp_path, capsys) -
     out = tmp_path / "out"
     assert main(["analyze", str(a), str(b), "--out", str(out), "--embedding", "hashing"]) == 0
     printed = capsys.readouterr().out
-    assert "base: 3 envs" in printed and f"wrote 15 files to {out}" in printed
+    assert "base: 3 envs" in printed and f"wrote 16 files to {out}" in printed
 
     data = json.loads((out / "analysis.json").read_text())
     assert [r["name"] for r in data["runs"]] == ["base", "ablation"] and data["state_gating"] is True
@@ -40,7 +40,7 @@ def test_analyze_two_runs_writes_json_csv_and_overlaid_plots(tmp_path, capsys) -
     with (out / "envs.csv").open() as handle:
         assert len(list(csv.DictReader(handle))) == 6
     for name in ("vendi", "learnable", "win_rate", "regret", "reward_levels", "reveal_gating", "program_size",
-                 "collapse", "hint_leakage", "tsne", "distributions"):
+                 "collapse", "hint_leakage", "tsne", "distributions", "admission"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG, name
 
 

@@ -52,6 +52,9 @@ def _finish(fig: Any, ax: Any, path: Path, title: str, ylabel: str, ylim: tuple[
     if ylim:
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles, _ = ax.get_legend_handles_labels()
     if handles:
         ax.legend(fontsize=7, loc="best")
@@ -70,6 +73,13 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
         _curve(ax, data, key, "", band=band)
         written.append(_finish(fig, ax, out / name, title, ylabel, ylim))
         plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    _curve(ax, data, "n_envs", "admitted")
+    _curve(ax, data, "rejected", "rejected attempts", style="--")
+    written.append(_finish(fig, ax, out / "admission.png", "Admitted environments and rejected attempts per regeneration",
+                           "count"))
+    plt.close(fig)
 
     single("vendi.png", "vendi_per_n", "Vendi/n of each regenerated set (1/n: all alike, 1: all different)",
            "Vendi / n", (0, 1.05))
@@ -115,6 +125,9 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("regeneration step")
         ax.grid(alpha=0.3)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize=7)
     fig.suptitle("Program size (means per set)", fontsize=10)
     fig.tight_layout()
