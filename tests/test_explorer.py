@@ -13,6 +13,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -141,6 +142,8 @@ def browser(tmp_path_factory) -> Iterator[DevTools]:
             if not line and process.poll() is not None:
                 pytest.fail("chromium exited before listening")
         port = int(line.decode().split("ws://127.0.0.1:", 1)[1].split("/", 1)[0])
+        # keep reading what Chromium logs, so that a full pipe never blocks it
+        threading.Thread(target=lambda: [None for _ in iter(process.stderr.readline, b"")], daemon=True).start()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as reply:
             pages = [t for t in json.load(reply) if t.get("type") == "page"]
         tools = DevTools(pages[0]["webSocketDebuggerUrl"])
@@ -151,8 +154,6 @@ def browser(tmp_path_factory) -> Iterator[DevTools]:
     finally:
         process.kill()
         process.wait()
-        if process.stderr:
-            process.stderr.close()
 
 
 def check_page(tools: DevTools, url: str, n_envs: int, shot: Path) -> None:
