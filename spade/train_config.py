@@ -13,6 +13,7 @@ SPEC numbers)::
     engine:    spade.rollout.settings.EngineSection (sglang: spade.rollout.sglang_settings.SGLangSection)
     corpus:    spade.designer.corpus.CorpusSettings
     run:       {steps, checkpoint_every, seed, micro_batch_tokens, log_every, keep_checkpoints}
+    eval:      spade.eval.in_loop.EvalSettings (held-out evaluation between steps; every: 0 = off)
 
 ``load_train_config(path, overrides)`` reads the file (resolving ``include:`` relative to the
 including file; later files and the including file win, mappings merge key by key), applies
@@ -39,6 +40,7 @@ import yaml
 
 from .config import ConfigError, from_mapping, load_yaml, require
 from .designer.corpus import CorpusSettings
+from .eval.in_loop import EvalSettings
 from .envs.sandbox.config import SandboxConfig
 from .rollout.settings import EngineSection
 from .selfplay.settings import SelfPlaySettings
@@ -47,7 +49,7 @@ from .training.train_step import LossSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = "embedded"
-SECTIONS = ("model", "parallel", "optimizer", "loss", "selfplay", "sandbox", "engine", "corpus", "run")
+SECTIONS = ("model", "parallel", "optimizer", "loss", "selfplay", "sandbox", "engine", "corpus", "run", "eval")
 MAX_INCLUDE_DEPTH = 8
 # YAML 1.1 (PyYAML) reads 1e-6 as a string (it wants 1.0e-6); such strings are numbers here
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
@@ -112,6 +114,7 @@ class TrainConfig:
     engine: EngineSection = field(default_factory=EngineSection)
     corpus: CorpusSettings = field(default_factory=CorpusSettings)
     run: RunSection = field(default_factory=RunSection)
+    eval: EvalSettings = field(default_factory=EvalSettings)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML/JSON-able data (tuples become lists) that ``from_dict`` reads back."""
@@ -171,6 +174,7 @@ def from_dict(data: Mapping[str, Any]) -> TrainConfig:
         engine=_section(EngineSection, data, "engine"),
         corpus=_section(CorpusSettings, data, "corpus"),
         run=_section(RunSection, data, "run"),
+        eval=_section(EvalSettings, data, "eval"),
     )
 
 

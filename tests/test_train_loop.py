@@ -590,3 +590,18 @@ def test_sglang_run_refuses_an_interpreter_without_sglang_before_launching(grade
     assert proc.returncode != 0
     assert "sglang: not importable" in proc.stderr, proc.stderr[-3000:]
     assert not (run / "logs" / "sglang-server-0.log").exists()  # no server was launched
+
+
+def test_in_loop_evaluation_logs_held_out_scores(graded_config, tmp_path):
+    """eval.every: 2 evaluates the published policy after step 1 (2 updates) on the configured
+    benchmarks, through the training engine; a benchmark without data is reported as skipped."""
+    run = tmp_path / "run"
+    fixtures = ROOT / "tests" / "fixtures" / "eval"
+    run_spade("--config", str(graded_config), "--run-dir", str(run), "eval.every=2", "eval.limit=1",
+              "eval.samples=1", "eval.max_new_tokens=8", "eval.benchmarks=[aime25, aime26]",
+              f"eval.data_dir={fixtures}")
+    records = metrics(run)
+    assert "eval/aime25" not in records[0]
+    assert records[1]["eval/step"] == 2 and 0.0 <= records[1]["eval/aime25"] <= 1.0
+    assert records[1]["eval/skipped/aime26"] == 1.0 and "eval/aime26" not in records[1]
+    assert (run / "eval" / "step_2").is_dir()

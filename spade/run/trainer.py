@@ -265,6 +265,8 @@ class Trainer:
         await self.rollout.publish(self.learner.weight_stream, version=version, changed=bool(samples))
         synced = time.perf_counter()
         metrics.update(self.rollout.step_metrics())
+        if self.is_main and self.config.eval.due(step + 1):  # held-out evaluation of the policy just published
+            metrics.update(await self._evaluate(step + 1))
 
         if self.is_main:
             metrics = {**step_counts(out), **metrics}
@@ -274,6 +276,18 @@ class Trainer:
             metrics["time/step_s"] = synced - started
             self.writers.write(step, metrics)
             self.progress.end_step(step, metrics)
+
+    async def _evaluate(self, step: int) -> dict[str, Any]:
+        """Rank 0: the configured held-out benchmarks on the rollout engine (``eval/*`` metrics);
+        ``step`` is the number of updates the evaluated weights have seen."""
+        from ..eval.in_loop import evaluate_in_loop
+
+        self.progress.phase("evaluating", at=step)
+        began = time.perf_counter()
+        out = await evaluate_in_loop(self.rollout.engine, self.tokenizer, self.config.eval, step,
+                                     out_dir=self.run_dir.root / "eval", sandbox=self.config.sandbox,
+                                     max_context_tokens=self.config.selfplay.max_context_tokens)
+        return {**out, "time/eval_s": time.perf_counter() - began}
 
     def checkpoint(self, step: int) -> None:
         from ..training.checkpoint import save_checkpoint
