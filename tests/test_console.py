@@ -38,6 +38,7 @@ def emit_all() -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         for text in MEGATRON_NOTES:
             warnings.warn(text, UserWarning)
+        warnings.warn("Please use DTensor instead and we are deprecating ShardedTensor.", FutureWarning)
         warnings.warn("something new went wrong", UserWarning)
         warnings.warn("Apex is not installed. Falling back to Torch Norm", DeprecationWarning)  # other category
     return [str(w.message) for w in caught]
@@ -52,7 +53,7 @@ def test_known_megatron_warnings_are_hidden_and_others_still_show(clean_process)
 
 def test_show_warnings_flag_and_variable_keep_everything(clean_process, monkeypatch):
     assert quiet_known_noise(show=True) is False
-    assert len(emit_all()) == len(MEGATRON_NOTES) + 2
+    assert len(emit_all()) == len(MEGATRON_NOTES) + 3
     assert console.os.environ[console.SHOW_WARNINGS_VARIABLE] == "1"  # lower layers see the choice
     monkeypatch.setenv(console.SHOW_WARNINGS_VARIABLE, "1")
     assert quiet_known_noise(show=False) is False

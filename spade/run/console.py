@@ -4,7 +4,8 @@
 ``SPADE_SHOW_WARNINGS=1`` leaves everything as it is): the Python warnings that Megatron-core
 raises on every CPU run because Transformer Engine and Apex are absent (it falls back to torch
 implementations, which is what a CPU run wants), its deprecation note about the CUDA-graph scope
-that spade never sets, and the progress bars of transformers and huggingface_hub (the GGUF
+that spade never sets, torch's deprecation notes on the checkpoint API that Megatron-core's loader uses when a run
+resumes, and the progress bars of transformers and huggingface_hub (the GGUF
 conversion of the embedded model and every model load). Only these named messages are hidden:
 :data:`KNOWN_WARNINGS` lists them, anything else still shows.
 
@@ -41,6 +42,10 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
      "Megatron-core's default CUDA-graph scope; spade does not capture CUDA graphs"),
     (UserWarning, r"Transformer Engine is not installed",
      "Megatron-core without Transformer Engine: the local (torch) layer specs are used"),
+    (FutureWarning, r"`load_state_dict` is deprecated and will be removed",
+     "torch.distributed.checkpoint API that Megatron-core's checkpoint loader still calls (resume)"),
+    (FutureWarning, r"Please use DTensor instead and we are deprecating ShardedTensor",
+     "Megatron-core's distributed checkpoints are ShardedTensors (resume)"),
 )
 # Log records of these loggers whose message starts like one of KNOWN_WARNINGS are dropped too
 # (Megatron logs some of the same notes through logging).
