@@ -22,7 +22,7 @@ dotted command-line overrides ``key.sub=value`` (values parsed as YAML scalars, 
 :func:`spade.config.from_mapping`: an unknown key or a wrong type raises ``ConfigError`` naming
 the full key (``selfplay.k``, ``run.steps``, ...).
 
-Relative paths (``model.hf_dir``, ``corpus.paths``, ``selfplay.fixed_env_dir``) are resolved when
+Relative paths (``model.hf_dir``, ``corpus.paths``, ``selfplay.fixed_env_dir``, ``selfplay.memory_seed_dir``) are resolved when
 the config is loaded: relative to the working directory when they exist there, else relative to
 the repository root (where ``examples/`` lives), so a run directory's ``config.yaml`` snapshot
 holds absolute paths and resumes from anywhere.
@@ -281,6 +281,9 @@ def _resolve_paths(data: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(paths, (list, tuple)) and all(isinstance(p, str) for p in paths):
             out["corpus"] = {**corpus, "paths": [resolve_path(p) for p in paths]}
     selfplay = out.get("selfplay")
-    if isinstance(selfplay, Mapping) and isinstance(selfplay.get("fixed_env_dir"), str):
-        out["selfplay"] = {**selfplay, "fixed_env_dir": resolve_path(selfplay["fixed_env_dir"])}
+    if isinstance(selfplay, Mapping):
+        for key in ("fixed_env_dir", "memory_seed_dir"):
+            if isinstance(selfplay.get(key), str):
+                selfplay = {**selfplay, key: resolve_path(selfplay[key])}
+        out["selfplay"] = selfplay
     return out
