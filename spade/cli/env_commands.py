@@ -1,4 +1,21 @@
-"""``spade env``: admit, run, play and extract generated environments from the shell."""
+"""``spade env``: admit, run, play and extract generated environments from the shell.
+
+Tool environments (a class that subclasses ``ToolUseBaseEnv``) are recognised by their source:
+
+* ``check`` runs the tool stages after the games ones and prints each stage with its time and the
+  tool report (criteria true at reset, unchangeable by any probe call, met by any first call; the
+  reset gate's errors). There is no model here, so the model screen is not asked (no verdict counts
+  as accept, as in training); ``--reject`` turns diagnostics into rejections as the
+  ``selfplay.tool_admission`` switches do.
+* ``run --actions`` takes the agent's raw responses (text with ``<tool_call>`` blocks, or
+  ``<answer>...</answer>``) and plays them through the training loop
+  (:func:`spade.envs.runner.play_tool_episode`) with the parser training would choose from the
+  model's chat format: ``--chat-template FILE`` (a Jinja template) or ``--model DIR`` (a Hugging
+  Face directory: ``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template``); by
+  default the Qwen3 parser. It reports each call with its result, each turn's reward and the return.
+* ``play`` is the same loop with a person typing the responses; besides raw responses it takes
+  ``TOOL {json arguments}`` for one call and ``answer TEXT`` for ``<answer>TEXT</answer>``.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +23,18 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..agent.actions import parse_action
+from ..agent.tool_calls import CLOSE, OPEN, Qwen3ToolCallParser, UnknownToolFormat, parser_for_template
 from ..designer.extract import extract_code
 from ..envs.admission import admit, not_text_error
 from ..envs.protocol import EnvFault, InfrastructureFault, episode_return
-from ..envs.runner import DEFAULT_MAX_TURNS, turn_budget
+from ..envs.runner import DEFAULT_MAX_TURNS, EpisodeResult, StopEpisode, play_tool_episode, turn_budget
 from ..envs.sandbox.client import SandboxService
+from ..envs.tool_use.admission import ToolAdmissionSettings
+from ..envs.tool_use.local import is_tool_source
 from .common import UsageError, read_text, sandbox_config
 
 
@@ -25,6 +46,9 @@ def add_parser(subparsers: Any) -> None:
     check.add_argument("paths", nargs="+", metavar="PATH", help="environment source or raw designer response")
     check.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
     check.add_argument("--seed", type=int, default=42, help="seed of the smoke test and determinism check")
+    check.add_argument("--reject", action="append", choices=REJECT_SWITCHES, default=[], metavar="WHAT",
+                       help="tool environments: reject instead of report criteria that are WHAT "
+                            f"({', '.join(REJECT_SWITCHES)}); repeatable")
     _add_sandbox_options(check)
     check.set_defaults(handler=run_check)
 
@@ -35,6 +59,7 @@ def add_parser(subparsers: Any) -> None:
     actions.add_argument("--actions-file", metavar="F", help="a file with one action per line")
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_parser_options(run)
     _add_sandbox_options(run)
     run.set_defaults(handler=run_actions)
 
@@ -42,12 +67,60 @@ def add_parser(subparsers: Any) -> None:
     play.add_argument("path", metavar="PATH")
     play.add_argument("--seed", type=int, default=None)
     play.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS)
+    _add_parser_options(play)
     _add_sandbox_options(play)
     play.set_defaults(handler=run_play)
 
     extract = commands.add_parser("extract", help="print the repaired code of a raw designer response")
     extract.add_argument("file", nargs="?", metavar="FILE", help="the response (default: standard input)")
     extract.set_defaults(handler=run_extract)
+
+
+REJECT_SWITCHES = ("true_at_reset", "unchangeable", "trivial")
+
+
+def _add_parser_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--chat-template", metavar="FILE",
+                       help="tool environments: the model's chat template (Jinja); it chooses the tool-call "
+                            "parser as training does (default: the Qwen3 parser)")
+    group.add_argument("--model", metavar="DIR",
+                       help="tool environments: a Hugging Face model directory whose chat template chooses "
+                            "the tool-call parser")
+
+
+def tool_parser(args: argparse.Namespace) -> Qwen3ToolCallParser:
+    """The parser training would use: chosen from ``--chat-template`` / ``--model``'s chat template,
+    else the Qwen3 parser."""
+    template = None
+    if getattr(args, "chat_template", None):
+        template = read_text(args.chat_template)
+    elif getattr(args, "model", None):
+        template = _model_chat_template(args.model)
+    else:
+        return Qwen3ToolCallParser()
+    try:
+        return parser_for_template(template)
+    except UnknownToolFormat as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _model_chat_template(directory: str) -> str:
+    root = Path(directory)
+    if (root / "chat_template.jinja").is_file():
+        return read_text(str(root / "chat_template.jinja"))
+    config = root / "tokenizer_config.json"
+    if not config.is_file():
+        raise UsageError(f"{directory}: no chat_template.jinja or tokenizer_config.json")
+    try:
+        template = json.loads(read_text(str(config))).get("chat_template")
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{config}: not JSON: {exc}") from None
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if not isinstance(template, str):
+        raise UsageError(f"{config}: no chat_template")
+    return template
 
 
 def _add_sandbox_options(parser: argparse.ArgumentParser) -> None:
@@ -63,19 +136,48 @@ def run_check(args: argparse.Namespace) -> int:
 
 async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
     rejected = 0
+    switches = set(getattr(args, "reject", None) or ())
+    tool_settings = ToolAdmissionSettings(reject_true_at_reset="true_at_reset" in switches,
+                                          reject_unchangeable="unchangeable" in switches,
+                                          reject_trivial="trivial" in switches)
     async with await SandboxService.start(sandbox_config(args)) as service:
         for path, source in sources.items():
-            verdict = await admit(service, source, seed=args.seed)
+            verdict = await admit(service, source, seed=args.seed, tool_settings=tool_settings)
             rejected += not verdict.admitted
             if args.json:
                 print(json.dumps(verdict.to_json(path)), flush=True)
-            elif verdict.admitted:
+                continue
+            if verdict.admitted:
                 print(f"{path}: admitted ({verdict.class_name})", flush=True)
             else:
                 error = verdict.error
                 assert error is not None
                 print(f"{path}: rejected at {error.stage.value}: {error.kind.value}: {error.message}", flush=True)
+            if verdict.tool_use:
+                _print_tool_verdict(verdict)
     return 1 if rejected else 0
+
+
+def _print_tool_verdict(verdict: Any) -> None:
+    """Each stage the tool environment went through, and what the tool stages found."""
+    failed = None if verdict.error is None else verdict.error.stage.value
+    for stage, ms in verdict.timings_ms.items():
+        print(f"  {'FAIL' if stage == failed else 'ok':<4} {stage} ({ms:.1f} ms)")
+    report = verdict.tool_report
+    if report is None:
+        return
+    print(f"  tools {report.tools}, instructions {report.instructions}")
+    for label, found in (("true at reset", report.true_at_reset), ("unchangeable by any probe call", report.unchangeable),
+                         ("met by any first call", report.trivial)):
+        print(f"  criteria {label}: {_indices(found)}")
+    errors = ", ".join(f"{i} (raised under {n} of 3 seeds)" for i, n in sorted(report.gate_errors.items()))
+    print(f"  reset gate errors: {errors or 'none'}")
+    print("  model screen: " + {None: "not asked (no model here; no verdict counts as accept)",
+                                True: "accepted", False: "rejected"}[report.screen], flush=True)
+
+
+def _indices(found: list[int]) -> str:
+    return ", ".join(str(i) for i in found) if found else "none"
 
 
 def _read_actions(args: argparse.Namespace) -> list[str]:
@@ -97,11 +199,16 @@ def _read_source(path: str) -> str:
 def run_actions(args: argparse.Namespace) -> int:
     source = _read_source(args.path)
     actions = _read_actions(args)
-    report = asyncio.run(_run(args, source, actions))
+    if is_tool_source(source):
+        report = asyncio.run(_run_tool(args, source, actions, tool_parser(args)))
+        printer = _print_tool_run
+    else:
+        report = asyncio.run(_run(args, source, actions))
+        printer = _print_run
     if args.json:
         print(json.dumps(report))
     else:
-        _print_run(report)
+        printer(report)
     return 0 if report["error"] is None else 1
 
 
@@ -143,8 +250,198 @@ def _print_run(report: dict[str, Any]) -> None:
     print(f"\nreturn: {report['return']:g}")
 
 
+# -- tool environments ----------------------------------------------------------------------------
+
+
+class _ScriptedResponses:
+    """A policy that gives the agent's responses in order and stops the episode after the last."""
+
+    def __init__(self, responses: list[str]):
+        self.responses = list(responses)
+
+    async def __call__(self, messages: list[Any], tools: Any = None) -> str:
+        if not self.responses:
+            raise StopEpisode("no more responses")
+        return self.responses.pop(0)
+
+
+def _tool_steps(episode: EpisodeResult) -> list[dict[str, Any]]:
+    steps = []
+    for turn in episode.turns:
+        if turn.tool_calls:
+            kind = "calls"
+        elif turn.action.startswith("<answer>"):
+            kind = "answer"
+        else:
+            kind = "format_error"
+        step: dict[str, Any] = {"response": turn.response, "kind": kind, "calls": [dict(c) for c in turn.tool_calls],
+                                "observation": turn.observation, "reward": turn.reward,
+                                "terminated": turn.terminated, "truncated": turn.truncated}
+        if kind == "answer":
+            step["answer"] = turn.action[len("<answer>"):-len("</answer>")]
+        outputs = "\n".join(c["output"] for c in turn.tool_calls)
+        if turn.tool_calls and len(turn.observation) > len(outputs):  # a call completed the request
+            step["next_instruction"] = turn.observation[len(outputs) + 1:]
+        steps.append(step)
+    return steps
+
+
+def _tool_report(episode: EpisodeResult, env: Any, tools: list[dict[str, Any]], parser: Any) -> dict[str, Any]:
+    first = next((m.content for m in episode.messages if m.role == "user"), None)
+    terminated = episode.end_reason.value == "terminated"
+    report = {"class_name": env.class_name, "tool_use": True, "parser": parser.name,
+              "tools": [t["function"]["name"] for t in tools], "first_observation": first,
+              "steps": _tool_steps(episode), "end_reason": episode.end_reason.value, "stop_detail": episode.stop_detail,
+              "return": episode_return(episode.rewards, terminated), "error": None}
+    if episode.error is not None:
+        error = episode.error
+        report["error"] = {"kind": error.kind.value, "stage": error.stage.value, "message": error.message}
+    return report
+
+
+async def _run_tool(args: argparse.Namespace, source: str, responses: list[str], parser: Any) -> dict[str, Any]:
+    report: dict[str, Any] = {"class_name": None, "tool_use": True, "parser": parser.name, "tools": [],
+                              "first_observation": None, "steps": [], "end_reason": None, "return": 0.0,
+                              "error": None}
+    async with await SandboxService.start(sandbox_config(args)) as service:
+        try:
+            env = await service.open(source)
+            report["class_name"] = env.class_name
+            tools: list[dict[str, Any]] = []
+            episode = await play_tool_episode(env, _RememberTools(_ScriptedResponses(responses), tools),
+                                              parser=parser, seed=args.seed, max_turns=len(responses) + 1)
+            report = _tool_report(episode, env, tools, parser)
+            await env.close()
+        except EnvFault as fault:
+            error = fault.error
+            report["error"] = {"kind": error.kind.value, "stage": error.stage.value, "message": error.message}
+    return report
+
+
+class _RememberTools:
+    """Wraps a policy; keeps the tool schemas the episode offered (for the report)."""
+
+    def __init__(self, policy: Any, tools: list[dict[str, Any]]):
+        self.policy, self.tools = policy, tools
+
+    async def __call__(self, messages: list[Any], tools: Any = None) -> str:
+        if tools is not None and not self.tools:
+            self.tools.extend(tools)
+        return await self.policy(messages, tools=tools)
+
+
+def _print_tool_run(report: dict[str, Any]) -> None:
+    if report["class_name"] is not None:
+        print(f"{report['class_name']} (tool environment; {report['parser']} tool-call parser)")
+        print(f"tools: {', '.join(report['tools'])}")
+    if report["first_observation"] is not None:
+        print(f"user: {report['first_observation']}")
+    for number, step in enumerate(report["steps"], 1):
+        print(f"\n[{number}] {step['kind'].replace('_', ' ')}")
+        for call in step["calls"]:
+            arguments = json.dumps(call["arguments"], ensure_ascii=False)
+            print(f"  call {call['name']}({arguments}) -> returncode {call['returncode']}: {call['output']}"
+                  + (f"  [completed {call['advanced']} request(s)]" if call.get("advanced") else ""))
+        if step.get("next_instruction"):
+            print(f"  user: {step['next_instruction']}")
+        if step["kind"] != "calls":
+            if step["kind"] == "answer":
+                print(f"  answer: {step['answer']}")
+            print(f"  {step['observation']}")
+        print(f"  [reward {step['reward']:g}{', terminated' if step['terminated'] else ''}"
+              f"{', truncated' if step['truncated'] else ''}]")
+    if report["error"] is not None:
+        error = report["error"]
+        print(f"\nerror at {error['stage']}: {error['kind']}: {error['message']}")
+    if report["end_reason"] is not None:
+        detail = report.get("stop_detail")
+        print(f"\nended: {report['end_reason']}" + (f" ({detail})" if detail else ""))
+    print(f"return: {report['return']:g}")
+
+
+class _Typed:
+    """A person as the policy: prints what the episode said since the last turn, reads one line."""
+
+    def __init__(self, tool_names: list[str]):
+        self.seen = 0
+        self.turn = 0
+        self.tool_names = tool_names
+
+    async def __call__(self, messages: list[Any], tools: Any = None) -> str:
+        if tools and not self.tool_names:
+            self.tool_names.extend(t["function"]["name"] for t in tools)
+            for tool in tools:
+                function = tool["function"]
+                parameters = function.get("parameters", {})
+                required = set(parameters.get("required", []))
+                fields = ", ".join(f"{k}{'' if k in required else '?'}: {_describe(v)}"
+                                   for k, v in parameters.get("properties", {}).items())
+                print(f"  {function['name']}({fields}) - {function.get('description', '')}")
+            print()
+        for message in messages[self.seen:]:
+            if message.role in ("user", "tool"):
+                print(f"{message.role}: {message.content}")
+        self.seen = len(messages) + 1  # this reply is appended next
+        self.turn += 1
+        line = await asyncio.to_thread(_prompt, self.turn)
+        if line is None or line.strip().lower() in ("quit", "exit"):
+            raise StopEpisode("the player quit")
+        return typed_response(line, self.tool_names)
+
+
+def _describe(schema: Any) -> str:
+    if isinstance(schema, dict) and isinstance(schema.get("enum"), list):
+        return "|".join(map(str, schema["enum"]))
+    return str(schema.get("type", "any")) if isinstance(schema, dict) else "any"
+
+
+def typed_response(line: str, tool_names: list[str]) -> str:
+    """What a person typed, as an agent response: raw text with ``<tool_call>`` or ``<answer>``
+    passes unchanged; ``TOOL {json}`` (or a bare ``TOOL``) becomes one ``<tool_call>`` block;
+    ``answer TEXT`` becomes ``<answer>TEXT</answer>``. The parser then reads it as in training."""
+    text = line.strip()
+    if OPEN in text or "<answer>" in text:
+        return text
+    head, _, rest = text.partition(" ")
+    if head.lower() == "answer":
+        return f"<answer>{rest.strip()}</answer>"
+    if head in tool_names:
+        arguments = rest.strip() or "{}"
+        return f'{OPEN}{{"name": {json.dumps(head)}, "arguments": {arguments}}}{CLOSE}'
+    return text
+
+
+async def _play_tool(args: argparse.Namespace, source: str, parser: Any) -> int:
+    async with await SandboxService.start(sandbox_config(args)) as service:
+        try:
+            env = await service.open(source, max_turns=args.max_turns)
+            print(f"{env.class_name} (tool environment, {parser.name} tool-call parser). Type a response: "
+                  f"<tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>, or TOOL {{json arguments}}; "
+                  f"answer TEXT (or <answer>TEXT</answer>) to finish; 'quit' or Ctrl-D ends.\ntools:")
+            episode = await play_tool_episode(env, _Typed([]), parser=parser, seed=args.seed,
+                                              max_turns=args.max_turns)
+            report = _tool_report(episode, env, [], parser)
+            if episode.turns and episode.end_reason.value in ("terminated", "truncated"):
+                print(episode.turns[-1].observation)
+            rewards = ", ".join(f"{step['reward']:g}" for step in report["steps"])
+            print(f"rewards per turn: {rewards or 'none'}; ended: {report['end_reason']}")
+            print(f"return: {report['return']:g}")
+            await env.close()
+            if episode.error is not None:
+                print(f"the environment failed: {episode.error.kind.value}: {episode.error.message}", file=sys.stderr)
+                return 1
+        except InfrastructureFault:
+            raise
+        except EnvFault as fault:
+            print(f"the environment failed: {fault}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def run_play(args: argparse.Namespace) -> int:
     source = _read_source(args.path)
+    if is_tool_source(source):
+        return asyncio.run(_play_tool(args, source, tool_parser(args)))
     return asyncio.run(_play(args, source))
 
 

@@ -187,7 +187,9 @@ async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | N
                     result = await env.call_tool(call.name, call.arguments)
                     replies.append(Message("tool", result.output))
                     log.append({"name": call.name, "arguments": call.arguments, **result.to_json()})
-                if result.advanced and result.progress.instruction is not None:
+                # a call that completed the current request (not only the turn's last call)
+                # brings the next one; the last result's progress names the request now current
+                if any(entry["advanced"] for entry in log) and result.progress.instruction is not None:
                     replies.append(Message("user", result.progress.instruction))
                 action = json.dumps([{"name": c.name, "arguments": c.arguments} for c in turn.calls])
                 episode.turns.append(Turn(response, action, "\n".join(m.content for m in replies), 0.0,
