@@ -31,7 +31,7 @@ def test_recipes_keep_the_paper_settings_and_do_not_seed_the_memory(recipe: Path
     assert sp.designer_max_tokens in (16384, 20000)  # 8B thinking: 20,000
     assert sp.max_attempts == 5 and sp.g_hint == 16 and sp.envs_per_set == 24
     assert config.optimizer.lr == 1e-6
-    assert config.corpus.max_words == 6000
+    assert config.corpus.max_words == (4000 if sp.domain == "tool_use" else 6000)  # SPEC 2
     assert sp.skills.window is None  # the curriculum's own window (games: 3)
 
 
