@@ -15,8 +15,11 @@ agree on it); rank 0 creates the run directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,11 +39,47 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         help="where the run lives (default: runs/<config name>-<date>-<time>)")
     parser.add_argument("--check", action="store_true",
                         help="validate the config, print it resolved, and exit without training")
+    parser.add_argument("--allow-defaults", action="store_true",
+                        help="accept a config file that sets nothing (a paper-scale run with every default)")
     parser.add_argument("--show-warnings", action="store_true",
                         help="show the known harmless Megatron/Apex/Transformer Engine warnings and the progress "
                              "bars of model loading, hidden by default (also SPADE_SHOW_WARNINGS=1)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     parser.set_defaults(handler=run_train)
+
+
+@contextlib.contextmanager
+def _interrupts_say_how_to_resume(root: Path):
+    """SIGINT and SIGTERM stop the run (exit 130 / 143) with the command that continues it."""
+    try:
+        yield
+    except (KeyboardInterrupt, _Terminated) as exc:
+        if _rank() == 0:
+            print(f"\nspade train: stopped. Continue from the last checkpoint with:\n  spade train --resume {root}",
+                  file=sys.stderr)
+        raise SystemExit(143 if isinstance(exc, _Terminated) else 130) from None
+
+
+def _terminate_by_exception():
+    """SIGTERM raises ``_Terminated`` in the main thread, so the run unwinds (servers, sandbox and
+    writers closed by their ``finally`` blocks) like after Ctrl-C."""
+    def on_term(signum, frame):  # noqa: ARG001
+        raise _Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        return signal.signal(signal.SIGTERM, on_term)  # the previous handler, restored afterwards
+    return None
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _checked(check, config, error: type) -> None:
+    try:
+        check(config)
+    except error as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _rank() -> int:
@@ -55,8 +94,20 @@ def run_train(args: argparse.Namespace) -> int:
     from ..run.console import quiet_known_noise
 
     quiet_known_noise(show=getattr(args, "show_warnings", False))
+    previous = _terminate_by_exception()
+    try:
+        return _run_train(args)
+    except _Terminated:  # before the run directory was known: nothing to resume
+        raise SystemExit(143) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from ..train_config import apply_overrides, from_dict, load_train_config, override_keys, read_config_file
+    from ..run.preflight import preflight
     from ..run.run_dir import CONFIG_FILE, RunDir, RunDirError
 
     if args.resume:
@@ -76,14 +127,18 @@ def run_train(args: argparse.Namespace) -> int:
         if args.check:
             sys.stdout.write(config.to_yaml())
             return 0
-        if args.overrides and _rank() == 0:
-            run_dir.write_config(config.to_yaml())
+        _checked(preflight, config, RunDirError)
         resume = True
     else:
+        if not read_config_file(args.config) and not getattr(args, "allow_defaults", False):
+            raise UsageError(f"{args.config} sets nothing: that would start a paper-scale run (400 steps, 24 "
+                             "environments, Qwen3 settings) with every default. Give a config with at least the "
+                             "model, or pass --allow-defaults to mean it")
         config = load_train_config(args.config, args.overrides)
         if args.check:
             sys.stdout.write(config.to_yaml())
             return 0
+        _checked(preflight, config, RunDirError)  # before the run directory exists: nothing is left behind
         if args.run_dir is None:
             if _world() > 1:
                 raise UsageError("under torchrun, give --run-dir so that every rank uses the same directory")
@@ -94,15 +149,19 @@ def run_train(args: argparse.Namespace) -> int:
                 run_dir.create(config.to_yaml())
             except RunDirError as exc:
                 raise UsageError(str(exc)) from None
-            print(f"spade train: run directory {run_dir.root} ({CONFIG_FILE} written)", file=sys.stderr)
         resume = False
 
     from ..run.trainer import train
 
-    try:
-        train(config, run_dir.root, resume=resume)
-    except RunDirError as exc:
-        raise UsageError(str(exc)) from None
+    with _interrupts_say_how_to_resume(run_dir.root):
+        if not resume and _rank() == 0:
+            print(f"spade train: run directory {run_dir.root} ({CONFIG_FILE} written)", file=sys.stderr)
+        try:
+            train(config, run_dir.root, resume=resume)
+        except RunDirError as exc:
+            raise UsageError(str(exc)) from None
+    if resume and args.overrides and _rank() == 0:  # a failed resume leaves the run's config as it was
+        run_dir.write_config(config.to_yaml())
     if _rank() == 0:
         from ..run.console import run_summary
 

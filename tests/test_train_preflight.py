@@ -1,0 +1,83 @@
+"""spade train refuses bad input before it writes anything, and says how to resume when stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPADE = [sys.executable, "-m", "spade", "train"]
+
+
+def spade_train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPADE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_an_empty_config_is_refused_unless_defaults_are_meant(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    proc = spade_train("--config", str(empty), "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "--allow-defaults" in proc.stderr
+    assert not (tmp_path / "run").exists()
+    checked = spade_train("--config", str(empty), "--allow-defaults", "--check")
+    assert checked.returncode == 0 and "steps: 400" in checked.stdout
+
+
+@pytest.mark.parametrize("body, key", [
+    ("model: {hf_dir: /no/such/model}\n", "model.hf_dir"),
+    ("corpus: {paths: [/no/such/corpus.jsonl]}\n", "corpus.paths"),
+    ("selfplay: {designer_enabled: false, fixed_env_dir: /no/such/pool}\n", "selfplay.fixed_env_dir"),
+])
+def test_bad_inputs_fail_before_the_run_directory_exists(tmp_path, body, key):
+    config = tmp_path / "bad.yaml"
+    config.write_text("include: " + str(ROOT / "examples" / "smoke_cpu.yaml") + "\n" + body)
+    run = tmp_path / "run"
+    proc = spade_train("--config", str(config), "--run-dir", str(run))
+    assert proc.returncode == 2 and key in proc.stderr, proc.stderr
+    assert not run.exists()  # a retry with the same --run-dir works
+
+
+def test_a_corpus_without_usable_records_is_refused_early(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"title": "no text field"}\n')
+    config = tmp_path / "c.yaml"
+    config.write_text(f"include: {ROOT / 'examples' / 'smoke_cpu.yaml'}\ncorpus: {{paths: [{corpus}]}}\n")
+    proc = spade_train("--config", str(config), "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "corpus" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_resume_leaves_the_config_untouched(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    config = (ROOT / "examples" / "smoke_cpu.yaml").read_text().replace("hf_dir: embedded", "hf_dir: /no/such/model")
+    (run / "config.yaml").write_text(config)
+    proc = spade_train("--resume", str(run), "run.steps=9")
+    assert proc.returncode == 2 and "model.hf_dir" in proc.stderr
+    assert (run / "config.yaml").read_text() == config
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_run_with_the_resume_command(tmp_path):
+    """The smoke config with the embedded model; SIGTERM once the run directory is announced."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([*SPADE, "--config", str(ROOT / "examples" / "smoke_cpu.yaml"), "--run-dir", str(run)],
+                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "SPADE_SHOW_WARNINGS": "0"})
+    try:
+        for line in proc.stderr:
+            if "run directory" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        code = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 143, rest[-2000:]
+    assert f"spade train --resume {run}" in rest
