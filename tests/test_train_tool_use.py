@@ -158,6 +158,11 @@ def test_two_tool_use_steps_on_the_fixed_pool(straight_run):
     # every environment of the pool was played, and the hinted arm ran on the regeneration step
     assert first["agent/episodes"] == 2 * (len(TOOL_EXAMPLES) + 1)
     assert first["agent/hint_episodes"] == 2
+    # the tool stages' diagnostics are counted over the admitted set (banking's probes leave two
+    # criteria unchanged; the quick-answer environment's one criterion changes)
+    for key in ("env/tool_true_at_reset", "env/tool_unchangeable", "env/tool_trivial", "env/tool_screen_no_verdict"):
+        assert key in first and key not in records[1], key
+    assert 1 <= first["env/tool_unchangeable"] <= len(TOOL_EXAMPLES)
     # a real policy gradient: some episodes ended with an accepted answer, others did not
     assert any(r["train/loss"] != 0.0 and r["train/grad_norm"] > 0.0 for r in records), records
     episodes = _episodes(straight_run)

@@ -58,6 +58,7 @@ class EnvSpec:
     generated_step: int
     document: str | None = None
     attempts: int = 1
+    tool_report: dict[str, Any] | None = None  # tool use: what admission's tool stages found
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +84,11 @@ class RegenerationResult:
     designer_fields: dict[str, Trajectory] = field(default_factory=dict)  # env_id -> the designer call
     attempts: int = 0
     rejections: list[Rejection] = field(default_factory=list)
+
+
+def _tool_report(verdict: Any) -> dict[str, Any] | None:
+    report = getattr(verdict, "tool_report", None)
+    return None if report is None else report.to_json()
 
 
 def resolve_seed_dir(value: str) -> Path:
@@ -207,7 +213,7 @@ class DesignerRound:
             hint = await self.make_hint(verdict.code, step, slot)
             spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
                            class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
-                           document=record["document"], attempts=attempt + 1)
+                           document=record["document"], attempts=attempt + 1, tool_report=_tool_report(verdict))
             return attempt + 1, rejections, (spec, trajectory_of(conversation))
         return s.max_attempts, rejections, None
 
@@ -304,7 +310,8 @@ class DesignerRound:
             hint = hint_path.read_text().strip() if hint_path.is_file() else ""
             result.envs.append(EnvSpec(env_id=f"fixed-{path.stem}", slot=slot, skill=skills[slot].name,
                                        source=verdict.code, hint=hint, class_name=verdict.class_name or "",
-                                       max_turns=verdict.max_turns, generated_step=step, document=str(path)))
+                                       max_turns=verdict.max_turns, generated_step=step, document=str(path),
+                                       tool_report=_tool_report(verdict)))
         self.save_set(step, result.envs)
         return result
 

@@ -210,6 +210,14 @@ class Orchestrator:
         metrics["env/rejected"] = float(len(regen.rejections))
         for kind, count in sorted(Counter(r.kind.value for r in regen.rejections).items()):
             metrics[f"env/rejected_{kind}"] = float(count)
+        reports = [env.tool_report for env in regen.envs if env.tool_report is not None]
+        if self.settings.domain == "tool_use":
+            # admitted environments with a criterion true at reset / unchangeable by the probes /
+            # met by any first call (reported, rejected only when switched on), and model screens
+            # that gave no verdict
+            for key in ("true_at_reset", "unchangeable", "trivial"):
+                metrics[f"env/tool_{key}"] = float(sum(1 for r in reports if r.get(key)))
+            metrics["env/tool_screen_no_verdict"] = float(sum(1 for r in reports if r.get("screen") is None))
 
     def _play_metrics(self, out: StepOutput, nohint: dict[str, list[Play]], hinted: dict[str, list[Play]],
                       regenerate: bool) -> None:
