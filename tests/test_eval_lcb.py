@@ -90,3 +90,14 @@ def test_fixture_problems_end_to_end(judge_service):
     assert not failed.correct and failed.detail["status"] == "wrong_answer"
     assert score(items[0], "no code at all").detail["status"] == "no_code"
     bench._service = None  # the module fixture owns the service
+
+
+@pytest.mark.parametrize("program", [
+    "import sys\nprint(sum(int(x) for x in sys.stdin.readline().split()) + int(sys.stdin.read()))\n",
+    "import sys\nfirst, rest = sys.stdin.buffer.readline(), sys.stdin.buffer.read()\n"
+    "print(sum(map(int, first.split())) + int(rest))\n",
+    "import sys\nlines = [line for line in sys.stdin]\nprint(sum(int(x) for line in lines for x in line.split()))\n",
+])
+def test_programs_read_stdin_as_text_lines_bytes_or_by_iteration(judge_service, program):
+    verdict = _judge(judge_service, program, [ProgramTest("1 2\n3\n", "6")])
+    assert verdict.passed, verdict.status

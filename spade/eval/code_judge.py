@@ -39,10 +39,15 @@ MODE = __MODE__
 FUNC = __FUNC__
 
 
-class _BytesIn:
-    def __init__(self, text):
-        self._data = text.encode()
+class _StdinReader:
+    """stdin for the program: text (``input``, ``sys.stdin.readline``) over a bytes ``buffer``."""
+
+    def __init__(self, data, newline):
+        self._data = data
+        self._newline = newline
         self._pos = 0
+        if isinstance(data, str):
+            self.buffer = _StdinReader(data.encode(), b"\n")
 
     def read(self, n=-1):
         end = len(self._data) if n is None or n < 0 else self._pos + n
@@ -50,38 +55,9 @@ class _BytesIn:
         return chunk
 
     def readline(self, n=-1):
-        end = self._data.find(b"\n", self._pos)
+        end = self._data.find(self._newline, self._pos)
         end = len(self._data) if end < 0 else end + 1
         chunk, self._pos = self._data[self._pos:end], end
-        return chunk
-
-    def readlines(self):
-        out = []
-        while True:
-            line = self.readline()
-            if not line:
-                return out
-            out.append(line)
-
-    def __iter__(self):
-        return iter(self.readlines())
-
-
-class _TextIn:
-    def __init__(self, text):
-        self._text = text
-        self._pos = 0
-        self.buffer = _BytesIn(text)
-
-    def read(self, n=-1):
-        end = len(self._text) if n is None or n < 0 else self._pos + n
-        chunk, self._pos = self._text[self._pos:end], min(end, len(self._text))
-        return chunk
-
-    def readline(self, n=-1):
-        end = self._text.find("\n", self._pos)
-        end = len(self._text) if end < 0 else end + 1
-        chunk, self._pos = self._text[self._pos:end], end
         return chunk
 
     def readlines(self):
@@ -136,7 +112,7 @@ class ProgramJudgeEnv:
         saved_in, saved_out = sys.stdin, sys.stdout
         out = _Out()
         namespace = {"__builtins__": __builtins__, "__name__": "__main__", "input": _input}
-        sys.stdin, sys.stdout = _TextIn(test.get("stdin", "")), out
+        sys.stdin, sys.stdout = _StdinReader(test.get("stdin", ""), "\n"), out
         try:
             try:
                 exec(compile(PROGRAM, "<solution>", "exec"), namespace)
