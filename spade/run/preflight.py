@@ -29,7 +29,7 @@ def preflight(config: TrainConfig) -> None:
             raise RunDirError(f"corpus.paths: {exc}") from None
         if len(corpus) == 0:
             raise RunDirError(f"corpus.paths: no usable document in {', '.join(map(str, corpus.files))}")
-    if not sp.designer_enabled:
+    if sp.env_source == "fixed_pool":
         pool = Path(sp.fixed_env_dir or "")
         if not pool.is_dir() or not any(pool.glob("*.py")):
             raise RunDirError(f"selfplay.fixed_env_dir: {pool} is not a directory of environment .py files")

@@ -13,7 +13,8 @@ On disk (``run_dir``):
   (``kind``, ``stage``, ``message``), the raw designer response and the document key;
 * ``envs/step_SSSSSS/ENV_ID.py``, ``ENV_ID.hint.txt``, ``ENV_ID.json``: the admitted set.
 
-``fixed_pool`` loads the fixed-environment baseline's set from a directory instead.
+The other sources of a set (a fixed pool, RLVE) live in :mod:`.pool` and :mod:`.rlve_source`;
+they share :func:`admit_candidate`, :func:`write_rejection` and :func:`save_set` with this one.
 
 With ``memory_seed_dir`` set, every regeneration first makes sure the memory holds the seed
 examples (:meth:`Memory.seed`: a no-op once they are stored, and it puts them back after a resume
@@ -86,7 +87,7 @@ class RegenerationResult:
     rejections: list[Rejection] = field(default_factory=list)
 
 
-def _tool_report(verdict: Any) -> dict[str, Any] | None:
+def tool_report_of(verdict: Any) -> dict[str, Any] | None:
     report = getattr(verdict, "tool_report", None)
     return None if report is None else report.to_json()
 
@@ -213,31 +214,18 @@ class DesignerRound:
             hint = await self.make_hint(verdict.code, step, slot)
             spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
                            class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
-                           document=record["document"], attempts=attempt + 1, tool_report=_tool_report(verdict))
+                           document=record["document"], attempts=attempt + 1, tool_report=tool_report_of(verdict))
             return attempt + 1, rejections, (spec, trajectory_of(conversation))
         return s.max_attempts, rejections, None
 
     async def _admit(self, response: str) -> AdmissionVerdict | None:
         """The admission verdict; None when the sandbox failed on every try (not the candidate's fault)."""
-        for _ in range(self.settings.max_play_retries + 1):
-            try:
-                tool_use = self.settings.domain == "tool_use"
-                return await asyncio.wait_for(
-                    admit(self.sandbox, response, max_turns=self.settings.max_turns, require_tool_env=tool_use,
-                          tool_settings=self.settings.tool_admission,
-                          screen=self.model_screen if tool_use else None),
-                    self.settings.admission_timeout_s)
-            except (InfrastructureFault, asyncio.TimeoutError):
-                continue
-        return None
+        tool_use = self.settings.domain == "tool_use"
+        return await admit_candidate(self.sandbox, self.settings, response,
+                                     screen=self.model_screen if tool_use else None)
 
     def _reject(self, record: dict[str, Any], kind: ErrorKind, stage: Stage, message: str, response: str) -> Rejection:
-        directory = step_dir(self.run_dir, "rejected", record["step"])
-        directory.mkdir(parents=True, exist_ok=True)
-        data = {**record, "reason": {"kind": kind.value, "stage": stage.value, "message": message}, "response": response}
-        path = directory / f"slot{record['slot']}_attempt{record['attempt']}.json"
-        path.write_text(json.dumps(data, indent=1))
-        return Rejection(record["slot"], record["attempt"], record["skill"], kind, stage, message)
+        return write_rejection(self.run_dir, record, kind, stage, message, response)
 
     async def model_screen(self, source: str, tools: list[dict[str, Any]]) -> bool | None:
         """SPEC 3.6: the policy judges whether every criterion can be met with the tools (hint
@@ -284,44 +272,62 @@ class DesignerRound:
                                              generated.weight_version)
         return clean_hint(text, s.hint_max_chars)
 
-    # ------------------------------------------------------------------ fixed pool
-
-    async def fixed_pool(self, step: int) -> RegenerationResult:
-        """The baseline's set: every admissible ``*.py`` of ``fixed_env_dir`` (sorted), hints from
-        ``NAME.hint.txt`` when present. Skills come from the curriculum by slot, as for designed sets."""
-        s = self.settings
-        assert s.fixed_env_dir is not None
-        directory = Path(s.fixed_env_dir)
-        files = sorted(directory.glob("*.py"))
-        skills = slot_skills(s.skills.active(s.domain, step // s.k), max(1, len(files)))
-        result = RegenerationResult()
-        for slot, path in enumerate(files):
-            result.attempts += 1
-            verdict = await self._admit(path.read_text())
-            record = {"step": step, "slot": slot, "attempt": 0, "skill": skills[slot].name, "document": str(path)}
-            if verdict is None or not verdict.admitted:
-                error = None if verdict is None else verdict.error
-                result.rejections.append(self._reject(
-                    record, ErrorKind.CRASHED if error is None else error.kind,
-                    Stage.SERVICE if error is None else error.stage,
-                    "sandbox failure" if error is None else error.message, path.read_text()))
-                continue
-            hint_path = path.with_name(path.stem + ".hint.txt")
-            hint = hint_path.read_text().strip() if hint_path.is_file() else ""
-            result.envs.append(EnvSpec(env_id=f"fixed-{path.stem}", slot=slot, skill=skills[slot].name,
-                                       source=verdict.code, hint=hint, class_name=verdict.class_name or "",
-                                       max_turns=verdict.max_turns, generated_step=step, document=str(path),
-                                       tool_report=_tool_report(verdict)))
-        self.save_set(step, result.envs)
-        return result
-
     # ------------------------------------------------------------------ disk
 
     def save_set(self, step: int, envs: list[EnvSpec]) -> None:
-        directory = step_dir(self.run_dir, "envs", step)
-        directory.mkdir(parents=True, exist_ok=True)
-        for env in envs:
-            (directory / f"{env.env_id}.py").write_text(env.source)
-            (directory / f"{env.env_id}.hint.txt").write_text(env.hint)
-            meta = {k: v for k, v in env.to_json().items() if k not in ("source", "hint")}
-            (directory / f"{env.env_id}.json").write_text(json.dumps(meta, indent=1))
+        save_set(self.run_dir, step, envs)
+
+    # ------------------------------------------------------------------ EnvSource
+
+    async def next_set(self, step: int) -> RegenerationResult:
+        return await self.regenerate(step)
+
+    def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
+        """The designer's feedback goes through the delay buffer, not through the source."""
+
+    def play_sandbox(self) -> Sandbox | None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # every draw is derived from (seed, step, slot, attempt)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response: str, *,
+                          screen: Any = None) -> AdmissionVerdict | None:
+    """Run admission on one designer response (or environment file), retrying an infrastructure
+    failure up to ``max_play_retries`` times; None when the sandbox failed on every try."""
+    for _ in range(settings.max_play_retries + 1):
+        try:
+            return await asyncio.wait_for(
+                admit(sandbox, response, max_turns=settings.max_turns,
+                      require_tool_env=settings.domain == "tool_use",
+                      tool_settings=settings.tool_admission, screen=screen),
+                settings.admission_timeout_s)
+        except (InfrastructureFault, asyncio.TimeoutError):
+            continue
+    return None
+
+
+def write_rejection(run_dir: Path, record: dict[str, Any], kind: ErrorKind, stage: Stage, message: str,
+                    response: str) -> Rejection:
+    """Write ``rejected/step_S/slot{i}_attempt{j}.json`` and return the rejection."""
+    directory = step_dir(run_dir, "rejected", record["step"])
+    directory.mkdir(parents=True, exist_ok=True)
+    data = {**record, "reason": {"kind": kind.value, "stage": stage.value, "message": message}, "response": response}
+    path = directory / f"slot{record['slot']}_attempt{record['attempt']}.json"
+    path.write_text(json.dumps(data, indent=1))
+    return Rejection(record["slot"], record["attempt"], record["skill"], kind, stage, message)
+
+
+def save_set(run_dir: Path, step: int, envs: list[EnvSpec]) -> None:
+    """Write the set of ``step`` as ``envs/step_S/ENV_ID.py``, ``.hint.txt`` and ``.json``."""
+    directory = step_dir(run_dir, "envs", step)
+    directory.mkdir(parents=True, exist_ok=True)
+    for env in envs:
+        (directory / f"{env.env_id}.py").write_text(env.source)
+        (directory / f"{env.env_id}.hint.txt").write_text(env.hint)
+        meta = {k: v for k, v in env.to_json().items() if k not in ("source", "hint")}
+        (directory / f"{env.env_id}.json").write_text(json.dumps(meta, indent=1))

@@ -5,12 +5,17 @@
 1. **Regenerate** when ``step % k == 0`` (:mod:`.designer_round`): active skills of regeneration
    ``step // k``, up to ``max_attempts`` designer attempts per slot (all slots concurrently), admission
    in the sandbox, one hint per admitted environment; rejected candidates and the new set are
-   written under ``run_dir``. The new set replaces the old one. With ``designer_enabled=False`` the
-   set is the fixed pool of ``fixed_env_dir`` instead.
+   written under ``run_dir``. The new set replaces the old one. The baselines take the set from
+   another :class:`~.env_source.EnvSource` instead (``env_source: fixed_pool`` or ``rlve``), which
+   also hears every step's no-hint returns (RLVE's difficulty controller reads them).
 2. **Play** (:mod:`.plays`): every environment ``g_nohint`` times without hint, and at the
    regeneration step also ``g_hint`` times with the hint (measured, never trained).
 3. **Agent samples**: per environment, advantages are the z-scores of its no-hint returns of this
-   step; one sample per no-hint play that generated anything.
+   step; one sample per no-hint play that generated anything. Stabilisers (off by default):
+   ``drop_equal_return_groups`` leaves out environments whose returns are all equal, after up to
+   ``refill_equal_groups`` extra rounds of ``g_nohint`` plays of just those environments;
+   ``mask_truncated`` leaves out samples of episodes cut by a budget (the returns still count in
+   the group's mean and std).
 4. **Designer samples**: the designer call of each admitted environment (prompt + whole response,
    loss on the response) waits in a :class:`DesignerBuffer` with the returns of step ``s``; later
    steps of the window add their no-hint returns; at step ``s + k`` the buffer releases it with its
@@ -48,13 +53,17 @@ from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
 from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .designer_round import DesignerRound, EnvSpec, RegenerationResult
-from .plays import Play, Player
+from .env_source import EnvSource
+from .plays import Play, Player, PlayRequest
 from .rewards import agent_advantages, designer_advantage_scale, designer_advantages, hint_regret
 from .settings import SelfPlaySettings
 from .trajectory_log import TrajectoryLog
 
 STATE_VERSION = 1
 LEARNABLE_BAND = (0.2, 0.8)
+# How an episode cut by a budget ends (``mask_truncated``): the environment truncated it, the turn
+# budget ran out, or the policy stopped (context or reply token budget spent).
+TRUNCATED_ENDS = frozenset({"truncated", "turn_budget", "policy_stopped"})
 
 
 @dataclass
@@ -97,6 +106,10 @@ class Orchestrator:
         common = dict(sandbox=sandbox, engine=engine, tokenizer=tokenizer, chat_format=self.chat_format,
                       seed=self.seed, stop_token_ids=tuple(stop_token_ids))
         self.designer = DesignerRound(settings, corpus=corpus, memory=memory, run_dir=self.run_dir, **common)
+        self.source = self._env_source(settings, sandbox)
+        play_sandbox = self.source.play_sandbox()
+        if play_sandbox is not None:
+            common["sandbox"] = play_sandbox
         self.player = Player(settings, **common)
         self.envs: list[EnvSpec] = []
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
@@ -114,19 +127,22 @@ class Orchestrator:
         started = time.perf_counter()
         new_designs: dict[str, Trajectory] = {}
         if regenerate:
-            regen = await (self.designer.regenerate(step) if s.designer_enabled else self.designer.fixed_pool(step))
+            regen = await self.source.next_set(step)
             self.envs = regen.envs
             new_designs = regen.designer_fields
             self._regeneration_metrics(regen, metrics)
         designed = time.perf_counter()
 
         plays = await self.player.play_all(step, self.player.requests(self.envs, with_hint=regenerate))
+        plays += await self._refill_plays(step, plays)
         played = time.perf_counter()
         self.trajectory_log.write_step(step, self.envs, plays)
         nohint: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
         hinted: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
         for play in plays:
             (hinted if play.hinted else nohint)[play.env_id].append(play)
+        self.source.observe(step, self.envs, {env_id: [p.episode_return for p in env_plays]
+                                              for env_id, env_plays in nohint.items()})
 
         self._agent_samples(out, nohint)
         pending_ids = {entry.env_id for entry in self.buffer.pending}
@@ -155,16 +171,60 @@ class Orchestrator:
         self.last_step = step
         return out
 
+    def _env_source(self, settings: SelfPlaySettings, sandbox: Sandbox) -> EnvSource:
+        if settings.env_source == "fixed_pool":
+            from .pool import FixedPool
+            return FixedPool(settings, sandbox=sandbox, run_dir=self.run_dir, seed=self.seed,
+                             screen=self.designer.model_screen)
+        if settings.env_source == "rlve":
+            from .rlve_source import RLVESource
+            return RLVESource(settings, run_dir=self.run_dir, seed=self.seed)
+        return self.designer
+
+    async def _refill_plays(self, step: int, plays: list[Play]) -> list[Play]:
+        """Extra no-hint rounds for the environments whose returns are all equal (stabiliser)."""
+        s = self.settings
+        if not s.drop_equal_return_groups or s.refill_equal_groups == 0:
+            return []
+        by_env: dict[str, list[float]] = {env.env_id: [] for env in self.envs}
+        for play in plays:
+            if not play.hinted:
+                by_env[play.env_id].append(play.episode_return)
+        extra: list[Play] = []
+        for round_ in range(1, s.refill_equal_groups + 1):
+            flat = [env for env in self.envs if _all_equal(by_env[env.env_id])]
+            if not flat:
+                break
+            requests = [PlayRequest(env, False, round_ * s.g_nohint + i) for env in flat for i in range(s.g_nohint)]
+            new = await self.player.play_all(step, requests)
+            for play in new:
+                by_env[play.env_id].append(play.episode_return)
+            extra += new
+        return extra
+
     def _agent_samples(self, out: StepOutput, nohint: dict[str, list[Play]]) -> None:
+        s = self.settings
         skills = {env.env_id: env.skill for env in self.envs}
+        dropped_groups = masked = 0
         for env_id, env_plays in nohint.items():
-            advantages = agent_advantages([p.episode_return for p in env_plays])
+            returns = [p.episode_return for p in env_plays]
+            if s.drop_equal_return_groups and env_plays and _all_equal(returns):
+                dropped_groups += 1
+                continue
+            advantages = agent_advantages(returns)
             for play, advantage in zip(env_plays, advantages):
                 if play.trajectory is None or not play.trajectory.trainable:
+                    continue
+                if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
+                    masked += 1
                     continue
                 out.samples.append(play.trajectory.scored(
                     role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
                     generated_step=out.step, reward=play.episode_return, advantage=advantage))
+        if s.drop_equal_return_groups:
+            out.metrics["agent/dropped_equal_groups"] = float(dropped_groups)
+        if s.mask_truncated:
+            out.metrics["agent/masked_truncated"] = float(masked)
 
     def _designer_samples(self, out: StepOutput, released: list[ReleasedDesignerSample]) -> None:
         metrics = out.metrics
@@ -256,6 +316,7 @@ class Orchestrator:
             "designer_buffer": self.buffer.to_json(),
             "pending_samples": {key: value.to_json() for key, value in self.pending_samples.items()},
             "infrastructure_failures": self.player.infrastructure_failures,
+            "env_source": self.source.state_dict(),
             "rng": {"kind": "derived", "seed": self.seed},  # all draws come from derived seeds: no mutable rng
         }
 
@@ -274,6 +335,11 @@ class Orchestrator:
         self.envs = [EnvSpec.from_json(env) for env in state["envs"]]
         self.pending_samples = {key: Trajectory.from_json(value) for key, value in state["pending_samples"].items()}
         self.player.infrastructure_failures = int(state.get("infrastructure_failures", 0))
+        self.source.load_state_dict(state.get("env_source", {}))
+
+
+def _all_equal(values: list[float]) -> bool:
+    return all(v == values[0] for v in values)
 
 
 def _mean(values: list[float]) -> float:

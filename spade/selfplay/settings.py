@@ -24,6 +24,8 @@ from ..envs.tool_use.admission import ToolAdmissionSettings
 from .rewards import RewardSettings
 
 Difficulty = Literal["easy", "medium", "hard"]
+EnvSourceName = Literal["designer", "fixed_pool", "rlve"]
+ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve")
 
 _WHERE = "selfplay"
 
@@ -34,9 +36,9 @@ class SelfPlaySettings:
 
     Ablations: ``use_corpus=False`` (designer prompts without a document), ``use_memory=False``
     (no memory block, no memory records), ``train_designer=False`` (frozen designer: designer
-    samples are never emitted), ``designer_enabled=False`` (fixed-pool baseline: the environments
-    are the ``*.py`` files of ``fixed_env_dir``, each with an optional hint in ``NAME.hint.txt``;
-    no designer calls, no designer samples).
+    samples are never emitted). Baselines: ``env_source`` ``fixed_pool`` (the environments come
+    from ``fixed_env_dir``, see :mod:`spade.selfplay.pool`) or ``rlve`` (rlve-gym's generators);
+    neither makes designer calls or designer samples.
     """
 
     domain: Domain = "games"
@@ -67,8 +69,19 @@ class SelfPlaySettings:
     use_corpus: bool = True
     use_memory: bool = True
     train_designer: bool = True
+    # Where the sets come from (spade.selfplay.env_source): the designer (SPADE), a fixed pool of
+    # environment files (Fixed-env GRPO) or rlve-gym's generators (Fixed-env RLVE). The baselines
+    # have no designer: ``designer_enabled`` is derived from this (an older config's
+    # ``designer_enabled: false`` still means the fixed pool).
+    env_source: EnvSourceName = "designer"
     designer_enabled: bool = True
     fixed_env_dir: str | None = None
+    # Stabilisers (off in the paper's games recipes): leave out the agent samples of an environment
+    # whose no-hint returns are all equal (zero advantage, nothing to learn), and give a sample
+    # whose episode was cut by the token or turn budget no loss (the paper's tool-use runs did).
+    drop_equal_return_groups: bool = False
+    refill_equal_groups: int = 0      # extra rounds of g_nohint plays for an all-equal group before it is dropped
+    mask_truncated: bool = False
     # Example environments (*.py, optional NAME.json) stored in the memory before the first
     # regeneration, one record per skill, so the first designer prompts carry two worked examples
     # in the memory block (designer.memory.load_seed_records); ignored with use_memory false.
@@ -99,6 +112,11 @@ class SelfPlaySettings:
         require(isinstance(self.keep_trajectories, int) and not isinstance(self.keep_trajectories, bool)
                 and self.keep_trajectories >= 0, key("keep_trajectories"),
                 f"must be an integer >= 0, got {self.keep_trajectories!r}")
+        require(isinstance(self.refill_equal_groups, int) and not isinstance(self.refill_equal_groups, bool)
+                and self.refill_equal_groups >= 0, key("refill_equal_groups"),
+                f"must be an integer >= 0, got {self.refill_equal_groups!r}")
+        require(self.refill_equal_groups == 0 or self.drop_equal_return_groups, key("refill_equal_groups"),
+                "refills only the groups drop_equal_return_groups would drop: switch that on too")
         require(isinstance(self.max_play_retries, int) and self.max_play_retries >= 0, key("max_play_retries"),
                 f"must be an integer >= 0, got {self.max_play_retries!r}")
         for name in ("designer_temperature", "agent_temperature", "hint_temperature"):
@@ -111,8 +129,13 @@ class SelfPlaySettings:
             require(value > 0, key(name), f"must be > 0, got {value}")
         require(self.difficulty in DIFFICULTIES, key("difficulty"),
                 f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
-        require(self.designer_enabled or bool(self.fixed_env_dir), key("fixed_env_dir"),
-                "the fixed-pool baseline (designer_enabled: false) needs a directory of environment .py files")
+        require(self.env_source in ENV_SOURCES, key("env_source"),
+                f"{self.env_source!r} is not allowed; choose one of: {', '.join(ENV_SOURCES)}")
+        if self.env_source == "designer" and not self.designer_enabled:
+            object.__setattr__(self, "env_source", "fixed_pool")
+        object.__setattr__(self, "designer_enabled", self.env_source == "designer")
+        require(self.env_source != "fixed_pool" or bool(self.fixed_env_dir), key("fixed_env_dir"),
+                "the fixed-pool baseline (env_source: fixed_pool) needs a directory of environment .py files")
         require(self.memory_seed_dir is None or (isinstance(self.memory_seed_dir, str) and self.memory_seed_dir),
                 key("memory_seed_dir"), "must be a directory of example environments or null")
         require(isinstance(self.rewards, RewardSettings), key("rewards"), "must be a rewards section")
