@@ -1,7 +1,8 @@
-"""The delayed designer buffer and the learning-potential reward (SPEC 1.4, 1.5)."""
+"""The delayed designer buffer and the EMA designer rewards (SPEC 1.4, 1.5; issue 15)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spade.selfplay.delay_buffer import DesignerBuffer, ReleasedDesignerSample
-from spade.selfplay.rewards import DesignerEvidence, LearningPotentialReward, designer_reward_for
+from spade.selfplay.rewards import (DesignerEvidence, LearningPotentialReward, WindowProgressReward,
+                                    designer_reward_for)
 from spade.selfplay.rewards import RewardSettings
 
 approx = pytest.approx
@@ -177,49 +179,52 @@ def test_json_round_trip_property(envs):
     assert restored.release(4) == buffer.release(4)
 
 
-# ------------------------------------------------------------------------ learning-potential reward
 
 
-def test_learning_potential_by_hand():
-    lp = LearningPotentialReward()  # alphas 0.5 / 0.1, scale 0.2
+
+# --------------------------------------------------------------------------- window-progress reward
+
+
+def test_window_progress_by_hand():
+    wp = WindowProgressReward()  # alphas 0.5 / 0.1, scale 0.2
     # means 0.2, 0.4, 0.4:
     #   fast: 0.2 -> 0.2 + 0.5 * 0.2 = 0.3 -> 0.3 + 0.5 * 0.1 = 0.35
     #   slow: 0.2 -> 0.2 + 0.1 * 0.2 = 0.22 -> 0.22 + 0.1 * 0.18 = 0.238
     #   |0.35 - 0.238| = 0.112 ; / 0.2 = 0.56
-    assert lp.progress([0.2, 0.4, 0.4]) == approx(0.56)
+    assert wp.progress([0.2, 0.4, 0.4]) == approx(0.56)
     # falling: 0.8, 0.6: fast 0.7, slow 0.78 -> |0.7 - 0.78| / 0.2 = 0.4 (absolute change)
-    assert lp.progress([0.8, 0.6]) == approx(0.4)
+    assert wp.progress([0.8, 0.6]) == approx(0.4)
     # steep: 0, 1, 1: fast 0.5 -> 0.75, slow 0.1 -> 0.19 -> 0.56 / 0.2 = 2.8 -> capped at 1
-    assert lp.progress([0.0, 1.0, 1.0]) == 1.0
+    assert wp.progress([0.0, 1.0, 1.0]) == 1.0
     # flat or one step: no progress
-    assert lp.progress([0.5]) == 0.0
-    assert lp.progress([0.3, 0.3, 0.3, 0.3]) == approx(0.0, abs=1e-15)
+    assert wp.progress([0.5]) == 0.0
+    assert wp.progress([0.3, 0.3, 0.3, 0.3]) == approx(0.0, abs=1e-15)
     # other numbers: alphas 1.0 / 0.5, scale 1: means 0, 1 -> fast 1, slow 0.5 -> 0.5
-    assert LearningPotentialReward(fast_alpha=1.0, slow_alpha=0.5, scale=1.0).progress([0.0, 1.0]) == approx(0.5)
+    assert WindowProgressReward(fast_alpha=1.0, slow_alpha=0.5, scale=1.0).progress([0.0, 1.0]) == approx(0.5)
 
 
-def test_learning_potential_call_shape():
-    lp = LearningPotentialReward()
+def test_window_progress_call_shape():
+    wp = WindowProgressReward()
     # step s: mean(0.1, 0.3) = 0.2 ; later steps: mean 0.4, (empty step skipped), mean 0.4 -> 0.56
-    assert lp(DesignerEvidence((1.0,), (0.1, 0.3), ((0.4, 0.4), (), (0.3, 0.5)))) == approx(0.56)
+    assert wp(DesignerEvidence((1.0,), (0.1, 0.3), ((0.4, 0.4), (), (0.3, 0.5)))) == approx(0.56)
     with pytest.raises(ValueError, match="nohint_returns"):
-        lp(DesignerEvidence((1.0,), (), ((0.4,),)))
+        wp(DesignerEvidence((1.0,), (), ((0.4,),)))
     with pytest.raises(ValueError, match="step_means"):
-        lp.progress([])
+        wp.progress([])
 
 
-def test_learning_potential_validation_and_settings():
+def test_window_progress_validation_and_settings():
     with pytest.raises(ValueError, match="slow_alpha"):
-        LearningPotentialReward(fast_alpha=0.1, slow_alpha=0.5)
+        WindowProgressReward(fast_alpha=0.1, slow_alpha=0.5)
     with pytest.raises(ValueError, match="scale"):
-        LearningPotentialReward(scale=0.0)
-    settings = RewardSettings(designer_reward="learning_potential", lp_fast_alpha=0.6, lp_slow_alpha=0.2, lp_scale=0.5)
-    assert LearningPotentialReward.from_settings(settings) == LearningPotentialReward(0.6, 0.2, 0.5)
-    assert designer_reward_for(settings) == LearningPotentialReward(0.6, 0.2, 0.5)
+        WindowProgressReward(scale=0.0)
+    settings = RewardSettings(designer_reward="window_progress", wp_fast_alpha=0.6, wp_slow_alpha=0.2, wp_scale=0.5)
+    assert WindowProgressReward.from_settings(settings) == WindowProgressReward(0.6, 0.2, 0.5)
+    assert designer_reward_for(settings) == WindowProgressReward(0.6, 0.2, 0.5)
 
 
-def test_buffer_with_learning_potential_reward():
-    buffer = DesignerBuffer(4, RewardSettings(designer_reward="learning_potential"))
+def test_buffer_with_window_progress_reward():
+    buffer = DesignerBuffer(4, RewardSettings(designer_reward="window_progress"))
     buffer.add(0, "e", "Pattern Recognition", "ref", [1.0, 1.0], [0.2, 0.2])
     buffer.record_window_returns(1, "e", [0.4, 0.4])
     buffer.record_window_returns(3, "e", [0.3, 0.5])  # step 2 had no plays
@@ -230,3 +235,149 @@ def test_buffer_with_learning_potential_reward():
     assert released.win == approx(1 / 3)
     assert released.regret == approx(0.8)
     assert released.window_steps == (0, 1, 3)
+
+
+# ---------------------------------------------------- learning-potential reward (the paper, Eqs. 4-6)
+
+A, B = "Mathematical Reasoning", "Pattern Recognition"
+
+
+def _regeneration(buffer: DesignerBuffer, step: int, envs: dict[str, tuple[str, list[float], list[float]]]) -> None:
+    """One set generated at ``step``: env -> (skill, no-hint returns of ``step``, of ``step + 1``)."""
+    for env_id, (skill, first, later) in envs.items():
+        buffer.add(step, env_id, skill, env_id, [1.0], first)
+        buffer.record_window_returns(step + 1, env_id, later)
+
+
+# Three regenerations, two skills. R_e = mean of the window's no-hint returns.
+SETS = [
+    {"a1": (A, [0.0, 0.2], [0.4]),      # R = 0.2
+     "a2": (A, [0.6, 0.6], [0.6]),      # R = 0.6
+     "b1": (B, [0.5], [0.5])},          # R = 0.5
+    {"a1": (A, [0.8], [0.8]),           # R = 0.8
+     "a2": (A, [1.0], [1.0]),           # R = 1.0
+     "b1": (B, [0.0, 0.0], [0.0])},     # R = 0.0
+    {"a1": (A, [0.5], [0.5]),           # R = 0.5
+     "b1": (B, [1.0], [1.0])},          # R = 1.0
+]
+# fast decay 0.85, slow decay 0.98 ; ema <- decay * ema + (1 - decay) * R_skill
+#   set 1: R_A = 0.4 -> fast_A = slow_A = 0.4 (first value) ; R_B = 0.5 -> fast_B = slow_B = 0.5
+#          rewards |0.2 - 0.4| = 0.2, |0.6 - 0.4| = 0.2, |0.5 - 0.5| = 0
+#   set 2: R_A = 0.9 -> fast_A = 0.85 * 0.4 + 0.15 * 0.9 = 0.475 ; slow_A = 0.98 * 0.4 + 0.02 * 0.9 = 0.41
+#          R_B = 0.0 -> fast_B = 0.425 ; slow_B = 0.49
+#          rewards |0.8 - 0.41| = 0.39, |1.0 - 0.41| = 0.59, |0.0 - 0.49| = 0.49
+#   set 3: R_A = 0.5 -> fast_A = 0.85 * 0.475 + 0.075 = 0.47875 ; slow_A = 0.98 * 0.41 + 0.01 = 0.4118
+#          R_B = 1.0 -> fast_B = 0.85 * 0.425 + 0.15 = 0.51125 ; slow_B = 0.98 * 0.49 + 0.02 = 0.5002
+#          rewards |0.5 - 0.4118| = 0.0882, |1.0 - 0.5002| = 0.4998
+EXPECTED = [[0.2, 0.2, 0.0], [0.39, 0.59, 0.49], [0.0882, 0.4998]]
+EXPECTED_EMAS = [({A: 0.4, B: 0.5}, {A: 0.4, B: 0.5}),
+                 ({A: 0.475, B: 0.425}, {A: 0.41, B: 0.49}),
+                 ({A: 0.47875, B: 0.51125}, {A: 0.4118, B: 0.5002})]
+
+
+def _lp_buffer() -> DesignerBuffer:
+    return DesignerBuffer(4, RewardSettings(designer_reward="learning_potential"))
+
+
+def test_learning_potential_ema_sequence_by_hand():
+    buffer = _lp_buffer()
+    assert buffer.reward_state == {"fast": {}, "slow": {}}
+    for index, envs in enumerate(SETS):
+        _regeneration(buffer, 4 * index, envs)
+        released = buffer.release(4 * index + 4)
+        assert [r.env_id for r in released] == list(envs)
+        assert [r.reward for r in released] == approx(EXPECTED[index])
+        fast, slow = EXPECTED_EMAS[index]
+        assert buffer.reward_state["fast"] == approx(fast)
+        assert buffer.reward_state["slow"] == approx(slow)
+
+
+def test_learning_potential_reward_is_not_centred_twice():
+    """The reward is the raw distance; the per-skill centring is designer_advantages' alone."""
+    from spade.selfplay.rewards import designer_advantages
+
+    buffer = _lp_buffer()
+    for index, envs in enumerate(SETS[:2]):
+        _regeneration(buffer, 4 * index, envs)
+        released = buffer.release(4 * index + 4)
+    assert all(r.reward >= 0 for r in released)
+    # set 2, skill A: 0.39 and 0.59 -> mean 0.49 -> -0.1, +0.1 ; B alone -> 0 ; scale 32
+    advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], 32.0)
+    assert advantages == approx([-3.2, 3.2, 0.0])
+
+
+def test_learning_potential_released_together_is_one_update_per_generation_step():
+    """A late release of two sets updates the averages twice, in generation order."""
+    late = _lp_buffer()
+    _regeneration(late, 0, SETS[0])
+    _regeneration(late, 4, SETS[1])
+    released = late.release(8)
+    assert [r.reward for r in released] == approx(EXPECTED[0] + EXPECTED[1])
+    assert late.reward_state["slow"] == approx(EXPECTED_EMAS[1][1])
+
+
+def test_learning_potential_resume_round_trip_gives_identical_rewards():
+    straight = _lp_buffer()
+    _regeneration(straight, 0, SETS[0])
+    straight.release(4)
+    _regeneration(straight, 4, SETS[1])  # pending across the checkpoint
+    saved = json.loads(json.dumps(straight.to_json()))
+    assert saved["version"] == 2 and saved["reward_state"]["slow"] == approx(EXPECTED_EMAS[0][1])
+    resumed = DesignerBuffer.from_json(saved, RewardSettings(designer_reward="learning_potential"))
+    assert resumed == straight
+    released = {}
+    for name, buffer in (("straight", straight), ("resumed", resumed)):
+        first = buffer.release(8)
+        _regeneration(buffer, 8, SETS[2])
+        released[name] = (first, buffer.release(12))
+    assert released["resumed"] == released["straight"]
+    assert [r.reward for r in released["resumed"][1]] == approx(EXPECTED[2])
+    assert resumed.reward_state == straight.reward_state
+
+
+def test_learning_potential_validation_and_settings():
+    settings = RewardSettings(designer_reward="learning_potential")
+    assert (settings.lp_fast_decay, settings.lp_slow_decay) == (0.85, 0.98)
+    assert designer_reward_for(settings) == LearningPotentialReward(0.85, 0.98)
+    assert designer_reward_for(settings) is not designer_reward_for(settings)  # fresh state each time
+    with pytest.raises(ValueError, match="lp_fast_decay"):
+        RewardSettings(lp_fast_decay=0.99)  # the fast average must forget faster than the slow one
+    with pytest.raises(ValueError, match="lp_slow_decay"):
+        RewardSettings(lp_slow_decay=1.0)
+    with pytest.raises(ValueError, match="fast_decay"):
+        LearningPotentialReward(0.9, 0.5)
+    with pytest.raises(ValueError, match="fast and slow"):
+        LearningPotentialReward().load_state_dict({"fast": {A: 0.1}, "slow": {}})
+
+
+def test_resume_uses_the_new_band_and_keeps_the_reward():
+    """A later phase changes the plateau band on resume: the restored buffer scores with the new
+    settings; changing the designer reward itself is refused."""
+    buffer = DesignerBuffer(4)
+    buffer.add(0, "e", A, "e", [0.3], [0.3])
+    saved = json.loads(json.dumps(buffer.to_json()))
+    phase2 = RewardSettings(plateau_lo=0.2, plateau_hi=0.4, plateau_ramp=0.2)
+    resumed = DesignerBuffer.from_json(saved, phase2)
+    assert resumed.settings == phase2
+    # regret 0 ; win 0.3: old band plateau(0.3) = 1 - 0.1 / 0.25 = 0.6 -> 0.36 ; new band: inside -> 0.6
+    assert DesignerBuffer.from_json(saved).release(4)[0].reward == approx(0.36)
+    assert resumed.release(4)[0].reward == approx(0.6)
+    with pytest.raises(ValueError, match="selfplay.rewards.designer_reward"):
+        DesignerBuffer.from_json(saved, RewardSettings(designer_reward="learning_potential"))
+
+
+def test_version_1_is_read_back_as_window_progress():
+    """Before issue 15 the per-environment reward was called learning_potential, keys lp_*."""
+    v1 = {"version": 1, "k": 4,
+          "settings": {**{k: v for k, v in dataclasses.asdict(RewardSettings()).items()
+                          if not k.startswith(("lp_", "wp_", "sv_"))},
+                       "designer_reward": "learning_potential",
+                       "lp_fast_alpha": 0.6, "lp_slow_alpha": 0.2, "lp_scale": 0.5},
+          "pending": [{"env_id": "e", "skill": A, "generated_step": 0, "sample_ref": "e",
+                       "hint_returns": [1.0], "nohint_returns": [0.2], "later_returns": [[1, [0.4]]]}]}
+    buffer = DesignerBuffer.from_json(v1)
+    assert buffer.settings.designer_reward == "window_progress"
+    assert (buffer.settings.wp_fast_alpha, buffer.settings.wp_slow_alpha, buffer.settings.wp_scale) == (0.6, 0.2, 0.5)
+    (released,) = buffer.release(4)
+    # means 0.2, 0.4: fast 0.2 + 0.6 * 0.2 = 0.32, slow 0.2 + 0.2 * 0.2 = 0.24 -> 0.08 / 0.5 = 0.16
+    assert released.reward == approx(0.16)

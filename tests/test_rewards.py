@@ -285,7 +285,9 @@ def test_reward_settings_defaults_match_spec():
     }
     assert settings.advantage_cap == 50.0
     assert settings.designer_reward == "regret_plateau"
-    assert (settings.lp_fast_alpha, settings.lp_slow_alpha) == (0.5, 0.1)
+    assert (settings.lp_fast_decay, settings.lp_slow_decay) == (0.85, 0.98)  # the paper's released values
+    assert (settings.wp_fast_alpha, settings.wp_slow_alpha, settings.wp_scale) == (0.5, 0.1, 0.2)
+    assert (settings.sv_target, settings.sv_sigma) == (0.25, 0.1)  # SPICE
     # the kwargs feed designer_reward: regret 0.09 -> 0.6 ; win 0.5 -> 1 ; 0.24 + 0.6 = 0.84
     assert designer_reward([0.59], [0.5], [0.5], **settings.blend_kwargs()) == approx(0.84)
 
@@ -298,12 +300,16 @@ def test_reward_settings_is_frozen():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(designer_reward="ema"), "regret_plateau, learning_potential"),
+        (dict(designer_reward="ema"), "regret_plateau, learning_potential, window_progress, solver_variance"),
         (dict(plateau_lo=0.7), "plateau_lo"),
         (dict(plateau_ramp=0.0), "plateau_ramp"),
         (dict(regret_scale=-1.0), "regret_scale"),
-        (dict(lp_slow_alpha=0.6), "lp_slow_alpha"),
-        (dict(lp_scale=float("nan")), "lp_scale"),
+        (dict(wp_slow_alpha=0.6), "wp_slow_alpha"),
+        (dict(wp_scale=float("nan")), "wp_scale"),
+        (dict(lp_fast_decay=0.98, lp_slow_decay=0.85), "lp_fast_decay"),
+        (dict(lp_slow_decay=-0.1), "lp_slow_decay"),
+        (dict(sv_sigma=0.0), "sv_sigma"),
+        (dict(sv_target=float("inf")), "sv_target"),
         (dict(advantage_cap=0.0), "advantage_cap"),
     ],
 )
@@ -321,3 +327,51 @@ def test_reward_settings_from_config_mapping():
         from_mapping(RewardSettings, {"designer_reward": "bogus"}, where="rewards")
     with pytest.raises(ConfigError, match="plateau_lo"):
         from_mapping(RewardSettings, {"plateau_lo": 0.9}, where="rewards")
+
+
+def test_reward_settings_old_key_names_are_unknown():
+    """The per-environment variant's keys were renamed lp_* -> wp_* (issue 15): an old key is an
+    unknown key whose message lists the new ones."""
+    from spade.config import ConfigError, from_mapping
+
+    with pytest.raises(ConfigError, match="rewards.lp_fast_alpha: unknown key.*wp_fast_alpha"):
+        from_mapping(RewardSettings, {"lp_fast_alpha": 0.5}, where="rewards")
+
+
+# ------------------------------------------------------------------- solver variance (SPICE)
+
+
+@pytest.mark.parametrize(
+    "nohint, later, sigma, expected",
+    [
+        # var(0, 1) = 0.25 = the target: the peak
+        ((0.0,), ((1.0,),), 0.1, 1.0),
+        # 0, 0, 0, 1: mean 0.25, var (3 * 0.0625 + 0.5625) / 4 = 0.1875 ; (0.1875 - 0.25)^2 = 0.00390625
+        ((0.0, 0.0), ((0.0,), (1.0,)), 0.1, math.exp(-0.00390625 / 0.02)),  # 0.82258
+        ((0.0, 0.0), ((0.0,), (1.0,)), 0.2, math.exp(-0.00390625 / 0.08)),  # 0.95235
+        # identical returns: var 0 -> exp(-0.0625 / 0.02) = exp(-3.125)
+        ((0.5, 0.5), ((0.5,),), 0.1, math.exp(-3.125)),
+        # returns -1 and 1: var 1 -> exp(-0.5625 / 0.02)
+        ((-1.0,), ((1.0,),), 0.1, math.exp(-28.125)),
+    ],
+)
+def test_solver_variance_by_hand(nohint, later, sigma, expected):
+    from spade.selfplay.rewards import DesignerEvidence, SolverVarianceReward, designer_reward_for
+
+    evidence = DesignerEvidence((1.0,), nohint, later)  # the hinted plays do not enter it
+    assert SolverVarianceReward(sigma=sigma)(evidence) == approx(expected)
+    settings = RewardSettings(designer_reward="solver_variance", sv_sigma=sigma)
+    assert designer_reward_for(settings) == SolverVarianceReward(0.25, sigma)
+    assert designer_reward_for(settings)(evidence) == approx(expected)
+
+
+def test_solver_variance_peak_and_validation():
+    from spade.selfplay.rewards import SolverVarianceReward
+
+    reward = SolverVarianceReward()
+    assert reward.of_variance(0.25) == 1.0
+    assert reward.of_variance(0.15) == approx(math.exp(-0.5))  # one sigma below the target
+    assert reward.of_variance(0.35) == approx(math.exp(-0.5))
+    assert SolverVarianceReward(target=0.1).of_variance(0.1) == 1.0
+    with pytest.raises(ValueError, match="sigma"):
+        SolverVarianceReward(sigma=0.0)

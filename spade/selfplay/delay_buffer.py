@@ -19,9 +19,14 @@ policy: the sample is ``k`` policy updates stale, and the trainer's truncated im
 (``w = clamp(exp(logp_train - logp_rollout), 0, 2)``) corrects for exactly that staleness only if
 ``logp_rollout`` is the original.
 
-The buffer round-trips through JSON (:meth:`DesignerBuffer.to_json`,
-:meth:`DesignerBuffer.from_json`) so that a resumed run releases exactly what the interrupted one
-would have. Standard library only.
+The buffer also owns the state of a designer reward that lasts across regenerations (the
+per-skill averages of the paper's learning potential, :class:`~spade.selfplay.rewards.SetDesignerReward`).
+It round-trips through JSON (:meth:`DesignerBuffer.to_json`, :meth:`DesignerBuffer.from_json`)
+so that a resumed run releases exactly what the interrupted one would have, with the same rewards.
+
+Format versions: 2 adds ``reward_state``. Version 1 (before issue 15) is read back: its settings
+keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale`` and its reward name ``learning_potential``
+meant today's ``window_progress`` (``wp_*``), and it had no reward state. Standard library only.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .rewards import DesignerEvidence, RewardSettings, _require_finite, designer_reward_for
+from .rewards import DesignerEvidence, RewardSettings, _require_finite, designer_reward_for, score_released
 
 __all__ = [
     "DesignerBuffer",
@@ -40,7 +45,10 @@ __all__ = [
     "ReleasedDesignerSample",
 ]
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
+# version 1 -> 2: the per-environment EMA reward was renamed (issue 15)
+_V1_SETTINGS_KEYS = {"lp_fast_alpha": "wp_fast_alpha", "lp_slow_alpha": "wp_slow_alpha", "lp_scale": "wp_scale"}
+_V1_REWARD_NAMES = {"learning_potential": "window_progress"}
 
 
 @dataclass(frozen=True)
@@ -114,9 +122,11 @@ class ReleasedDesignerSample:
 class DesignerBuffer:
     """Designer samples held back ``k`` steps until their window's no-hint returns are in.
 
-    The reward is the :class:`~spade.selfplay.rewards.DesignerReward` that
-    ``settings.designer_reward`` names (:func:`~spade.selfplay.rewards.designer_reward_for`). Advantages are not computed here: pass the ``reward`` and
-    ``skill`` of one :meth:`release` to :func:`~spade.selfplay.rewards.designer_advantages`.
+    The reward is the designer reward that ``settings.designer_reward`` names
+    (:func:`~spade.selfplay.rewards.designer_reward_for`); the samples of one generation step are
+    scored together (:func:`~spade.selfplay.rewards.score_released`), generation steps in order.
+    Advantages are not computed here: pass the ``reward`` and ``skill`` of one :meth:`release` to
+    :func:`~spade.selfplay.rewards.designer_advantages`.
     """
 
     def __init__(self, k: int, settings: RewardSettings | None = None) -> None:
@@ -133,7 +143,14 @@ class DesignerBuffer:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DesignerBuffer):
             return NotImplemented
-        return (self.k, self.settings, self._pending) == (other.k, other.settings, other._pending)
+        return (self.k, self.settings, self._pending, self.reward_state) == \
+            (other.k, other.settings, other._pending, other.reward_state)
+
+    @property
+    def reward_state(self) -> dict[str, Any]:
+        """The designer reward's state across regenerations ({} for a reward without state)."""
+        state_dict = getattr(self.reward, "state_dict", None)
+        return {} if state_dict is None else state_dict()
 
     @property
     def pending(self) -> tuple[PendingDesignerSample, ...]:
@@ -201,8 +218,9 @@ class DesignerBuffer:
     def release(self, step: int) -> list[ReleasedDesignerSample]:
         """Remove and score every sample with ``generated_step + k <= step``.
 
-        Ordered by generation step, then by order of :meth:`add`. A window missing some steps is
-        scored on the plays recorded.
+        Ordered by generation step, then by order of :meth:`add`; the samples of one generation
+        step are scored as one set (a stateful reward is updated once per set). A window missing
+        some steps is scored on the plays recorded.
         """
         _require_step(step)
         due = [entry for entry in self._pending if entry.generated_step + self.k <= step]
@@ -210,16 +228,22 @@ class DesignerBuffer:
             return []
         self._pending = [entry for entry in self._pending if entry.generated_step + self.k > step]
         due.sort(key=lambda entry: entry.generated_step)  # stable: keeps add order within a step
-        return [self._score(entry) for entry in due]
+        released: list[ReleasedDesignerSample] = []
+        for generated in sorted({entry.generated_step for entry in due}):
+            group = [entry for entry in due if entry.generated_step == generated]
+            evidence = [entry.evidence() for entry in group]
+            rewards = score_released(self.reward, [entry.skill for entry in group], evidence)
+            released += [self._released(entry, e, r) for entry, e, r in zip(group, evidence, rewards)]
+        return released
 
-    def _score(self, entry: PendingDesignerSample) -> ReleasedDesignerSample:
-        evidence = entry.evidence()
+    def _released(self, entry: PendingDesignerSample, evidence: DesignerEvidence,
+                  reward: float) -> ReleasedDesignerSample:
         steps = [entry.generated_step] + [step for step, returns in entry.later_returns if returns]
         return ReleasedDesignerSample(
             env_id=entry.env_id,
             skill=entry.skill,
             generated_step=entry.generated_step,
-            reward=self.reward(evidence),
+            reward=reward,
             win=evidence.win,
             regret=evidence.regret,
             sample_ref=entry.sample_ref,
@@ -228,22 +252,49 @@ class DesignerBuffer:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-serialisable snapshot: ``k``, the reward settings and every pending sample."""
+        """A JSON-serialisable snapshot: ``k``, the reward settings, the reward's state and every
+        pending sample."""
         return {
             "version": _FORMAT_VERSION,
             "k": self.k,
             "settings": dataclasses.asdict(self.settings),
+            "reward_state": self.reward_state,
             "pending": [entry.to_json() for entry in self._pending],
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "DesignerBuffer":
-        """Rebuild a buffer from :meth:`to_json`; the stored ``k`` and settings are restored."""
+    def from_json(cls, data: Mapping[str, Any], settings: RewardSettings | None = None) -> "DesignerBuffer":
+        """Rebuild a buffer from :meth:`to_json` (format 2, or 1 read back compatibly).
+
+        Without ``settings`` the stored ``k`` and settings are restored. With ``settings`` (the
+        resumed run's config) those are used from now on, pending samples included, so that a
+        resume that changes the plateau band (a later training phase) scores with the new band;
+        the reward they name must be the stored one (ValueError naming
+        ``selfplay.rewards.designer_reward`` otherwise), because its state belongs to it.
+        """
         version = data.get("version")
-        if version != _FORMAT_VERSION:
-            raise ValueError(f"version: expected {_FORMAT_VERSION}, got {version!r}")
-        buffer = cls(int(data["k"]), RewardSettings(**data["settings"]))
+        stored = dict(data["settings"])
+        if version == 1:
+            stored = {_V1_SETTINGS_KEYS.get(key, key): value for key, value in stored.items()}
+            name = stored.get("designer_reward")
+            stored["designer_reward"] = _V1_REWARD_NAMES.get(name, name)
+        elif version != _FORMAT_VERSION:
+            raise ValueError(f"designer buffer version: expected 1 or {_FORMAT_VERSION}, got {version!r} "
+                             "(written by a newer or unknown spade)")
+        stored_settings = RewardSettings(**stored)
+        if settings is not None and settings.designer_reward != stored_settings.designer_reward:
+            raise ValueError(
+                f"selfplay.rewards.designer_reward: the run was checkpointed with "
+                f"{stored_settings.designer_reward!r}, the config says {settings.designer_reward!r}; "
+                "a resumed run keeps its designer reward")
+        buffer = cls(int(data["k"]), settings if settings is not None else stored_settings)
         buffer._pending = [PendingDesignerSample.from_json(entry) for entry in data["pending"]]
+        reward_state = data.get("reward_state") or {}
+        load_state_dict = getattr(buffer.reward, "load_state_dict", None)
+        if load_state_dict is not None:
+            load_state_dict(reward_state)
+        elif reward_state:
+            raise ValueError(f"reward_state: {stored_settings.designer_reward!r} keeps no state, got {reward_state!r}")
         return buffer
 
 

@@ -9,10 +9,21 @@ the many agent samples (:func:`designer_advantages`, :func:`designer_advantage_s
 
 The designer's reward is one small interface, :class:`DesignerReward`: a callable from the
 evidence of one environment's window (:class:`DesignerEvidence`: hinted and no-hint returns of the
-generation step, no-hint returns of each later step) to a number. Two implementations, chosen by
-``RewardSettings.designer_reward`` through :func:`designer_reward_for`: :class:`RegretPlateauReward`
-(SPEC 1.4, the method) and :class:`LearningPotentialReward` (the paper's EMA ablation). The raw
-hint regret is computed in one place, :func:`hint_regret`.
+generation step, no-hint returns of each later step) to a number. A reward that needs the whole
+released set and state across regenerations (the paper's learning potential) implements
+:class:`SetDesignerReward` instead; :func:`score_released` scores a set with either kind. Four
+implementations, chosen by ``RewardSettings.designer_reward`` through :func:`designer_reward_for`:
+
+* ``regret_plateau``: :class:`RegretPlateauReward` (SPEC 1.4, the method);
+* ``learning_potential``: :class:`LearningPotentialReward` (the paper's EMA ablation, Eqs. 4-6:
+  per-skill EMAs across regenerations, ``lp_*`` keys);
+* ``window_progress``: :class:`WindowProgressReward` (this project's per-environment variant: fast
+  and slow EMAs over the steps of one environment's window, ``wp_*`` keys; before issue 15 it was
+  called ``learning_potential`` with keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale``);
+* ``solver_variance``: :class:`SolverVarianceReward` (SPICE's Gaussian of the agent's return
+  variance, ``sv_*`` keys).
+
+The raw hint regret is computed in one place, :func:`hint_regret`.
 
 All numbers default to the SPEC values and are gathered in :class:`RewardSettings`.
 """
@@ -21,7 +32,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol, get_args
 
@@ -34,7 +45,11 @@ __all__ = [
     "DESIGNER_REWARDS",
     "LearningPotentialReward",
     "RegretPlateauReward",
+    "SetDesignerReward",
+    "SolverVarianceReward",
+    "WindowProgressReward",
     "designer_reward_for",
+    "score_released",
     "hint_regret",
     "RewardSettings",
     "agent_advantages",
@@ -45,7 +60,7 @@ __all__ = [
     "plateau",
 ]
 
-DesignerRewardName = Literal["regret_plateau", "learning_potential"]
+DesignerRewardName = Literal["regret_plateau", "learning_potential", "window_progress", "solver_variance"]
 DESIGNER_REWARDS: tuple[str, ...] = get_args(DesignerRewardName)
 
 # Added to the population standard deviation in the agent's z-score (SPEC 1.3).
@@ -56,9 +71,11 @@ _STD_EPS = 1e-8
 class RewardSettings:
     """Every number of the reward layer, with the SPEC defaults.
 
-    ``designer_reward`` picks the designer's reward: ``"regret_plateau"`` (SPEC 1.4, the method) or
-    ``"learning_potential"`` (the paper's EMA ablation, see :class:`LearningPotentialReward`, which
-    reads the ``lp_*`` fields).
+    ``designer_reward`` picks the designer's reward: ``"regret_plateau"`` (SPEC 1.4, the method),
+    ``"learning_potential"`` (the paper's EMA ablation, :class:`LearningPotentialReward`, reads
+    ``lp_fast_decay`` / ``lp_slow_decay``), ``"window_progress"`` (:class:`WindowProgressReward`,
+    reads the ``wp_*`` fields) or ``"solver_variance"`` (SPICE, :class:`SolverVarianceReward`,
+    reads ``sv_target`` / ``sv_sigma``).
     ``advantage_cap`` caps :func:`designer_advantage_scale`.
     """
 
@@ -70,9 +87,16 @@ class RewardSettings:
     plateau_ramp: float = 0.25
     advantage_cap: float = 50.0
     designer_reward: DesignerRewardName = "regret_plateau"
-    lp_fast_alpha: float = 0.5
-    lp_slow_alpha: float = 0.1
-    lp_scale: float = 0.2
+    # learning_potential (the paper's released values): ema <- decay * ema + (1 - decay) * x
+    lp_fast_decay: float = 0.85
+    lp_slow_decay: float = 0.98
+    # window_progress (this project's choice)
+    wp_fast_alpha: float = 0.5
+    wp_slow_alpha: float = 0.1
+    wp_scale: float = 0.2
+    # solver_variance (SPICE: target 0.25, 2 * sigma^2 = 2 * 0.01)
+    sv_target: float = 0.25
+    sv_sigma: float = 0.1
 
     def __post_init__(self) -> None:
         if self.designer_reward not in DESIGNER_REWARDS:
@@ -82,7 +106,8 @@ class RewardSettings:
             )
         for name in (
             "regret_scale", "regret_weight", "plateau_weight", "plateau_lo", "plateau_hi",
-            "plateau_ramp", "advantage_cap", "lp_fast_alpha", "lp_slow_alpha", "lp_scale",
+            "plateau_ramp", "advantage_cap", "lp_fast_decay", "lp_slow_decay", "wp_fast_alpha",
+            "wp_slow_alpha", "wp_scale", "sv_target", "sv_sigma",
         ):
             value = getattr(self, name)
             _require_finite(value, name)
@@ -92,10 +117,15 @@ class RewardSettings:
         _check(self.plateau_lo <= self.plateau_hi, "plateau_lo", "must be <= plateau_hi")
         _check(self.plateau_ramp > 0, "plateau_ramp", "must be > 0")
         _check(self.advantage_cap > 0, "advantage_cap", "must be > 0")
-        _check(0 < self.lp_slow_alpha <= 1, "lp_slow_alpha", "must be in (0, 1]")
-        _check(0 < self.lp_fast_alpha <= 1, "lp_fast_alpha", "must be in (0, 1]")
-        _check(self.lp_slow_alpha < self.lp_fast_alpha, "lp_slow_alpha", "must be < lp_fast_alpha")
-        _check(self.lp_scale > 0, "lp_scale", "must be > 0")
+        _check(0 <= self.lp_fast_decay < 1, "lp_fast_decay", "must be in [0, 1)")
+        _check(0 <= self.lp_slow_decay < 1, "lp_slow_decay", "must be in [0, 1)")
+        _check(self.lp_fast_decay < self.lp_slow_decay, "lp_fast_decay",
+               "must be < lp_slow_decay (the slow average keeps more of its past)")
+        _check(0 < self.wp_slow_alpha <= 1, "wp_slow_alpha", "must be in (0, 1]")
+        _check(0 < self.wp_fast_alpha <= 1, "wp_fast_alpha", "must be in (0, 1]")
+        _check(self.wp_slow_alpha < self.wp_fast_alpha, "wp_slow_alpha", "must be < wp_fast_alpha")
+        _check(self.wp_scale > 0, "wp_scale", "must be > 0")
+        _check(self.sv_sigma > 0, "sv_sigma", "must be > 0")
 
     def blend_kwargs(self) -> dict[str, float]:
         """The keyword arguments of :func:`designer_reward` taken from these settings."""
@@ -194,12 +224,14 @@ class RegretPlateauReward:
 
 
 @dataclass(frozen=True)
-class LearningPotentialReward:
-    """The EMA learning-potential designer reward (the paper's ablation), as defined here.
+class WindowProgressReward:
+    """How fast the agent's results on one environment move over its window (``window_progress``).
 
-    For one environment, take the per-step mean no-hint return over its window in step order,
-    ``m_0`` (step ``s``), ``m_1``, ... (steps with no plays are skipped). Start two exponential
-    moving averages at ``fast = slow = m_0`` and for every later mean ``m``::
+    This project's per-environment variant of an EMA reward (called ``learning_potential`` before
+    the paper's own definition, :class:`LearningPotentialReward`, was added). For one environment,
+    take the per-step mean no-hint return over its window in step order, ``m_0`` (step ``s``),
+    ``m_1``, ... (steps with no plays are skipped). Start two exponential moving averages at
+    ``fast = slow = m_0`` and for every later mean ``m``::
 
         fast += fast_alpha * (m - fast)
         slow += slow_alpha * (m - slow)
@@ -226,8 +258,8 @@ class LearningPotentialReward:
             raise ValueError(f"scale: must be > 0, got {self.scale}")
 
     @classmethod
-    def from_settings(cls, settings: "RewardSettings") -> "LearningPotentialReward":
-        return cls(settings.lp_fast_alpha, settings.lp_slow_alpha, settings.lp_scale)
+    def from_settings(cls, settings: "RewardSettings") -> "WindowProgressReward":
+        return cls(settings.wp_fast_alpha, settings.wp_slow_alpha, settings.wp_scale)
 
     def progress(self, step_means: Sequence[float]) -> float:
         """The reward from the per-step mean no-hint returns, in step order (non-empty)."""
@@ -246,14 +278,165 @@ class LearningPotentialReward:
         return self.progress(means)
 
 
-_DESIGNER_REWARDS: dict[str, Callable[["RewardSettings"], DesignerReward]] = {
+@dataclass(frozen=True)
+class SolverVarianceReward:
+    """SPICE's challenger reward applied to an environment (``solver_variance``).
+
+    SPICE (Liu et al. 2025, "SPICE: Self-Play In Corpus Environments Improves Reasoning",
+    arXiv 2510.24684, section 3, the challenger reward) scores a generated task by the variance
+    ``var`` of the solver's results on it with a Gaussian centred on 0.25, the largest variance a
+    0/1 outcome can have (half the attempts right)::
+
+        r = exp(-(var - 0.25)^2 / (2 * 0.01))
+
+    so ``target = 0.25`` and ``sigma = 0.1`` here (both config keys: ``sv_target``, ``sv_sigma``).
+    ``var`` is the population variance of every no-hint return of the environment's window (the
+    plays the plateau reads); a window of identical returns gives ``exp(-target^2 / (2 sigma^2))``.
+    Returns in [-1, 1] can have a variance above 0.25; it is scored by the same Gaussian. SPICE's
+    penalty for invalid tasks has no counterpart: only admitted environments are scored.
+    """
+
+    target: float = 0.25
+    sigma: float = 0.1
+
+    def __post_init__(self) -> None:
+        _require_finite(self.target, "target")
+        _require_finite(self.sigma, "sigma")
+        _check(self.sigma > 0, "sigma", f"must be > 0, got {self.sigma}")
+
+    @classmethod
+    def from_settings(cls, settings: "RewardSettings") -> "SolverVarianceReward":
+        return cls(settings.sv_target, settings.sv_sigma)
+
+    def of_variance(self, variance: float) -> float:
+        return math.exp(-((_require_finite(variance, "variance") - self.target) ** 2) / (2 * self.sigma ** 2))
+
+    def __call__(self, evidence: DesignerEvidence) -> float:
+        returns = evidence.window_returns
+        mean = _mean(returns, "window")
+        return self.of_variance(math.fsum((r - mean) ** 2 for r in returns) / len(returns))
+
+
+class SetDesignerReward(Protocol):
+    """A designer reward that scores the environments released together, with state that lasts
+    across regenerations (and is checkpointed: :meth:`state_dict`, :meth:`load_state_dict`)."""
+
+    def score_set(self, skills: Sequence[str], evidence: Sequence[DesignerEvidence]) -> list[float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class LearningPotentialReward:
+    """The paper's learning-potential designer reward (its Eqs. 4-6; ``learning_potential``).
+
+    Per skill ``c`` the run keeps two exponential moving averages of the agent's mean return,
+    updated once per regeneration (here: once per released set, when the set's window closes)::
+
+        fast_c <- fast_decay * fast_c + (1 - fast_decay) * R_c        (Eq. 4)
+        slow_c <- slow_decay * slow_c + (1 - slow_decay) * R_c        (Eq. 5)
+        reward_e = |R_e - slow_c|  for environment e of skill c      (Eq. 6)
+
+    ``R_e`` is the environment's mean no-hint return over its window (the plateau's ``win``) and
+    ``R_c`` the mean of ``R_e`` over the set's environments of skill ``c``. The released values are
+    0.98 and 0.85. Which is the decay: an average called *slow* must keep more of its past than a
+    *fast* one, so with ``ema <- beta * ema + (1 - beta) * x`` the slow average has ``beta = 0.98``
+    (a new set moves it by 2%) and the fast one ``beta = 0.85`` (15%). Read as weights of the new
+    value instead, both averages would be within 15% of the latest set and could not be told apart.
+
+    Choices the description leaves open, made here: an average starts at the first ``R_c`` of
+    its skill (no prior value); the averages are updated with the set before its rewards are read,
+    so the first set of a skill is scored against its own skill mean. The reward is the raw
+    distance; "centred per skill" is :func:`designer_advantages`, which subtracts the same-skill
+    mean of the set, so nothing is centred here. The fast average does not enter Eq. 6; it is kept
+    (and checkpointed) for logging. The hinted plays do not enter it.
+    """
+
+    def __init__(self, fast_decay: float = 0.85, slow_decay: float = 0.98) -> None:
+        _require_finite(fast_decay, "fast_decay")
+        _require_finite(slow_decay, "slow_decay")
+        if not 0 <= fast_decay < slow_decay < 1:
+            raise ValueError(f"fast_decay, slow_decay: need 0 <= fast_decay < slow_decay < 1, "
+                             f"got {fast_decay}, {slow_decay}")
+        self.fast_decay = float(fast_decay)
+        self.slow_decay = float(slow_decay)
+        self.fast: dict[str, float] = {}
+        self.slow: dict[str, float] = {}
+
+    @classmethod
+    def from_settings(cls, settings: "RewardSettings") -> "LearningPotentialReward":
+        return cls(settings.lp_fast_decay, settings.lp_slow_decay)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LearningPotentialReward):
+            return NotImplemented
+        return (self.fast_decay, self.slow_decay, self.fast, self.slow) == \
+            (other.fast_decay, other.slow_decay, other.fast, other.slow)
+
+    def __repr__(self) -> str:
+        return (f"LearningPotentialReward(fast_decay={self.fast_decay}, slow_decay={self.slow_decay}, "
+                f"fast={self.fast}, slow={self.slow})")
+
+    def update(self, skill_means: Mapping[str, float]) -> None:
+        """Eqs. 4 and 5 for each skill of one set (a skill seen for the first time starts at its mean)."""
+        for skill, mean in skill_means.items():
+            x = _require_finite(mean, "skill_means")
+            if skill not in self.slow:
+                self.fast[skill] = self.slow[skill] = x
+            else:
+                self.fast[skill] = self.fast_decay * self.fast[skill] + (1 - self.fast_decay) * x
+                self.slow[skill] = self.slow_decay * self.slow[skill] + (1 - self.slow_decay) * x
+
+    def score_means(self, skills: Sequence[str], env_means: Sequence[float]) -> list[float]:
+        """Update with one set (``env_means[i]`` = ``R_e`` of an environment of ``skills[i]``) and
+        return each environment's ``|R_e - slow_c|`` (Eq. 6)."""
+        if len(skills) != len(env_means):
+            raise ValueError(f"skills and env_means differ in length ({len(skills)} vs {len(env_means)})")
+        values = [_require_finite(m, "env_means") for m in env_means]
+        groups: dict[str, list[float]] = {}
+        for skill, value in zip(skills, values):
+            groups.setdefault(skill, []).append(value)
+        self.update({skill: math.fsum(group) / len(group) for skill, group in groups.items()})
+        return [abs(value - self.slow[skill]) for skill, value in zip(skills, values)]
+
+    def score_set(self, skills: Sequence[str], evidence: Sequence[DesignerEvidence]) -> list[float]:
+        return self.score_means(skills, [e.win for e in evidence])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fast": dict(self.fast), "slow": dict(self.slow)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        fast = {str(k): _require_finite(v, "fast") for k, v in dict(state.get("fast", {})).items()}
+        slow = {str(k): _require_finite(v, "slow") for k, v in dict(state.get("slow", {})).items()}
+        if set(fast) != set(slow):
+            raise ValueError(f"learning-potential state: the fast and slow averages name different skills "
+                             f"({sorted(fast)} vs {sorted(slow)})")
+        self.fast, self.slow = fast, slow
+
+
+def score_released(reward: "DesignerReward | SetDesignerReward", skills: Sequence[str],
+                   evidence: Sequence[DesignerEvidence]) -> list[float]:
+    """The rewards of the environments of one released set, with either kind of designer reward."""
+    if len(skills) != len(evidence):
+        raise ValueError(f"skills and evidence differ in length ({len(skills)} vs {len(evidence)})")
+    score_set = getattr(reward, "score_set", None)
+    if score_set is not None:
+        return list(score_set(skills, evidence))
+    return [reward(e) for e in evidence]
+
+
+_DESIGNER_REWARDS: dict[str, Callable[["RewardSettings"], "DesignerReward | SetDesignerReward"]] = {
     "regret_plateau": RegretPlateauReward.from_settings,
     "learning_potential": LearningPotentialReward.from_settings,
+    "window_progress": WindowProgressReward.from_settings,
+    "solver_variance": SolverVarianceReward.from_settings,
 }
 
 
-def designer_reward_for(settings: "RewardSettings") -> DesignerReward:
-    """The designer reward ``settings.designer_reward`` names, built from ``settings``."""
+def designer_reward_for(settings: "RewardSettings") -> "DesignerReward | SetDesignerReward":
+    """The designer reward ``settings.designer_reward`` names, built from ``settings`` (a new
+    object each call: a :class:`SetDesignerReward` starts with empty state)."""
     return _DESIGNER_REWARDS[settings.designer_reward](settings)
 
 
