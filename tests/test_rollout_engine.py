@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 
 import pytest
 import torch
@@ -40,6 +41,25 @@ def tiny_model(name: str, seed: int = 0):
             else:
                 param.normal_(0.0, 0.15)
     return model
+
+
+def pause_at_forward(model, call: int) -> tuple[threading.Event, threading.Event]:
+    """Hold the engine's worker thread after its ``call``-th forward (1-based) until the test lets
+    it go: returns (reached, go). Events order what the test does relative to generation."""
+    reached, go, count = threading.Event(), threading.Event(), [0]
+
+    def hook(module, args, out):  # noqa: ARG001
+        count[0] += 1
+        if count[0] == call:
+            reached.set()
+            go.wait(60)
+
+    model.register_forward_hook(hook)
+    return reached, go
+
+
+async def until_set(event: threading.Event) -> None:
+    assert await asyncio.to_thread(event.wait, 60), "the engine never got there"
 
 
 def make_engine(name: str = "qwen3", **kwargs) -> HFEngine:
@@ -172,39 +192,47 @@ def test_concurrent_requests_are_batched_and_all_complete():
                                        with_kwargs=True)
     prompts = [PROMPTS[i % 3] for i in range(10)]
 
+    # the first forward (in the worker thread) waits until a coroutine on the event loop answers:
+    # only a loop that keeps running while the worker generates can
+    generating, answered, answered_in_time = threading.Event(), threading.Event(), []
+
+    def first_forward_waits_for_the_loop(module, args, out):  # noqa: ARG001
+        if not generating.is_set():
+            generating.set()
+            answered_in_time.append(answered.wait(30))
+
+    engine.model.register_forward_hook(first_forward_waits_for_the_loop)
+
     async def main():
-        ticks = 0
+        async def answer():
+            await until_set(generating)
+            answered.set()
 
-        async def ticker():
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.001)
-                ticks += 1
-
-        tick_task = asyncio.create_task(ticker())
+        answering = asyncio.create_task(answer())
         results = await asyncio.gather(*(engine.generate(request(p, temperature=1.0, max_new_tokens=16, seed=i))
                                          for i, p in enumerate(prompts)))
-        tick_task.cancel()
-        return results, ticks
+        await answering
+        return results
 
-    results, ticks = asyncio.run(main())
+    results = asyncio.run(main())
     assert all(len(r.token_ids) == 16 and r.finish_reason == "length" for r in results)
     assert engine.stats.batch_sizes == [4, 4, 2]
     assert len(calls) == engine.stats.forward_calls == 3 * 16  # one prefill + 15 decode steps per batch
     assert [shape[0] for shape in calls[:16]] == [4] * 16
-    assert ticks > 10  # the event loop kept running while the worker thread generated
+    assert answered_in_time == [True]  # the event loop kept running while the worker thread generated
     engine.close()
 
 
 def test_close_aborts_in_flight_and_queued_requests():
     engine = make_engine(max_batch_size=1, max_context_tokens=1000)
+    third_forward, go = pause_at_forward(engine.model, 3)
 
     async def main():
         first = asyncio.create_task(engine.generate(request(PROMPTS[0], temperature=1.0, max_new_tokens=900, seed=1)))
         second = asyncio.create_task(engine.generate(request(PROMPTS[1], temperature=1.0, max_new_tokens=5)))
-        while engine.stats.forward_calls < 3:
-            await asyncio.sleep(0.001)
+        await until_set(third_forward)  # the first request is generating, the second queued
         engine.close()
+        go.set()
         return await first, await second
 
     first, second = asyncio.run(main())
@@ -371,11 +399,16 @@ def test_weights_change_only_between_batches():
     engine = make_engine(max_context_tokens=400)
     new_state = {k: v.clone() for k, v in tiny_model("qwen3", seed=9).state_dict().items()}
 
+    second_forward, go = pause_at_forward(engine.model, 2)
+
     async def main():
         running = asyncio.create_task(engine.generate(request(PROMPTS[0], temperature=1.0, max_new_tokens=300, seed=1)))
-        while engine.stats.forward_calls < 2:
-            await asyncio.sleep(0.001)
-        await engine.update_weights(new_state.items(), version=1)
+        await until_set(second_forward)  # the batch is mid-generation
+        updating = asyncio.create_task(engine.update_weights(new_state.items(), version=1))
+        done, _ = await asyncio.wait({updating}, timeout=0.2)  # only an update that does not wait ends here
+        assert not done and engine.weight_version == 0
+        go.set()
+        await updating
         return await running
 
     result = asyncio.run(main())

@@ -47,8 +47,9 @@ def play(sandbox, tokenizer, engine, sampling, max_context_tokens=400):
             return await play_episode(env, policy, seed=3), policy
         finally:
             await env.close()
+            batcher = [task for task in asyncio.all_tasks() if task.get_name() == "hf-engine-batcher"]
             engine.close()
-            await asyncio.sleep(0)  # let the engine's batching task finish
+            await asyncio.wait_for(asyncio.gather(*batcher), 30)  # the engine's batching task has ended
 
     return sandbox.run(go(), timeout=120)
 

@@ -2,7 +2,9 @@
 
 SGLang cannot run without a GPU, so each "server" here is a ThreadingHTTPServer on 127.0.0.1
 answering /generate with responses of the shape tokenizer_manager.py builds (see
-tests/test_sglang_protocol.py) and recording every control call.
+tests/test_sglang_protocol.py) and recording every control call. A test that needs a request to be
+in flight holds it at the server (``hold``) and waits for its arrival (``arrived``): events, not
+sleeps, order what the engine sees.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class FakeSGLang:
         self.name, self.log, self.delay = name, log, delay
         self.generate_count = 0
         self.fail_next = 0  # close the connection without replying this many times
+        self.all_failed = threading.Event()  # set once the last of those has failed
+        self.hold: threading.Event | None = None  # when given, /generate answers only once it is set
+        self.arrived = threading.Event()  # a /generate request reached the server
         self.lock = threading.Lock()
         fake = self
 
@@ -56,15 +61,23 @@ class FakeSGLang:
                     fail = fake.fail_next > 0
                     if fail:
                         fake.fail_next -= 1
+                        if fake.fail_next == 0:
+                            fake.all_failed.set()
                 if self.path != "/generate":
                     return self._reply(200, {"success": True, "message": ""} if "weights" in self.path else None)
                 with fake.lock:
                     fake.generate_count += 1
+                fake.arrived.set()
                 if fail:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
-                time.sleep(fake.delay)
+                if fake.hold is not None:
+                    fake.hold.wait(60)
+                else:
+                    time.sleep(fake.delay)
+                with fake.lock:
+                    fake.log.append((fake.name, "/generate answered", payload))
                 sp = payload["sampling_params"]
                 last = payload["input_ids"][-1]
                 k = min(3, sp["max_new_tokens"])
@@ -90,6 +103,8 @@ class FakeSGLang:
         self.thread.start()
 
     def stop(self):
+        if self.hold is not None:
+            self.hold.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -101,6 +116,11 @@ def servers():
     yield fakes, log
     for f in fakes:
         f.stop()
+
+
+async def arrival(fake: FakeSGLang) -> None:
+    """Until a /generate request has reached ``fake`` (a generous deadline, not an ordering sleep)."""
+    assert await asyncio.to_thread(fake.arrived.wait, 30), "no request reached the server"
 
 
 def dead_url() -> str:
@@ -211,7 +231,7 @@ def test_release_resume_order(servers):
     r = asyncio.run(main())
     assert updates == [5] and eng.weight_version == 5 and r.weight_version == 5
     for name in ("a", "b"):
-        calls = [(p, body) for n, p, body in log if n == name and p != "/generate"]
+        calls = [(p, body) for n, p, body in log if n == name and not p.startswith("/generate")]
         assert calls == [
             ("/pause_generation", {"mode": "abort"}),
             ("/release_memory_occupation", {"tags": ["weights", "kv_cache"]}),
@@ -229,42 +249,48 @@ def test_release_resume_order(servers):
 
 def test_release_drains_and_blocks_new_requests(servers):
     (a, b), log = servers
-    a.delay = 0.3
+    a.hold = threading.Event()
     eng = SGLangEngine([a.url])
 
     async def main():
         inflight = asyncio.ensure_future(eng.generate(req()))
-        await asyncio.sleep(0.05)
-        await eng.release_memory()  # waits for the in-flight request
+        await arrival(a)
+        releasing = asyncio.ensure_future(eng.release_memory())
+        # the request is held at the server: release must wait for it (a wait that only a broken
+        # release could cut short; a slow machine cannot make this fail)
+        done, _ = await asyncio.wait({releasing}, timeout=0.2)
+        assert not done and not any(p == "/pause_generation" for _n, p, _b in log)
+        a.hold.set()
+        await asyncio.wait_for(releasing, 30)  # waits for the in-flight request
         assert inflight.done()
+        a.arrived.clear()
         later = asyncio.ensure_future(eng.generate(req()))
-        await asyncio.sleep(0.1)
-        assert not later.done()  # held while memory is released
+        done, _ = await asyncio.wait({later}, timeout=0.2)
+        assert not done and not a.arrived.is_set()  # held by the engine while memory is released
         await eng.resume_memory()
-        return await later
+        return await asyncio.wait_for(later, 30)
 
     asyncio.run(main())
     paths = [p for _n, p, _b in log]
-    assert paths.index("/pause_generation") > paths.index("/generate")
-    assert paths[-1] == "/generate" and paths[-2] == "/continue_generation"
+    assert paths.index("/pause_generation") > paths.index("/generate answered")
+    assert paths[-2:] == ["/generate", "/generate answered"] and paths[-3] == "/continue_generation"
 
 
 def test_close_aborts_in_flight(servers):
     (a, b), log = servers
-    a.delay = 2.0
+    a.hold = threading.Event()  # never answers within the test: only the abort can end the request
     eng = SGLangEngine([a.url])
 
     async def main():
         t = asyncio.ensure_future(eng.generate(req()))
-        await asyncio.sleep(0.1)
-        t0 = time.monotonic()
+        await arrival(a)
         await eng.aclose()
-        r = await t
-        return r, time.monotonic() - t0
+        return await asyncio.wait_for(t, 30)
 
-    r, dt = asyncio.run(main())
-    assert r.finish_reason == "abort" and r.token_ids == () and dt < 1.5
+    r = asyncio.run(main())
+    assert r.finish_reason == "abort" and r.token_ids == ()
     assert any(p == "/abort_request" for _n, p, _b in log)
+    assert not any(p == "/generate answered" for _n, p, _b in log)
     with pytest.raises(EngineClosed):
         asyncio.run(eng.generate(req()))
 
@@ -288,9 +314,9 @@ def test_failure_hook_recovers_and_retries_on_same_server(servers):
     a.fail_next = 3
     calls = []
 
-    async def recover(index):
+    async def recover(index):  # the restart completes once all three requests have failed
         calls.append(index)
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(a.all_failed.wait, 30)
 
     eng = SGLangEngine([a.url, b.url], on_server_failure=recover, max_retries=3)
 

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -287,16 +286,16 @@ def test_broadcast_sender_updates_two_standin_servers(tmp_path):
             assert all(get_json(s.url + "/spade_standin/log")[-1]["endpoint"] == "/destroy_weights_update_group"
                        for s in servers)
 
-            # a server dying in the middle of a transfer breaks the sender until it is replaced
+            # a server dying in the middle of a transfer breaks the sender until it is replaced; it is
+            # noticed from the dead peer, not by the collective's timeout (which would overrun the
+            # generous deadline below)
             sender = BroadcastWeightSender(
                 engine, server_tp_sizes=[1, 1], master_address="127.0.0.1", master_port=free_port(),
-                backend="gloo", group_name="second", timeout_s=20, failure_grace_s=2)
+                backend="gloo", group_name="second", timeout_s=90, failure_grace_s=2)
             await sender.connect()
             await servers[1].stop(grace_s=0)
-            t0 = time.monotonic()
             with pytest.raises(WeightSyncBroken, match="cannot connect|Connection"):
-                await sender.send(list(new_state.items()), 10)
-            assert time.monotonic() - t0 < 15
+                await asyncio.wait_for(sender.send(list(new_state.items()), 10), 45)
             with pytest.raises(WeightSyncBroken, match="close"):
                 await sender.send(list(new_state.items()), 10)
             await sender.close()

@@ -326,7 +326,7 @@ class Orchestrator:
         if int(state["seed"]) != self.seed:
             raise ValueError(f"orchestrator state was written with seed {state['seed']}, this run uses {self.seed}: "
                              "resuming would not continue the same run")
-        buffer = DesignerBuffer.from_json(state["designer_buffer"])
+        buffer = DesignerBuffer.from_json(state["designer_buffer"], self.settings.rewards)  # a phase change may move the band
         if buffer.k != self.settings.k:
             raise ValueError(f"orchestrator state has k={buffer.k}, the settings say k={self.settings.k}")
         self.buffer = buffer
