@@ -4,7 +4,8 @@ A training config is YAML with these top-level sections (every one optional; def
 SPEC numbers)::
 
     include: base.yaml        # optional: a file (or list of files) merged underneath this one
-    model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16, recompute: none | full | selective}
+    model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16, recompute: none | full | selective,
+                thinking: auto | on | off}
     parallel:  {tp, pp, ep, etp, sequence_parallel}
     optimizer: spade.training.OptimizerSettings
     loss:      spade.training.LossSettings
@@ -60,6 +61,14 @@ class ModelSection:
     hf_dir: str = EMBEDDED  # "embedded" = SmolLM2-135M-Instruct from spade.models.embedded
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 with CUDA, fp32 on CPU
     recompute: Literal["none", "full", "selective"] = "none"  # activation recompute in the backward pass
+    # chat-template thinking switch for every role (enable_thinking of Qwen3's hybrid templates):
+    # auto = the template's default, on/off need a template with the switch (YAML's bare on/off
+    # arrive as booleans and are read as on/off)
+    thinking: Literal["auto", "on", "off"] | bool = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.thinking, bool):
+            object.__setattr__(self, "thinking", "on" if self.thinking else "off")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,24 @@ plus closings plus deltas equal the tokenisation of the full rendering; the test
 ChatML and a Qwen3-style template. Messages that the template groups (Qwen3 wraps consecutive tool
 results in one user turn) must be appended together, in one ``append_messages`` call.
 
+Reasoning (thinking mode) and what a training sample is. Qwen3's hybrid template takes
+``enable_thinking`` (``model.thinking``, see ``thinking_template_kwargs``): on, or left to the
+template (Qwen3-8B thinks by default), the generation prompt is ``<|im_start|>assistant\n`` and the
+model opens its own ``<think>`` block; off, the generation prompt also holds an empty
+``<think>\n\n</think>\n\n``. The same keyword goes into every rendering (the opening prompt, every
+delta, the dummy used to measure ``closing``), so every generation prompt of an episode is the
+configured one. When it renders history, that template drops the reasoning of assistant turns
+before the latest user message. spade does not re-render, so an episode is one sequence in which
+each turn's reasoning stays exactly as generated: the model sees its earlier reasoning when it
+writes the next turn, and the training sample is that same sequence (one per episode), so the
+tokens trained on are token for token the ones the engine conditioned on and sampled, and the
+importance ratios compare like with like. The price: later turns see a history the template would
+not have produced (Qwen3 learned with earlier reasoning removed) and the context grows by every
+turn's reasoning. The alternative, as the paper's released code forms its samples, re-renders the
+history at every turn (earlier reasoning removed) both to generate and as that turn's sample
+prompt, one sample per assistant turn; it is not implemented here (it would need per-turn samples
+in the step, and earlier completions would be re-tokenised from text).
+
 Budgets: ``max_context_tokens`` bounds the whole sequence and ``max_turns`` the number of
 completions. An episode ends when the next turn cannot fit: appending messages raises
 ``BudgetExceeded`` (and sets ``end_reason``) if afterwards fewer than ``min_response_tokens``
@@ -37,6 +55,8 @@ from __future__ import annotations
 from typing import Any, Literal, Mapping, Optional, Sequence
 
 EndReason = Literal["length", "abort", "context", "turns"]
+THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
+THINKING_SWITCH = "enable_thinking"  # the keyword Qwen3's hybrid templates read
 
 _DUMMY_USER = {"role": "user", "content": "d"}
 
@@ -51,6 +71,27 @@ class BudgetExceeded(RuntimeError):
     def __init__(self, reason: EndReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def thinking_template_kwargs(chat_template: Any, thinking: str, key: str = "model.thinking") -> dict[str, Any]:
+    """The ``apply_chat_template`` keywords for a thinking setting, given the chat template
+    (``tokenizer.chat_template``: its text, a mapping of named templates, or None).
+
+    ``auto`` passes nothing (the template's default: Qwen3-8B thinks, the Instruct-2507 models have
+    no switch); ``on`` / ``off`` pass ``enable_thinking=True`` / ``False`` and need a template that
+    reads it, since Jinja ignores keywords a template never mentions and the setting would be
+    silently lost. Errors name ``key``.
+    """
+    if thinking not in THINKING_CHOICES:
+        raise ValueError(f"{key}: {thinking!r} is not allowed; choose one of: {', '.join(THINKING_CHOICES)}")
+    if thinking == "auto":
+        return {}
+    texts = list(chat_template.values()) if isinstance(chat_template, Mapping) else [chat_template]
+    if not any(isinstance(text, str) and THINKING_SWITCH in text for text in texts):
+        raise TemplateError(f"{key}: {thinking!r} needs a chat template with an {THINKING_SWITCH} switch "
+                            "(hybrid Qwen3 models such as Qwen3-8B); this model's template has none, so "
+                            "use auto")
+    return {THINKING_SWITCH: thinking == "on"}
 
 
 def _find(haystack: Sequence[int], needle: Sequence[int], start: int) -> int:

@@ -4,6 +4,7 @@ load). Each problem names the config key."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..train_config import EMBEDDED, TrainConfig
@@ -16,6 +17,13 @@ def preflight(config: TrainConfig) -> None:
         path = Path(config.model.hf_dir)
         if not (path / "config.json").is_file():
             raise RunDirError(f"model.hf_dir: {path} is not a Hugging Face model directory (no config.json)")
+        if config.model.thinking != "auto":
+            from ..rollout.conversation import TemplateError, thinking_template_kwargs
+
+            try:
+                thinking_template_kwargs(_chat_template(path), config.model.thinking)
+            except TemplateError as exc:
+                raise RunDirError(str(exc)) from None
     sp = config.selfplay
     if sp.designer_enabled and sp.use_corpus:
         if not config.corpus.paths:
@@ -35,3 +43,17 @@ def preflight(config: TrainConfig) -> None:
             raise RunDirError(f"selfplay.fixed_env_dir: {pool} is not a directory of environment .py files")
     if sp.memory_seed_dir is not None and not Path(sp.memory_seed_dir).is_dir():
         raise RunDirError(f"selfplay.memory_seed_dir: {sp.memory_seed_dir} is not a directory")
+
+
+def _chat_template(model_dir: Path) -> object:
+    """The chat template as the tokenizer will load it: ``chat_template.jinja``, else the
+    ``chat_template`` of ``tokenizer_config.json`` (text, or a list of named templates); None if absent."""
+    if (model_dir / "chat_template.jinja").is_file():
+        return (model_dir / "chat_template.jinja").read_text()
+    config = model_dir / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    template = json.loads(config.read_text()).get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        return {str(t.get("name")): t.get("template") for t in template if isinstance(t, dict)}
+    return template

@@ -165,6 +165,7 @@ class Trainer:
     def _build_selfplay(self) -> None:
         from ..designer.corpus import Corpus
         from ..designer.memory import Memory, memory_path
+        from ..rollout.conversation import thinking_template_kwargs
         from ..selfplay.orchestrator import Orchestrator
 
         cfg = self.config
@@ -178,9 +179,11 @@ class Trainer:
             for warning in corpus.skipped_warnings:
                 self.progress.message(f"warning: {warning}")
         self.memory = Memory(memory_path(self.run_dir.root), capacity=sp.memory_capacity)
+        template_kwargs = thinking_template_kwargs(self.tokenizer.chat_template, cfg.model.thinking)
         self.orchestrator = Orchestrator(sp, sandbox=self.sandbox, engine=self.rollout.engine,
                                          tokenizer=self.tokenizer, corpus=corpus, memory=self.memory,
-                                         run_dir=self.run_dir.root, seed=cfg.run.seed)
+                                         run_dir=self.run_dir.root, seed=cfg.run.seed,
+                                         chat_template_kwargs=template_kwargs)
 
     def restore(self) -> int:
         """Load the newest complete checkpoint; returns the step to start at (0 for a new run)."""

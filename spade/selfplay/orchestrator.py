@@ -94,12 +94,12 @@ class StepOutput:
 class Orchestrator:
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
-                 stop_token_ids: tuple[int, ...] | None = None):
+                 stop_token_ids: tuple[int, ...] | None = None, chat_template_kwargs: dict[str, Any] | None = None):
         self.settings = settings
         self.memory = memory
         self.run_dir = Path(run_dir)
         self.seed = int(seed)
-        self.chat_format = ChatFormat(tokenizer)
+        self.chat_format = ChatFormat(tokenizer, chat_template_kwargs)  # every role's prompts (model.thinking)
         if stop_token_ids is None:  # the template's end-of-turn token, when it is a special token
             first = self.chat_format.closing[0]
             stop_token_ids = (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
@@ -326,7 +326,7 @@ class Orchestrator:
         if int(state["seed"]) != self.seed:
             raise ValueError(f"orchestrator state was written with seed {state['seed']}, this run uses {self.seed}: "
                              "resuming would not continue the same run")
-        buffer = DesignerBuffer.from_json(state["designer_buffer"], self.settings.rewards)  # a phase change may move the band
+        buffer = DesignerBuffer.from_json(state["designer_buffer"], self.settings.rewards)  # this run's band
         if buffer.k != self.settings.k:
             raise ValueError(f"orchestrator state has k={buffer.k}, the settings say k={self.settings.k}")
         self.buffer = buffer
