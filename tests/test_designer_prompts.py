@@ -118,3 +118,105 @@ def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tm
 
     unseeded, none = prompts_of(None, tmp_path / "paper")
     assert none == [] and not any("## Environments from your memory" in p for p in unseeded)
+
+
+# ------------------------------------------------------------------ the no-corpus prompt (issue 15)
+
+
+def test_concepts_prompt_has_concepts_and_a_binary_reward_and_no_document():
+    from spade.designer.prompts import CONCEPTS_DESIGNER_SYSTEM, DESIGNER_SYSTEM, GAME_CONCEPTS
+
+    request = DesignerRequest(SKILL, "a document that must not appear", memory_block="## Memory\nan example",
+                              difficulty="easy", max_turns=10)
+    system, user = (m["content"] for m in designer_messages(request, no_corpus="concepts"))
+    assert system == CONCEPTS_DESIGNER_SYSTEM != DESIGNER_SYSTEM
+    # the same contract, except the reward: binary instead of partial
+    assert "binary win/lose reward" in system and "partial rewards for real progress" not in system
+    assert "partial rewards for real progress" in DESIGNER_SYSTEM
+    for demand in ("hidden state", "random.Random(seed)", "standard library", "ending in `Env`", "```python"):
+        assert demand in system, demand
+    assert "## Example concepts" in user and all(f"- {concept}" in user for concept in GAME_CONCEPTS)
+    assert len(GAME_CONCEPTS) >= 5
+    assert "<document>" not in user and "a document that must not appear" not in user
+    assert SKILL.name in user and "## Memory\nan example" in user and "10 turns" in user
+    assert "1.0 when the agent wins, 0.0 otherwise" in user
+
+
+def test_corpus_without_document_is_the_corpus_prompt_minus_its_document():
+    request = DesignerRequest(SKILL, None, memory_block="## Memory\nm")
+    assert designer_messages(request, no_corpus="corpus_without_document") == designer_messages(request)
+    user = designer_messages(request, no_corpus="corpus_without_document")[1]["content"]
+    assert "<document>" not in user and "## Example concepts" not in user
+
+
+def test_unknown_no_corpus_prompt_is_refused():
+    with pytest.raises(ValueError, match="selfplay.no_corpus_prompt.*concepts, corpus_without_document"):
+        designer_messages(DesignerRequest(SKILL, None), no_corpus="none")
+
+
+def test_no_corpus_prompt_config_key():
+    from spade.config import ConfigError, from_mapping
+    from spade.selfplay.settings import SelfPlaySettings
+
+    assert SelfPlaySettings().no_corpus_prompt == "concepts"  # the paper's variant by default
+    with pytest.raises(ConfigError, match="selfplay.no_corpus_prompt.*concepts, corpus_without_document"):
+        from_mapping(SelfPlaySettings, {"no_corpus_prompt": "empty"}, where="selfplay")
+
+
+def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
+    """Through a real designer round: with the corpus on, the prompt carries the document and does
+    not depend on no_corpus_prompt; with it off, each variant gives its own prompt."""
+    import asyncio
+    from pathlib import Path
+
+    from chat_templates import bpe_tokenizer
+    from spade.designer.corpus import Corpus, CorpusSettings
+    from spade.designer.prompts import CONCEPTS_DESIGNER_SYSTEM, DESIGNER_SYSTEM
+    from spade.rollout.conversation import ChatFormat
+    from spade.rollout.engine import GenerationResult, RolloutEngine
+    from spade.selfplay.designer_round import DesignerRound
+    from spade.selfplay.settings import SelfPlaySettings
+
+    tokenizer = bpe_tokenizer()
+    corpus = Corpus(CorpusSettings(paths=(str(Path(__file__).resolve().parent.parent / "examples" / "corpus"
+                                              / "demo.jsonl.gz"),), max_words=50))
+
+    class Recorder(RolloutEngine):
+        def __init__(self):
+            self.prompts = []
+
+        @property
+        def weight_version(self):
+            return 0
+
+        async def generate(self, request):
+            self.prompts.append(tokenizer.decode(list(request.prompt_ids)))
+            ids = tokenizer.encode("no code here (", add_special_tokens=False)
+            return GenerationResult(ids, [-1.0] * len(ids), "stop", 0)  # rejected at the syntax stage
+
+        async def update_weights(self, named_tensors, version):
+            pass
+
+        def close(self):
+            pass
+
+    def prompts_of(name, **settings):
+        engine = Recorder()
+        round_ = DesignerRound(SelfPlaySettings(envs_per_set=1, max_attempts=1, max_context_tokens=8192,
+                                                use_memory=False, **settings),
+                               sandbox=None, engine=engine, tokenizer=tokenizer, chat_format=ChatFormat(tokenizer),
+                               corpus=corpus, memory=None, run_dir=tmp_path / name, seed=3)
+        asyncio.run(round_.regenerate(0))
+        (prompt,) = engine.prompts
+        return prompt
+
+    with_corpus = prompts_of("a", use_corpus=True, no_corpus_prompt="concepts")
+    assert with_corpus == prompts_of("b", use_corpus=True, no_corpus_prompt="corpus_without_document")
+    assert "<document>" in with_corpus and DESIGNER_SYSTEM in with_corpus
+    concepts = prompts_of("c", use_corpus=False)  # the default: the paper's variant
+    assert CONCEPTS_DESIGNER_SYSTEM in concepts and "## Example concepts" in concepts and "<document>" not in concepts
+    plain = prompts_of("d", use_corpus=False, no_corpus_prompt="corpus_without_document")
+    assert DESIGNER_SYSTEM in plain and "<document>" not in plain and "## Example concepts" not in plain
+    # corpus_without_document is the corpus prompt with its document section cut out
+    start, end = with_corpus.index("## Source document"), with_corpus.index("</document>") + len("</document>\n\n")
+    assert with_corpus[:start] + with_corpus[end:] == plain

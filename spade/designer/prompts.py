@@ -64,7 +64,16 @@ DIFFICULTIES = {
 }
 
 
-def designer_messages(request: DesignerRequest) -> list[Message]:
+def designer_messages(request: DesignerRequest, *, no_corpus: str | None = None) -> list[Message]:
+    """The games designer prompt. ``no_corpus`` is None with the corpus on; in the no-corpus
+    ablation it names the prompt (``selfplay.no_corpus_prompt``): ``"concepts"`` (the paper's
+    code, :func:`concepts_designer_messages`) or ``"corpus_without_document"`` (this prompt with
+    no document section)."""
+    if no_corpus is not None and no_corpus not in NO_CORPUS_PROMPTS:
+        raise ValueError(f"selfplay.no_corpus_prompt: {no_corpus!r} is not allowed; choose one of: "
+                         f"{', '.join(NO_CORPUS_PROMPTS)}")
+    if no_corpus == "concepts":
+        return concepts_designer_messages(request)
     if request.difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty {request.difficulty!r}: choose one of {', '.join(DIFFICULTIES)}")
     parts = [f"## Skill to train: {request.skill.name}\n{request.skill.description}"]
@@ -79,6 +88,54 @@ def designer_messages(request: DesignerRequest) -> list[Message]:
                  f"{max(4, request.max_turns - 2)} well-chosen actions.")
     parts.append("Now write the environment.")
     return [{"role": "system", "content": DESIGNER_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+# -- the no-corpus ablation as the paper's code ran it ---------------------------------------------
+
+NO_CORPUS_PROMPTS = ("concepts", "corpus_without_document")
+
+_PARTIAL_REWARDS = ("- give rewards in [0, 1]: small partial rewards for real progress are welcome, 1.0 only for "
+                    "full success (which terminates the episode), 0.0 for a final failure; set `truncated=True` "
+                    "when `max_turns` runs out;")
+_BINARY_REWARD = ("- give a binary win/lose reward: 1.0 on the step where the agent wins (which terminates the "
+                  "episode), 0.0 on every other step, and 0.0 with `terminated=True` when the agent has lost; no "
+                  "partial rewards; set `truncated=True` when `max_turns` runs out;")
+assert _PARTIAL_REWARDS in DESIGNER_SYSTEM
+# The system prompt of the paper's no-corpus variant: the same contract, a binary reward.
+CONCEPTS_DESIGNER_SYSTEM = DESIGNER_SYSTEM.replace(_PARTIAL_REWARDS, _BINARY_REWARD)
+
+GAME_CONCEPTS = (
+    "a hidden number, word or code that the agent narrows down from the feedback each guess earns",
+    "a grid or maze explored one move at a time, with only the neighbourhood of the agent in view",
+    "clues handed out on request that together fix one assignment (who owns what, which box holds what)",
+    "a sequence or table whose generating rule the agent infers from the entries it asks for",
+    "a budget or stock of resources spent over several decisions, each limiting the ones after it",
+    "a small machine, circuit or lock whose hidden wiring the agent probes by trying inputs",
+    "a system of variables where the agent intervenes, watches the effects and names the cause",
+    "a state changed by a few allowed operations that must be brought to a target in few moves",
+)
+
+
+def concepts_designer_messages(request: DesignerRequest) -> list[Message]:
+    """The designer prompt of the no-corpus ablation as the paper's code had it: no document,
+    a list of example game concepts instead, and a binary win/lose reward
+    (:data:`CONCEPTS_DESIGNER_SYSTEM`); skill, memory block and difficulty as in
+    :func:`designer_messages`. ``request.document`` is ignored."""
+    if request.difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty {request.difficulty!r}: choose one of {', '.join(DIFFICULTIES)}")
+    concepts = "\n".join(f"- {concept}" for concept in GAME_CONCEPTS)
+    parts = [f"## Skill to train: {request.skill.name}\n{request.skill.description}",
+             "## Example concepts\nKinds of games that suit this setting; start from one, combine "
+             f"several, or invent your own that trains the skill:\n{concepts}"]
+    if request.memory_block:
+        parts.append(request.memory_block)
+    parts.append(f"## Difficulty\n{DIFFICULTIES[request.difficulty]} Episodes end after at most "
+                 f"{request.max_turns} turns, so a good game is won in roughly 4 to "
+                 f"{max(4, request.max_turns - 2)} well-chosen actions.")
+    parts.append("## Reward\nThe reward is binary: 1.0 when the agent wins, 0.0 otherwise.")
+    parts.append("Now write the environment.")
+    return [{"role": "system", "content": CONCEPTS_DESIGNER_SYSTEM},
+            {"role": "user", "content": "\n\n".join(parts)}]
 
 
 def hint_messages(source: str) -> list[Message]:

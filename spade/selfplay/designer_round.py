@@ -175,7 +175,7 @@ class DesignerRound:
                 record.update(app_domain=app_domain, variant=variant[0])
                 prompt = tool_designer_messages(request, app_domain, variant)
             else:
-                prompt = designer_messages(request)
+                prompt = designer_messages(request, no_corpus=None if s.use_corpus else s.no_corpus_prompt)
             try:
                 conversation = Conversation(self.tokenizer, prompt,
                                             max_context_tokens=s.max_context_tokens, chat_format=self.chat_format)

@@ -67,6 +67,11 @@ class SelfPlaySettings:
     keep_trajectories: int = 4        # episodes kept on disk per arm per env per step (0: returns only)
     memory_capacity: int = 200
     use_corpus: bool = True
+    # The games designer prompt when use_corpus is false: "concepts" (the paper's code: example game
+    # concepts and a binary win/lose reward, designer.prompts.concepts_designer_messages) or
+    # "corpus_without_document" (the corpus prompt with its document section left out). Tool use
+    # keeps its own prompt without the document either way.
+    no_corpus_prompt: Literal["concepts", "corpus_without_document"] = "concepts"
     use_memory: bool = True
     train_designer: bool = True
     # Where the sets come from (spade.selfplay.env_source): the designer (SPADE), a fixed pool of
