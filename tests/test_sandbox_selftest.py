@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_LIMITS, ROOT
-from spade.envs.sandbox import pool, supervisor
+from spade.envs.sandbox import pool, selftest, supervisor
 from spade.envs.sandbox.config import SandboxConfig
 from spade.envs.sandbox.launcher import LaunchPlan
 
@@ -123,7 +123,17 @@ def test_a_layer_missing_from_the_launch_is_refused(monkeypatch, name):
         assert any(problem.startswith(f"{layer}: ") for problem in report.problems), report.problems
 
 
+def host_namespace(name: str):
+    """The zygote's hello claiming the host's namespace: bubblewrap cannot run unprivileged without
+    its own user and mount namespaces, so those two are degraded in the evidence."""
+    def edit(hello: dict) -> dict:
+        return {**hello, "namespaces": {**hello["namespaces"], name: selftest.own_namespaces()[name]}}
+    return edit
+
+
 EVIDENCE_DEGRADATIONS = {
+    "shared user namespace": (dict(hello=host_namespace("user")), {"user namespace"}),
+    "shared mount namespace": (dict(hello=host_namespace("mnt")), {"mnt namespace"}),
     "writable system": (dict(hello=lambda h: {**h, "system_read_only": False}), {"read-only system"}),
     "no rlimit on memory": (dict(probe=lambda p: {**p, "rlimit_as": -1}), {"rlimits"}),
     "no rlimit on processes": (dict(probe=lambda p: {**p, "rlimit_nproc": 100}), {"rlimits"}),

@@ -81,3 +81,28 @@ def test_sigterm_stops_the_run_with_the_resume_command(tmp_path):
             proc.kill()
     assert code == 143, rest[-2000:]
     assert f"spade train --resume {run}" in rest
+
+
+UNUSABLE_BWRAP = """#!/bin/sh
+echo "bwrap: setting up uid map: Permission denied" >&2
+exit 1
+"""
+
+
+def test_an_unusable_bubblewrap_exits_3_before_the_run_directory_exists(tmp_path):
+    """The sandbox self-test runs before anything is written: a bubblewrap that cannot start (what
+    a kernel without unprivileged user namespaces gives) is found first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bwrap").write_text(UNUSABLE_BWRAP)
+    (bin_dir / "bwrap").chmod(0o755)
+    run = tmp_path / "run"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("SPADE_SANDBOX_ISOLATION", None)
+    proc = subprocess.run([*SPADE, "--config", str(ROOT / "examples" / "smoke_cpu.yaml"), "--run-dir", str(run)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "refusing to run generated code" in proc.stderr
+    assert "setting up uid map: Permission denied" in proc.stderr  # bubblewrap's own words
+    assert "Traceback" not in proc.stderr
+    assert not run.exists()

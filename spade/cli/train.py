@@ -107,7 +107,7 @@ def run_train(args: argparse.Namespace) -> int:
 def _run_train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from ..train_config import apply_overrides, from_dict, load_train_config, override_keys, read_config_file
-    from ..run.preflight import preflight
+    from ..run.preflight import preflight, sandbox_self_test
     from ..run.run_dir import CONFIG_FILE, RunDir, RunDirError
 
     if args.resume:
@@ -139,6 +139,8 @@ def _run_train(args: argparse.Namespace) -> int:
             sys.stdout.write(config.to_yaml())
             return 0
         _checked(preflight, config, RunDirError)  # before the run directory exists: nothing is left behind
+        if _rank() == 0:  # the sandbox lives on rank 0; exit 3 naming the missing layer, nothing written
+            sandbox_self_test(config)
         if args.run_dir is None:
             if _world() > 1:
                 raise UsageError("under torchrun, give --run-dir so that every rank uses the same directory")

@@ -1,14 +1,21 @@
 """What ``spade train`` checks before it writes anything: a bad model directory, corpus or fixed
 pool fails here, in seconds, leaving no run directory behind (and before the sandbox and the model
-load). Each problem names the config key."""
+load). Each problem names the config key. ``sandbox_self_test`` then proves the sandbox's isolation
+(rank 0, a new run), also before the run directory is written."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import os
 from pathlib import Path
 
 from ..train_config import EMBEDDED, TrainConfig
 from .run_dir import RunDirError
+
+# overrides sandbox.isolation (e.g. unsafe-local in tests); the trainer reads the same variable
+ISOLATION_VARIABLE = "SPADE_SANDBOX_ISOLATION"
 
 
 def preflight(config: TrainConfig) -> None:
@@ -57,3 +64,22 @@ def _chat_template(model_dir: Path) -> object:
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
         return {str(t.get("name")): t.get("template") for t in template if isinstance(t, dict)}
     return template
+
+
+def sandbox_settings(config: TrainConfig):
+    """``config.sandbox``, with ``isolation`` taken from ``SPADE_SANDBOX_ISOLATION`` when set."""
+    isolation = os.environ.get(ISOLATION_VARIABLE)
+    return dataclasses.replace(config.sandbox, isolation=isolation) if isolation else config.sandbox
+
+
+def sandbox_self_test(config: TrainConfig) -> None:
+    """Start the sandbox service once and stop it: its start-up self-test proves every isolation
+    layer (``spade.envs.sandbox.selftest``). Raises ``SandboxUnavailable`` naming what is missing,
+    which ``spade`` reports with exit status 3. About a third of a second."""
+    from ..envs.sandbox.client import SandboxService
+
+    async def start_and_stop() -> None:
+        service = await SandboxService.start(dataclasses.replace(sandbox_settings(config), pool_size=1))
+        await service.close()
+
+    asyncio.run(start_and_stop())
