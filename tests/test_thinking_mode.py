@@ -12,6 +12,7 @@ only the generated spans.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -21,12 +22,15 @@ from chat_templates import CHATML, bpe_tokenizer
 from spade.config import ConfigError
 from spade.designer.prompts import DESIGNER_SYSTEM, HINT_SYSTEM
 from spade.designer.skills import SkillSettings
+from spade.envs.runner import Message
+from spade.eval.in_loop import EvalSettings, evaluate_in_loop
 from spade.rl.samples import Role
 from spade.rollout.conversation import ChatFormat, Conversation, TemplateError, thinking_template_kwargs
-from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
+from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
 from spade.run.preflight import preflight
 from spade.run.run_dir import RunDirError
 from spade.selfplay.orchestrator import Orchestrator
+from spade.selfplay.policy import EnginePolicy
 from spade.selfplay.settings import SelfPlaySettings
 from spade.train_config import from_dict, load_train_config
 
@@ -246,3 +250,48 @@ def test_step_prompts_and_samples_with_thinking(sandbox, tokenizer, tmp_path, se
     assert len(samples) == 2 and all(t.reward == 1.0 for t in samples)
     for sample in samples:
         assert (sample.token_ids, sample.loss_mask) in expected
+
+
+class Recorder(RolloutEngine):
+    """TEST DOUBLE: records each prompt and answers ``\\boxed{42}`` and the end-of-turn token."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.prompts = tokenizer, []
+
+    @property
+    def weight_version(self) -> int:
+        return 0
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.prompts.append(list(request.prompt_ids))
+        generated = ids(self.tokenizer, "\\boxed{42}<|im_end|>")
+        return GenerationResult(tuple(generated), tuple([0.0] * len(generated)), "stop", 0)
+
+    async def update_weights(self, named_tensors, version):
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_tool_episodes_keep_the_setting_beside_the_tools(tokenizer):
+    """A tool episode renders with its own ChatFormat (the tools go into the template): the
+    thinking keyword comes along."""
+    tools = [{"type": "function", "function": {"name": "look", "description": "Look around.",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    engine = Recorder(tokenizer)
+    fmt = ChatFormat(tokenizer, thinking_template_kwargs(HYBRID, "off"))
+    policy = EnginePolicy(engine, tokenizer, SamplingParams(max_new_tokens=32), max_context_tokens=4096,
+                          chat_format=fmt)
+    asyncio.run(policy([Message("user", "Find the key.")], tools=tools))
+    text = tokenizer.decode(engine.prompts[0])
+    assert "<tools>" in text and text.endswith("Find the key.<|im_end|>\n" + THINK_OFF_PROMPT)
+
+
+def test_in_loop_evaluation_renders_with_the_setting(tokenizer, tmp_path):
+    engine = Recorder(tokenizer)
+    settings = EvalSettings(every=1, benchmarks=("aime25",), data_dir=str(ROOT / "tests" / "fixtures" / "eval"),
+                            samples=1, limit=1)
+    asyncio.run(evaluate_in_loop(engine, tokenizer, settings, step=1, out_dir=tmp_path,
+                                 chat_template_kwargs={"enable_thinking": False}))
+    assert engine.prompts and all(tokenizer.decode(p).endswith(THINK_OFF_PROMPT) for p in engine.prompts)

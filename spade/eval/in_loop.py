@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from ..rollout.engine import RolloutEngine
 from .runner import ChatModel, run_suite
@@ -54,13 +54,15 @@ class EvalSettings:
 
 async def evaluate_in_loop(engine: RolloutEngine, tokenizer: Any, settings: EvalSettings, step: int, *,
                            out_dir: Optional[Path] = None, sandbox: Any = None,
-                           max_context_tokens: Optional[int] = None) -> dict[str, float]:
+                           max_context_tokens: Optional[int] = None,
+                           chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> dict[str, float]:
     names = benchmark_names(settings.suite, list(settings.benchmarks) or None)
     options = BenchmarkOptions(data_dir=Path(settings.data_dir) if settings.data_dir else None,
                                n=settings.samples, max_new_tokens=settings.max_new_tokens,
                                rg_episodes=settings.rg_episodes, lcb_start_date=settings.lcb_start_date,
                                lcb_end_date=settings.lcb_end_date, sandbox=sandbox)
-    model = ChatModel(engine, tokenizer, concurrency=settings.concurrency, max_context_tokens=max_context_tokens)
+    model = ChatModel(engine, tokenizer, concurrency=settings.concurrency, max_context_tokens=max_context_tokens,
+                      chat_template_kwargs=chat_template_kwargs)
     directory = Path(out_dir) / f"step_{step}" if out_dir is not None else None
     scores = await run_suite(build_benchmarks(names, options), model, seed=settings.seed, limit=settings.limit,
                              out_dir=directory, info={"step": step, "label": f"in-loop@{step}"})

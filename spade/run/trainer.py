@@ -289,7 +289,8 @@ class Trainer:
         began = time.perf_counter()
         out = await evaluate_in_loop(self.rollout.engine, self.tokenizer, self.config.eval, step,
                                      out_dir=self.run_dir.root / "eval", sandbox=self.config.sandbox,
-                                     max_context_tokens=self.config.selfplay.max_context_tokens)
+                                     max_context_tokens=self.config.selfplay.max_context_tokens,
+                                     chat_template_kwargs=self.orchestrator.chat_format.template_kwargs)
         return {**out, "time/eval_s": time.perf_counter() - began}
 
     def checkpoint(self, step: int) -> None:

@@ -5,7 +5,10 @@ engine saw and produced. ``EnginePolicy`` keeps a :class:`~spade.rollout.convers
 beside the runner's message list: each call appends only the messages the runner added since the
 last call (as template deltas), generates, appends the generated ids verbatim and returns their
 text. A reply cut off by its token limit, or a context / turn budget that is spent, stops the
-episode (return 0, SPEC section 4); the tokens generated so far stay in the sample.
+episode (return 0, SPEC section 4); the tokens generated so far stay in the sample. The runner's
+history is never re-rendered, so a thinking model sees its earlier turns' reasoning (the template
+keywords, ``enable_thinking`` among them, come from the shared ``ChatFormat``; a tool episode
+adds ``tools`` to them).
 """
 
 from __future__ import annotations
