@@ -1,26 +1,252 @@
-"""The Fixed-env GRPO baseline's source (``selfplay.env_source: fixed_pool``): a directory of
-environments written once, played instead of designed ones.
+"""The Fixed-env GRPO baseline's source (``selfplay.env_source: fixed_pool``): a pool of environments
+written once, drawn from instead of designing new ones (the paper: 24 environments per step from a
+pool of 7,872 written by a frontier model). No designer calls, no designer samples.
 
-``FixedPool.next_set`` admits every ``*.py`` of ``fixed_env_dir`` (sorted) through the same
-admission as designed environments, takes hints from ``NAME.hint.txt`` when present, and gives skills
-from the curriculum by slot, as for designed sets. No designer calls, no designer samples.
+**Pool directory** (``selfplay.fixed_env_dir``; ``spade pool generate`` and ``spade pool assemble``
+write one)::
+
+    NAME.py           the environment's source, one per environment (NAME: the file stem)
+    NAME.hint.txt     its privileged hint (optional; no file: no hint)
+    pool.jsonl        the manifest (optional): one JSON object per line, one line per environment
+    generation/       spade pool generate's own records (state, rejected attempts); never read here
+
+A manifest line holds ``name`` (the stem of ``NAME.py``) and ``skill`` (the skill it was written
+for), and, as written by the pool commands: ``class_name``, ``hint`` (a copy of ``NAME.hint.txt``,
+which is what training reads), ``source`` (where it came from: ``{"designer": MODEL_DIR or URL,
+"model": NAME}`` or ``{"run": RUN_DIR, "env_id": ..., "step": ...}``), ``document`` (the corpus
+document's key), ``attempt`` (the generation attempt that produced it), ``timings_s``
+(``designer``, ``admission``, ``hint``, ``total``), ``admission_ms`` (admission's time per stage) and
+``max_turns``. Only ``name`` and ``skill`` are read when drawing; a line whose ``name`` has no
+``NAME.py`` is ignored, a ``NAME.py`` without a line has no known skill. A line cut short by a crash
+(the last one) is ignored. A plain directory of ``.py`` files without a manifest is a pool too.
+
+**Drawing.** Every regeneration takes ``envs_per_set`` environments that were not drawn yet in the
+current *pass* over the pool; a pass visits the pool in an order shuffled under a seed derived from
+``(run seed, pass number)``, and when it runs out the next pass starts (newly shuffled) for the
+rest of the set, never repeating an environment within one set. Skills are balanced as in a SPADE
+set: slot ``i`` wants the curriculum's ``slot_skills(active, envs_per_set)[i]`` and gets the first
+undrawn environment of that skill in the pass's order; when the pass has none of that skill left (or
+the manifest does not name it) the slot takes the first undrawn environment of any skill, a
+*fallback*, counted in the set's draw record. Without a manifest every slot takes the next undrawn
+environment and is labelled with its slot's skill (no fallbacks). A pool of at most ``envs_per_set``
+environments is played whole at every regeneration, in file-name order.
+
+Each drawn file goes through the same admission as a designed environment (the verdict is cached
+per file for the life of the process); a rejected one leaves its slot empty and is written under
+``rejected/`` like a designer attempt. The set is saved as ``envs/step_S/fixed-NAME.*`` and the draw
+as ``pool_draws/step_S.json`` (slot, name, wanted and given skill, fallback, pass). The draw state
+(pass number and the names drawn in it) is in :meth:`FixedPool.state_dict`, so a resumed run draws
+exactly what the straight run would; resuming on a pool whose file names changed is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from ..config import ConfigError
 from ..designer.skills import slot_skills
+from ..envs.admission import AdmissionVerdict
 from ..envs.protocol import ErrorKind, Sandbox, Stage
 from .designer_round import EnvSpec, RegenerationResult, admit_candidate, save_set, tool_report_of, write_rejection
+from .samples import derive_seed
 from .settings import SelfPlaySettings
+
+log = logging.getLogger("spade.pool")
 
 Screen = Callable[[str, list[dict[str, Any]]], Awaitable[bool | None]]
 
+MANIFEST = "pool.jsonl"
+HINT_SUFFIX = ".hint.txt"
+GENERATION_DIR = "generation"
+STATE_VERSION = 1
+
+
+# ---------------------------------------------------------------------------- the directory
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """One environment of a pool directory."""
+
+    name: str
+    path: Path
+    skill: str | None  # from the manifest; None: not named there (or no manifest)
+    record: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def hint(self) -> str:
+        hint_path = self.path.with_name(self.name + HINT_SUFFIX)
+        return hint_path.read_text().strip() if hint_path.is_file() else ""
+
+
+def manifest_path(directory: Path | str) -> Path:
+    return Path(directory) / MANIFEST
+
+
+def read_manifest(directory: Path | str) -> list[dict[str, Any]]:
+    """The manifest's records in file order ([] without a manifest). A last line cut short by a
+    crash is left out; any other line that is not a JSON object with a ``name`` is an error."""
+    path = manifest_path(directory)
+    if not path.is_file():
+        return []
+    records = []
+    lines = path.read_text().split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # no newline after it: the append was cut short
+                log.warning("%s: ignoring the unfinished last line", path)
+                continue
+            raise ValueError(f"{path}:{number}: not a JSON line") from None
+        if not isinstance(record, dict) or not isinstance(record.get("name"), str):
+            raise ValueError(f"{path}:{number}: a manifest line must be a JSON object with a 'name'")
+        records.append(record)
+    return records
+
+
+def append_manifest(directory: Path | str, record: dict[str, Any]) -> None:
+    """Append one record as a single whole-line write, flushed to disk before returning. A line left
+    unfinished by a crash before (no trailing newline) is cut off first."""
+    path = manifest_path(directory)
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    with open(path, "ab+") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":
+                handle.seek(0)
+                keep = handle.read().rfind(b"\n") + 1
+                handle.truncate(keep)
+        handle.seek(0, os.SEEK_END)
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old or
+    the new content, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_pool(directory: Path | str) -> list[PoolEntry]:
+    """Every ``NAME.py`` of ``directory``, sorted by name, with its manifest skill."""
+    directory = Path(directory)
+    records = {record["name"]: record for record in read_manifest(directory)}
+    entries = []
+    for path in sorted(directory.glob("*.py")):
+        record = records.get(path.stem, {})
+        skill = record.get("skill")
+        entries.append(PoolEntry(path.stem, path, skill if isinstance(skill, str) else None, record))
+    return entries
+
+
+def pool_fingerprint(entries: list[PoolEntry]) -> str:
+    return hashlib.sha256("\n".join(e.name for e in entries).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------- drawing
+
+
+@dataclass(frozen=True)
+class Draw:
+    slot: int
+    entry: PoolEntry
+    wanted: str   # the slot's curriculum skill
+    skill: str    # the skill the environment is labelled with
+    fallback: bool
+    pass_number: int
+
+
+class PoolSampler:
+    """Draws sets from a pool without replacement, pass after pass (see the module docstring).
+
+    Deterministic given ``seed`` and the state (``pass_number`` and the names drawn in that pass):
+    the order of pass ``p`` is the sorted names shuffled by ``Random(derive_seed(seed, "pool", p))``.
+    """
+
+    def __init__(self, entries: list[PoolEntry], seed: int):
+        if not entries:
+            raise ValueError("the pool is empty")
+        self.entries = entries
+        self.seed = seed
+        self.has_skills = any(e.skill is not None for e in entries)
+        self.pass_number = 0
+        self.drawn: list[str] = []
+        self._order_cache: tuple[int, list[PoolEntry]] | None = None
+
+    def order(self, pass_number: int) -> list[PoolEntry]:
+        if self._order_cache is None or self._order_cache[0] != pass_number:
+            order = list(self.entries)
+            random.Random(derive_seed(self.seed, "pool", pass_number)).shuffle(order)
+            self._order_cache = (pass_number, order)
+        return self._order_cache[1]
+
+    def draw(self, wanted: list[str]) -> list[Draw]:
+        """One environment per slot (``wanted[i]``: slot i's skill), all distinct; fewer than
+        ``len(wanted)`` only when the pool itself is smaller."""
+        drawn = set(self.drawn)
+        chosen: set[str] = set()
+        out: list[Draw] = []
+        for slot, skill in enumerate(wanted):
+            pick = self._pick(skill, drawn, chosen)
+            if pick is None:  # this pass is used up: the next one starts
+                self.pass_number += 1
+                self.drawn, drawn = [], set()
+                pick = self._pick(skill, drawn, chosen)
+                if pick is None:
+                    break
+            entry, fallback = pick
+            chosen.add(entry.name)
+            drawn.add(entry.name)
+            self.drawn.append(entry.name)
+            label = entry.skill if entry.skill is not None else skill
+            out.append(Draw(slot, entry, skill, label, fallback, self.pass_number))
+        return out
+
+    def _pick(self, skill: str, drawn: set[str], chosen: set[str]) -> tuple[PoolEntry, bool] | None:
+        free = [e for e in self.order(self.pass_number) if e.name not in drawn and e.name not in chosen]
+        if not free:
+            return None
+        if not self.has_skills:
+            return free[0], False
+        for entry in free:
+            if entry.skill == skill:
+                return entry, False
+        return free[0], True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pass": self.pass_number, "drawn": list(self.drawn)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        names = {e.name for e in self.entries}
+        missing = [name for name in state["drawn"] if name not in names]
+        if missing:
+            raise ValueError(f"the pool has no environment {missing[0]!r} any more, which the checkpoint drew")
+        self.pass_number = int(state["pass"])
+        self.drawn = list(state["drawn"])
+
+
+# ---------------------------------------------------------------------------- the source
+
 
 class FixedPool:
-    """An :class:`~spade.selfplay.env_source.EnvSource` over a directory of environment files."""
+    """An :class:`~spade.selfplay.env_source.EnvSource` over a pool directory (module docstring)."""
 
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, run_dir: Path, seed: int,
                  screen: Screen | None = None):
@@ -31,33 +257,68 @@ class FixedPool:
         self.seed = seed
         self.directory = Path(settings.fixed_env_dir)
         self.screen = screen
+        self.entries = read_pool(self.directory)
+        if not self.entries:
+            raise ConfigError(f"selfplay.fixed_env_dir: {self.directory} holds no environment .py files")
+        self.whole = len(self.entries) <= settings.envs_per_set
+        self.sampler = PoolSampler(self.entries, seed)
+        self._verdicts: dict[str, AdmissionVerdict] = {}
+
+    def draw(self, step: int) -> list[Draw]:
+        """The environments of the set of regeneration ``step`` (advances the draw state)."""
+        s = self.settings
+        active = [skill.name for skill in s.skills.active(s.domain, step // s.k)]
+        if self.whole:
+            wanted = slot_skills(active, len(self.entries))
+            return [Draw(slot, entry, wanted[slot], entry.skill or wanted[slot], False, 0)
+                    for slot, entry in enumerate(self.entries)]
+        return self.sampler.draw(slot_skills(active, s.envs_per_set))
 
     async def next_set(self, step: int) -> RegenerationResult:
-        s = self.settings
-        files = sorted(self.directory.glob("*.py"))
-        skills = slot_skills(s.skills.active(s.domain, step // s.k), max(1, len(files)))
+        draws = self.draw(step)
+        verdicts = await asyncio.gather(*(self._admit(d.entry) for d in draws))
         result = RegenerationResult()
-        for slot, path in enumerate(files):
+        for d, verdict in zip(draws, verdicts):
             result.attempts += 1
-            text = path.read_text()
-            verdict = await admit_candidate(self.sandbox, s, text,
-                                            screen=self.screen if s.domain == "tool_use" else None)
-            record = {"step": step, "slot": slot, "attempt": 0, "skill": skills[slot].name, "document": str(path)}
+            path = d.entry.path
+            record = {"step": step, "slot": d.slot, "attempt": 0, "skill": d.skill, "document": str(path)}
             if verdict is None or not verdict.admitted:
                 error = None if verdict is None else verdict.error
                 result.rejections.append(write_rejection(
                     self.run_dir, record, ErrorKind.CRASHED if error is None else error.kind,
                     Stage.SERVICE if error is None else error.stage,
-                    "sandbox failure" if error is None else error.message, text))
+                    "sandbox failure" if error is None else error.message, path.read_text()))
                 continue
-            hint_path = path.with_name(path.stem + ".hint.txt")
-            hint = hint_path.read_text().strip() if hint_path.is_file() else ""
-            result.envs.append(EnvSpec(env_id=f"fixed-{path.stem}", slot=slot, skill=skills[slot].name,
-                                       source=verdict.code, hint=hint, class_name=verdict.class_name or "",
-                                       max_turns=verdict.max_turns, generated_step=step, document=str(path),
-                                       tool_report=tool_report_of(verdict)))
+            result.envs.append(EnvSpec(env_id=f"fixed-{d.entry.name}", slot=d.slot, skill=d.skill,
+                                       source=verdict.code, hint=d.entry.hint(),
+                                       class_name=verdict.class_name or "", max_turns=verdict.max_turns,
+                                       generated_step=step, document=str(path), tool_report=tool_report_of(verdict)))
         save_set(self.run_dir, step, result.envs)
+        self._write_draw_record(step, draws, verdicts)
         return result
+
+    async def _admit(self, entry: PoolEntry) -> AdmissionVerdict | None:
+        cached = self._verdicts.get(entry.name)
+        if cached is not None:
+            return cached
+        s = self.settings
+        verdict = await admit_candidate(self.sandbox, s, entry.path.read_text(),
+                                        screen=self.screen if s.domain == "tool_use" else None)
+        if verdict is not None:  # an infrastructure failure is tried again next time
+            self._verdicts[entry.name] = verdict
+        return verdict
+
+    def _write_draw_record(self, step: int, draws: list[Draw], verdicts: list[AdmissionVerdict | None]) -> None:
+        directory = self.run_dir / "pool_draws"
+        directory.mkdir(parents=True, exist_ok=True)
+        data = {
+            "step": step, "pool": str(self.directory), "pool_size": len(self.entries), "whole_pool": self.whole,
+            "pass": self.sampler.pass_number, "fallbacks": sum(d.fallback for d in draws),
+            "draws": [{"slot": d.slot, "name": d.entry.name, "wanted": d.wanted, "skill": d.skill,
+                       "fallback": d.fallback, "pass": d.pass_number,
+                       "admitted": bool(v is not None and v.admitted)} for d, v in zip(draws, verdicts)],
+        }
+        write_atomic(directory / f"step_{step:06d}.json", json.dumps(data, indent=1))
 
     def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
         pass
@@ -66,7 +327,14 @@ class FixedPool:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {"version": STATE_VERSION, "pool_size": len(self.entries),
+                "pool_fingerprint": pool_fingerprint(self.entries), **self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        if not state:  # a checkpoint from before the pool was sampled: nothing drawn yet
+            return
+        if state.get("pool_fingerprint") != pool_fingerprint(self.entries):
+            raise ValueError(f"selfplay.fixed_env_dir: the pool {self.directory} changed since the checkpoint "
+                             f"({state.get('pool_size')} environments then, {len(self.entries)} now, or other "
+                             "names): resuming would not draw what the interrupted run would have")
+        self.sampler.load_state_dict(state)

@@ -1,0 +1,201 @@
+"""The fixed pool's draws: without replacement pass after pass, skills balanced by slot as in a SPADE
+set, the draw state resumed exactly, and a set admitted from a real sandbox."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from spade.designer.skills import GAME_SKILLS, SkillSettings
+from spade.selfplay.pool import FixedPool, append_manifest, read_manifest, read_pool
+from spade.selfplay.settings import SelfPlaySettings
+
+ROOT = Path(__file__).resolve().parent.parent
+SKILLS = [skill.name for skill in GAME_SKILLS]
+EXAMPLES = {  # the example environments and the skill each was written for (examples/envs/README.md)
+    "remainder_oracle": "Mathematical Reasoning", "liars_island": "Logical Deduction",
+    "foggy_grid": "Spatial Reasoning", "hidden_sequence": "Pattern Recognition",
+    "crate_loading": "Optimization", "switchboard": "Causal Inference",
+}
+TRIVIAL = '''
+class Trivial{n}Env:
+    def reset(self, seed=None):
+        return "Say anything.", {{}}
+
+    def step(self, action):
+        return "done", 1.0, True, False, {{}}
+'''
+
+
+def write_pool(directory: Path, skills: list[str | None], *, manifest: bool = True) -> list[str]:
+    """A pool of ``len(skills)`` trivial environments ``env_00..``; skill None: no manifest line."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, skill in enumerate(skills):
+        name = f"env_{i:02d}"
+        (directory / f"{name}.py").write_text(TRIVIAL.format(n=i))
+        if manifest and skill is not None:
+            append_manifest(directory, {"name": name, "skill": skill})
+        names.append(name)
+    return names
+
+
+def pool(directory: Path, seed: int = 5, **overrides) -> FixedPool:
+    values = dict(envs_per_set=4, k=2, env_source="fixed_pool", fixed_env_dir=str(directory))
+    values.update(overrides)
+    return FixedPool(SelfPlaySettings(**values), sandbox=None, run_dir=directory.parent / "run", seed=seed)
+
+
+def names_of(draws) -> list[str]:
+    return [d.entry.name for d in draws]
+
+
+def test_without_replacement_pass_after_pass(tmp_path):
+    names = write_pool(tmp_path / "pool", [None] * 10, manifest=False)
+    source = pool(tmp_path / "pool")
+    sets = [names_of(source.draw(step)) for step in range(0, 2 * 10, 2)]  # 10 regenerations of 4: 4 passes
+    assert all(len(s) == len(set(s)) == 4 for s in sets)  # never a repeat within a set
+    flat = [name for s in sets for name in s]
+    # passes are the consecutive runs of 10 draws: each environment exactly once in each of them
+    for p in range(4):
+        assert sorted(flat[10 * p:10 * (p + 1)]) == names
+    # the passes are shuffled, and differently from one another
+    assert flat[:10] != names and flat[:10] != flat[10:20]
+    assert source.sampler.pass_number == 3 and len(source.sampler.drawn) == 10
+
+
+def test_a_set_that_crosses_into_a_new_pass_repeats_nothing(tmp_path):
+    write_pool(tmp_path / "pool", [None] * 5, manifest=False)
+    source = pool(tmp_path / "pool")  # sets of 4 from 5: the second set takes 1 from pass 0, 3 from pass 1
+    first, second, third = (names_of(source.draw(step)) for step in (0, 2, 4))
+    names = read_names(tmp_path / "pool")
+    assert len(set(first)) == len(set(second)) == len(set(third)) == 4
+    assert second[0] == (set(names) - set(first)).pop()  # the last one of pass 0
+    assert sorted(second[1:] + third[:2]) == names  # pass 1: the whole pool once, its leftover included
+    assert source.sampler.pass_number == 2 and source.sampler.drawn == third[2:]
+
+
+def read_names(directory: Path) -> list[str]:
+    return [entry.name for entry in read_pool(directory)]
+
+
+def test_skills_are_balanced_by_slot_with_a_manifest(tmp_path):
+    # 4 environments of each of the six skills; the games curriculum with a window of 2 and sets of 4:
+    # slots want [a, b, a, b] for the active pair, and the pair moves by 2 every regeneration (k = 2)
+    skills = [SKILLS[i % 6] for i in range(24)]
+    write_pool(tmp_path / "pool", skills)
+    source = pool(tmp_path / "pool", skills=SkillSettings(window=2))
+    draws = [source.draw(step) for step in range(0, 12, 2)]  # 6 regenerations: 24 draws, one pass
+    for r, set_draws in enumerate(draws):
+        active = [SKILLS[(2 * r + j) % 6] for j in range(2)]
+        assert [d.wanted for d in set_draws] == [active[0], active[1], active[0], active[1]]
+        assert [d.skill for d in set_draws] == [d.wanted for d in set_draws]  # every slot got its skill
+        assert not any(d.fallback for d in set_draws)
+    assert sorted(name for s in draws for name in names_of(s)) == read_names(tmp_path / "pool")
+
+
+def test_a_skill_the_pass_has_run_out_of_falls_back_and_is_counted(tmp_path):
+    # one Mathematical Reasoning environment, seven others: sets of 4 all wanting Mathematical Reasoning
+    write_pool(tmp_path / "pool", ["Mathematical Reasoning"] + ["Optimization"] * 7)
+    source = pool(tmp_path / "pool", skills=SkillSettings(skills=("Mathematical Reasoning",), window=1))
+    first = source.draw(0)
+    assert first[0].entry.name == "env_00" and not first[0].fallback and first[0].skill == "Mathematical Reasoning"
+    assert [d.fallback for d in first[1:]] == [True] * 3
+    assert all(d.skill == "Optimization" and d.wanted == "Mathematical Reasoning" for d in first[1:])
+    second = source.draw(2)  # the rest of pass 0: four Optimization environments, all fallbacks
+    assert [d.fallback for d in second] == [True] * 4 and "env_00" not in names_of(second)
+    third = source.draw(4)  # pass 1: the Mathematical Reasoning environment comes first again
+    assert third[0].entry.name == "env_00" and not third[0].fallback
+
+
+def test_manifest_lines_without_a_file_and_files_without_a_line(tmp_path):
+    directory = tmp_path / "pool"
+    write_pool(directory, ["Optimization", "Optimization"])
+    (directory / "env_02.py").write_text(TRIVIAL.format(n=2))  # no manifest line: skill unknown
+    append_manifest(directory, {"name": "gone", "skill": "Optimization"})  # no gone.py
+    with (directory / "pool.jsonl").open("a") as handle:
+        handle.write('{"name": "env_03", "sk')  # an append cut short by a crash
+    entries = read_pool(directory)
+    assert [(e.name, e.skill) for e in entries] == [("env_00", "Optimization"), ("env_01", "Optimization"),
+                                                   ("env_02", None)]
+    append_manifest(directory, {"name": "env_02", "skill": "Causal Inference"})  # cuts the torn line off first
+    assert [r["name"] for r in read_manifest(directory)] == ["env_00", "env_01", "gone", "env_02"]
+    (directory / "pool.jsonl").write_text('{"name": "env_00"}\nnot json\n{"name": "env_01"}\n')
+    with pytest.raises(ValueError, match="pool.jsonl:2"):
+        read_manifest(directory)
+
+
+def test_the_draw_state_resumes_exactly(tmp_path):
+    write_pool(tmp_path / "pool", [SKILLS[i % 3] for i in range(11)])
+    straight = pool(tmp_path / "pool")
+    sets = [names_of(straight.draw(step)) for step in range(0, 16, 2)]
+    first = pool(tmp_path / "pool")
+    for step in range(0, 6, 2):
+        first.draw(step)
+    state = json.loads(json.dumps(first.state_dict()))  # as the checkpoint stores it
+    resumed = pool(tmp_path / "pool")
+    resumed.load_state_dict(state)
+    assert [names_of(resumed.draw(step)) for step in range(6, 16, 2)] == sets[3:]
+    assert resumed.state_dict() == straight.state_dict()
+    # another seed draws other sets; a checkpoint from before sampling (empty state) starts afresh
+    assert [names_of(pool(tmp_path / "pool", seed=6).draw(s)) for s in (0, 2)] != sets[:2]
+    fresh = pool(tmp_path / "pool")
+    fresh.load_state_dict({})
+    assert names_of(fresh.draw(0)) == sets[0]
+    # the pool changed under the run: refused with the key named
+    (tmp_path / "pool" / "env_99.py").write_text(TRIVIAL.format(n=99))
+    with pytest.raises(ValueError, match="selfplay.fixed_env_dir.*changed"):
+        pool(tmp_path / "pool").load_state_dict(state)
+
+
+def test_a_pool_no_larger_than_the_set_is_played_whole_in_name_order(tmp_path):
+    names = write_pool(tmp_path / "pool", [None] * 3, manifest=False)
+    source = pool(tmp_path / "pool", envs_per_set=3, skills=SkillSettings(window=3))
+    for step, skills in ((0, SKILLS[:3]), (2, SKILLS[3:]), (4, SKILLS[:3])):  # the window moves by 3
+        draws = source.draw(step)
+        assert names_of(draws) == names and [d.skill for d in draws] == skills  # skills by slot
+
+
+def test_a_drawn_set_is_admitted_saved_and_recorded(sandbox, tmp_path):
+    directory = tmp_path / "pool"
+    directory.mkdir()
+    for name, skill in EXAMPLES.items():
+        shutil.copy(ROOT / "examples" / "envs" / f"{name}.py", directory / f"{name}.py")
+        append_manifest(directory, {"name": name, "skill": skill})
+    (directory / "switchboard.hint.txt").write_text("Flip one switch at a time.\n")
+    (directory / "broken.py").write_text("class BrokenEnv(:\n")
+    append_manifest(directory, {"name": "broken", "skill": "Causal Inference"})
+    settings = SelfPlaySettings(envs_per_set=3, k=1, env_source="fixed_pool", fixed_env_dir=str(directory),
+                                skills=SkillSettings(window=3), max_turns=5)
+    run = tmp_path / "run"
+    source = FixedPool(settings, sandbox=sandbox.service, run_dir=run, seed=0)
+    first, second, third = (sandbox.run(source.next_set(step), timeout=120) for step in (0, 1, 2))
+    # step 0 wants skills 0..2: three different examples, in slot order
+    assert [e.env_id for e in first.envs] == ["fixed-remainder_oracle", "fixed-liars_island", "fixed-foggy_grid"]
+    assert [e.skill for e in first.envs] == SKILLS[:3] and not first.rejections
+    # step 1 wants skills 3..5; two Causal Inference candidates compete for slot 2 and under seed 0
+    # the pass reaches the broken one first: rejected with its reason, the slot stays empty
+    record = json.loads((run / "pool_draws" / "step_000001.json").read_text())
+    assert [d["wanted"] for d in record["draws"]] == SKILLS[3:] and record["fallbacks"] == 0
+    assert [d["name"] for d in record["draws"]] == ["hidden_sequence", "crate_loading", "broken"]
+    assert [e.env_id for e in second.envs] == ["fixed-hidden_sequence", "fixed-crate_loading"]
+    assert [(r.slot, r.kind.value) for r in second.rejections] == [(2, "syntax_error")]
+    assert (run / "rejected" / "step_000001" / "slot2_attempt0.json").is_file()
+    # step 2 wants skills 0..2 again: pass 0 has only switchboard left (a fallback, with its hint),
+    # then pass 1 starts and gives the slots their skills
+    record = json.loads((run / "pool_draws" / "step_000002.json").read_text())
+    assert [(d["name"], d["fallback"], d["pass"]) for d in record["draws"]] == [
+        ("switchboard", True, 0), ("liars_island", False, 1), ("foggy_grid", False, 1)]
+    assert record["fallbacks"] == 1 and record["pass"] == 1
+    assert [(e.env_id, e.skill) for e in third.envs] == [("fixed-switchboard", "Causal Inference"),
+                                                         ("fixed-liars_island", SKILLS[1]),
+                                                         ("fixed-foggy_grid", SKILLS[2])]
+    assert third.envs[0].hint == "Flip one switch at a time."
+    saved = sorted(p.name for p in (run / "envs" / "step_000000").iterdir())
+    assert saved == sorted(f"fixed-{n}{ext}" for n in ("remainder_oracle", "liars_island", "foggy_grid")
+                           for ext in (".py", ".hint.txt", ".json"))
+    assert json.loads((run / "envs" / "step_000000" / "fixed-foggy_grid.json").read_text())["class_name"] == "FoggyGridEnv"
