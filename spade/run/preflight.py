@@ -50,6 +50,9 @@ def preflight(config: TrainConfig) -> None:
             raise RunDirError(f"selfplay.fixed_env_dir: {pool} is not a directory of environment .py files")
     if sp.memory_seed_dir is not None and not Path(sp.memory_seed_dir).is_dir():
         raise RunDirError(f"selfplay.memory_seed_dir: {sp.memory_seed_dir} is not a directory")
+    from ..selfplay.designer_generators import check_designer_endpoint
+
+    check_designer_endpoint(sp)  # selfplay.designer_endpoint answers GET {url}/models (ConfigError if not)
 
 
 def _chat_template(model_dir: Path) -> object:

@@ -7,6 +7,11 @@ designer prompt with the memory block for the slot's skill, generates, and runs 
 checks in the sandbox. The first admitted candidate fills the slot and gets one hint call; a slot
 whose attempts all fail stays empty. Slots run concurrently (the engine batches their calls).
 
+The designer, hint and model-screen calls go through one :class:`~.designer_generators.TextGenerator`:
+our engine (token-exact; the designer call's trajectory becomes the designer sample), or with
+``selfplay.designer_endpoint`` an external OpenAI-compatible endpoint (the "Fixed ED" ablation:
+same prompts, corpus documents and memory, no trajectory, nothing trained).
+
 On disk (``run_dir``):
 
 * ``rejected/step_SSSSSS/slot{i}_attempt{j}.json``: every failed attempt with its reason
@@ -38,10 +43,11 @@ from ..designer.prompts import (DesignerRequest, TOOL_APP_DOMAINS, clean_hint, d
 from ..designer.skills import Skill, slot_skills
 from ..envs.admission import AdmissionVerdict, admit
 from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
-from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
-from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
+from ..rollout.conversation import ChatFormat
+from ..rollout.engine import RolloutEngine
 from ..rl.samples import Trajectory
-from .samples import derive_seed, trajectory_of
+from .designer_generators import GenerationFailed, TextGenerator, TextSampling, text_generator
+from .samples import derive_seed
 from .settings import SelfPlaySettings
 
 
@@ -126,6 +132,9 @@ class DesignerRound:
         self.run_dir = run_dir
         self.seed = seed
         self.stop_token_ids = stop_token_ids
+        # The designer's text calls (designer, hint, screen): our engine, or selfplay.designer_endpoint.
+        self.generator: TextGenerator = text_generator(settings, engine=engine, tokenizer=tokenizer,
+                                                       chat_format=chat_format, stop_token_ids=stop_token_ids)
 
     # ------------------------------------------------------------------ designer set
 
@@ -150,7 +159,8 @@ class DesignerRound:
             if admitted is not None:
                 spec, fields = admitted
                 result.envs.append(spec)
-                result.designer_fields[spec.env_id] = fields
+                if fields is not None:  # an external designer's call has no trajectory
+                    result.designer_fields[spec.env_id] = fields
         self.save_set(step, result.envs)
         return result
 
@@ -176,30 +186,15 @@ class DesignerRound:
                 prompt = tool_designer_messages(request, app_domain, variant)
             else:
                 prompt = designer_messages(request, no_corpus=None if s.use_corpus else s.no_corpus_prompt)
+            sampling = TextSampling(temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
+                                    max_tokens=s.designer_max_tokens, timeout_s=s.designer_timeout_s,
+                                    seed=derive_seed(self.seed, "designer", step, slot, attempt))
             try:
-                conversation = Conversation(self.tokenizer, prompt,
-                                            max_context_tokens=s.max_context_tokens, chat_format=self.chat_format)
-            except BudgetExceeded as exc:
-                rejections.append(self._reject(record, ErrorKind.PROMPT_TOO_LONG, Stage.GENERATE, str(exc), ""))
+                generated = await self.generator.generate(prompt, sampling)
+            except GenerationFailed as exc:
+                rejections.append(self._reject(record, exc.kind, Stage.GENERATE, exc.message, ""))
                 continue
-            sampling = SamplingParams(
-                temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
-                max_new_tokens=max(1, conversation.max_new_tokens(s.designer_max_tokens)),
-                stop_token_ids=self.stop_token_ids, seed=derive_seed(self.seed, "designer", step, slot, attempt))
-            try:
-                generated = await asyncio.wait_for(
-                    self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling)),
-                    s.designer_timeout_s)
-            except asyncio.TimeoutError:
-                rejections.append(self._reject(record, ErrorKind.TIMEOUT, Stage.GENERATE,
-                                               f"designer generation took over {s.designer_timeout_s:g} s", ""))
-                continue
-            if not generated.token_ids:
-                rejections.append(self._reject(record, ErrorKind.NO_OUTPUT, Stage.GENERATE,
-                                               f"the engine returned nothing ({generated.finish_reason})", ""))
-                continue
-            response = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason,
-                                                     generated.weight_version)
+            response = generated.text
             record["finish_reason"] = generated.finish_reason
             verdict = await self._admit(response)
             if verdict is None:
@@ -215,7 +210,7 @@ class DesignerRound:
             spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
                            class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
                            document=record["document"], attempts=attempt + 1, tool_report=tool_report_of(verdict))
-            return attempt + 1, rejections, (spec, trajectory_of(conversation))
+            return attempt + 1, rejections, (spec, generated.trajectory)
         return s.max_attempts, rejections, None
 
     async def _admit(self, response: str) -> AdmissionVerdict | None:
@@ -232,45 +227,27 @@ class DesignerRound:
         temperature, hint budget); None (no verdict) when the prompt does not fit, the call times
         out or the reply names no verdict: admission counts that as accept."""
         s = self.settings
+        sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
+                                max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s,
+                                seed=derive_seed(self.seed, "screen", source))
         try:
-            conversation = Conversation(self.tokenizer, screen_messages(source, json.dumps(tools)),
-                                        max_context_tokens=s.max_context_tokens, chat_format=self.chat_format)
-        except BudgetExceeded:
+            generated = await self.generator.generate(screen_messages(source, json.dumps(tools)), sampling)
+        except GenerationFailed:
             return None
-        sampling = SamplingParams(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
-                                  max_new_tokens=max(1, conversation.max_new_tokens(s.hint_max_tokens)),
-                                  stop_token_ids=self.stop_token_ids, seed=derive_seed(self.seed, "screen", source))
-        try:
-            generated = await asyncio.wait_for(
-                self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling)), s.hint_timeout_s)
-        except asyncio.TimeoutError:
-            return None
-        if not generated.token_ids:
-            return None
-        return parse_screen_verdict(self.tokenizer.decode(list(generated.token_ids), skip_special_tokens=True))
+        return parse_screen_verdict(generated.text)
 
     async def make_hint(self, source: str, step: int, slot: int) -> str:
         """One hint call (hint temperature) on the admitted source; "" when it fails or times out."""
         s = self.settings
+        messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source)
+        sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
+                                max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s,
+                                seed=derive_seed(self.seed, "hint", step, slot))
         try:
-            messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source)
-            conversation = Conversation(self.tokenizer, messages, max_context_tokens=s.max_context_tokens,
-                                        chat_format=self.chat_format)
-        except BudgetExceeded:
+            generated = await self.generator.generate(messages, sampling)
+        except GenerationFailed:
             return ""
-        sampling = SamplingParams(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
-                                  max_new_tokens=max(1, conversation.max_new_tokens(s.hint_max_tokens)),
-                                  stop_token_ids=self.stop_token_ids, seed=derive_seed(self.seed, "hint", step, slot))
-        try:
-            generated = await asyncio.wait_for(
-                self.engine.generate(GenerationRequest(tuple(conversation.token_ids), sampling)), s.hint_timeout_s)
-        except asyncio.TimeoutError:
-            return ""
-        if not generated.token_ids:
-            return ""
-        text = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason,
-                                             generated.weight_version)
-        return clean_hint(text, s.hint_max_chars)
+        return clean_hint(generated.text, s.hint_max_chars)
 
     # ------------------------------------------------------------------ disk
 

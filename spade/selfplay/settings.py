@@ -21,6 +21,7 @@ from ..config import require
 from ..designer.prompts import DIFFICULTIES
 from ..designer.skills import DOMAINS, Domain, SkillSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
+from .endpoint import EndpointSettings
 from .rewards import RewardSettings
 
 Difficulty = Literal["easy", "medium", "hard"]
@@ -74,6 +75,9 @@ class SelfPlaySettings:
     no_corpus_prompt: Literal["concepts", "corpus_without_document"] = "concepts"
     use_memory: bool = True
     train_designer: bool = True
+    # The "Fixed ED" ablation: designer, hint and tool-use screen calls go to this external
+    # OpenAI-compatible endpoint (spade.selfplay.endpoint); the designer is then not trained.
+    designer_endpoint: EndpointSettings | None = None
     # Where the sets come from (spade.selfplay.env_source): the designer (SPADE), a fixed pool of
     # environment files (Fixed-env GRPO) or rlve-gym's generators (Fixed-env RLVE). The baselines
     # have no designer: ``designer_enabled`` is derived from this (an older config's
@@ -145,6 +149,8 @@ class SelfPlaySettings:
                 key("memory_seed_dir"), "must be a directory of example environments or null")
         require(isinstance(self.rewards, RewardSettings), key("rewards"), "must be a rewards section")
         require(isinstance(self.skills, SkillSettings), key("skills"), "must be a skills section")
+        require(self.designer_endpoint is None or not self.train_designer, key("train_designer"),
+                "must be false with selfplay.designer_endpoint set: an external designer makes no trainable samples")
         try:
             self.skills.active(self.domain, 0)
         except ValueError as exc:
