@@ -1,7 +1,7 @@
 """``spade train``: self-play training from a config, or the continuation of a run directory.
 
     spade train --config examples/smoke_cpu.yaml [--run-dir DIR] [key.sub=value ...]
-    spade train --resume DIR [run.steps=N]
+    spade train --resume DIR [run.steps=N] [a later phase: selfplay.max_context_tokens=N selfplay.rewards.plateau_*=X]
     spade train --config FILE --check [key.sub=value ...]     # validate and print the resolved config
 
 Known harmless warnings (Megatron-core without Transformer Engine / Apex on CPU) and model-loading
@@ -25,7 +25,13 @@ from pathlib import Path
 
 from .common import UsageError
 
-RESUME_OVERRIDABLE = ("run.steps",)
+# What ``--resume`` may change: the length of the run, and the keys of a later training phase of
+# the same run (the paper's 4B runs moved to a 49,152-token context and a plateau band of
+# [0.2, 0.4] with ramp 0.2: examples/recipes/qwen3_4b_games_8gpu_phase2.yaml). The resumed delay
+# buffer scores the designer samples still pending with the new band. Everything else is refused.
+PHASE_OVERRIDABLE = ("selfplay.max_context_tokens", "selfplay.rewards.plateau_lo", "selfplay.rewards.plateau_hi",
+                     "selfplay.rewards.plateau_ramp")
+RESUME_OVERRIDABLE = ("run.steps", *PHASE_OVERRIDABLE)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
