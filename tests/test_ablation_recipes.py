@@ -167,3 +167,22 @@ def test_recipe_comments_name_files_that_exist():
                 continue
             where = ROOT / name if "/" in name else RECIPES / name
             assert where.is_file(), f"{path.name} names {name}, which does not exist"
+
+
+def test_resume_reads_the_config_snapshot_of_an_older_run(tmp_path, capsys):
+    """A run started before issue 15 wrote the per-environment reward's old names (lp_*, and
+    learning_potential for it): its resume reads them as window_progress and wp_*."""
+    from spade.cli import main
+    from spade.run.run_dir import RunDir
+
+    data = load_train_config(RECIPES / "qwen3_4b_games_8gpu.yaml", []).to_dict()
+    rewards = data["selfplay"]["rewards"]
+    for key in ("lp_fast_decay", "lp_slow_decay", "wp_fast_alpha", "wp_slow_alpha", "wp_scale", "sv_target", "sv_sigma"):
+        del rewards[key]
+    rewards.update(designer_reward="learning_potential", lp_fast_alpha=0.6, lp_slow_alpha=0.2, lp_scale=0.5)
+    run = RunDir(tmp_path / "old")
+    run.create(yaml.safe_dump(data))
+    assert main(["train", "--resume", str(run.root), "--check"]) == 0
+    resumed = from_dict(yaml.safe_load(capsys.readouterr().out)).selfplay.rewards
+    assert resumed.designer_reward == "window_progress"
+    assert (resumed.wp_fast_alpha, resumed.wp_slow_alpha, resumed.wp_scale) == (0.6, 0.2, 0.5)

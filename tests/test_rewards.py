@@ -375,3 +375,16 @@ def test_solver_variance_peak_and_validation():
     assert SolverVarianceReward(target=0.1).of_variance(0.1) == 1.0
     with pytest.raises(ValueError, match="sigma"):
         SolverVarianceReward(sigma=0.0)
+
+
+def test_upgrade_reward_settings_of_an_older_spade():
+    from spade.selfplay.rewards import upgrade_reward_settings
+
+    old = {"designer_reward": "learning_potential", "lp_fast_alpha": 0.6, "lp_slow_alpha": 0.2, "lp_scale": 0.5,
+           "plateau_lo": 0.3}
+    assert upgrade_reward_settings(old) == {"designer_reward": "window_progress", "wp_fast_alpha": 0.6,
+                                            "wp_slow_alpha": 0.2, "wp_scale": 0.5, "plateau_lo": 0.3}
+    assert upgrade_reward_settings({**old, "designer_reward": "regret_plateau"})["designer_reward"] == "regret_plateau"
+    # today's names are left alone: learning_potential with lp_*_decay is the paper's reward
+    new = {"designer_reward": "learning_potential", "lp_fast_decay": 0.85, "lp_slow_decay": 0.98}
+    assert upgrade_reward_settings(new) == new

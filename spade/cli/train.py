@@ -92,6 +92,17 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def _snapshot(data: dict) -> dict:
+    """A run's config snapshot in today's key names (a run started before issue 15 wrote the old
+    names of the per-environment designer reward: :func:`~spade.selfplay.rewards.upgrade_reward_settings`)."""
+    from ..selfplay.rewards import upgrade_reward_settings
+
+    rewards = data.get("selfplay", {}).get("rewards") if isinstance(data.get("selfplay"), dict) else None
+    if isinstance(rewards, dict):
+        data["selfplay"]["rewards"] = upgrade_reward_settings(rewards)
+    return data
+
+
 def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -129,7 +140,7 @@ def _run_train(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot override {', '.join(refused)} when resuming: a resumed run keeps the config "
                              f"it started with ({run_dir.config_path}); only {', '.join(RESUME_OVERRIDABLE)} "
                              "may change. Start a new run with --config to change anything else.")
-        config = from_dict(apply_overrides(read_config_file(run_dir.config_path), args.overrides))
+        config = from_dict(apply_overrides(_snapshot(read_config_file(run_dir.config_path)), args.overrides))
         if args.check:
             sys.stdout.write(config.to_yaml())
             return 0

@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .rewards import DesignerEvidence, RewardSettings, _require_finite, designer_reward_for, score_released
+from .rewards import (DesignerEvidence, RewardSettings, _require_finite, designer_reward_for, score_released,
+                      upgrade_reward_settings)
 
 __all__ = [
     "DesignerBuffer",
@@ -46,9 +47,6 @@ __all__ = [
 ]
 
 _FORMAT_VERSION = 2
-# version 1 -> 2: the per-environment EMA reward was renamed (issue 15)
-_V1_SETTINGS_KEYS = {"lp_fast_alpha": "wp_fast_alpha", "lp_slow_alpha": "wp_slow_alpha", "lp_scale": "wp_scale"}
-_V1_REWARD_NAMES = {"learning_potential": "window_progress"}
 
 
 @dataclass(frozen=True)
@@ -274,10 +272,8 @@ class DesignerBuffer:
         """
         version = data.get("version")
         stored = dict(data["settings"])
-        if version == 1:
-            stored = {_V1_SETTINGS_KEYS.get(key, key): value for key, value in stored.items()}
-            name = stored.get("designer_reward")
-            stored["designer_reward"] = _V1_REWARD_NAMES.get(name, name)
+        if version == 1:  # its settings carry the old names of the per-environment reward
+            stored = upgrade_reward_settings(stored)
         elif version != _FORMAT_VERSION:
             raise ValueError(f"designer buffer version: expected 1 or {_FORMAT_VERSION}, got {version!r} "
                              "(written by a newer or unknown spade)")

@@ -50,6 +50,7 @@ __all__ = [
     "WindowProgressReward",
     "designer_reward_for",
     "score_released",
+    "upgrade_reward_settings",
     "hint_regret",
     "RewardSettings",
     "agent_advantages",
@@ -432,6 +433,25 @@ _DESIGNER_REWARDS: dict[str, Callable[["RewardSettings"], "DesignerReward | SetD
     "window_progress": WindowProgressReward.from_settings,
     "solver_variance": SolverVarianceReward.from_settings,
 }
+
+
+# Before issue 15 the per-environment EMA reward was called learning_potential, with these keys.
+_OLD_KEYS = {"lp_fast_alpha": "wp_fast_alpha", "lp_slow_alpha": "wp_slow_alpha", "lp_scale": "wp_scale"}
+
+
+def upgrade_reward_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A rewards mapping as written before issue 15, in today's names (others unchanged).
+
+    Recognised by the old keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale``: they become
+    ``wp_*``, and ``designer_reward: learning_potential`` (which then meant the per-environment
+    reward) becomes ``window_progress``. Used to read a run's config snapshot and delay buffer
+    written by an older spade."""
+    if not set(_OLD_KEYS) & set(data):
+        return dict(data)
+    upgraded = {_OLD_KEYS.get(key, key): value for key, value in data.items()}
+    if upgraded.get("designer_reward") == "learning_potential":
+        upgraded["designer_reward"] = "window_progress"
+    return upgraded
 
 
 def designer_reward_for(settings: "RewardSettings") -> "DesignerReward | SetDesignerReward":
