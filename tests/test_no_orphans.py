@@ -173,3 +173,64 @@ def test_the_sandbox_supervisor_dies_with_its_client_even_when_it_cannot_notice(
         if host.poll() is None:
             os.killpg(host.pid, signal.SIGKILL)
             host.wait(timeout=30)
+
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_sigkill_of_torchrun_leaves_no_rank(tiny_config, tmp_path):
+    """torchrun starts each rank in a session of its own; SIGKILLed, it cannot stop them. Each rank
+    must die anyway (its parent-death signal), and with rank 0 its sandbox. Killed once the first
+    step's metrics line is written: both ranks are in the training loop. The ranks are stopped
+    (SIGSTOP) just before, so that they cannot die of anything they would notice themselves."""
+    assert TORCHRUN.exists(), f"torchrun not found next to {sys.executable}"
+    run = tmp_path / "run"
+    metrics = run / "metrics.jsonl"
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG_ENV: tag, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    log = open(tmp_path / "torchrun.log", "w+")
+    proc = subprocess.Popen([str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                             "--master_port", str(free_port()), "-m", "spade", "train", "--config", str(tiny_config),
+                             "--run-dir", str(run), "run.steps=20"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    main = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+            assert proc.poll() is None, f"the run ended before it could be killed:\n{(tmp_path / 'torchrun.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no metrics line within the time limit"
+            try:
+                main.wait(timeout=0.05)  # returns early only if torchrun exits
+            except psutil.TimeoutExpired:
+                pass
+        tree = main.children(recursive=True)
+        ranks = [p for p in tree if "spade" in " ".join(p.cmdline()) and "train" in p.cmdline()]
+        names = " ".join(" ".join(p.cmdline()) for p in tree if p.is_running())
+        assert len(ranks) == 2 and "spade.envs.sandbox.supervisor" in names, names  # not a vacuous kill
+        assert all(os.getsid(p.pid) != os.getsid(proc.pid) for p in ranks)  # out of reach of torchrun's group
+        for rank in ranks:  # stopped ranks notice nothing (a lost store, a broken collective): only the
+            rank.suspend()  # kernel's parent-death SIGKILL can end them
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        survivors = {p.pid: p for p in alive + tagged(tag) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+        assert describe(survivors.values()) == []
+    finally:
+        for leftover in tagged(tag):
+            try:
+                leftover.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()

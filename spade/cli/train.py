@@ -9,13 +9,16 @@ progress bars are hidden unless ``--show-warnings`` (``spade.run.console``); aft
 prints a summary with the next commands.
 
 Under ``torchrun`` every rank runs the same command (``--run-dir`` is then required so all ranks
-agree on it); rank 0 creates the run directory.
+agree on it); rank 0 creates the run directory. Each rank dies with torchrun, however torchrun dies
+(``_die_with_torchrun``); the rank's own children (sandbox supervisor, rollout servers, checkpoint
+writers) die with the rank the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -32,6 +35,7 @@ from .common import UsageError
 PHASE_OVERRIDABLE = ("selfplay.max_context_tokens", "selfplay.rewards.plateau_lo", "selfplay.rewards.plateau_hi",
                      "selfplay.rewards.plateau_ramp")
 RESUME_OVERRIDABLE = ("run.steps", *PHASE_OVERRIDABLE)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -107,7 +111,23 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _die_with_torchrun() -> None:
+    """Under torchrun, have the kernel SIGKILL this rank when torchrun dies (its parent-death signal).
+
+    torchrun starts every rank in a session of its own and stops them itself when it can; killed
+    with SIGKILL it cannot, and the ranks would go on (holding the sandbox, servers and memory).
+    A plain ``spade train`` arms nothing: its parent is a shell, which may leave on purpose."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent:  # torchrun died before the signal was armed
+        os._exit(1)
+
+
 def run_train(args: argparse.Namespace) -> int:
+    _die_with_torchrun()
     from ..run.console import quiet_known_noise
 
     quiet_known_noise(show=getattr(args, "show_warnings", False))
