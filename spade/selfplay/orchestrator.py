@@ -181,6 +181,12 @@ class Orchestrator:
             return RLVESource(settings, run_dir=self.run_dir, seed=self.seed)
         return self.designer
 
+    async def close(self) -> None:
+        """Release what the set's source holds (RLVE's worker processes); the others hold nothing."""
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            await close()
+
     async def _refill_plays(self, step: int, plays: list[Play]) -> list[Play]:
         """Extra no-hint rounds for the environments whose returns are all equal (stabiliser)."""
         s = self.settings

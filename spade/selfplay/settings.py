@@ -23,6 +23,7 @@ from ..designer.skills import DOMAINS, Domain, SkillSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .rewards import RewardSettings
+from .rlve_settings import RLVESettings
 
 Difficulty = Literal["easy", "medium", "hard"]
 EnvSourceName = Literal["designer", "fixed_pool", "rlve"]
@@ -85,6 +86,7 @@ class SelfPlaySettings:
     env_source: EnvSourceName = "designer"
     designer_enabled: bool = True
     fixed_env_dir: str | None = None
+    rlve: RLVESettings = field(default_factory=RLVESettings)  # env_source rlve: its difficulty controller
     # Stabilisers (off in the paper's games recipes): leave out the agent samples of an environment
     # whose no-hint returns are all equal (zero advantage, nothing to learn), and give a sample
     # whose episode was cut by the token or turn budget no loss (the paper's tool-use runs did).
