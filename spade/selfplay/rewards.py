@@ -284,9 +284,9 @@ class SolverVarianceReward:
     """SPICE's challenger reward applied to an environment (``solver_variance``).
 
     SPICE (Liu et al. 2025, "SPICE: Self-Play In Corpus Environments Improves Reasoning",
-    arXiv 2510.24684, section 3, the challenger reward) scores a generated task by the variance
-    ``var`` of the solver's results on it with a Gaussian centred on 0.25, the largest variance a
-    0/1 outcome can have (half the attempts right)::
+    arXiv 2510.24684, its Challenger reward) scores a generated task by the variance ``var`` of
+    the Reasoner's 0/1 results over its attempts with a Gaussian centred on 0.25, the largest
+    variance a 0/1 outcome can have (half the attempts right)::
 
         r = exp(-(var - 0.25)^2 / (2 * 0.01))
 
