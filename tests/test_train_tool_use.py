@@ -107,7 +107,7 @@ selfplay:
   agent_temperature: 1.0
   top_k: null
   top_p: 1.0
-  envs_per_set: 2
+  envs_per_set: {2 if designer else len(TOOL_EXAMPLES) + 1}   # the fixed pool: its whole six, every set
   g_nohint: 2
   g_hint: 2
 {selfplay_extra}  agent_max_tokens: 12

@@ -9,7 +9,7 @@ import sys
 
 from ..config import ConfigError
 from ..envs.sandbox.client import SandboxUnavailable
-from . import analyze, demo, engine_check, env_commands, eval, explore, memory, score, serve, train
+from . import analyze, demo, engine_check, env_commands, eval, explore, memory, pool, score, serve, train
 from .common import UsageError
 
 EXIT_USAGE = 2
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_parser(commands)
     serve.add_parser(commands)
     eval.add_parser(commands)
+    pool.add_parser(commands)
     return parser
 
 

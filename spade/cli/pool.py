@@ -1,0 +1,221 @@
+"""``spade pool``: make the static environment pool of the Fixed-env GRPO baseline.
+
+    spade pool generate --designer (MODEL_DIR | URL) --n N --out DIR [--skills A,B] [--config YAML]
+                        [--model NAME] [--concurrency C] [--max-attempts M] [key.sub=value ...]
+    spade pool assemble --from RUN_DIR [RUN_DIR ...] --out DIR [--steps a:b]
+
+``generate`` writes ``N`` admitted environments through the training's designer prompts, admission
+and hint calls (:mod:`spade.selfplay.pool_build`). The settings are those of ``--config`` (a train
+config: ``selfplay`` for the prompts, corpus and memory switches, budgets and timeouts; ``corpus``;
+``sandbox``; ``engine`` and ``model`` for a local designer; ``run.seed``), with overrides. The
+designer is a local Hugging Face directory, served by the in-process hf engine as ``spade train``
+builds it (``embedded`` names the CPU demo model), or the base URL of an OpenAI-compatible endpoint
+(``--model`` names the served model; the key is read from ``selfplay.designer_endpoint.api_key_env``,
+by default ``OPENAI_API_KEY``; the other endpoint settings come from the config). One progress line
+per admitted environment; rerunning with the same ``--out`` continues where it stopped. Exit 0 when
+the pool holds ``N`` environments, 1 when ``--max-attempts`` (default ``10 * N``) ran out first.
+
+``assemble`` builds (or extends) a pool from the admitted environments of earlier runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import UsageError
+
+ISOLATION_VARIABLE = "SPADE_SANDBOX_ISOLATION"
+
+
+def add_parser(subparsers: Any) -> None:
+    pool = subparsers.add_parser("pool", help="generate or assemble a static environment pool (Fixed-env GRPO)")
+    commands = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True)
+
+    generate = commands.add_parser(
+        "generate", help="write N admitted environments with a designer model (resumable)",
+        description="Generate a static pool through the training's designer prompts, admission and hint calls.")
+    generate.add_argument("--designer", required=True, metavar="MODEL_DIR|URL",
+                          help="a local Hugging Face model directory ('embedded': the demo model) or the base URL "
+                               "of an OpenAI-compatible endpoint (http:// or https://, usually ending in /v1)")
+    generate.add_argument("--n", type=int, required=True, metavar="N", help="environments the pool should hold")
+    generate.add_argument("--out", required=True, metavar="DIR", help="the pool directory (created; reruns continue)")
+    generate.add_argument("--skills", metavar="A,B", help="comma-separated skill names (default: the config's "
+                          "skills of its domain)")
+    generate.add_argument("--config", metavar="YAML", help="a train config for the settings (default: the defaults)")
+    generate.add_argument("--model", metavar="NAME", help="with a URL: the model the endpoint serves")
+    generate.add_argument("--concurrency", type=int, metavar="C",
+                          help="designer attempts in flight at once (default: selfplay.envs_per_set)")
+    generate.add_argument("--max-attempts", type=int, metavar="M",
+                          help="stop after M attempts in this invocation (default: 10 * N)")
+    generate.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    generate.set_defaults(handler=run_generate)
+
+    assemble = commands.add_parser("assemble", help="build a pool from the admitted environments of runs")
+    assemble.add_argument("--from", dest="runs", nargs="+", required=True, metavar="RUN_DIR")
+    assemble.add_argument("--out", required=True, metavar="DIR")
+    assemble.add_argument("--steps", metavar="a:b", help="only environments generated at steps a <= step < b")
+    assemble.set_defaults(handler=run_assemble)
+
+
+# ---------------------------------------------------------------------------- generate
+
+
+def _is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://"))
+
+
+def _config(args: argparse.Namespace):
+    from ..train_config import from_dict, load_train_config
+
+    if args.config:
+        return load_train_config(args.config, args.overrides)
+    from ..train_config import apply_overrides
+    return from_dict(apply_overrides({}, args.overrides))
+
+
+def _skills(names: str | None, settings) -> list:
+    from ..designer.skills import skill_by_name
+
+    if names is None:
+        return list(settings.skills.skill_list(settings.domain))
+    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    if not chosen:
+        raise UsageError("--skills: give at least one skill name")
+    try:
+        return [skill_by_name(name) for name in chosen]
+    except ValueError as exc:
+        raise UsageError(f"--skills: {exc}") from None
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
+
+    if args.n < 1:
+        raise UsageError(f"--n: must be >= 1, got {args.n}")
+    for flag in ("concurrency", "max_attempts"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')}: must be >= 1, got {value}")
+    config = _config(args)
+    settings = config.selfplay
+    url = _is_url(args.designer)
+    if url:
+        from ..selfplay.endpoint import EndpointSettings
+
+        if not args.model:
+            raise UsageError("--model: name the model the endpoint at --designer serves")
+        base = settings.designer_endpoint
+        values = {} if base is None else dataclasses.asdict(base)
+        values.update(url=args.designer, model=args.model)
+        settings = dataclasses.replace(settings, designer_endpoint=EndpointSettings(**values), train_designer=False)
+    elif args.model:
+        raise UsageError("--model: only with an endpoint URL as --designer (a model directory names itself)")
+    if url:
+        from ..selfplay.designer_generators import check_endpoint
+
+        check_endpoint(settings.designer_endpoint)  # answers GET {url}/models with the key, before anything is written
+    if settings.use_corpus and not config.corpus.paths:
+        raise UsageError("corpus.paths is empty but selfplay.use_corpus is true: give a corpus in --config "
+                         "(e.g. corpus.paths=[examples/corpus/demo.jsonl.gz]) or set selfplay.use_corpus=false")
+    skills = _skills(args.skills, settings)
+    origin: dict[str, Any] = {"designer": args.designer}
+    if url:
+        origin["model"] = args.model
+    try:
+        summary = asyncio.run(_generate(args, config, settings, skills, origin, url))
+    except ConfigError as exc:  # e.g. the endpoint refused the request
+        raise UsageError(str(exc)) from None
+    if summary.complete:
+        print(f"spade pool generate: {args.out} holds {summary.admitted} environments "
+              f"({summary.admitted_now} new, {summary.attempts_now} attempts now, {summary.attempts} in all)",
+              file=sys.stderr)
+        return 0
+    print(f"spade pool generate: stopped after {summary.attempts_now} attempts with {summary.admitted} of "
+          f"{summary.requested} environments in {args.out}; rerun the same command to continue", file=sys.stderr)
+    return 1
+
+
+async def _generate(args, config, settings, skills, origin, url: bool):
+    from ..designer.corpus import Corpus
+    from ..designer.memory import Memory
+    from ..envs.sandbox.client import SandboxService
+    from ..selfplay.pool_build import PoolGenerator
+
+    out = Path(args.out)
+    sandbox_config = config.sandbox
+    isolation = os.environ.get(ISOLATION_VARIABLE)
+    if isolation:
+        sandbox_config = dataclasses.replace(sandbox_config, isolation=isolation)
+    corpus = Corpus(config.corpus) if settings.use_corpus else None
+    (out / "generation").mkdir(parents=True, exist_ok=True)
+    memory = Memory(out / "generation" / "memory.sqlite", capacity=settings.memory_capacity) \
+        if settings.use_memory else None
+    engine = None
+    designer: dict[str, Any] = dict(engine=None, tokenizer=None, chat_format=None, stop_token_ids=())
+    try:
+        if not url:
+            engine, designer = _local_designer(args.designer, config)
+        async with await SandboxService.start(sandbox_config) as sandbox:
+            generator = PoolGenerator(settings, out, n=args.n, skills=skills,
+                                      concurrency=args.concurrency or settings.envs_per_set, origin=origin,
+                                      report=lambda line: print(line, flush=True), sandbox=sandbox, corpus=corpus,
+                                      memory=memory, seed=config.run.seed, **designer)
+            return await generator.run(max_attempts=args.max_attempts or 10 * args.n)
+    finally:
+        if engine is not None:
+            engine.close()
+        if memory is not None:
+            memory.close()
+
+
+def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
+    """The hf engine on ``model`` as ``spade train`` builds it, with the tokenizer, chat format and stop
+    tokens the orchestrator would use."""
+    from transformers import AutoTokenizer
+
+    from ..rollout import HFEngine
+    from ..rollout.conversation import ChatFormat, thinking_template_kwargs
+    from ..run.trainer import _dtype, _engine_device
+
+    if model == "embedded":
+        from ..models.embedded import embedded_model_dir
+        path = embedded_model_dir()
+    else:
+        path = Path(model)
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--designer: {model} is neither an http(s) URL nor a Hugging Face model directory "
+                             "(no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        kwargs = thinking_template_kwargs(tokenizer.chat_template, config.model.thinking)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    chat_format = ChatFormat(tokenizer, kwargs)
+    first = chat_format.closing[0]
+    stop = (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
+    engine = HFEngine(path, tokenizer, device=_engine_device(config), dtype=_dtype(config),
+                      max_batch_size=config.engine.max_batch_size, batch_wait_ms=config.engine.batch_wait_ms)
+    return engine, dict(engine=engine, tokenizer=tokenizer, chat_format=chat_format, stop_token_ids=stop)
+
+
+# ---------------------------------------------------------------------------- assemble
+
+
+def run_assemble(args: argparse.Namespace) -> int:
+    from ..selfplay.pool_build import assemble_pool, parse_steps
+
+    try:
+        steps = parse_steps(args.steps)
+        summary = assemble_pool([Path(run) for run in args.runs], Path(args.out), steps=steps,
+                                report=lambda line: print(line, flush=True))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"spade pool assemble: {summary.added} environments added to {args.out} from {summary.runs} run(s) "
+          f"({summary.skipped_duplicates} duplicate sources skipped)", file=sys.stderr)
+    return 0
