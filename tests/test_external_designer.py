@@ -378,3 +378,124 @@ def test_local_generator_is_token_exact(tokenizer):
     assert list(trajectory.token_ids) == prompt + completion and trajectory.weight_version == 3
     assert list(trajectory.loss_mask) == [0] * (len(prompt) - 1) + [1] * len(completion)
     assert list(trajectory.rollout_logprobs) == [0.0] * (len(prompt) - 1) + [-0.5] * len(completion)
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def test_orchestrator_steps_train_the_agent_only(endpoint, sandbox, tokenizer, tmp_path):
+    """Three steps with k=2 (regenerations at 0 and 2): the agent plays on our engine and gets its
+    samples, the memory records every environment, and no designer sample is ever made (the
+    delay buffer holds nothing to release)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from spade.rollout import HFEngine
+    from spade.selfplay.orchestrator import Orchestrator
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=8192,
+                         tie_word_embeddings=False)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    engine = HFEngine((Qwen3ForCausalLM(config).eval(), tokenizer), eos_token_ids=(eos,))
+    settings = designer_settings(endpoint.url, envs_per_set=1, k=2, g_nohint=2, g_hint=1, agent_max_tokens=8,
+                                 max_turns=2)
+    try:
+        with Memory(memory_path(tmp_path)) as memory:
+            orchestrator = Orchestrator(settings, sandbox=sandbox.service, engine=engine, tokenizer=tokenizer,
+                                        corpus=None, memory=memory, run_dir=tmp_path, seed=1)
+            outs = [sandbox.run(orchestrator.run_step(step), timeout=120) for step in range(3)]
+            remembered = sorted(record.env_id for record in memory.list())
+    finally:
+        engine.close()
+    assert [out.metrics["env/set_size"] for out in outs] == [1.0, 1.0, 1.0]
+    assert [out.metrics["agent/episodes"] for out in outs] == [2.0, 2.0, 2.0]  # g_nohint
+    assert [out.metrics.get("agent/hint_episodes") for out in outs] == [1.0, None, 1.0]
+    for out in outs:
+        assert out.designer_samples == [] and out.metrics["designer/released"] == 0
+        assert out.metrics["designer/pending"] == 0
+        assert len(out.agent_samples) == out.metrics["agent/samples"] >= 1
+        assert all(sample.token_ids and sum(sample.loss_mask) >= 1 for sample in out.agent_samples)
+    assert remembered == ["s000000-e00", "s000002-e00"]
+    # the endpoint served the designer and the hint of two regenerations, nothing of the agent's
+    assert len(endpoint.requests_with(DESIGNER_SYSTEM)) == 2 and len(endpoint.requests_with(HINT_SYSTEM)) == 2
+    assert len(endpoint.chat) == 4
+
+
+# --------------------------------------------------------------------------- against `spade serve`
+
+
+@pytest.fixture(scope="module")
+def spade_serve(tmp_path_factory):
+    """``python -m spade serve`` on a tiny random Qwen3, a subprocess on a free port, killed at the end."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    import torch
+    from hf_fixtures import randomize_
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    directory = tmp_path_factory.mktemp("frontier_model")
+    tokenizer = bpe_tokenizer()
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=2048,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    randomize_(AutoModelForCausalLM.from_config(config).eval()).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "spade", "serve", "--model", str(directory), "--port", str(port),
+                                "--served-model-name", MODEL], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    try:
+        while True:  # bounded poll of /health; fail at once if the server died
+            if process.poll() is not None:
+                pytest.fail(f"spade serve exited with {process.returncode}: {process.stderr.read()}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("spade serve did not answer /health within 90 s")
+            time.sleep(0.2)  # poll interval, not an ordering device
+        yield base + "/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_spade_serve_as_the_designer_endpoint(spade_serve):
+    """Our own OpenAI-compatible server passes the preflight and answers the designer's calls with
+    the seed and top_k it was sent; a model it does not serve stops the run with its 404."""
+    check_endpoint(EndpointSettings(url=spade_serve, model=MODEL, api_key_env=None))
+    generator = ExternalGenerator(EndpointSettings(url=spade_serve, model=MODEL, api_key_env=None, top_k=50))
+    messages = [{"role": "system", "content": HINT_SYSTEM}, {"role": "user", "content": "a game"}]
+
+    def ask(seed: int):
+        return asyncio.run(generator.generate(messages, TextSampling(temperature=1.0, top_p=1.0, top_k=None,
+                                                                     max_tokens=12, timeout_s=30, seed=seed)))
+    first, again, other = ask(5), ask(5), ask(6)
+    assert first.text and first.trajectory is None and first.finish_reason in ("stop", "length")
+    assert first.text == again.text != other.text  # the seed reaches the server
+    assert generator.requests == 3 and generator.retries == 0
+    wrong = ExternalGenerator(EndpointSettings(url=spade_serve, model="no-such-model", api_key_env=None))
+    with pytest.raises(EndpointError, match=rf"{spade_serve} refused a request for model 'no-such-model' with HTTP 404"):
+        asyncio.run(wrong.generate(messages, TextSampling(temperature=1.0, top_p=1.0, top_k=None, max_tokens=4,
+                                                          timeout_s=30)))
+    assert wrong.requests == 1
