@@ -130,3 +130,8 @@ def test_mask_truncated(sandbox, engine, tokenizer, tmp_path):
     assert ends and all(end in TRUNCATED_ENDS for end in ends)
     assert masked.agent_samples == [] and masked.metrics["agent/masked_truncated"] == 2
     assert masked.metrics["agent/episodes"] == 2  # still played and counted in the returns
+
+
+def test_no_corpus_prompt_is_validated():
+    with pytest.raises(ConfigError, match=r"selfplay\.no_corpus_prompt.*concepts, corpus_without_document"):
+        SelfPlaySettings(no_corpus_prompt="none")

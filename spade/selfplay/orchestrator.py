@@ -244,6 +244,10 @@ class Orchestrator:
                                          self.settings.rewards.advantage_cap)
         advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], scale)
         metrics["designer/advantage_scale"] = scale
+        for average, per_skill in sorted(self.buffer.reward_state.items()):  # learning potential: per-skill EMAs
+            if isinstance(per_skill, dict):
+                for skill, value in sorted(per_skill.items()):
+                    metrics[f"designer/lp_{average}/{skill}"] = float(value)
         for entry, advantage in zip(released, advantages):
             design = self.pending_samples.pop(entry.sample_ref, None)
             if not self.settings.train_designer or design is None or not design.trainable:

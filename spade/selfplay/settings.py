@@ -36,7 +36,8 @@ _WHERE = "selfplay"
 class SelfPlaySettings:
     """One self-play step (SPEC 1) and its ablation switches.
 
-    Ablations: ``use_corpus=False`` (designer prompts without a document), ``use_memory=False``
+    Ablations: ``use_corpus=False`` (designer prompts without a document: the paper's concepts
+    prompt, or the corpus prompt minus its document, by ``no_corpus_prompt``), ``use_memory=False``
     (no memory block, no memory records), ``train_designer=False`` (frozen designer: designer
     samples are never emitted). Baselines: ``env_source`` ``fixed_pool`` (the environments come
     from ``fixed_env_dir``, see :mod:`spade.selfplay.pool`) or ``rlve`` (rlve-gym's generators);
@@ -140,6 +141,8 @@ class SelfPlaySettings:
             require(value > 0, key(name), f"must be > 0, got {value}")
         require(self.difficulty in DIFFICULTIES, key("difficulty"),
                 f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
+        require(self.no_corpus_prompt in ("concepts", "corpus_without_document"), key("no_corpus_prompt"),
+                f"{self.no_corpus_prompt!r} is not allowed; choose one of: concepts, corpus_without_document")
         require(self.env_source in ENV_SOURCES, key("env_source"),
                 f"{self.env_source!r} is not allowed; choose one of: {', '.join(ENV_SOURCES)}")
         if self.env_source == "designer" and not self.designer_enabled:
