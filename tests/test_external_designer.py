@@ -50,8 +50,9 @@ KEY = "sk-test-123"
 class CannedEndpoint:
     """``GET /v1/models`` and ``POST /v1/chat/completions`` of the OpenAI API, with canned replies.
 
-    ``faults``: what the next chat requests get, first to last ("500", "429" or "hang": no answer
-    until the server closes); once it is empty, requests are answered. ``chat`` records every chat
+    ``faults``: what the next chat requests get, first to last ("500", "429", "context": OpenAI's
+    400 for a prompt over the context, or "hang": no answer until the server closes); once it is
+    empty, requests are answered. ``chat`` records every chat
     request body, ``auth`` every Authorization header.
     """
 
@@ -106,6 +107,10 @@ class CannedEndpoint:
                 if fault == "hang":
                     endpoint.closing.wait(60)
                     return
+                if fault == "context":
+                    return self._send(400, {"error": {"message": "This model's maximum context length is 1000 tokens",
+                                                      "type": "invalid_request_error",
+                                                      "code": "context_length_exceeded"}})
                 if fault in ("500", "429"):
                     return self._send(int(fault), {"error": {"message": f"injected {fault}"}})
                 self._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
@@ -288,6 +293,16 @@ def test_timeout_after_retries_is_a_rejected_attempt(endpoint, sandbox, tokenize
     saved = json.loads((tmp_path / "rejected" / "step_000000" / "slot0_attempt0.json").read_text())
     assert saved["reason"]["kind"] == "timeout" and "after 2 tries" in saved["reason"]["message"]
     assert endpoint.url in saved["reason"]["message"]
+
+
+def test_a_prompt_over_the_endpoints_context_rejects_that_attempt_only(endpoint, sandbox, tokenizer, tmp_path):
+    endpoint.faults = ["context"]
+    round_ = make_round(designer_settings(endpoint.url, envs_per_set=1), tokenizer, tmp_path, sandbox=sandbox.service)
+    result = sandbox.run(round_.regenerate(0), timeout=60)
+    assert len(result.envs) == 1 and result.envs[0].attempts == 2
+    [rejection] = result.rejections
+    assert rejection.kind is ErrorKind.PROMPT_TOO_LONG and "maximum context length" in rejection.message
+    assert round_.generator.retries == 0  # not retried: the same prompt would not fit again
 
 
 def test_a_failing_hint_call_leaves_the_hint_empty(endpoint, sandbox, tokenizer, tmp_path):

@@ -11,9 +11,10 @@ rejection kind the designer round records (``prompt_too_long``, ``timeout``, ``n
 * :class:`ExternalGenerator` sends the messages to ``selfplay.designer_endpoint`` with the
   ``openai`` client (the "Fixed ED" ablation): no token ids, no trajectory, nothing trainable.
   Transient failures (timeouts, connection errors, 429, 5xx) are retried with exponential
-  backoff; after the last retry the call fails with :class:`GenerationFailed`. A refusal that no
-  retry can fix (any other 4xx: bad key, unknown model, a refused parameter) raises
-  :class:`EndpointError`, which stops the run.
+  backoff; after the last retry the call fails with :class:`GenerationFailed`. A prompt the
+  endpoint says is over its context (400, ``context_length_exceeded``) fails that call alone
+  (``prompt_too_long``, as on our engine). A refusal that no retry can fix (any other 4xx: bad
+  key, unknown model, a refused parameter) raises :class:`EndpointError`, which stops the run.
 
 :func:`check_endpoint` is the preflight of ``spade train``: the endpoint answers ``GET
 {url}/models`` with the configured key, before anything is written.
@@ -185,6 +186,9 @@ class ExternalGenerator:
             except openai.APIConnectionError as exc:
                 kind, reason = ErrorKind.NO_OUTPUT, f"cannot connect ({exc})"
             except openai.APIStatusError as exc:
+                if _context_overflow(exc):
+                    raise GenerationFailed(ErrorKind.PROMPT_TOO_LONG, f"{e.url} (model {e.model}): HTTP "
+                                           f"{exc.status_code}: {_error_text(exc)}") from None
                 if exc.status_code != 429 and exc.status_code < 500:
                     raise EndpointError(f"selfplay.designer_endpoint: {e.url} refused a request for model "
                                         f"{e.model!r} with HTTP {exc.status_code}: {_error_text(exc)} (not retried: "
@@ -216,6 +220,19 @@ def _completion_text(completion: Any) -> GeneratedText:
     if not text:
         raise GenerationFailed(ErrorKind.NO_OUTPUT, f"the endpoint returned nothing ({finish})")
     return GeneratedText(text, finish)
+
+
+def _context_overflow(exc: Any) -> bool:
+    """A 400 that says the prompt (plus the token budget) exceeds the model's context: OpenAI's
+    ``context_length_exceeded`` code, or the wording vLLM / SGLang servers use."""
+    if exc.status_code != 400:
+        return False
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(inner, dict) and inner.get("code") == "context_length_exceeded":
+        return True
+    text = _error_text(exc).lower()
+    return any(words in text for words in ("maximum context length", "context length is", "context window"))
 
 
 def _error_text(exc: Any) -> str:

@@ -38,7 +38,8 @@ class EndpointSettings:
     ``selfplay.hint_timeout_s``). A request that times out, cannot connect, or is answered 429 or
     5xx is retried up to ``max_retries`` times, waiting ``backoff_s * 2**i`` seconds (at most
     ``max_backoff_s``) before retry ``i``; after that the attempt counts as a failed designer
-    attempt (kind ``timeout`` or ``no_output``), or an empty hint. Any other 4xx (bad key, unknown
+    attempt (kind ``timeout`` or ``no_output``), or an empty hint. A 400 saying the prompt is over
+    the model's context rejects that attempt (``prompt_too_long``). Any other 4xx (bad key, unknown
     model, a parameter the server refuses) stops the run with the URL, the model and the status.
     ``max_concurrent`` caps the requests in flight at once (None: one per slot of the set, as many
     as the designer round makes).
