@@ -199,3 +199,13 @@ def test_a_drawn_set_is_admitted_saved_and_recorded(sandbox, tmp_path):
     assert saved == sorted(f"fixed-{n}{ext}" for n in ("remainder_oracle", "liars_island", "foggy_grid")
                            for ext in (".py", ".hint.txt", ".json"))
     assert json.loads((run / "envs" / "step_000000" / "fixed-foggy_grid.json").read_text())["class_name"] == "FoggyGridEnv"
+
+
+def test_the_baseline_recipe_draws_24_environments_every_step_actor_only():
+    from spade.train_config import load_train_config
+
+    config = load_train_config(ROOT / "examples" / "recipes" / "baseline_fixed_pool.yaml", [])
+    sp = config.selfplay
+    assert (sp.env_source, sp.envs_per_set, sp.k, sp.g_hint) == ("fixed_pool", 24, 1, 0)
+    assert not (sp.designer_enabled or sp.train_designer or sp.use_corpus or sp.use_memory)
+    assert Path(sp.fixed_env_dir) == ROOT / "examples" / "envs"  # the stand-in the header says to replace
