@@ -209,3 +209,52 @@ def test_the_baseline_recipe_draws_24_environments_every_step_actor_only():
     assert (sp.env_source, sp.envs_per_set, sp.k, sp.g_hint) == ("fixed_pool", 24, 1, 0)
     assert not (sp.designer_enabled or sp.train_designer or sp.use_corpus or sp.use_memory)
     assert Path(sp.fixed_env_dir) == ROOT / "examples" / "envs"  # the stand-in the header says to replace
+
+
+def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(sandbox, tmp_path):
+    """Through the orchestrator's own state (what the trainer checkpoints): a run resumed after
+    step 1 plays the sets the straight run played at steps 2 and 3."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from chat_templates import bpe_tokenizer
+    from spade.rollout import HFEngine
+    from spade.selfplay.orchestrator import Orchestrator
+
+    directory = tmp_path / "pool"
+    write_pool(directory, [SKILLS[i % 2] for i in range(5)])
+    tokenizer = bpe_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16, max_position_embeddings=4096)).eval()
+    engine = HFEngine((model, tokenizer), eos_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
+    settings = SelfPlaySettings(envs_per_set=2, k=1, g_nohint=1, g_hint=0, agent_max_tokens=4, max_turns=1,
+                                max_context_tokens=4096, env_source="fixed_pool", fixed_env_dir=str(directory),
+                                use_corpus=False, use_memory=False, train_designer=False,
+                                skills=SkillSettings(skills=tuple(SKILLS[:2]), window=2))
+
+    def orchestrator(run: str) -> Orchestrator:
+        return Orchestrator(settings, sandbox=sandbox.service, engine=engine, tokenizer=tokenizer, corpus=None,
+                            memory=None, run_dir=tmp_path / run, seed=11)
+
+    def played(orch: Orchestrator, step: int) -> list[str]:
+        sandbox.run(orch.run_step(step), timeout=120)
+        return [env.env_id for env in orch.envs]
+
+    try:
+        straight = orchestrator("straight")
+        sets = [played(straight, step) for step in range(4)]
+        first = orchestrator("first")
+        for step in range(2):
+            played(first, step)
+        state = json.loads(json.dumps(first.state_dict()))
+        resumed = orchestrator("resumed")
+        resumed.load_state_dict(state)
+        assert [played(resumed, step) for step in (2, 3)] == sets[2:]
+    finally:
+        engine.close()
+    flat = [env_id for s in sets for env_id in s]
+    assert sorted(flat[:5]) == [f"fixed-env_{i:02d}" for i in range(5)]  # the first pass: every one once
+    assert all(len(set(s)) == 2 for s in sets)
+    assert state["env_source"]["pass"] == 0 and len(state["env_source"]["drawn"]) == 4
