@@ -353,6 +353,24 @@ def test_spade_train_preflight_refuses_an_unreachable_endpoint(monkeypatch):
         preflight(config)
 
 
+def test_spade_train_stops_before_writing_the_run_directory(monkeypatch, tmp_path, capsys):
+    import socket
+
+    from spade.cli import EXIT_USAGE, main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    monkeypatch.setenv(KEY_ENV, KEY)
+    config = tmp_path / "fixed_ed.yaml"
+    config.write_text(json.dumps({"selfplay": {"use_corpus": False, "train_designer": False, "designer_endpoint": {
+        "url": url, "model": MODEL, "api_key_env": KEY_ENV}}}))
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--run-dir", str(run_dir)]) == EXIT_USAGE
+    assert f"selfplay.designer_endpoint.url: {url} is not reachable" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
 # --------------------------------------------------------------------------- the two generators
 
 
