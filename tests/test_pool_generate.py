@@ -167,6 +167,7 @@ def test_generation_killed_mid_attempt_resumes_where_it_stopped(tmp_path):
     assert sorted(before) == ["env_000000.hint.txt", "env_000000.py", "env_000001.hint.txt", "env_000001.py"]
     assert [r["attempt"] for r in read_manifest(out)] == [0, 1]
 
+    (out / "env_000007.py").write_text("class Half")  # as if an attempt died between its files and its line
     server = FakeEndpoint()
     try:
         proc = subprocess.run(generate_cmd(server.url, out, 4), cwd=ROOT, env=ENV, capture_output=True, text=True,
@@ -175,7 +176,9 @@ def test_generation_killed_mid_attempt_resumes_where_it_stopped(tmp_path):
         server.close()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("[")] == ["[3/4]", "[4/4]"]
-    # the two kept environments are untouched; attempt 2 was made again under its own number
+    # the two kept environments are untouched, the unfinished one is gone; attempt 2 was made
+    # again under its own number
+    assert not (out / "env_000007.py").exists()
     assert {name: (out / name).read_text() for name in before} == before
     records = read_manifest(out)
     assert [r["attempt"] for r in records] == [0, 1, 2, 3] and len(server.designer_prompts) == 2

@@ -93,6 +93,7 @@ class _Progress:
     done: set[int] = field(default_factory=set)
     per_skill: dict[str, int] = field(default_factory=dict)
     admitted: int = 0
+    done_below: int = 0  # every attempt below this one is done
 
 
 class PoolGenerator:
@@ -146,9 +147,10 @@ class PoolGenerator:
         return progress
 
     def _save(self, progress: _Progress) -> None:
-        below = 0
+        below = progress.done_below
         while below in progress.done:
             below += 1
+        progress.done_below = below
         state = {"done_below": below, "done_above": sorted(a for a in progress.done if a > below),
                  "requested": self.n, "skills": [s.name for s in self.skills], "origin": self.origin,
                  "seed": self.round.seed}
