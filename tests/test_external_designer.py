@@ -445,9 +445,14 @@ def test_orchestrator_steps_train_the_agent_only(endpoint, sandbox, tokenizer, t
     assert [out.metrics["env/set_size"] for out in outs] == [1.0, 1.0, 1.0]
     assert [out.metrics["agent/episodes"] for out in outs] == [2.0, 2.0, 2.0]  # g_nohint
     assert [out.metrics.get("agent/hint_episodes") for out in outs] == [1.0, None, 1.0]
+    # the external designer's environments are scored like any designer's (the window closes at
+    # step 2), but nothing of them is trained
+    assert [out.metrics["designer/released"] for out in outs] == [0.0, 0.0, 1.0]
+    assert [out.metrics["designer/pending"] for out in outs] == [1.0, 1.0, 1.0]
+    assert 0.0 <= outs[2].metrics["designer/reward_mean"] <= 1.0 and "designer/samples" in outs[2].metrics
+    assert outs[2].metrics["designer/samples"] == 0
     for out in outs:
-        assert out.designer_samples == [] and out.metrics["designer/released"] == 0
-        assert out.metrics["designer/pending"] == 0
+        assert out.designer_samples == []
         assert len(out.agent_samples) == out.metrics["agent/samples"] >= 1
         assert all(sample.token_ids and sum(sample.loss_mask) >= 1 for sample in out.agent_samples)
     assert remembered == ["s000000-e00", "s000002-e00"]

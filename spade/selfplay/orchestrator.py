@@ -157,10 +157,11 @@ class Orchestrator:
                 h = [p.episode_return for p in hinted[env.env_id]]
                 n = [p.episode_return for p in nohint[env.env_id]]
                 design = new_designs.get(env.env_id)
-                if h and n and design is not None:
+                if h and n:  # an external designer has no trajectory: its rewards are still measured
                     self.buffer.add(step, env.env_id, env.skill, env.env_id, h, n)
-                    self.pending_samples[env.env_id] = design.scored(role=Role.DESIGNER, env_id=env.env_id,
-                                                                     skill=env.skill, generated_step=step)
+                    if design is not None:
+                        self.pending_samples[env.env_id] = design.scored(role=Role.DESIGNER, env_id=env.env_id,
+                                                                         skill=env.skill, generated_step=step)
             if s.use_memory and self.memory is not None:
                 self._remember(step, nohint, hinted)
 
