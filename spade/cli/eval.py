@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--rg-episodes", type=int, default=8, help="Reasoning-Gym episodes per task")
     parser.add_argument("--isolation", default=None, help="sandbox isolation for LCB (bubblewrap, unsafe-local)")
     parser.add_argument("--config", default=None, help="YAML whose sandbox: section the LCB judge uses")
+    parser.add_argument("--tau2", action="append", default=[], metavar="KEY=VALUE",
+                        help="a tau2 setting, repeatable (domains, user_url, user_model, user_api_key_env, "
+                             "max_steps, ...; docs/evaluation.md)")
     parser.set_defaults(handler=run_eval)
     sub = parser.add_subparsers(dest="eval_command", metavar="report", required=False)
     add_report_parser(sub.add_parser("report", help="Table 1 / Table 2 from result directories",
@@ -87,9 +90,17 @@ def run_eval(args: argparse.Namespace) -> int:
         from .common import sandbox_config
 
         sandbox = sandbox_config(args)
+    tau2 = None
+    if args.tau2:
+        from ..eval.tau2_bench import Tau2Settings
+
+        try:
+            tau2 = Tau2Settings.from_pairs(args.tau2)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     options = BenchmarkOptions(data_dir=Path(args.data) if args.data else None, n=args.samples,
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                               rg_episodes=args.rg_episodes, sandbox=sandbox)
+                               rg_episodes=args.rg_episodes, sandbox=sandbox, tau2=tau2)
     return asyncio.run(_evaluate(args, names, options))
 
 

@@ -144,7 +144,11 @@ def stderr_progress(name: str, done: int, total: int) -> None:
 
 async def run_benchmark(benchmark: Benchmark, model: ChatModel, *, seed: int = 0, limit: Optional[int] = None,
                         out_dir: Optional[Path] = None, progress: Optional[Progress] = None) -> BenchmarkScore:
-    """Evaluate one benchmark; skipped (with the reason) when its data or package is missing."""
+    """Evaluate one benchmark; skipped (with the reason) when its data or package is missing.
+    A benchmark that drives an outside harness over HTTP (tau2) has its own ``run``, called instead."""
+    own_run = getattr(benchmark, "run", None)
+    if callable(own_run):
+        return await own_run(model, seed=seed, limit=limit, out_dir=out_dir, progress=progress)
     try:
         items = benchmark.load(seed, limit)
     except BenchmarkUnavailable as exc:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from .types import Benchmark, SamplingSettings
 
 GAMES = ("aime25", "aime26", "gpqa_diamond", "lcb_v6", "rg_math", "rg_algorithmic", "rg_cognition", "rg_logic")
-TOOL_USE = ("bfcl_multi_turn",)
+TOOL_USE = ("bfcl_multi_turn", "tau2")
 SUITES: dict[str, tuple[str, ...]] = {
     "games": GAMES,
     "tool": TOOL_USE,
@@ -36,6 +36,7 @@ class BenchmarkOptions:
     lcb_time_limit_s: float = 6.0
     lcb_memory_limit_mb: int = 1024
     sandbox: Any = None  # a SandboxConfig whose isolation and limits the LCB judge starts from
+    tau2: Any = None  # a tau2_bench.Tau2Settings (None: its defaults)
 
     def sampling(self, default: SamplingSettings) -> SamplingSettings:
         return default.replace(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -82,10 +83,16 @@ def _bfcl(options: BenchmarkOptions) -> Benchmark:
     return BFCLMultiTurn(sampling=options.sampling(BFCL_SAMPLING))
 
 
+def _tau2(options: BenchmarkOptions) -> Benchmark:
+    from .tau2_bench import TAU2_SAMPLING, Tau2Bench
+
+    return Tau2Bench(options.tau2, sampling=options.sampling(TAU2_SAMPLING))
+
+
 BUILDERS: dict[str, Callable[[BenchmarkOptions], Benchmark]] = {
     "aime25": _aime(2025), "aime26": _aime(2026), "gpqa_diamond": _gpqa, "lcb_v6": _lcb,
     "rg_math": _rg("math"), "rg_algorithmic": _rg("algorithmic"), "rg_cognition": _rg("cognition"),
-    "rg_logic": _rg("logic"), "bfcl_multi_turn": _bfcl,
+    "rg_logic": _rg("logic"), "bfcl_multi_turn": _bfcl, "tau2": _tau2,
 }
 
 
