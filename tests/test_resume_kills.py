@@ -12,7 +12,11 @@ starts, found by its progress line: step 3's metrics line is written, the newest
   examples/seed_envs): the kill falls as step 3's regeneration starts; the resumed memory must
   equal the straight run's (rolled back, not seeded twice). The tiny random model admits nothing
   (its 1,024-token context cannot even hold the seeded designer prompt), so neither admitted
-  memory records nor designer samples in the delay buffer are exercised here.
+  memory records nor designer samples in the delay buffer are exercised here;
+* external designer (``selfplay.designer_endpoint`` on a canned OpenAI-compatible server in this
+  process, the real client and admission; ``k: 2``): every regeneration admits environments, so the
+  checkpoint at step 2 holds memory records and pending designer entries of step 0 that the replayed
+  step 2 must release (the delay buffer restored), and step 2's records are rolled back.
 
 Subprocesses with hard timeouts; slow (about a minute each on 2 cores).
 """
@@ -52,6 +56,23 @@ def designer_config(train_config, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture
+def external_designer_config(designer_config, tmp_path):
+    """The designer config with the designer served by a canned endpoint (not trained), k 2."""
+    from test_external_designer import MODEL, CannedEndpoint
+
+    server = CannedEndpoint(key=None)
+    text = designer_config.read_text().replace("\n  k: 1\n", "\n  k: 2\n")
+    text = text.replace("selfplay:\n", "selfplay:\n  train_designer: false\n"
+                        "  no_corpus_prompt: corpus_without_document\n"  # the system prompt the server answers
+                        f"  designer_endpoint: {{url: '{server.url}', model: {MODEL}, api_key_env: null, backoff_s: 0.0}}\n")
+    assert "k: 2" in text and "designer_endpoint" in text
+    path = tmp_path / "external.yaml"
+    path.write_text(text)
+    yield path
+    server.close()
+
+
 def memory_records(run: Path) -> list[tuple]:
     with sqlite3.connect(run / "memory.sqlite") as db:
         return db.execute("SELECT env_id, skill, step, win_rate, regret, source, hint FROM records ORDER BY seq").fetchall()
@@ -80,15 +101,20 @@ def kill_when_step_starts(config: Path, run: Path, step_line: str) -> str:
     return "".join(seen)
 
 
-@pytest.mark.parametrize("kind", ["fixed pool", "designer"])
-def test_kill_between_checkpoints_then_resume(kind, graded_config, designer_config, tmp_path):  # noqa: F811
-    config = graded_config if kind == "fixed pool" else designer_config
+@pytest.mark.parametrize("kind", ["fixed pool", "designer", "external designer"])
+def test_kill_between_checkpoints_then_resume(kind, graded_config, designer_config, request, tmp_path):  # noqa: F811
+    config = {"fixed pool": graded_config, "designer": designer_config}.get(kind) \
+        or request.getfixturevalue("external_designer_config")
     straight = tmp_path / "straight"
     run_spade("--config", str(config), "--run-dir", str(straight), *STEPS, env={"OMP_NUM_THREADS": "1"})
     records = metrics(straight)
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     if kind == "designer":  # what the resume must restore is there
         assert all(r["designer/attempts"] > 0 for r in records), records
+    if kind == "external designer":  # admitted at both regenerations; step 2 releases step 0's entries
+        assert records[0]["env/admitted"] > 0 and records[2]["env/admitted"] > 0, records
+        assert records[2]["designer/released"] == records[0]["env/admitted"] and "designer/reward_mean" in records[2]
+        assert records[1]["designer/pending"] == records[0]["env/admitted"]
 
     run = tmp_path / "killed"
     kill_when_step_starts(config, run, "step 4/4 playing")
