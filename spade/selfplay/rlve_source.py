@@ -96,18 +96,22 @@ class DifficultyController:
 class RLVESource:
     """An :class:`~spade.selfplay.env_source.EnvSource` over rlve-gym (see the module docstring)."""
 
-    def __init__(self, settings: SelfPlaySettings, *, run_dir: Path, seed: int):
+    def __init__(self, settings: SelfPlaySettings, *, run_dir: Path, seed: int, workers: RLVEWorkers | None = None):
+        """``workers``: processes to share (closed by their owner); by default the source starts
+        ``selfplay.rlve.workers`` of its own, logging to ``RUN/logs/``, and :meth:`close` stops them."""
         self.settings = settings
         self.config = settings.rlve
         self.run_dir = Path(run_dir)
         self.seed = seed
         self.controller = DifficultyController(self.config)
-        self.workers = RLVEWorkers(self.config.workers, cache_size=self.config.cache_size,
-                                   startup_timeout_s=self.config.startup_timeout_s, log_dir=self.run_dir / "logs")
+        self.owns_workers = workers is None
+        if workers is None:
+            workers = RLVEWorkers(self.config.workers, cache_size=self.config.cache_size,
+                                  startup_timeout_s=self.config.startup_timeout_s, log_dir=self.run_dir / "logs")
+        self.workers = workers
         self.sandbox = RLVESandbox(self.workers, generation_timeout_s=self.config.generation_timeout_s,
                                    request_timeout_s=self.config.request_timeout_s)
         self.environments: list[str] | None = None
-        self.last_checked: dict[str, float] = {}  # accuracy of each environment checked by the last observe
 
     # ------------------------------------------------------------------ the set
 
@@ -177,7 +181,7 @@ class RLVESource:
             spec = ProblemSpec.from_source(env.source)
             accuracies = [accurate(r, spec.threshold) for r in nohint_returns.get(env.env_id, [])]
             self.controller.record(spec.environment, spec.difficulty, accuracies)
-        self.last_checked = self.controller.check()
+        self.controller.check()
 
     def play_sandbox(self) -> RLVESandbox:
         return self.sandbox
@@ -193,5 +197,6 @@ class RLVESource:
         self.controller.load_state_dict(state)
 
     async def close(self) -> None:
-        """Stop the worker processes."""
-        await self.sandbox.close()
+        """Stop the worker processes (those the source started)."""
+        if self.owns_workers:
+            await self.sandbox.close()

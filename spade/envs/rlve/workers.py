@@ -45,9 +45,9 @@ class WorkerDied(WorkerError):
 class _Worker:
     """One worker process and its line-oriented pipe (used from one thread at a time)."""
 
-    def __init__(self, index: int, *, cache_size: int, startup_timeout_s: float, log_path: Path | None):
+    def __init__(self, index: int, *, command: list[str], startup_timeout_s: float, log_path: Path | None):
         self.index = index
-        self.cache_size = cache_size
+        self.command = command
         self.startup_timeout_s = startup_timeout_s
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
@@ -76,8 +76,7 @@ class _Worker:
                "OMP_NUM_THREADS": "1"}   # rlve-gym imports torch; the worker needs no threads
         log = open(self.log_path, "ab") if self.log_path is not None else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "spade.envs.rlve.worker", "--cache",
-                                          str(self.cache_size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log, env=env)
         finally:
             if log is not subprocess.DEVNULL:
@@ -136,15 +135,21 @@ class _Worker:
 
 
 class RLVEWorkers:
-    """``n`` rlve-gym worker processes; :meth:`call` sends one request to worker ``key % n``."""
+    """``n`` rlve-gym worker processes; :meth:`call` sends one request to worker ``key % n``.
+
+    ``command`` starts one worker (default: this interpreter running :mod:`.worker`); it must
+    print a ``{"ready": true}`` line, then answer each request line with one line.
+    """
 
     def __init__(self, n: int, *, cache_size: int = 256, startup_timeout_s: float = 120.0,
-                 log_dir: Path | None = None):
+                 log_dir: Path | None = None, command: list[str] | None = None):
         if n < 1:
             raise ValueError(f"need at least one rlve worker, got {n}")
         if log_dir is not None:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
-        self.workers = [_Worker(i, cache_size=cache_size, startup_timeout_s=startup_timeout_s,
+        if command is None:
+            command = [sys.executable, "-m", "spade.envs.rlve.worker", "--cache", str(cache_size)]
+        self.workers = [_Worker(i, command=list(command), startup_timeout_s=startup_timeout_s,
                                 log_path=None if log_dir is None else Path(log_dir) / f"rlve_worker_{i}.log")
                         for i in range(n)]
         self.executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rlve-worker-{i}")
