@@ -28,7 +28,7 @@ import pytest
 
 from spade.agent.actions import parse_action
 from spade.envs.protocol import EnvFault, ErrorKind, InfrastructureFault
-from spade.envs.rlve import ANSWER_INSTRUCTION, ProblemSpec, RLVESandbox, RLVEWorkers, to_rlve_output
+from spade.envs.rlve import ANSWER_INSTRUCTION, ProblemSpec, RLVESandbox, RLVEWorkers, WorkerDied, to_rlve_output
 from spade.selfplay.rlve_settings import RLVESettings
 from spade.selfplay.rlve_source import RLVESource
 from spade.selfplay.settings import SelfPlaySettings
@@ -130,7 +130,7 @@ def test_the_adapter_scores_like_rlves_own_verifier(workers):
         # one problem per group: the reset seed changes nothing
         instance = run(sandbox.open(spec.to_source()))
         assert run(instance.reset(seed=1)).observation == run(instance.reset(seed=2)).observation
-    assert f" {a} " in f" {ref['Multiplication']['prompt'].replace('?', ' ').replace('.', ' ')} "
+    assert str(a) in ref["Multiplication"]["prompt"] and str(b) in ref["Multiplication"]["prompt"]
 
 
 def test_box_to_answer_markers():
@@ -345,3 +345,12 @@ run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 2048}}
         except (psutil.Error, OSError):
             continue
     assert left == []
+
+
+def test_a_worker_that_cannot_start_says_why():
+    pool = RLVEWorkers(1, command=[sys.executable, "-c", "print('{\"ready\": false, \"error\": \"no rlve-gym here\"}')"])
+    try:
+        with pytest.raises(WorkerDied, match="could not start: no rlve-gym here"):
+            run(pool.call(0, {"op": "list"}, 5.0))
+    finally:
+        pool.close()

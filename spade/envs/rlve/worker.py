@@ -141,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # rlve-gym's prints must not reach the protocol stream
     sys.stdout = sys.stderr
-    problems = Problems(args.cache)
+    try:
+        problems = Problems(args.cache)
+    except ImportError as exc:
+        answers.write(json.dumps({"ready": False, "error": f"rlve-gym cannot be imported ({exc}); "
+                                  "install it with: pip install --no-deps rlve-gym==0.0.1"}) + "\n")
+        return 1
     answers.write(json.dumps({"ready": True, "environments": len(problems.environments)}) + "\n")
     for line in sys.stdin:
         if not line.strip():

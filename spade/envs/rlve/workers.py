@@ -86,7 +86,7 @@ class _Worker:
         ready = self._read_line(time.monotonic() + self.startup_timeout_s, what="start-up")
         if not ready.get("ready"):
             self._reap()
-            raise WorkerDied(f"rlve worker {self.index} sent {ready!r} instead of ready")
+            raise WorkerDied(f"rlve worker {self.index} could not start: {ready.get('error', ready)}")
 
     def _read_line(self, deadline: float, *, what: str) -> dict[str, Any]:
         assert self.proc is not None and self.proc.stdout is not None
