@@ -218,6 +218,7 @@ def _check_against_tau2(score, out: Path) -> dict:
     return results
 
 
+@pytest.mark.slow
 def test_user_on_the_same_server_ends_on_the_step_limit(tiny_chat_model, tmp_path):
     settings = Tau2Settings(domains=("mock",), task_ids=("create_task_1",), max_steps=4, user_max_tokens=8,
                             python=_tau2_python(), timeout_s=180)
@@ -235,6 +236,7 @@ def test_user_on_the_same_server_ends_on_the_step_limit(tiny_chat_model, tmp_pat
     assert {m["role"] for m in generated} == {"assistant", "user"}
 
 
+@pytest.mark.slow
 def test_user_on_another_endpoint_and_a_resumed_run(tiny_chat_model, scripted_user, tmp_path):
     user_url, requests = scripted_user
     settings = Tau2Settings(domains=("mock",), task_ids=("create_task_1", "create_task_1_nl_eval"), max_steps=10,
