@@ -19,6 +19,7 @@ In both, our records and scores are compared with tau2's own results files.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import threading
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from spade.eval.runner import ChatModel, format_table, read_records, read_summary, run_suite
+from spade.eval.runner import ChatModel, EvalError, format_table, read_records, read_summary, run_suite
 from spade.eval.suites import BenchmarkOptions, benchmark_names, build_benchmarks
 from spade.eval.tau2_bench import TAU2_SAMPLING, Tau2Bench, Tau2Settings, package_version, tau2_python
 from spade.eval.types import BenchmarkUnavailable, SamplingSettings
@@ -266,8 +267,6 @@ def test_user_on_another_endpoint_and_a_resumed_run(tiny_chat_model, scripted_us
     assert len(requests) == 6 and engine.calls - before == 3  # one more task: 2 user turns, 1 agent turn
     _check_against_tau2(again, tmp_path)
     # Other settings on the same directory are refused, not mixed in.
-    other = Tau2Bench(Tau2Settings(**{**settings.__dict__, "max_steps": 11}), sampling=bench.sampling)
-    from spade.eval.runner import EvalError
-
+    other = Tau2Bench(dataclasses.replace(settings, max_steps=11), sampling=bench.sampling)
     with pytest.raises(EvalError, match="max_steps"):
         _run(other, tiny_chat_model, tmp_path)

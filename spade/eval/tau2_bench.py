@@ -32,7 +32,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
