@@ -181,6 +181,8 @@ def test_source_sets_and_resume_continue_the_same_schedule(workers, tmp_path):
     first.observe(0, set0.envs, {set0.envs[0].env_id: [1.0, 1.0], set0.envs[1].env_id: [1.0, 0.0]})
     state = json.loads(json.dumps(first.state_dict()))
     assert state["difficulty"] == {"Multiplication": 1} and state["tallies"] == {}
+    assert first.metrics() == {"rlve/checked": 1.0, "rlve/raised": 1.0, "rlve/envs_raised_total": 1.0,
+                               "rlve/difficulty_max": 1.0, "rlve/problem_difficulty_mean": 0.0}
 
     resumed = RLVESource(s, run_dir=tmp_path / "b", seed=9, workers=workers)
     resumed.load_state_dict(state)
@@ -322,6 +324,7 @@ run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 2048}}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1]
     assert all(r["env/admitted"] == 2.0 and r["agent/episodes"] == 4.0 for r in records)
+    assert all(r["rlve/checked"] == 1.0 and r["rlve/problem_difficulty_mean"] >= 0.0 for r in records)  # 4 plays >= 2
     for step in (0, 1):
         sources = sorted((run_dir / "envs" / f"step_{step:06d}").glob("*.py"))
         assert len(sources) == 2

@@ -106,3 +106,21 @@ def test_an_unusable_bubblewrap_exits_3_before_the_run_directory_exists(tmp_path
     assert "setting up uid map: Permission denied" in proc.stderr  # bubblewrap's own words
     assert "Traceback" not in proc.stderr
     assert not run.exists()
+
+
+def test_rlve_without_its_package_is_refused_before_anything(monkeypatch):
+    """rlve-gym hidden from this process (find_spec says it is absent): the check names the key and
+    the install command; with the package present the same config passes."""
+    import importlib.util
+
+    from spade.run.preflight import preflight
+    from spade.run.run_dir import RunDirError
+    from spade.train_config import from_dict
+
+    config = from_dict({"selfplay": {"env_source": "rlve", "use_corpus": False, "use_memory": False,
+                                     "train_designer": False, "g_hint": 0}})
+    preflight(config)  # installed by make setup
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "Gym" else real(name, *a))
+    with pytest.raises(RunDirError, match=r"selfplay\.env_source: rlve.*pip install rlve-gym==0\.0\.1"):
+        preflight(config)

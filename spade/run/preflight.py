@@ -48,6 +48,12 @@ def preflight(config: TrainConfig) -> None:
         pool = Path(sp.fixed_env_dir or "")
         if not pool.is_dir() or not any(pool.glob("*.py")):
             raise RunDirError(f"selfplay.fixed_env_dir: {pool} is not a directory of environment .py files")
+    if sp.env_source == "rlve":
+        import importlib.util
+
+        if importlib.util.find_spec("Gym") is None:  # rlve-gym's module; its workers run this Python
+            raise RunDirError("selfplay.env_source: rlve needs the rlve-gym package, which this Python lacks: "
+                              "pip install rlve-gym==0.0.1 (make setup installs it)")
     if sp.memory_seed_dir is not None and not Path(sp.memory_seed_dir).is_dir():
         raise RunDirError(f"selfplay.memory_seed_dir: {sp.memory_seed_dir} is not a directory")
     from ..selfplay.designer_generators import check_designer_endpoint

@@ -11,6 +11,9 @@ delay buffer, memory) is the same whichever source it is. ``selfplay.env_source`
 * ``rlve`` (Fixed-env RLVE): :class:`~spade.selfplay.rlve_source.RLVESource` asks rlve-gym's
   procedural generators for problems at the difficulty its controller has reached.
 
+A source may also have ``metrics() -> dict[str, float]`` (merged into the step's metrics after
+``observe``; RLVE's levels) and ``async close()`` (called when the run ends; RLVE's workers).
+
 A source's ``state_dict()`` is JSON and goes into the orchestrator's checkpointed state, so a resumed
 run draws and schedules exactly what the interrupted run would have.
 """

@@ -143,6 +143,9 @@ class Orchestrator:
             (hinted if play.hinted else nohint)[play.env_id].append(play)
         self.source.observe(step, self.envs, {env_id: [p.episode_return for p in env_plays]
                                               for env_id, env_plays in nohint.items()})
+        source_metrics = getattr(self.source, "metrics", None)  # optional: what the source itself tracks
+        if source_metrics is not None:
+            metrics.update(source_metrics())
 
         self._agent_samples(out, nohint)
         pending_ids = {entry.env_id for entry in self.buffer.pending}

@@ -104,6 +104,7 @@ class RLVESource:
         self.run_dir = Path(run_dir)
         self.seed = seed
         self.controller = DifficultyController(self.config)
+        self.last_metrics: dict[str, float] = {}
         self.owns_workers = workers is None
         if workers is None:
             workers = RLVEWorkers(self.config.workers, cache_size=self.config.cache_size,
@@ -181,7 +182,23 @@ class RLVESource:
             spec = ProblemSpec.from_source(env.source)
             accuracies = [accurate(r, spec.threshold) for r in nohint_returns.get(env.env_id, [])]
             self.controller.record(spec.environment, spec.difficulty, accuracies)
-        self.controller.check()
+        before = dict(self.controller.difficulty)
+        checked = self.controller.check()
+        raised = sum(1 for env in checked if self.controller.level(env) > before.get(env, self.config.initial_difficulty))
+        levels = list(self.controller.difficulty.values())
+        problem_levels = [ProblemSpec.from_source(env.source).difficulty for env in envs]
+        self.last_metrics = {
+            "rlve/checked": float(len(checked)),
+            "rlve/raised": float(raised),
+            "rlve/envs_raised_total": float(sum(1 for level in levels if level > self.config.initial_difficulty)),
+            "rlve/difficulty_max": float(max(levels, default=self.config.initial_difficulty)),
+        }
+        if problem_levels:
+            self.last_metrics["rlve/problem_difficulty_mean"] = sum(problem_levels) / len(problem_levels)
+
+    def metrics(self) -> dict[str, float]:
+        """What the last :meth:`observe` found: environments checked and raised, levels reached."""
+        return dict(self.last_metrics)
 
     def play_sandbox(self) -> RLVESandbox:
         return self.sandbox
