@@ -374,6 +374,44 @@ def test_torchrun_two_data_parallel_ranks_match_single_process(graded_single_run
     assert_torchrun_run(run, proc, graded_single_run)
 
 
+@pytest.mark.slow
+def test_torchrun_kill_mid_step_then_resume(graded_single_run, graded_config, tmp_path):
+    """SIGKILL of the whole torchrun group (agent and both ranks) while step 2 runs, then a resume
+    under torchrun: the run ends equal to the single-process straight run (the tolerances of the
+    two-rank comparison above), having lost only the step after its last checkpoint."""
+    run = tmp_path / "run"
+    latest = run / "checkpoints" / "latest"
+    cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           "-m", "spade", "train", "--config", str(graded_config), "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            if latest.is_file() and latest.read_text().strip() == "step_1":
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert latest.read_text().strip() == "step_1" and [r["step"] for r in metrics(run)] == [0]
+    resumed = run_torchrun_spade("--resume", str(run))
+    assert "resumed from" in resumed.stderr
+    records = metrics(run)
+    assert [r["step"] for r in records] == [0, 1]
+    assert_same_metrics(metrics(graded_single_run), records)
+    ta, tb = (checkpoint_tensors(r / "checkpoints" / "step_2") for r in (graded_single_run, run))
+    model_keys = [k for k in ta if k.startswith(("embedding.", "decoder.", "output_layer."))]
+    assert model_keys and set(model_keys) <= set(tb)
+    assert max((ta[k].double() - tb[k].double()).abs().max().item() for k in model_keys) <= PARAM_TOL
+
+
 def test_torchrun_tensor_parallel_two_matches_single_process(graded_single_run, graded_config, tmp_path):
     """The same under parallel.tp=2 (one data-parallel rank, the model split in two): the weight
     sync gathers the TP shards into the rank-0 engine, and the run matches the single-process run."""
