@@ -191,6 +191,10 @@ def test_a_drawn_set_is_admitted_saved_and_recorded(sandbox, tmp_path):
     assert [(d["name"], d["fallback"], d["pass"]) for d in record["draws"]] == [
         ("switchboard", True, 0), ("liars_island", False, 1), ("foggy_grid", False, 1)]
     assert record["fallbacks"] == 1 and record["pass"] == 1
+    source.observe(2, third.envs, {})  # the orchestrator asks for the metrics after each step's plays
+    assert source.metrics() == {"pool/fallbacks": 1.0, "pool/pass": 1.0, "pool/drawn_in_pass": 2.0, "pool/size": 7.0}
+    source.observe(3, third.envs, {})  # not a regeneration step: nothing drawn, nothing reported
+    assert source.metrics() == {}
     assert [(e.env_id, e.skill) for e in third.envs] == [("fixed-switchboard", "Causal Inference"),
                                                          ("fixed-liars_island", SKILLS[1]),
                                                          ("fixed-foggy_grid", SKILLS[2])]
@@ -239,7 +243,8 @@ def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(
                             memory=None, run_dir=tmp_path / run, seed=11)
 
     def played(orch: Orchestrator, step: int) -> list[str]:
-        sandbox.run(orch.run_step(step), timeout=120)
+        out = sandbox.run(orch.run_step(step), timeout=120)
+        assert out.metrics["pool/size"] == 5.0 and out.metrics["pool/fallbacks"] == 0.0
         return [env.env_id for env in orch.envs]
 
     try:

@@ -34,7 +34,8 @@ environments is played whole at every regeneration, in file-name order.
 Each drawn file goes through the same admission as a designed environment (the verdict is cached
 per file for the life of the process); a rejected one leaves its slot empty and is written under
 ``rejected/`` like a designer attempt. The set is saved as ``envs/step_S/fixed-NAME.*`` and the draw
-as ``pool_draws/step_S.json`` (slot, name, wanted and given skill, fallback, pass). The draw state
+as ``pool_draws/step_S.json`` (slot, name, wanted and given skill, fallback, pass), and the step's
+metrics get ``pool/fallbacks``, ``pool/pass``, ``pool/drawn_in_pass`` and ``pool/size``. The draw state
 (pass number and the names drawn in it) is in :meth:`FixedPool.state_dict`, so a resumed run draws
 exactly what the straight run would; resuming on a pool whose file names changed is refused.
 """
@@ -263,6 +264,8 @@ class FixedPool:
         self.whole = len(self.entries) <= settings.envs_per_set
         self.sampler = PoolSampler(self.entries, seed)
         self._verdicts: dict[str, AdmissionVerdict] = {}
+        self._draw_metrics: tuple[int, dict[str, float]] | None = None  # (regeneration step, its metrics)
+        self._observed: int | None = None
 
     def draw(self, step: int) -> list[Draw]:
         """The environments of the set of regeneration ``step`` (advances the draw state)."""
@@ -295,6 +298,10 @@ class FixedPool:
                                        generated_step=step, document=str(path), tool_report=tool_report_of(verdict)))
         save_set(self.run_dir, step, result.envs)
         self._write_draw_record(step, draws, verdicts)
+        self._draw_metrics = (step, {"pool/fallbacks": float(sum(d.fallback for d in draws)),
+                                     "pool/pass": float(self.sampler.pass_number),
+                                     "pool/drawn_in_pass": float(len(self.sampler.drawn)),
+                                     "pool/size": float(len(self.entries))})
         return result
 
     async def _admit(self, entry: PoolEntry) -> AdmissionVerdict | None:
@@ -321,7 +328,14 @@ class FixedPool:
         write_atomic(directory / f"step_{step:06d}.json", json.dumps(data, indent=1))
 
     def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
-        pass
+        self._observed = step
+
+    def metrics(self) -> dict[str, float]:
+        """At a regeneration step, how its draw went: fallbacks (slots that got another skill than
+        they wanted), the pass number, environments drawn in that pass so far, the pool's size."""
+        if self._draw_metrics is None or self._draw_metrics[0] != self._observed:
+            return {}
+        return dict(self._draw_metrics[1])
 
     def play_sandbox(self) -> Sandbox | None:
         return None
