@@ -172,26 +172,31 @@ def test_resume_equals_straight_run(straight_run, graded_config, tmp_path):
     assert_same_run(straight_run, run)
 
 
-def test_kill_mid_step_then_resume(straight_run, graded_config, tmp_path):
-    run = tmp_path / "run"
+def kill_once_latest_is(cmd: list[str], run: Path, checkpoint: str, env: dict | None = None) -> None:
+    """Start ``cmd`` in its own process group and SIGKILL the whole group as soon as
+    ``run/checkpoints/latest`` names ``checkpoint`` (the next step is then underway)."""
     latest = run / "checkpoints" / "latest"
-    proc = subprocess.Popen(spade_cmd("--config", str(graded_config), "--run-dir", str(run)), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:
-            if latest.is_file() and latest.read_text().strip() == "step_1":
+            if latest.is_file() and latest.read_text().strip() == checkpoint:
                 break
             time.sleep(0.01)
         assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
-        # step 2 (rollouts, update) is underway: kill now
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-    assert latest.read_text().strip() == "step_1"
+    assert latest.read_text().strip() == checkpoint
+
+
+def test_kill_mid_step_then_resume(straight_run, graded_config, tmp_path):
+    run = tmp_path / "run"
+    kill_once_latest_is(spade_cmd("--config", str(graded_config), "--run-dir", str(run)), run, "step_1")
     run_spade("--resume", str(run))
     assert_same_run(straight_run, run)
 
@@ -380,27 +385,12 @@ def test_torchrun_kill_mid_step_then_resume(graded_single_run, graded_config, tm
     under torchrun: the run ends equal to the single-process straight run (the tolerances of the
     two-rank comparison above), having lost only the step after its last checkpoint."""
     run = tmp_path / "run"
-    latest = run / "checkpoints" / "latest"
     cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "spade", "train", "--config", str(graded_config), "--run-dir", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            if latest.is_file() and latest.read_text().strip() == "step_1":
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    assert latest.read_text().strip() == "step_1" and [r["step"] for r in metrics(run)] == [0]
+    kill_once_latest_is(cmd, run, "step_1", env=env)
+    assert [r["step"] for r in metrics(run)] == [0]
     resumed = run_torchrun_spade("--resume", str(run))
     assert "resumed from" in resumed.stderr
     records = metrics(run)
