@@ -30,7 +30,9 @@ def test_recipes_keep_the_paper_settings_and_do_not_seed_the_memory(recipe: Path
     assert (sp.designer_temperature, sp.agent_temperature, sp.hint_temperature) == (0.6, 1.0 if rlve else 0.6, 0.3)
     assert (sp.top_p, sp.top_k) == (PAPER.top_p, PAPER.top_k)
     assert sp.designer_max_tokens in (16384, 20000)  # 8B thinking: 20,000
-    assert sp.max_attempts == 5 and (sp.g_hint, sp.envs_per_set) == ((0, 16) if rlve else (16, 24))
+    # the baselines play no hinted arm (no designer, no regret to measure); RLVE plays 16 problems
+    hint_plays = 0 if sp.env_source != "designer" else 16
+    assert sp.max_attempts == 5 and (sp.g_hint, sp.envs_per_set) == (hint_plays, 16 if rlve else 24)
     assert config.optimizer.lr == 1e-6
     assert config.corpus.max_words == (4000 if sp.domain == "tool_use" else 6000)  # SPEC 2
     assert sp.skills.window is None  # the curriculum's own window (games: 3)
