@@ -181,7 +181,7 @@ def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
 
     from ..rollout import HFEngine
     from ..rollout.conversation import ChatFormat, thinking_template_kwargs
-    from ..run.trainer import _dtype, _engine_device
+    from ..run.trainer import torch_dtype, engine_device
 
     if model == "embedded":
         from ..models.embedded import embedded_model_dir
@@ -199,7 +199,7 @@ def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
     chat_format = ChatFormat(tokenizer, kwargs)
     first = chat_format.closing[0]
     stop = (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
-    engine = HFEngine(path, tokenizer, device=_engine_device(config), dtype=_dtype(config),
+    engine = HFEngine(path, tokenizer, device=engine_device(config), dtype=torch_dtype(config),
                       max_batch_size=config.engine.max_batch_size, batch_wait_ms=config.engine.batch_wait_ms)
     return engine, dict(engine=engine, tokenizer=tokenizer, chat_format=chat_format, stop_token_ids=stop)
 

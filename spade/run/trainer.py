@@ -60,13 +60,13 @@ def resolve_hf_dir(config: TrainConfig) -> Path:
     return path
 
 
-def _dtype(config: TrainConfig) -> torch.dtype:
+def torch_dtype(config: TrainConfig) -> torch.dtype:
     if config.model.dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
     return getattr(torch, config.model.dtype)
 
 
-def _engine_device(config: TrainConfig) -> str:
+def engine_device(config: TrainConfig) -> str:
     if config.engine.device == "auto":
         return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     return config.engine.device
@@ -143,7 +143,7 @@ class Trainer:
         cfg = self.config
         sglang = cfg.engine.sglang
         return LearnerOptions(optimizer=cfg.optimizer, loss=cfg.loss, micro_batch_tokens=cfg.run.micro_batch_tokens,
-                              dtype=_dtype(cfg), recompute=cfg.model.recompute,
+                              dtype=torch_dtype(cfg), recompute=cfg.model.recompute,
                               offload=cfg.engine.kind == "sglang" and sglang.colocated and sglang.offload_training,
                               offload_on_host=os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1")
 
@@ -159,7 +159,7 @@ class Trainer:
         from ..rollout import HFEngine
 
         cfg = self.config
-        return HFEngine(self.hf_dir, self.tokenizer, device=_engine_device(cfg), dtype=_dtype(cfg),
+        return HFEngine(self.hf_dir, self.tokenizer, device=engine_device(cfg), dtype=torch_dtype(cfg),
                         max_batch_size=cfg.engine.max_batch_size, batch_wait_ms=cfg.engine.batch_wait_ms)
 
     def _build_selfplay(self) -> None:

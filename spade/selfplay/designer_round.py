@@ -151,7 +151,7 @@ class DesignerRound:
         self.seed_memory()
         active = s.skills.active(s.domain, step // s.k)
         skills = slot_skills(active, s.envs_per_set)
-        outcomes = await asyncio.gather(*(self._fill_slot(step, slot, skill) for slot, skill in enumerate(skills)))
+        outcomes = await asyncio.gather(*(self.fill_slot(step, slot, skill) for slot, skill in enumerate(skills)))
         result = RegenerationResult()
         for attempts, rejections, admitted in outcomes:
             result.attempts += attempts
@@ -164,7 +164,10 @@ class DesignerRound:
         self.save_set(step, result.envs)
         return result
 
-    async def _fill_slot(self, step: int, slot: int, skill: Skill):
+    async def fill_slot(self, step: int, slot: int, skill: Skill):
+        """Up to ``max_attempts`` designer attempts for one slot: ``(attempts made, rejections,
+        (EnvSpec, the designer's trajectory or None) | None)``. Also what ``spade pool generate``
+        runs, one attempt number per pseudo-step."""
         s = self.settings
         rejections: list[Rejection] = []
         for attempt in range(s.max_attempts):
@@ -196,7 +199,7 @@ class DesignerRound:
                 continue
             response = generated.text
             record["finish_reason"] = generated.finish_reason
-            verdict = await self._admit(response)
+            verdict = await self.admit_response(response)
             if verdict is None:
                 rejections.append(self._reject(record, ErrorKind.CRASHED, Stage.SERVICE,
                                                "the sandbox failed on every try (infrastructure)", response))
@@ -213,7 +216,7 @@ class DesignerRound:
             return attempt + 1, rejections, (spec, generated.trajectory)
         return s.max_attempts, rejections, None
 
-    async def _admit(self, response: str) -> AdmissionVerdict | None:
+    async def admit_response(self, response: str) -> AdmissionVerdict | None:
         """The admission verdict; None when the sandbox failed on every try (not the candidate's fault)."""
         tool_use = self.settings.domain == "tool_use"
         return await admit_candidate(self.sandbox, self.settings, response,

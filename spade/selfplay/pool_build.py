@@ -56,9 +56,9 @@ def pool_name(attempt: int) -> str:
 class _TimedRound(DesignerRound):
     """The designer round, timing admission and the hint call of the attempt being made."""
 
-    async def _admit(self, response: str) -> AdmissionVerdict | None:
+    async def admit_response(self, response: str) -> AdmissionVerdict | None:
         started = time.perf_counter()
-        verdict = await super()._admit(response)
+        verdict = await super().admit_response(response)
         timings = _TIMINGS.get()
         if timings is not None:
             timings["admission"] = time.perf_counter() - started
@@ -212,7 +212,7 @@ class PoolGenerator:
         timings: dict[str, Any] = {}
         _TIMINGS.set(timings)  # this task's own context
         started = time.perf_counter()
-        _, rejections, admitted = await self.round._fill_slot(attempt, 0, skill)
+        _, rejections, admitted = await self.round.fill_slot(attempt, 0, skill)
         timings["total"] = time.perf_counter() - started
         if admitted is None:
             reason = "; ".join(f"{r.kind.value} at {r.stage.value}: {r.message[:200]}" for r in rejections)
