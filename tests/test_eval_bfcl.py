@@ -1,5 +1,6 @@
 """BFCL v4 multi-turn: the package's ground-truth trajectories replayed through our harness (tool calls
-in the model's syntax, executed by the package, judged by its state checker) pass; a wrong one fails."""
+in the model's syntax, executed by the package, judged by its state checker) pass, all 800 of them;
+a wrong one fails."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class Replay:
     """Answers each turn with its ground-truth calls as <tool_call> blocks, then a plain reply."""
 
     def __init__(self, entry, ground_truth, drop_last=False):
-        self.script, self.tools_seen = [], []
+        self.script, self.tools_seen, self.last_messages = [], [], []
         for turn in ground_truth:
             if turn:
                 calls = [ground_truth_calls(c, entry["involved_classes"]) for c in turn]
@@ -30,6 +31,7 @@ class Replay:
 
     async def complete(self, messages, sampling, seed, tools=None):
         self.tools_seen.append({t["function"]["name"] for t in tools or []})
+        self.last_messages.append(dict(messages[-1]))
         return Completion(self.script.pop(0), "stop", 1, 1, 0)
 
 
@@ -52,6 +54,31 @@ def test_ground_truth_replay_scores_100_percent(items):
     assert summary.score == 100.0 and summary.groups == {c: 100.0 for c in CATEGORIES}
 
 
+def test_every_ground_truth_trajectory_of_the_package_passes():
+    """All 800 entries of the four categories (about 4 s)."""
+    bench = BFCLMultiTurn()
+    loaded = bench.load(seed=0)
+    assert len(loaded) == 800
+    failed = [(i.item_id, r.detail) for i in loaded
+              for r in [asyncio.run(bench.play(i, Replay(i.reference["entry"], i.reference["ground_truth"]), 0))]
+              if not r.correct]
+    assert failed == []
+
+
+def test_a_withheld_function_called_early_is_executed_as_the_package_runner_does():
+    """multi_turn_miss_func_49 withholds tail, wc and cat until turn 3, yet its ground truth calls
+    tail at turn 1. The package's runner executes any function of the involved classes whether
+    offered or not, so the trajectory passes its checker; so it must pass ours."""
+    bench = BFCLMultiTurn(categories=("miss_func",))
+    item = next(i for i in bench.load(seed=0) if i.item_id == "multi_turn_miss_func_49")
+    entry, truth = item.reference["entry"], item.reference["ground_truth"]
+    assert entry["missed_function"] == {"3": ["wc", "tail", "cat"]} and "tail(file_name='file3.txt')" in truth[1]
+    replay = Replay(entry, truth)
+    result = asyncio.run(bench.play(item, replay, 0))
+    assert "tail" not in replay.tools_seen[1]  # turn 1's first step: tail is not offered ...
+    assert result.correct and "tail(file_name='file3.txt')" in json.loads(result.answer)[1][0]  # ... but runs
+
+
 def test_wrong_trajectory_fails(items):
     bench, loaded = items
     item = next(i for i in loaded if i.group == "base")
@@ -69,6 +96,15 @@ def test_missing_function_is_withheld_until_its_turn(items):
     asyncio.run(bench.play(item, replay, 0))
     assert not names & replay.tools_seen[0]
     assert names <= replay.tools_seen[-1]
+    # The holdout turn has no user message of its own: the package's runner sends this one. (Replay
+    # answers a turn with one completion of calls and one "Done.", or only "Done." for no calls.)
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+
+    assert entry["question"][turn] == []
+    first_step_of_turn = sum(2 if t else 1 for t in item.reference["ground_truth"][:turn])
+    assert replay.last_messages[first_step_of_turn] == {"role": "user",
+                                                        "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}
+    assert names <= replay.tools_seen[first_step_of_turn] and not names & replay.tools_seen[first_step_of_turn - 1]
 
 
 def test_model_text_never_reaches_eval(items):

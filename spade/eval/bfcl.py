@@ -8,10 +8,17 @@ this sample's own instances of the involved API classes; the results go back as 
 messages; the turn ends when the model answers without a call (or after ``max_steps`` steps). The
 decoded calls (one list per step, per turn) are then judged by the package's
 ``multi_turn_checker`` against the ground truth. Missing-function entries get the withheld
-functions added to the tool list at the turn the entry names.
+functions added to the tool list at the turn the entry names, with the package's own user message
+for that (empty) turn, ``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC``, as its runner sends it.
+
+What is executed: as in the package's runner, a call to any function of the entry's involved
+classes is executed, offered in the tool list at that turn or not (the package never gates
+execution on the offered list). This matters for ``multi_turn_miss_func_49``, whose ground truth
+calls ``tail`` at turn 1 although the entry withholds ``tail`` until turn 3: the package's runner
+and checker accept that trajectory, so ours does too.
 
 Safety: the package executes call strings with ``eval``. We only ever pass strings we build
-ourselves from a parsed call whose name is one of the entry's available functions and whose
+ourselves from a parsed call whose name is a function of the entry's involved classes and whose
 arguments are JSON values (rendered with ``repr``), so no model text reaches ``eval``.
 """
 
@@ -129,6 +136,7 @@ class BFCLMultiTurn(Benchmark):
         return items
 
     async def play(self, item: EvalItem, model: Any, seed: int) -> SampleRecord:
+        from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
         from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
 
@@ -142,6 +150,7 @@ class BFCLMultiTurn(Benchmark):
         missed = {int(k): set(v) for k, v in (entry.get("missed_function") or {}).items()}
         withheld = set().union(*missed.values()) if missed else set()
         available = [d for d in docs if d["name"] not in excluded and d["name"] not in withheld]
+        callable_names = {d["name"] for d in docs}  # what the package's runner would execute
         run_name = f"spade_{next(_serial)}_{seed}"
         messages: list[dict[str, Any]] = []
         decoded: list[list[list[str]]] = []
@@ -151,9 +160,10 @@ class BFCLMultiTurn(Benchmark):
             for turn_index, turn in enumerate(entry["question"]):
                 if turn_index in missed:
                     available += [d for d in docs if d["name"] in missed[turn_index]]
+                    if not turn:  # the package's runner speaks for the holdout turn
+                        turn = [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}]
                 messages.extend(dict(m) for m in turn)
                 tools = [as_tool(d) for d in available]
-                names = {d["name"] for d in available}
                 turn_calls: list[list[str]] = []
                 for _ in range(self.max_steps):
                     completion = await model.complete(messages, self.sampling, seed, tools=tools)
@@ -164,7 +174,7 @@ class BFCLMultiTurn(Benchmark):
                     calls = []
                     for call in parsed.calls:
                         try:
-                            if call.name not in names:
+                            if call.name not in callable_names:
                                 raise ValueError(f"unknown function {call.name}")
                             calls.append(call_string(call.name, call.arguments))
                         except ValueError:
