@@ -5,7 +5,10 @@ plain JS with no outside library) and data as JavaScript files, so the same site
 opened from disk (a browser will not ``fetch`` ``file://`` URLs, but it runs ``<script>`` files):
 
 * ``data.js``: ``spadeData({...})`` with the runs (metric curves per step, rejected candidates per
-  step) and one summary row per environment (map position, class name, skill, win rate, regret ...);
+  step, env_source and what does not apply to it) and one summary row per environment (map
+  position, class name, skill, win rate, regret, an rlve problem's level and accuracy ...); ``map``
+  says what the map's axes are (an rlve run has no code to embed: its problems sit on a grid of
+  environment identifier by level);
 * ``details/KEY.js``: ``spadeDetail("UID", {...})`` with one environment's source, hint,
   document excerpt and kept trajectories, loaded when its point is clicked.
 
@@ -39,11 +42,13 @@ MAX_RESPONSE_CHARS = 20000  # of a rejected candidate's raw response shown
 MAX_METRIC_KEYS = 60
 SUMMARY_KEYS = ("uid", "run", "env_id", "generated_step", "slot", "skill", "class_name", "x", "y", "win_rate",
                 "window_win", "regret", "learnable", "reward_levels", "partial_levels", "physics", "formula_revealed",
-                "lines", "state_variables", "turns", "hint_contains_answer", "kept_episodes", "attempts")
+                "lines", "state_variables", "turns", "hint_contains_answer", "kept_episodes", "attempts", "env_source",
+                "level", "accuracy", "map")
 CURVE_KEYS = ("vendi_per_n", "learnable_share", "win_rate_median", "win_rate_mean", "regret_median", "regret_mean",
               "reward_levels_mean", "partial_levels_mean", "formula_reveal_share", "state_gated_share",
               "lines_mean", "state_variables_mean", "turns_mean", "duplicate_share", "hint_contains_answer_share",
-              "hint_one_turn_win_rate", "nohint_one_turn_win_rate", "n_envs", "rejected")
+              "hint_one_turn_win_rate", "nohint_one_turn_win_rate", "n_envs", "distinct_envs", "rejected",
+              "rlve_accuracy", "rlve_level_mean", "rlve_distinct_environments")
 
 
 def detail_key(uid: str) -> str:
@@ -76,8 +81,19 @@ def _numeric_metrics(run: Run) -> dict[str, list[list[float]]]:
             if value != value or value in (float("inf"), float("-inf")):
                 continue
             curves.setdefault(key, []).append([row["step"], float(value)])
-    keep = sorted(curves, key=lambda k: (not k.startswith(("agent/", "designer/", "env/")), k))[:MAX_METRIC_KEYS]
+    keep = sorted(curves, key=lambda k: (not k.startswith(("agent/", "designer/", "env/", "rlve/")), k))[:MAX_METRIC_KEYS]
     return {k: curves[k] for k in keep}
+
+
+def map_caption(rows: list[dict[str, Any]], embedding: str) -> str:
+    """What the map's two axes are: t-SNE of code embeddings, rlve problems on a grid, or both."""
+    kinds = {row.get("map") for row in rows}
+    parts = []
+    if "tsne" in kinds:
+        parts.append(f"t-SNE of {embedding} embeddings of the sources")
+    if "rlve_grid" in kinds:
+        parts.append("rlve problems by rlve-gym environment (x, sorted by name) and difficulty level (y)")
+    return "; ".join(parts) or "no environments"
 
 
 def _detail(env: EnvRecord) -> dict[str, Any]:
@@ -107,7 +123,12 @@ def build_site(run_dirs: list[str | Path], embedder: Embedder, seed: int = 0,
             rejected.setdefault(str(rejection.step), []).append(rejection.to_json(MAX_RESPONSE_CHARS))
         curves = {key: [[s["step"], s.get(key)] for s in steps if s["run"] == run.name and s.get(key) is not None]
                   for key in CURVE_KEYS}
-        out_runs.append({"name": run.name, "path": str(run.path), "k": run.k,
+        summary = next(r for r in analysis.data["runs"] if r["name"] == run.name)
+        for cell in summary.get("rlve", {}).get("by_level", []):  # accuracy of each level's plays, every step
+            if cell["accuracy"] is not None:
+                curves.setdefault(f"rlve_accuracy_level_{cell['level']}", []).append([cell["step"], cell["accuracy"]])
+        out_runs.append({"name": run.name, "path": str(run.path), "k": run.k, "env_source": summary["env_source"],
+                         "not_applicable": summary["not_applicable"],
                          "regeneration_steps": run.regeneration_steps, "curves": curves,
                          "metrics": _numeric_metrics(run), "rejected": rejected,
                          "last_step": run.metrics[-1]["step"] if run.metrics else None})
@@ -120,7 +141,7 @@ def build_site(run_dirs: list[str | Path], embedder: Embedder, seed: int = 0,
         envs.append(summary)
         details[summary["detail"]] = _js_call("spadeDetail", env.uid, _clean(_detail(env)))
     data = {"built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "build": time.time_ns(), "embedding": analysis.data["embedding"],
-            "runs": out_runs, "envs": envs}
+            "map": map_caption(analysis.rows, analysis.data["embedding"]), "runs": out_runs, "envs": envs}
     return Site(data_js=_js_call("spadeData", _clean(data)), details=details, built_at=time.time())
 
 

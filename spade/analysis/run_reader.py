@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from .sources import env_source_of
+
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
@@ -69,6 +71,7 @@ class EnvRecord:
     # from memory.sqlite when the run kept no trajectories (older runs)
     memory_win_rate: float | None = None
     memory_regret: float | None = None
+    env_source: str = "designer"  # the run's selfplay.env_source (spade.analysis.sources)
 
     @property
     def uid(self) -> str:
@@ -142,6 +145,10 @@ class Run:
     @property
     def regeneration_steps(self) -> list[int]:
         return sorted({e.generated_step for e in self.envs} | {r.step for r in self.rejections})
+
+    @property
+    def env_source(self) -> str:
+        return env_source_of(self.config)
 
     @property
     def k(self) -> int | None:
@@ -330,10 +337,13 @@ def read_run(path: str | Path, name: str | None = None) -> Run:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no such run directory: {run_dir}")
     name = name or run_dir.name
+    config = read_config(run_dir)
     envs = read_envs(run_dir, name)
+    for env in envs:
+        env.env_source = env_source_of(config)
     attach_trajectories(run_dir, envs)
     attach_memory(run_dir, envs)
-    return Run(name=name, path=run_dir, config=read_config(run_dir), metrics=read_metrics(run_dir), envs=envs,
+    return Run(name=name, path=run_dir, config=config, metrics=read_metrics(run_dir), envs=envs,
                rejections=read_rejections(run_dir))
 
 

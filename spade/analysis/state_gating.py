@@ -12,6 +12,9 @@ and left out of the share (their count is reported).
 
 Admission checked that a reset with the same seed gives the same first observation, so the
 replay starts from the state the episode started from.
+
+Runs whose source has no multi-turn code to replay (``env_source: rlve``, :mod:`.sources`) are
+not replayed: their verdict is undetermined with the reason.
 """
 
 from __future__ import annotations
@@ -88,7 +91,12 @@ def run_gating(envs: Sequence[Any], sandbox_config: Any = None) -> dict[str, Gat
     """Start a sandbox service, replay, stop it. Raises SandboxUnavailable when it cannot start."""
     from ..envs.sandbox.client import SandboxService
 
-    needed = [e for e in envs if winning_episodes(e.episodes)]
+    from .sources import applies, not_applicable
+
+    source = {e.uid: getattr(e, "env_source", "designer") for e in envs}
+    skipped = {uid: GatingVerdict(None, 0, not_applicable(kind)["state_gating"])
+               for uid, kind in source.items() if not applies("state_gating", kind)}
+    needed = [e for e in envs if e.uid not in skipped and winning_episodes(e.episodes)]
 
     async def main() -> dict[str, GatingVerdict]:
         if not needed:
@@ -96,7 +104,7 @@ def run_gating(envs: Sequence[Any], sandbox_config: Any = None) -> dict[str, Gat
         async with await SandboxService.start(sandbox_config) as service:
             return await gate_envs(service, needed)
 
-    verdicts = asyncio.run(main())
+    verdicts = {**asyncio.run(main()), **skipped}
     for env in envs:
         verdicts.setdefault(env.uid, GatingVerdict(None, 0, "never won"))
     return verdicts

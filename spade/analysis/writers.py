@@ -1,4 +1,5 @@
-"""JSON and CSV files of an analysis (docs/analysis.md lists them)."""
+"""JSON and CSV files of an analysis (docs/analysis.md lists them; ``rlve_levels.csv`` only when a run
+has ``env_source: rlve``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Any
 
 from .report import step_table, window_table
 
-ENV_COLUMNS = ("run", "uid", "env_id", "generated_step", "slot", "skill", "class_name", "attempts", "win_rate",
+ENV_COLUMNS = ("run", "uid", "env_id", "generated_step", "slot", "skill", "class_name", "attempts", "env_source",
+               "level", "accuracy", "win_rate",
                "window_win", "regret", "learnable", "n_nohint_plays", "n_hint_plays", "kept_episodes",
                "reward_levels", "partial_levels", "physics", "formula_revealed", "state_gated", "gating_reason",
                "lines", "code_lines", "state_variables", "turns", "hint_contains_answer", "hint_one_turn_win_rate",
-               "nohint_one_turn_win_rate", "x", "y")
+               "nohint_one_turn_win_rate", "x", "y", "map")
 
 
 def _clean(value: Any) -> Any:
@@ -52,4 +54,14 @@ def write_all(data: dict[str, Any], out: Path) -> list[Path]:
         path = out / name
         write_csv(path, rows, columns)
         written.append(path)
+    levels = rlve_level_table(data)
+    if levels:
+        path = out / "rlve_levels.csv"
+        write_csv(path, levels)
+        written.append(path)
     return written
+
+
+def rlve_level_table(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (rlve run, step, level): problems, plays, accuracy (``rlve_levels``)."""
+    return [{"run": run["name"], **row} for run in data["runs"] if "rlve" in run for row in run["rlve"]["by_level"]]

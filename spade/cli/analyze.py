@@ -33,7 +33,7 @@ def add_parser(subparsers: Any) -> None:
 def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis.embeddings import make_embedder
     from ..analysis.plots import plot_all
-    from ..analysis.report import DEFAULT_WINDOW, analyze
+    from ..analysis.report import DEFAULT_WINDOW, analyze, run_line
     from ..analysis.run_reader import read_runs
     from ..analysis.state_gating import run_gating
     from ..analysis.writers import write_all
@@ -66,14 +66,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         say("plots")
         written += plot_all(analysis.data, analysis.embeddings, out)
     for run in analysis.data["runs"]:
-        whole = run["whole_run"]
-        print(f"{run['name']}: {whole['n_envs']} envs, Vendi/n {_fmt(whole['vendi_per_n'])}, learnable "
-              f"{_fmt(whole['learnable_share'])}, reward levels {_fmt(whole['reward_levels_mean'])}, state-gated "
-              f"{_fmt(whole['state_gated_share'])} (of {whole['state_gating_known']}), longest duplicate streak "
-              f"{run['collapse']['longest_streak']}")
+        print(run_line(run))
     print(f"wrote {len(written)} files to {out}")
     return 0
 
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.3f}"

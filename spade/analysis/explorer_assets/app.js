@@ -184,7 +184,9 @@ function showTooltip(env, ev) {
   var t = $("tooltip");
   t.innerHTML = "<b>" + esc(env.class_name || env.env_id) + "</b><br>" + esc(env.run) + " · step " + env.generated_step + " · slot " + env.slot +
     "<br>" + esc(env.skill) + "<br>win rate " + fmt(env.win_rate) + " · window win " + fmt(env.window_win) + " · regret " + fmt(env.regret) +
-    "<br>" + fmt(env.lines, 0) + " lines · " + fmt(env.state_variables, 0) + " state vars · reward levels " + fmt(env.reward_levels, 0);
+    (env.level == null ? "<br>" + fmt(env.lines, 0) + " lines · " + fmt(env.state_variables, 0) + " state vars"
+                       : "<br>rlve level " + env.level + " · accuracy " + fmt(env.accuracy)) +
+    " · reward levels " + fmt(env.reward_levels, 0);
   t.hidden = false; moveTooltip(ev);
 }
 function moveTooltip(ev) {
@@ -236,7 +238,9 @@ function select(uid) {
   $("detail-title").textContent = (env.class_name || env.env_id) + " — " + env.run + ", step " + env.generated_step;
   $("detail-meta").innerHTML = esc(env.env_id) + " · " + esc(env.skill) + " · win rate " + fmt(env.win_rate) + " · regret " + fmt(env.regret) +
     " · learnable " + (env.learnable == null ? "–" : env.learnable ? "yes" : "no") + " · reward levels " + fmt(env.reward_levels, 0) +
-    " (partial " + fmt(env.partial_levels, 0) + ") · " + fmt(env.lines, 0) + " lines · " + fmt(env.state_variables, 0) + " state vars · turns " + fmt(env.turns, 1) +
+    " (partial " + fmt(env.partial_levels, 0) + ") · " +
+    (env.level == null ? fmt(env.lines, 0) + " lines · " + fmt(env.state_variables, 0) + " state vars"
+                       : "rlve level " + env.level + " · accuracy " + fmt(env.accuracy)) + " · turns " + fmt(env.turns, 1) +
     (env.physics ? " · physics, formula stated: " + (env.formula_revealed == null ? "?" : env.formula_revealed ? "yes" : "no") : "") +
     (env.hint_contains_answer ? " · <b>hint contains a winning action</b>" : "");
   if (state.details[uid]) showDetail(uid);
@@ -397,7 +401,11 @@ window.spadeData = function (data) {
   fillSelect($("f-skill"), skillList(), true);
   var regenerations = data.runs.reduce(function (n, r) { return n + r.regeneration_steps.length; }, 0);
   $("summary").textContent = runs.length + " run" + (runs.length === 1 ? "" : "s") + " · " + data.envs.length + " environments · " +
-    regenerations + " regeneration steps · map: t-SNE of " + data.embedding + " embeddings";
+    regenerations + " regeneration steps · map: " + (data.map || ("t-SNE of " + data.embedding + " embeddings")) +
+    data.runs.map(function (r) {
+      var names = Object.keys(r.not_applicable || {});
+      return names.length ? " · " + r.name + " (env_source " + r.env_source + "): not applicable: " + names.join(", ").replace(/_/g, " ") : "";
+    }).join("");
   setStatus("data of " + data.built_at);
   fillCurveKeys();
   fillRejected();
