@@ -9,13 +9,18 @@ resumes, and the progress bars of transformers and huggingface_hub (the GGUF
 conversion of the embedded model and every model load). Only these named messages are hidden:
 :data:`KNOWN_WARNINGS` lists them, anything else still shows.
 
-**Step lines** (:func:`step_line`): what happened in a step, from its metrics::
+**Step lines** (:func:`step_line`): what happened in a step, from its metrics, in the words of
+the run's environment source (``selfplay.env_source``)::
 
     step 1/3 | envs 3 admitted, 5 rejected (runtime_error 3, syntax_error 2) | 24 plays: return 0.31, with hint 0.45
       | trained 12 samples: loss 0.0123, grad norm 0.84 | designer: 2 released, reward 0.41 | 95 s
+    step 1/3 | 24 environments drawn from the pool | 192 plays: return 0.12 | trained ...        (fixed_pool)
+    step 1/3 | 16 problems (mean level 1.4, top level 3), 2 environments raised (5 checked) | ...  (rlve)
 
 **Summary** (:func:`run_summary`): read back from the run directory after the run: what was
-trained, where the run lives and the commands to look at it or continue it.
+trained, where the run lives and the commands to look at it or continue it; the set lines name
+what the source did (designer attempts and admissions; pool draws; rlve problems, their levels
+and the environments raised).
 """
 
 from __future__ import annotations
@@ -136,16 +141,60 @@ def rejection_reasons(metrics: Mapping[str, Any], top: int = 3) -> list[tuple[st
     return counts[:top]
 
 
-def step_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:
-    """One line that says what step ``step`` (0-based) did, from its metrics."""
+def source_of(metrics: Mapping[str, Any], env_source: str | None = None) -> str:
+    """``env_source`` when given; else ``rlve`` when the metrics carry RLVE's keys, else ``designer``
+    (a fixed-pool step's metrics look like a designer step's: say so with ``env_source``)."""
+    if env_source:
+        return env_source
+    return "rlve" if any(key.startswith("rlve/") for key in metrics) else "designer"
+
+
+def _reasons_text(metrics: Mapping[str, Any]) -> str:
+    reasons = rejection_reasons(metrics)
+    return " (" + ", ".join(f"{kind} {count}" for kind, count in reasons) + ")" if reasons else ""
+
+
+def set_text(metrics: Mapping[str, Any], env_source: str) -> str | None:
+    """What a regeneration step's source produced; None on a step without a regeneration."""
+    if not ("designer/attempts" in metrics or metrics.get("env/admitted") or metrics.get("env/rejected")):
+        return None
+    admitted, rejected = int(metrics.get("env/admitted") or 0), int(metrics.get("env/rejected") or 0)
+    if env_source == "fixed_pool":
+        text = f"{admitted} environments drawn from the pool"
+        if rejected:
+            text += f", {rejected} failing admission{_reasons_text(metrics)}"
+        return text
+    if env_source == "rlve":
+        levels = [f"mean level {_num(metrics['rlve/problem_difficulty_mean'], 2)}"] \
+            if metrics.get("rlve/problem_difficulty_mean") is not None else []
+        if metrics.get("rlve/difficulty_max") is not None:
+            levels.append(f"top level {int(metrics['rlve/difficulty_max'])}")
+        text = f"{admitted} problems" + (f" ({', '.join(levels)})" if levels else "")
+        if rejected:
+            text += f", {rejected} failed to generate{_reasons_text(metrics)}"
+        return text
+    return f"envs {admitted} admitted, {rejected} rejected{_reasons_text(metrics)}"
+
+
+def rlve_text(metrics: Mapping[str, Any]) -> str | None:
+    """What RLVE's difficulty controller did after the step's plays."""
+    if metrics.get("rlve/raised") is None:
+        return None
+    raised, checked = int(metrics["rlve/raised"]), int(metrics.get("rlve/checked") or 0)
+    return f"{raised} environment{'' if raised == 1 else 's'} raised ({checked} checked)"
+
+
+def step_line(step: int, total_steps: int, metrics: Mapping[str, Any], env_source: str | None = None) -> str:
+    """One line that says what step ``step`` (0-based) did, from its metrics, in the words of
+    ``env_source`` (``designer``, ``fixed_pool``, ``rlve``; None: see :func:`source_of`)."""
+    source = source_of(metrics, env_source)
     parts = [f"step {step + 1}/{total_steps}"]
-    if "designer/attempts" in metrics or metrics.get("env/admitted") or metrics.get("env/rejected"):
-        admitted, rejected = int(metrics.get("env/admitted") or 0), int(metrics.get("env/rejected") or 0)
-        text = f"envs {admitted} admitted, {rejected} rejected"
-        reasons = rejection_reasons(metrics)
-        if reasons:
-            text += " (" + ", ".join(f"{kind} {count}" for kind, count in reasons) + ")"
-        parts.append(text)
+    made = set_text(metrics, source)
+    controller = rlve_text(metrics) if source == "rlve" else None
+    if made and controller:
+        parts.append(f"{made}, {controller}")
+    elif made or controller:
+        parts.append(made or controller)
     episodes = int(metrics.get("agent/episodes") or 0)
     if episodes:
         text = f"{episodes} plays: return {_num(metrics.get('agent/return_mean'))}"
@@ -163,7 +212,9 @@ def step_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:
         parts.append(f"trained {who}: loss {_num(metrics.get('train/loss'))}, "
                      f"grad norm {_num(metrics.get('train/grad_norm'))}")
     released = int(metrics.get("designer/released") or 0)
-    if released:
+    if source != "designer":
+        pass  # no designer whose rewards are waiting
+    elif released:
         parts.append(f"designer: {released} released, reward {_num(metrics.get('designer/reward_mean'))}")
     elif metrics.get("designer/pending"):
         parts.append(f"designer: {int(metrics['designer/pending'])} waiting")
@@ -199,37 +250,110 @@ def _memory_counts(path: Path) -> tuple[int, int]:
     return len(records) - seeds, seeds
 
 
+def _env_source(root: Path) -> str:
+    """``selfplay.env_source`` of the run's ``config.yaml`` (``designer`` when it cannot be read)."""
+    try:
+        import yaml
+
+        config = yaml.safe_load((root / "config.yaml").read_text()) or {}
+        selfplay = config.get("selfplay") or {}
+    except Exception:  # noqa: BLE001 - the summary must not fail the run
+        return "designer"
+    source = selfplay.get("env_source")
+    if isinstance(source, str) and source:
+        return source
+    return "fixed_pool" if selfplay.get("designer_enabled") is False else "designer"
+
+
+def _saved_sets(root: Path) -> list[tuple[str, str]]:
+    """(env_id, source text) of every environment saved under ``RUN/envs/step_*/``."""
+    out = []
+    directory = root / "envs"
+    if directory.is_dir():
+        for step in sorted(directory.glob("step_*")):
+            for meta in sorted(step.glob("*.json")):
+                with contextlib.suppress(OSError):
+                    out.append((meta.stem, (step / f"{meta.stem}.py").read_text()))
+    return out
+
+
+def _rlve_problems(root: Path) -> list[dict[str, Any]]:
+    """The saved rlve problem specs (``{"rlve": {"environment", "difficulty", ...}}``)."""
+    problems = []
+    for _, text in _saved_sets(root):
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            problems.append(dict(json.loads(text)["rlve"]))
+    return problems
+
+
+def set_summary(root: Path, rows: list[dict[str, Any]], env_source: str) -> str:
+    """The summary's line on where the sets came from."""
+
+    def total(key: str) -> int:
+        return int(sum(float(r.get(key) or 0) for r in rows))
+
+    admitted, rejected = total("env/admitted"), total("env/rejected")
+    regenerations = sum(1 for r in rows if "designer/attempts" in r)
+    over = f" over {regenerations} regeneration{'' if regenerations == 1 else 's'}"
+    if env_source == "fixed_pool":
+        distinct = len({env_id for env_id, _ in _saved_sets(root)})
+        failing = f", {rejected} failing admission" if rejected else ""
+        return f"  pool       {admitted} environments drawn from the pool{over} ({distinct} distinct{failing})"
+    if env_source == "rlve":
+        problems = _rlve_problems(root)
+        levels = sorted({int(p.get("difficulty", 0)) for p in problems})
+        names = {str(p.get("environment")) for p in problems}
+        detail = [f"levels {levels[0]}-{levels[-1]}" if levels else "no saved problems",
+                  f"{len(names)} rlve-gym environment{'' if len(names) == 1 else 's'}"]
+        if rejected:
+            detail.append(f"{rejected} failed to generate")
+        raised = total("rlve/raised")
+        top = next((r["rlve/difficulty_max"] for r in reversed(rows) if r.get("rlve/difficulty_max") is not None), None)
+        return (f"  rlve       {admitted} problems{over} ({', '.join(detail)}); {raised} environment"
+                f"{'' if raised == 1 else 's'} raised" + (f", highest level {int(top)}" if top is not None else ""))
+    attempts = total("designer/attempts")
+    rate = f" ({admitted / attempts:.0%} of attempts)" if attempts else ""
+    return f"  designer   {attempts} attempts, {admitted} environments admitted{rate}"
+
+
 def run_summary(run_dir: str | Path, *, wall_s: float | None = None, command: str = "spade") -> str:
-    """A short account of the run in ``run_dir`` and what to do next."""
+    """A short account of the run in ``run_dir`` and what to do next, in the words of its
+    ``selfplay.env_source``."""
     root = Path(run_dir)
     rows = _read_metrics(root / "metrics.jsonl")
+    source = _env_source(root)
+    designed = source == "designer"
 
     def total(key: str) -> int:
         return int(sum(float(r.get(key) or 0) for r in rows))
 
     trained = [r for r in rows if r.get("train/loss") is not None and not r.get("train/skipped_no_samples")]
-    attempts = total("designer/attempts")
-    admitted = total("env/admitted")
     records, seeds = _memory_counts(root / "memory.sqlite")
     lines = [f"spade train: {len(rows)} steps" + (f" in {wall_s / 60:.1f} min" if wall_s is not None else "")]
-    rate = f" ({admitted / attempts:.0%} of attempts)" if attempts else ""
-    lines.append(f"  designer   {attempts} attempts, {admitted} environments admitted{rate}")
-    lines.append(f"  agent      {total('agent/episodes')} plays without hint, {total('agent/hint_episodes')} with hint")
+    lines.append(set_summary(root, rows, source))
+    if source == "rlve":
+        lines.append(f"  agent      {total('agent/episodes')} plays (rlve problems have no hint)")
+    else:
+        lines.append(f"  agent      {total('agent/episodes')} plays without hint, {total('agent/hint_episodes')} with hint")
     if trained:
         last = trained[-1]
-        lines.append(f"  trained    {len(trained)} GRPO updates on {total('train/samples')} samples "
-                     f"({total('designer/samples')} designer); last loss {_num(last.get('train/loss'))}, "
-                     f"grad norm {_num(last.get('train/grad_norm'))}")
+        designer = f" ({total('designer/samples')} designer)" if designed or total("designer/samples") else ""
+        lines.append(f"  trained    {len(trained)} GRPO updates on {total('train/samples')} samples{designer}; "
+                     f"last loss {_num(last.get('train/loss'))}, grad norm {_num(last.get('train/grad_norm'))}")
     else:
         lines.append("  trained    nothing: no step produced samples (see the rejections under rejected/)")
     released = total("designer/released")
     if released:
         lines.append(f"  designer   {released} environments rewarded after k steps (delay buffer)")
-    lines.append(f"  memory     {records} records" + (f" (+{seeds} seed examples)" if seeds else ""))
+    show_memory = designed or records or seeds
+    if show_memory:
+        lines.append(f"  memory     {records} records" + (f" (+{seeds} seed examples)" if seeds else ""))
     lines.append(f"  run dir    {root}")
     lines.append("next:")
     lines.append(f"  tensorboard --logdir {root / 'tensorboard'}")
-    lines.append(f"  {command} memory list {root}")
+    if show_memory:
+        lines.append(f"  {command} memory list {root}")
+    lines.append(f"  {command} analyze {root}")
     lines.append(f"  {command} train --resume {root} run.steps={len(rows) + 2}")
     lines.append(f"  ls {root / 'envs'}  {root / 'rejected'}")
     return "\n".join(lines)

@@ -9,7 +9,9 @@ Otherwise each phase change and each finished step prints one plain line (phase 
 every ``log_every`` steps' worth of noise: at most one line per phase). A finished step's line
 (:func:`spade.run.console.step_line`, printed on a TTY too, above the status line) names what the
 step did: environments admitted and rejected with the top reasons, plays and mean return with and
-without hint, loss and gradient norm, designer rewards released, time.
+without hint, loss and gradient norm, designer rewards released, time. ``env_source`` (the run's
+``selfplay.env_source``) picks the words for the set: environments admitted (designer), drawn
+from the pool (fixed_pool), or rlve problems and the environments raised (rlve).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ PHASES = ("starting", "designing", "admitting", "playing", "training", "syncing"
 
 class Progress:
     def __init__(self, total_steps: int, *, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
-                 log_every: int = 1, enabled: bool = True):
+                 log_every: int = 1, enabled: bool = True, env_source: Optional[str] = None):
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
         self.total_steps = total_steps
         self.log_every = max(1, log_every)
         self.enabled = enabled
+        self.env_source = env_source  # None: told apart by the metrics (spade.run.console.source_of)
         self.step: Optional[int] = None
         self.phase_name = "starting"
         self.counters: dict[str, Any] = {}
@@ -66,7 +69,7 @@ class Progress:
     def end_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step_s = metrics.get("time/step_s")
         if (step + 1) % self.log_every == 0 or step + 1 == self.total_steps:
-            line = step_line(step, self.total_steps, metrics)
+            line = step_line(step, self.total_steps, metrics, self.env_source)
             if self.tty:
                 self.message(f"[{time.strftime('%H:%M:%S')}] {line}")
             else:
@@ -106,7 +109,8 @@ class Progress:
         parts = [f"step {self._step_text()}", self.phase_name]
         admitted = self.counters.get("admitted")
         if admitted is not None:
-            parts.append(f"envs {admitted} admitted")
+            parts.append({"fixed_pool": f"envs {admitted} drawn", "rlve": f"problems {admitted}"}.get(
+                self.env_source or "", f"envs {admitted} admitted"))
         episodes = self.counters.get("episodes")
         if episodes is not None:
             parts.append(f"episodes {episodes}")

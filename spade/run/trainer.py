@@ -104,7 +104,8 @@ class Trainer:
         self.ctx = init_parallel(self.layout, seed=cfg.run.seed)
         self.rank = self.ctx.rank
         if self.progress is None:
-            self.progress = Progress(cfg.run.steps, log_every=cfg.run.log_every, enabled=self.is_main)
+            self.progress = Progress(cfg.run.steps, log_every=cfg.run.log_every, enabled=self.is_main,
+                                     env_source=cfg.selfplay.env_source)
         self.progress.enabled = self.is_main
 
         if self.is_main:  # the sandbox service starts before the model is loaded
