@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from spade.rollout.engine import GenerationChunk, GenerationResult, RolloutEngine
+
 openai = pytest.importorskip("openai")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,19 +279,30 @@ def test_bad_requests_are_400_naming_the_field(client, server):
 # ---------------------------------------------------------------------------- the response path
 
 
-class ScriptedEngine:
-    """A ``RolloutEngine`` stand-in that answers every request with the ids of a given text."""
+class ScriptedEngine(RolloutEngine):
+    """A ``RolloutEngine`` stand-in that answers every request with the ids of a given text;
+    ``generate_stream`` sends them one token per chunk."""
 
     def __init__(self, tokenizer, text: str) -> None:
         self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        self.weight_version = 0
         self.requests = []
 
-    async def generate(self, request):
-        from spade.rollout.engine import GenerationResult
+    @property
+    def weight_version(self) -> int:
+        return 0
 
+    async def generate(self, request):
         self.requests.append(request)
         return GenerationResult(self.ids, [-0.5] * len(self.ids), "stop", 0)
+
+    async def generate_stream(self, request):
+        self.requests.append(request)
+        for token in self.ids[:-1]:
+            yield GenerationChunk((token,), (-0.5,))
+        yield GenerationChunk((self.ids[-1],), (-0.5,), "stop", 0)
+
+    async def update_weights(self, named_tensors, version: int) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         pass

@@ -17,13 +17,22 @@ With ``temperature == 0`` (greedy) the log-probs are taken at ``T = 1``.
 
 Tokens are *sampled* from that same tempered distribution after top-k then top-p truncation and
 renormalisation (the order SGLang uses).
+
+Streaming
+---------
+``generate_stream`` yields the same completion as ``generate`` in pieces (``GenerationChunk``) as
+the engine produces them: the concatenated ``token_ids`` / ``logprobs`` of all chunks equal the
+``GenerationResult``'s, and only the last chunk carries ``finish_reason`` and ``weight_version``.
+Closing the iterator early (``aclose()``, or cancelling the task that iterates) stops the
+request's generation. The base class yields the whole completion as one chunk, so an engine that
+cannot stream still satisfies the interface.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Optional
+from typing import AsyncIterator, Iterable, Literal, Optional
 
 from torch import Tensor
 
@@ -111,6 +120,56 @@ class GenerationResult:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
 
+@dataclass(frozen=True)
+class GenerationChunk:
+    """A piece of a streamed completion: the ids generated since the previous chunk (possibly
+    none) with one log-prob each. The last chunk of a stream, and only it, has ``finish_reason``
+    and ``weight_version`` set (the same values ``GenerationResult`` would carry)."""
+
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finish_reason: Optional[FinishReason] = None
+    weight_version: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
+        object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs"
+            )
+        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        if (self.finish_reason is None) != (self.weight_version is None):
+            raise ValueError("finish_reason and weight_version come together, on the last chunk only")
+
+    @property
+    def last(self) -> bool:
+        return self.finish_reason is not None
+
+    @classmethod
+    def of_result(cls, result: GenerationResult) -> "GenerationChunk":
+        """The whole completion as one (last) chunk."""
+        return cls(result.token_ids, result.logprobs, result.finish_reason, result.weight_version)
+
+
+def join_chunks(chunks: Iterable[GenerationChunk]) -> GenerationResult:
+    """The ``GenerationResult`` a complete stream of chunks adds up to."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    last: Optional[GenerationChunk] = None
+    for chunk in chunks:
+        if last is not None:
+            raise ValueError("a chunk came after the last chunk of the stream")
+        ids.extend(chunk.token_ids)
+        logprobs.extend(chunk.logprobs)
+        if chunk.last:
+            last = chunk
+    if last is None:
+        raise ValueError("the stream ended without a last chunk (finish_reason)")
+    return GenerationResult(tuple(ids), tuple(logprobs), last.finish_reason, last.weight_version)
+
+
 class EngineClosed(RuntimeError):
     """``generate`` or ``update_weights`` was called after ``close()``."""
 
@@ -126,6 +185,11 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Complete one prompt. Each result is produced entirely by one weight version."""
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Complete one prompt, yielding tokens as they are generated (module docstring,
+        "Streaming"). This default waits for ``generate`` and yields its result as one chunk."""
+        yield GenerationChunk.of_result(await self.generate(request))
 
     @abc.abstractmethod
     async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:

@@ -18,6 +18,15 @@ exactly one exponential variable per vocabulary entry per step; the token is
 therefore depends only on the request, and the same seed gives the same tokens whoever shares the
 batch (left padding changes logits only at rounding level).
 
+Streaming. ``generate_stream`` queues the request like ``generate`` with a sink attached: after
+each decode step the worker thread hands the row's new token and its log-prob to the event loop
+(``loop.call_soon_threadsafe``), where the caller's iterator picks them up. The sink is the only
+difference: the row is batched, sampled and cut exactly as a non-streaming request, so a stream
+yields the tokens and log-probs ``generate`` would return. When the caller stops iterating (a
+client went away), its future is cancelled; the worker sees that at the next step, ends the row
+with ``"abort"`` and drops it from the batch and the KV cache, so the slot is free and the batch
+goes on without it (or ends, if it was the last row).
+
 Weights. ``update_weights`` takes checkpoint-named tensors (``spade.models.loading.hf_weights``
 yields them: one tensor per expert for MoE) and copies them in place into the transformers model;
 per-expert tensors of a layer are collected until the layer is complete and then fused with
@@ -37,7 +46,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -45,6 +54,7 @@ from torch import Tensor
 from .engine import (
     EngineClosed,
     FinishReason,
+    GenerationChunk,
     GenerationRequest,
     GenerationResult,
     RolloutEngine,
@@ -64,6 +74,31 @@ class EngineStats:
     generated_tokens: int = 0
     busy_s: float = 0.0  # wall time spent running batches: generation only
     batch_sizes: list[int] = field(default_factory=list)
+    running: int = 0  # rows decoding right now (0: idle); a row that ends leaves at once
+    aborted: int = 0  # rows ended with "abort" (engine closed, or the caller gave up)
+
+
+class _Sink:
+    """Where the worker thread sends a streaming request's tokens: they are appended on the
+    event loop, and ``changed`` wakes the iterator."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.changed = asyncio.Event()
+
+    def _append(self, token: int, logprob: float) -> None:
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.changed.set()
+
+    def send(self, token: int, logprob: float) -> None:
+        """Called from the worker thread."""
+        try:
+            self.loop.call_soon_threadsafe(self._append, token, logprob)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
 
 
 @dataclass
@@ -71,6 +106,7 @@ class _Pending:
     request: GenerationRequest
     future: asyncio.Future
     seed: int
+    sink: Optional[_Sink] = None
 
 
 @dataclass
@@ -153,15 +189,40 @@ class HFEngine(RolloutEngine):
         return self._weight_version
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self._submit(request, stream=False).future
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        pending = self._submit(request, stream=True)
+        sink, future = pending.sink, pending.future
+        future.add_done_callback(lambda _: sink.changed.set())
+        sent = 0
+        try:
+            while not future.done():
+                if len(sink.tokens) > sent:
+                    new = len(sink.tokens)
+                    yield GenerationChunk(tuple(sink.tokens[sent:new]), tuple(sink.logprobs[sent:new]))
+                    sent = new
+                    continue
+                sink.changed.clear()
+                await sink.changed.wait()
+            result = future.result()
+            # the result holds every token, whether or not its hand-over has run yet
+            yield GenerationChunk(result.token_ids[sent:], result.logprobs[sent:],
+                                  result.finish_reason, result.weight_version)
+        finally:
+            if not future.done():
+                future.cancel()  # the worker ends the row at its next step
+
+    def _submit(self, request: GenerationRequest, *, stream: bool) -> _Pending:
         self._check_open()
         loop = self._attach()
         seed = request.sampling.seed
         if seed is None:
             seed = self._seeds.getrandbits(63)
-        pending = _Pending(request, loop.create_future(), seed)
+        pending = _Pending(request, loop.create_future(), seed, _Sink(loop) if stream else None)
         self._queue.append(pending)
         self._wakeup.set()
-        return await pending.future
+        return pending
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         self._check_open()
@@ -267,7 +328,11 @@ class HFEngine(RolloutEngine):
         self.stats.sequences += len(rows)
         if live:
             started = time.perf_counter()
-            self._decode(live)
+            self.stats.running = len(live)
+            try:
+                self._decode(live)
+            finally:
+                self.stats.running = 0
             self.stats.busy_s += time.perf_counter() - started
         return [
             GenerationResult(row.tokens, row.logprobs, row.finish or "abort", version) for row in rows
@@ -316,6 +381,7 @@ class HFEngine(RolloutEngine):
             keep = [i for i, row in enumerate(rows) if row.finish is None]
             if not keep:
                 return
+            self.stats.running = len(keep)
             if len(keep) < len(rows):
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
@@ -342,12 +408,15 @@ class HFEngine(RolloutEngine):
             row.tokens.append(token)
             row.logprobs.append(float(row_logp[token]))
             self.stats.generated_tokens += 1
+            if row.pending.sink is not None:
+                row.pending.sink.send(token, row.logprobs[-1])
             if token in row.stop_ids:
                 row.finish = "stop"
             elif len(row.tokens) >= row.limit:
                 row.finish = "length"
             elif aborting or row.pending.future.done():  # engine closed / caller gave up
                 row.finish = "abort"
+                self.stats.aborted += 1
         return chosen
 
     # ------------------------------------------------------------------ weights

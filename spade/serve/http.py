@@ -5,7 +5,9 @@ or speaks HTTP/1.0), hands each to the application's ``handler`` and writes its 
 ``Response`` (body with ``Content-Length``) or a ``StreamResponse`` (an async iterator of byte
 chunks sent with chunked transfer encoding, e.g. server-sent events). Request bodies come with
 ``Content-Length`` or chunked encoding and are limited to ``max_body_bytes``. A client that goes
-away mid-stream closes the iterator, so the application can stop its work.
+away mid-stream closes the iterator, so the application can stop its work: the server notices
+when a write fails, or, before each chunk, when the client has closed its end (EOF on the read
+side: an HTTP/1.1 client sends nothing while it waits for the answer, so EOF means it is gone).
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class HTTPServer:
                                                       "type": "internal_error", "param": None,
                                                       "code": None}}, 500)
                 if isinstance(answer, StreamResponse):
-                    keep_alive = await _write_stream(writer, answer, keep_alive)
+                    keep_alive = await _write_stream(reader, writer, answer, keep_alive)
                 else:
                     await _write_response(writer, answer, keep_alive)
                 if not keep_alive:
@@ -208,8 +210,10 @@ async def _write_response(writer: asyncio.StreamWriter, response: Response, keep
     await writer.drain()
 
 
-async def _write_stream(writer: asyncio.StreamWriter, response: StreamResponse, keep_alive: bool) -> bool:
-    """Send the chunks; returns whether the connection can be reused."""
+async def _write_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        response: StreamResponse, keep_alive: bool) -> bool:
+    """Send the chunks; returns whether the connection can be reused. Raises ``ConnectionError``
+    when the client went away (after closing the iterator)."""
     extra = {"Cache-Control": "no-cache", **response.headers, "Transfer-Encoding": "chunked"}
     lines = _head(response.status, response.content_type, extra, keep_alive)
     chunks = response.chunks
@@ -217,6 +221,8 @@ async def _write_stream(writer: asyncio.StreamWriter, response: StreamResponse, 
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         await writer.drain()
         async for chunk in chunks:
+            if reader.at_eof():
+                raise ConnectionResetError("the client closed the connection mid-stream")
             if chunk:
                 writer.write(f"{len(chunk):x}\r\n".encode("latin-1") + chunk + b"\r\n")
                 await writer.drain()

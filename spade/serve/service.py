@@ -13,14 +13,21 @@ server's ``default_max_tokens``), ``stop`` strings (not included in the text; a 
 one token also stops generation there, the others cut the text afterwards), ``stop_token_ids`` and
 ``ignore_eos`` (extra fields), ``logprobs`` of the sampled tokens.
 
-Streaming sends the role chunk at once, then the text of each choice in per-token pieces as soon
-as its completion is done (the engine interface returns whole completions, not token streams),
-then the finish chunk, the usage chunk if ``stream_options.include_usage``, and ``data: [DONE]``.
+Streaming (``stream: true``) runs every choice through ``RolloutEngine.generate_stream`` and sends
+text as the engine produces tokens (``streaming.ChoiceText``: incremental decoding that never
+splits a character, stop strings matched across deltas, which also stops the generation there).
+Chat sends the role chunk at once, then content deltas, ``tool_calls`` deltas when the request has
+tools (``streaming.ToolCallStream``: a call is sent whole once its block is closed), each choice's
+finish chunk, the usage chunk if ``stream_options.include_usage``, and ``data: [DONE]``. Choices
+of one request stream concurrently (their chunks interleave, each with its ``index``). A client
+that goes away closes the event iterator, which cancels the choices' tasks and so their engine
+streams: generation stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -32,6 +39,7 @@ from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEng
 from . import protocol
 from .http import Request, Response, StreamResponse
 from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
+from .streaming import ChoiceText, Delta, TokenLogprob, ToolCallStream
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +228,7 @@ class ModelService:
         prompt_ids = self.encode(self.chat_prompt(request), add_special_tokens=False)
         prepared = self._prepare(prompt_ids, request.sampling, 0, "messages")
         if request.stream:
-            task = asyncio.ensure_future(self._run(prepared, request.sampling))
-            return StreamResponse(self._chat_events(request, prepared, task))
+            return StreamResponse(self._chat_events(request, prepared))
         choices = await self._run(prepared, request.sampling)
         return Response.json({
             "id": protocol.new_id("chatcmpl"), "object": "chat.completion",
@@ -232,10 +239,10 @@ class ModelService:
             "usage": protocol.usage(len(prompt_ids), sum(c.completion_tokens for c in choices)),
         })
 
-    async def _chat_events(self, request: ChatRequest, prepared: _Prepared,
-                           task: asyncio.Future) -> AsyncIterator[bytes]:
+    async def _chat_events(self, request: ChatRequest, prepared: _Prepared) -> AsyncIterator[bytes]:
         head = {"id": protocol.new_id("chatcmpl"), "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": self.name, "system_fingerprint": None}
+        logprobs_on = request.sampling.logprobs
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
             body = {**head, "choices": choices, **extra}
@@ -243,35 +250,51 @@ class ModelService:
                 body["usage"] = None
             return _event(body)
 
-        def delta(index: int, value: dict[str, Any], finish: Optional[str] = None) -> dict[str, Any]:
-            return {"index": index, "delta": value, "logprobs": None, "finish_reason": finish}
+        def delta(index: int, value: dict[str, Any], finish: Optional[str] = None,
+                  logprobs: Optional[list[TokenLogprob]] = None) -> dict[str, Any]:
+            return {"index": index, "delta": value, "finish_reason": finish,
+                    "logprobs": {"content": _chat_logprob_entries(logprobs or [])} if logprobs_on else None}
 
-        try:
-            yield chunk([delta(i, {"role": "assistant", "content": ""}) for i in range(request.sampling.n)])
-            try:
-                choices = await task
-            except APIError as exc:
-                yield _event(exc.body())
-                yield _DONE
-                return
-            for i, choice in enumerate(choices):
-                message, called = protocol.chat_message(choice.text, parse_tools=request.parse_tools,
-                                                        tools=request.tools)
-                if called:
-                    if message["content"]:
-                        yield chunk([delta(i, {"content": message["content"]})])
-                    calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
-                    yield chunk([delta(i, {"tool_calls": calls})])
-                else:
-                    for piece in self._pieces(choice):
-                        yield chunk([delta(i, {"content": piece})])
-                yield chunk([delta(i, {}, "tool_calls" if called else choice.finish_reason)])
+        n = request.sampling.n
+        tools = [ToolCallStream(request.tools, _call_id) if request.parse_tools else None for _ in range(n)]
+        unsent: list[list[TokenLogprob]] = [[] for _ in range(n)]
+
+        def events(i: int, step: Delta, final: bool) -> list[bytes]:
+            unsent[i] += step.logprobs
+            out: list[tuple[dict[str, Any], Optional[str]]] = []
+            finish = step.finish_reason
+            if tools[i] is None:
+                if step.text:
+                    out.append(({"content": step.text}, None))
+            else:
+                found = tools[i].push(step.text, final=final)
+                if found.content:
+                    out.append(({"content": found.content}, None))
+                if found.calls:
+                    out.append(({"tool_calls": found.calls}, None))
+                if final and tools[i].calls:
+                    finish = "tool_calls"
+            if final:
+                out.append(({}, finish))
+            sent = []
+            for value, reason in out:
+                sent.append(chunk([delta(i, value, reason, unsent[i])]))
+                unsent[i] = []
+            return sent
+
+        yield chunk([delta(i, {"role": "assistant", "content": ""}) for i in range(n)])
+        async with self._streams([prepared], request.sampling) as steps:
+            async for item in steps:
+                if isinstance(item, APIError):
+                    yield _event(item.body())
+                    yield _DONE
+                    return
+                k, step, final = item
+                for event in events(k, step, final):
+                    yield event
             if request.include_usage:
-                yield chunk([], usage=protocol.usage(
-                    len(prepared.prompt_ids), sum(c.completion_tokens for c in choices)))
-            yield _DONE
-        finally:
-            task.cancel()
+                yield chunk([], usage=protocol.usage(len(prepared.prompt_ids), steps.completion_tokens))
+        yield _DONE
 
     # ------------------------------------------------------------------ completions
 
@@ -301,8 +324,7 @@ class ModelService:
             return [c for choices in per_prompt for c in choices]
 
         if request.stream:
-            return StreamResponse(self._completion_events(
-                request, prompt_texts, prompt_tokens, asyncio.ensure_future(run_all())))
+            return StreamResponse(self._completion_events(request, prepared, prompt_texts, prompt_tokens))
         choices = await run_all()
         return Response.json({
             "id": protocol.new_id("cmpl"), "object": "text_completion",
@@ -314,62 +336,144 @@ class ModelService:
             "usage": protocol.usage(prompt_tokens, sum(c.completion_tokens for c in choices)),
         })
 
-    async def _completion_events(self, request: CompletionRequest, prompt_texts: list[str],
-                                 prompt_tokens: int, task: asyncio.Future) -> AsyncIterator[bytes]:
+    async def _completion_events(self, request: CompletionRequest, prepared: list[_Prepared],
+                                 prompt_texts: list[str], prompt_tokens: int) -> AsyncIterator[bytes]:
         head = {"id": protocol.new_id("cmpl"), "object": "text_completion",
                 "created": int(time.time()), "model": self.name, "system_fingerprint": None}
+        n = request.sampling.n
+        echo = [prompt_texts[k // n] if request.echo else "" for k in range(n * len(prepared))]
+        offsets = [len(text) for text in echo]
 
-        def chunk(index: int, text: str, finish: Optional[str] = None) -> bytes:
-            body = {**head, "choices": [protocol.completion_choice(index, text, finish)]}
+        def chunk(index: int, text: str, finish: Optional[str] = None,
+                  logprobs: Optional[list[TokenLogprob]] = None) -> bytes:
+            entries = None
+            if request.sampling.logprobs:
+                entries, offsets[index] = _completion_logprob_entries(logprobs or [], offsets[index])
+            body = {**head, "choices": [protocol.completion_choice(index, text, finish, entries)]}
             if request.include_usage:
                 body["usage"] = None
             return _event(body)
 
-        try:
-            try:
-                choices = await task
-            except APIError as exc:
-                yield _event(exc.body())
-                yield _DONE
-                return
-            for k, choice in enumerate(choices):
-                if request.echo and prompt_texts[k // request.sampling.n]:
-                    yield chunk(k, prompt_texts[k // request.sampling.n])
-                for piece in self._pieces(choice):
-                    yield chunk(k, piece)
-                yield chunk(k, "", choice.finish_reason)
+        for k, text in enumerate(echo):
+            if text:
+                yield chunk(k, text)
+        async with self._streams(prepared, request.sampling) as steps:
+            async for item in steps:
+                if isinstance(item, APIError):
+                    yield _event(item.body())
+                    yield _DONE
+                    return
+                k, step, final = item
+                if step.text or step.logprobs or final:
+                    yield chunk(k, step.text, step.finish_reason if final else None, step.logprobs)
             if request.include_usage:
                 yield _event({**head, "choices": [], "usage": protocol.usage(
-                    prompt_tokens, sum(c.completion_tokens for c in choices))})
-            yield _DONE
+                    prompt_tokens, steps.completion_tokens)})
+        yield _DONE
+
+    # ------------------------------------------------------------------ streaming choices
+
+    @contextlib.asynccontextmanager
+    async def _streams(self, prepared: Sequence[_Prepared], sampling: Sampling) -> AsyncIterator["_Steps"]:
+        """Run every choice of ``prepared`` (in order: choice ``k`` is request ``k``) through the
+        engine's stream at once; iterate the result for ``(k, Delta, final)`` steps, or an
+        ``APIError`` (then stop). Leaving the context cancels what still runs."""
+        requests = [r for p in prepared for r in p.requests]
+        steps = _Steps(len(requests))
+        tasks = [asyncio.ensure_future(self._stream_one(k, r, sampling, steps))
+                 for k, r in enumerate(requests)]
+        try:
+            yield steps
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    # ------------------------------------------------------------------ streaming text
-
-    def _pieces(self, choice: Generated) -> Iterable[str]:
-        """``choice.text`` in about-one-token pieces whose concatenation is exactly the text."""
-        text = choice.text
-        if not text:
-            return []
-        ids = self.encode(text, add_special_tokens=False)
-        pieces, done, start = [], 0, 0
-        for end in range(1, len(ids) + 1):
-            decoded = self.decode(ids[start:end])
-            if decoded.endswith("\ufffd") and end < len(ids):
-                continue  # an incomplete UTF-8 sequence: wait for the next token
-            if not text.startswith(decoded, done):
-                break
-            if decoded:
-                pieces.append(decoded)
-                done += len(decoded)
-            start = end
-        if done < len(text):
-            pieces.append(text[done:])
-        return pieces
+    async def _stream_one(self, k: int, request: GenerationRequest, sampling: Sampling,
+                          steps: "_Steps") -> None:
+        params = request.sampling
+        text = ChoiceText(self.decode, end_ids=self.eos_token_ids | frozenset(params.stop_token_ids),
+                          stops=sampling.stop, logprobs=sampling.logprobs)
+        try:
+            async with contextlib.aclosing(self.engine.generate_stream(request)) as stream:
+                async for piece in stream:
+                    step = text.push(piece.token_ids, piece.logprobs)
+                    if text.stopped:  # a stop string: done, and closing the stream stops generation
+                        steps.put(k, text.finish("stop"), True, text.generated)
+                        return
+                    if piece.last:
+                        if piece.finish_reason == "abort":
+                            steps.fail(APIError("the engine stopped before the completion was done",
+                                                None, 503, "server_error", "engine_closed"))
+                            return
+                        if step.text or step.logprobs:
+                            steps.put(k, step, False, text.generated)
+                        steps.put(k, text.finish(piece.finish_reason), True, text.generated)
+                        return
+                    if step.text or step.logprobs:
+                        steps.put(k, step, False, text.generated)
+            steps.fail(APIError("the engine's stream ended without a finish reason", None, 500,
+                                "server_error"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client in the stream
+            log.exception("streaming choice %d failed", k)
+            steps.fail(APIError(f"generation failed: {exc}", None, 500, "server_error"))
 
 
 _DONE = b"data: [DONE]\n\n"
+
+
+class _Steps:
+    """The choices' steps in the order they happen: ``put`` / ``fail`` from the choices' tasks,
+    ``async for`` in the event generator (ends when every choice is final, or at an error)."""
+
+    def __init__(self, choices: int) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._open = choices
+        self._generated = [0] * choices
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self._generated)
+
+    def put(self, k: int, step: Delta, final: bool, generated: int) -> None:
+        self._generated[k] = generated
+        self._queue.put_nowait((k, step, final))
+
+    def fail(self, error: APIError) -> None:
+        self._queue.put_nowait(error)
+
+    def __aiter__(self) -> "_Steps":
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._open == 0:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, APIError):
+            self._open = 0
+        elif item[2]:
+            self._open -= 1
+        return item
+
+
+def _call_id() -> str:
+    return protocol.new_id("call").replace("-", "_")
+
+
+def _chat_logprob_entries(tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
+    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode("utf-8")),
+             "top_logprobs": []} for t in tokens]
+
+
+def _completion_logprob_entries(tokens: list[TokenLogprob], start: int) -> tuple[dict[str, Any], int]:
+    offsets, position = [], start
+    for t in tokens:
+        offsets.append(position)
+        position += len(t.token)
+    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{t.token: t.logprob} for t in tokens], "text_offset": offsets}, position
 
 
 def _event(value: Any) -> bytes:
