@@ -6,8 +6,8 @@ timeout.
 
 * the fixed pool (designer off): the five example tool environments plus one whose any answer is
   accepted, so that some episodes end with 1.0 and the GRPO update has a real gradient;
-* resume equality: 1 step, stop, ``--resume`` to 2 steps == 2 steps straight (metrics without
-  ``time/`` keys, bit-identical weights);
+* resume equality after a kill -9 mid-step (step 2 playing, found by its progress line):
+  ``--resume`` == 2 steps straight (metrics without ``time/`` keys, bit-identical weights);
 * the designer on: a random model writes nothing admissible; every candidate is rejected with a
   named reason and the run still completes its steps.
 """
@@ -15,13 +15,17 @@ timeout.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from test_train_loop import checkpoint_tensors, metrics, run_spade, without_time
+from test_train_loop import RUN_TIMEOUT_S, checkpoint_tensors, metrics, run_spade, spade_cmd, without_time
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -178,12 +182,33 @@ def test_two_tool_use_steps_on_the_fixed_pool(straight_run):
     assert (straight_run / "checkpoints" / "latest").read_text().strip() == "step_2"
 
 
-def test_tool_use_resume_equals_straight_run(straight_run, fixed_config, tmp_path):
+def test_tool_use_kill_mid_step_then_resume(straight_run, fixed_config, tmp_path):
+    """SIGKILL of the whole process group (trainer, sandbox service, its sandboxes) once step 2
+    is playing, found by its progress line (no clock): the checkpoint of step 1 is the newest,
+    step 2's plays are mid-flight. ``--resume`` replays step 2 and ends equal to the straight run
+    (metrics without ``time/`` keys, bit-identical weights)."""
     run = tmp_path / "run"
-    run_spade("--config", str(fixed_config), "--run-dir", str(run), "run.steps=1")
+    proc = subprocess.Popen(spade_cmd("--config", str(fixed_config), "--run-dir", str(run)), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S  # the line arrives or the run ends: no window
+        for line in proc.stderr:
+            seen.append(line)
+            if "step 2/2 playing" in line:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, "".join(seen)[-3000:]
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed:\n{''.join(seen)[-3000:]}"
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_1"
     assert [r["step"] for r in metrics(run)] == [0]
-    proc = run_spade("--resume", str(run), "run.steps=2")
-    assert "resumed from" in proc.stderr
+    resumed = run_spade("--resume", str(run))
+    assert "resumed from" in resumed.stderr
     assert without_time(metrics(straight_run)) == without_time(metrics(run))
     ta, tb = (checkpoint_tensors(r / "checkpoints" / "step_2") for r in (straight_run, run))
     model_keys = [k for k in ta if k.startswith(("embedding.", "decoder.", "output_layer."))]
@@ -191,7 +216,7 @@ def test_tool_use_resume_equals_straight_run(straight_run, fixed_config, tmp_pat
     for key in ta:
         assert torch.equal(ta[key], tb[key]), key
     before = checkpoint_tensors(straight_run / "checkpoints" / "step_1")
-    assert any(not torch.equal(before[k], ta[k]) for k in model_keys)  # the updates moved the weights
+    assert any(not torch.equal(before[k], ta[k]) for k in model_keys)  # the replayed step moved the weights
 
 
 def test_tool_use_with_the_designer_on_rejects_and_completes(tool_hf, tmp_path):
