@@ -52,7 +52,7 @@ def _curve(ax: Any, data: dict[str, Any], key: str, label: str, *, band: tuple[s
             ax.fill_between(xs, low, high, color=colour, alpha=0.15, linewidth=0)
 
 
-def _notes(ax: Any, data: dict[str, Any], *families: str, empty_key: str | None = None) -> None:
+def _notes(ax: Any, data: dict[str, Any], *families: str, empty_key: str | None = None, width: int = 110) -> None:
     """Say on the plot which runs it does not apply to (and why), and which have no values."""
     lines = []
     for i, run in enumerate(data["runs"]):
@@ -64,7 +64,7 @@ def _notes(ax: Any, data: dict[str, Any], *families: str, empty_key: str | None 
             lines.append((i, f"{run['name']}: no values"))
     y = 0.02
     for i, text in lines:
-        wrapped = _wrap(text)
+        wrapped = _wrap(text, width)
         ax.text(0.01, y, wrapped, transform=ax.transAxes, fontsize=6, color=PALETTE[i % len(PALETTE)], va="bottom")
         y += 0.05 * (wrapped.count("\n") + 1) + 0.02
 
@@ -137,7 +137,7 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
             total = max(1, sum(dist["histogram"]))
             ax.stairs(np.array(dist["histogram"]) / total, edges, color=PALETTE[i % len(PALETTE)], linewidth=2,
                       label=f"{run['name']} (n={dist['n']})")
-        _notes(ax, data, *(("regret",) if key == "regret" else ()))
+        _notes(ax, data, *(("regret",) if key == "regret" else ()), width=90)
         ax.set_title(f"{title}, whole run", fontsize=10)
         ax.set_ylabel("share of environments")
         ax.grid(alpha=0.3)
@@ -165,7 +165,7 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
                               ("lines", "state variables", "turns per no-hint episode")):
         _curve(ax, data, key, "")
         if key != "turns_mean":
-            _notes(ax, data, "program_size")
+            _notes(ax, data, "program_size", width=45)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("regeneration step")
         ax.grid(alpha=0.3)
@@ -289,7 +289,7 @@ def plot_map(data: dict[str, Any], path: Path) -> Path:
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
-    _notes(axes[0], data, "map")
+    _notes(axes[0], data, "map", width=60)
     fig.suptitle(f"t-SNE map of {len(rows)} environments ({data.get('embedding')})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

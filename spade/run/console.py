@@ -15,7 +15,7 @@ the run's environment source (``selfplay.env_source``)::
     step 1/3 | envs 3 admitted, 5 rejected (runtime_error 3, syntax_error 2) | 24 plays: return 0.31, with hint 0.45
       | trained 12 samples: loss 0.0123, grad norm 0.84 | designer: 2 released, reward 0.41 | 95 s
     step 1/3 | 24 environments drawn from the pool | 192 plays: return 0.12 | trained ...        (fixed_pool)
-    step 1/3 | 16 problems (mean level 1.4, top level 3), 2 environments raised (5 checked) | ...  (rlve)
+    step 1/3 | 16 problems (mean level 1.4, highest environment level 3), 2 environments raised (5 checked) | ...  (rlve)
 
 **Summary** (:func:`run_summary`): read back from the run directory after the run: what was
 trained, where the run lives and the commands to look at it or continue it; the set lines name
@@ -168,7 +168,7 @@ def set_text(metrics: Mapping[str, Any], env_source: str) -> str | None:
         levels = [f"mean level {_num(metrics['rlve/problem_difficulty_mean'], 2)}"] \
             if metrics.get("rlve/problem_difficulty_mean") is not None else []
         if metrics.get("rlve/difficulty_max") is not None:
-            levels.append(f"top level {int(metrics['rlve/difficulty_max'])}")
+            levels.append(f"highest environment level {int(metrics['rlve/difficulty_max'])}")
         text = f"{admitted} problems" + (f" ({', '.join(levels)})" if levels else "")
         if rejected:
             text += f", {rejected} failed to generate{_reasons_text(metrics)}"
@@ -310,7 +310,7 @@ def set_summary(root: Path, rows: list[dict[str, Any]], env_source: str) -> str:
         raised = total("rlve/raised")
         top = next((r["rlve/difficulty_max"] for r in reversed(rows) if r.get("rlve/difficulty_max") is not None), None)
         return (f"  rlve       {admitted} problems{over} ({', '.join(detail)}); {raised} environment"
-                f"{'' if raised == 1 else 's'} raised" + (f", highest level {int(top)}" if top is not None else ""))
+                f"{'' if raised == 1 else 's'} raised" + (f", highest environment level {int(top)}" if top is not None else ""))
     attempts = total("designer/attempts")
     rate = f" ({admitted / attempts:.0%} of attempts)" if attempts else ""
     return f"  designer   {attempts} attempts, {admitted} environments admitted{rate}"
