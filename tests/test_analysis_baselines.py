@@ -259,7 +259,8 @@ def test_rlve_step_lines_and_summary_on_the_real_metrics(runs):
     for row in rows:
         mine = [spec["difficulty"] for step, spec in specs.values() if step == row["step"]]
         for line in (step_line(row["step"], 2, row), step_line(row["step"], 2, row, "rlve")):
-            assert f"| {len(mine)} problems (mean level {sum(mine) / len(mine):.2g}, highest environment level " \
+            span = f"level {min(mine)}" if min(mine) == max(mine) else f"levels {min(mine)}-{max(mine)}"
+            assert f"| {len(mine)} problems ({span}, mean level {sum(mine) / len(mine):.2g}, highest environment level " \
                    f"{int(row['rlve/difficulty_max'])}), {int(row['rlve/raised'])} environments raised " \
                    f"({int(row['rlve/checked'])} checked) |" in line, line
             assert "admitted" not in line and "designer" not in line

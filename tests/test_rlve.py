@@ -182,7 +182,8 @@ def test_source_sets_and_resume_continue_the_same_schedule(workers, tmp_path):
     state = json.loads(json.dumps(first.state_dict()))
     assert state["difficulty"] == {"Multiplication": 1} and state["tallies"] == {}
     assert first.metrics() == {"rlve/checked": 1.0, "rlve/raised": 1.0, "rlve/envs_raised_total": 1.0,
-                               "rlve/difficulty_max": 1.0, "rlve/problem_difficulty_mean": 0.0}
+                               "rlve/difficulty_max": 1.0, "rlve/problem_difficulty_mean": 0.0,
+                               "rlve/problem_difficulty_min": 0.0, "rlve/problem_difficulty_max": 0.0}
 
     resumed = RLVESource(s, run_dir=tmp_path / "b", seed=9, workers=workers)
     resumed.load_state_dict(state)

@@ -15,7 +15,7 @@ the run's environment source (``selfplay.env_source``)::
     step 1/3 | envs 3 admitted, 5 rejected (runtime_error 3, syntax_error 2) | 24 plays: return 0.31, with hint 0.45
       | trained 12 samples: loss 0.0123, grad norm 0.84 | designer: 2 released, reward 0.41 | 95 s
     step 1/3 | 24 environments drawn from the pool | 192 plays: return 0.12 | trained ...        (fixed_pool)
-    step 1/3 | 16 problems (mean level 1.4, highest environment level 3), 2 environments raised (5 checked) | ...  (rlve)
+    step 1/3 | 16 problems (levels 0-3, mean level 1.4, highest environment level 3), 2 environments raised (5 checked) | ...  (rlve)
 
 **Summary** (:func:`run_summary`): read back from the run directory after the run: what was
 trained, where the run lives and the commands to look at it or continue it; the set lines name
@@ -165,8 +165,12 @@ def set_text(metrics: Mapping[str, Any], env_source: str) -> str | None:
             text += f", {rejected} failing admission{_reasons_text(metrics)}"
         return text
     if env_source == "rlve":
-        levels = [f"mean level {_num(metrics['rlve/problem_difficulty_mean'], 2)}"] \
-            if metrics.get("rlve/problem_difficulty_mean") is not None else []
+        levels = []
+        if metrics.get("rlve/problem_difficulty_min") is not None:
+            low, high = int(metrics["rlve/problem_difficulty_min"]), int(metrics["rlve/problem_difficulty_max"])
+            levels.append(f"level {low}" if low == high else f"levels {low}-{high}")
+        if metrics.get("rlve/problem_difficulty_mean") is not None:
+            levels.append(f"mean level {_num(metrics['rlve/problem_difficulty_mean'], 2)}")
         if metrics.get("rlve/difficulty_max") is not None:
             levels.append(f"highest environment level {int(metrics['rlve/difficulty_max'])}")
         text = f"{admitted} problems" + (f" ({', '.join(levels)})" if levels else "")

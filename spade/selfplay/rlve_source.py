@@ -195,6 +195,8 @@ class RLVESource:
         }
         if problem_levels:
             self.last_metrics["rlve/problem_difficulty_mean"] = sum(problem_levels) / len(problem_levels)
+            self.last_metrics["rlve/problem_difficulty_min"] = float(min(problem_levels))
+            self.last_metrics["rlve/problem_difficulty_max"] = float(max(problem_levels))
 
     def metrics(self) -> dict[str, float]:
         """What the last :meth:`observe` found: environments checked and raised, levels reached."""
