@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages model benchmark clean tau2
+.PHONY: demo test setup system-packages model benchmark clean tau2 acebench
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -49,6 +49,18 @@ $(TAU2_STAMP): requirements/tau2.txt
 	$(TAU2_VENV)/bin/pip install --quiet --upgrade pip==24.3.1
 	$(TAU2_VENV)/bin/pip install --quiet -r requirements/tau2.txt
 	touch $(TAU2_STAMP)
+
+# ACEBench's dependencies (pandas, openpyxl, wcwidth, openai 1.x, every version pinned), kept apart
+# from .venv; spade eval runs ACEBench's own code (a checkout: $$SPADE_ACEBENCH_DIR) in its Python.
+ACEBENCH_VENV ?= .venv-acebench
+ACEBENCH_STAMP := $(ACEBENCH_VENV)/.installed
+
+acebench: $(ACEBENCH_STAMP)
+
+$(ACEBENCH_STAMP): requirements/acebench.txt
+	$(PYTHON) -m venv $(ACEBENCH_VENV)
+	$(ACEBENCH_VENV)/bin/pip install --quiet -r requirements/acebench.txt
+	touch $(ACEBENCH_STAMP)
 
 # bubblewrap runs the generated environments; as root we install it, otherwise we say how.
 system-packages:

@@ -41,6 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--tau2", action="append", default=[], metavar="KEY=VALUE",
                         help="a tau2 setting, repeatable (domains, user_url, user_model, user_api_key_env, "
                              "max_steps, ...; docs/evaluation.md)")
+    parser.add_argument("--acebench", action="append", default=[], metavar="KEY=VALUE",
+                        help="an ACEBench setting, repeatable (repo, categories, user_url, user_model, "
+                             "max_dialog_turns, ...; docs/evaluation.md)")
     parser.set_defaults(handler=run_eval)
     sub = parser.add_subparsers(dest="eval_command", metavar="report", required=False)
     add_report_parser(sub.add_parser("report", help="Table 1 / Table 2 from result directories",
@@ -98,9 +101,17 @@ def run_eval(args: argparse.Namespace) -> int:
             tau2 = Tau2Settings.from_pairs(args.tau2)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    acebench = None
+    if args.acebench:
+        from ..eval.acebench import AceBenchSettings
+
+        try:
+            acebench = AceBenchSettings.from_pairs(args.acebench)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     options = BenchmarkOptions(data_dir=Path(args.data) if args.data else None, n=args.samples,
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                               rg_episodes=args.rg_episodes, sandbox=sandbox, tau2=tau2)
+                               rg_episodes=args.rg_episodes, sandbox=sandbox, tau2=tau2, acebench=acebench)
     return asyncio.run(_evaluate(args, names, options))
 
 

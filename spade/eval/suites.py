@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from .types import Benchmark, SamplingSettings
 
 GAMES = ("aime25", "aime26", "gpqa_diamond", "lcb_v6", "rg_math", "rg_algorithmic", "rg_cognition", "rg_logic")
-TOOL_USE = ("bfcl_multi_turn", "tau2")
+TOOL_USE = ("bfcl_multi_turn", "tau2", "acebench_agent")
 SUITES: dict[str, tuple[str, ...]] = {
     "games": GAMES,
     "tool": TOOL_USE,
@@ -37,6 +37,7 @@ class BenchmarkOptions:
     lcb_memory_limit_mb: int = 1024
     sandbox: Any = None  # a SandboxConfig whose isolation and limits the LCB judge starts from
     tau2: Any = None  # a tau2_bench.Tau2Settings (None: its defaults)
+    acebench: Any = None  # an acebench.AceBenchSettings (None: its defaults)
 
     def sampling(self, default: SamplingSettings) -> SamplingSettings:
         return default.replace(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -89,10 +90,17 @@ def _tau2(options: BenchmarkOptions) -> Benchmark:
     return Tau2Bench(options.tau2, sampling=options.sampling(TAU2_SAMPLING))
 
 
+def _acebench(options: BenchmarkOptions) -> Benchmark:
+    from .acebench import ACEBENCH_SAMPLING, AceBenchAgent
+
+    return AceBenchAgent(options.acebench, sampling=options.sampling(ACEBENCH_SAMPLING))
+
+
 BUILDERS: dict[str, Callable[[BenchmarkOptions], Benchmark]] = {
     "aime25": _aime(2025), "aime26": _aime(2026), "gpqa_diamond": _gpqa, "lcb_v6": _lcb,
     "rg_math": _rg("math"), "rg_algorithmic": _rg("algorithmic"), "rg_cognition": _rg("cognition"),
     "rg_logic": _rg("logic"), "bfcl_multi_turn": _bfcl, "tau2": _tau2,
+    "acebench_agent": _acebench,
 }
 
 
