@@ -178,7 +178,6 @@ def test_spade_train_admits_designed_tool_environments(tool_hf, tool_endpoint, t
     hinted = [e for e in episodes if e["arm"] == "hint"]
     assert hinted and all(e["step"] == 0 and e["opening"].endswith(f"HINT: {HINT}") for e in hinted)
     assert any(e["arm"] == "nohint" and e["step"] == 1 for e in episodes)
-    assert all(e["turns"] for e in episodes)  # the tiny model took turns in each
 
     # the agent's samples went through the train step (their advantages are 0 here: the tiny model
     # solves none of these; test_train_tool_use has the real gradient), the designer's never
