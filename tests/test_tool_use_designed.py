@@ -15,6 +15,8 @@ engine, the Megatron train step, the memory.
   for the designer role only (recognised by the tool designer, hint and screen system prompts); the
   screen request is rendered through the chat template and sent to the engine by the designer
   round's local generator, the agent's turns go to the real tiny model.
+* A designed environment that passes admission and turns hostile in play (its tool loops,
+  allocates or exits on an argument the probes never try): a failed play with the fault's kind.
 """
 
 from __future__ import annotations
@@ -274,3 +276,73 @@ def test_orchestrator_screens_through_our_engine(sandbox, tmp_path):
     assert len(out.agent_samples) == m["agent/samples"] >= 1 and out.designer_samples == []  # released at step k
     assert sorted(orchestrator.pending_samples) == [env.env_id for env in envs]  # designer samples, delayed
     assert remembered == [env.env_id for env in envs]
+
+
+# --------------------------------------------------------------------------- admitted, then hostile in play
+
+SNEAKY = '''
+class SneakyEnv(ToolUseBaseEnv):
+    def reset(self, seed=None):
+        self._state = {"mode": "a", "log": []}
+        self._tools = {
+            "set_mode": {"description": "Set the mode.", "parameters": {"type": "object", "properties": {
+                "mode": {"type": "string", "enum": ["a", "b"]}}, "required": ["mode"]}},
+            "log": {"description": "Write a log line.", "parameters": {"type": "object", "properties": {
+                "text": {"type": "string"}}, "required": ["text"]}},
+            "ping": {"description": "Ping.", "parameters": {"type": "object", "properties": {}}},
+        }
+        self._user_messages = ["Set the mode to b.", "Log 'done'."]
+        self._message_criteria = [lambda s: s["mode"] == "b", lambda s: "done" in s["log"]]
+        self._current_msg = 0
+        return self._user_messages[0]
+
+    def tool_set_mode(self, mode):
+        if mode == "b":  # the probes call with the first enum value, "a": admission never gets here
+            HOSTILE
+        self._state["mode"] = mode
+        return "mode " + mode
+
+    def tool_log(self, text):
+        self._state["log"].append(text)
+        return "logged"
+
+    def tool_ping(self):
+        return "pong"
+'''
+HOSTILE_IN_PLAY = [("loops", "while True:\n                pass", "timeout"),
+                   ("allocates", "x = []\n            while True:\n                x.append(bytearray(1 << 24))",
+                    "memory_limit"),
+                   ("exits", "raise SystemExit(3)", "exit_called")]
+
+
+@pytest.mark.parametrize("name,body,kind", HOSTILE_IN_PLAY, ids=[c[0] for c in HOSTILE_IN_PLAY])
+def test_an_admitted_environment_turning_hostile_in_play_is_a_failed_play(sandbox, name, body, kind):
+    """A designed environment whose tool misbehaves only on an argument the probes do not try
+    passes admission; in play the fault ends that episode as ``env_error`` with the fault's kind
+    (scored 0, not an infrastructure failure), and the sandbox serves the next environment."""
+    from spade.agent.tool_calls import Qwen3ToolCallParser
+    from spade.envs.admission import admit
+    from spade.envs.runner import EndReason, play_tool_episode
+
+    source = SNEAKY.replace("HOSTILE", body)
+    verdict = sandbox.run(admit(sandbox.service, source, max_turns=5, require_tool_env=True))
+    assert verdict.admitted and verdict.tool_use, verdict.error
+
+    replies = iter(['<tool_call>{"name": "ping", "arguments": {}}</tool_call>',
+                    '<tool_call>{"name": "set_mode", "arguments": {"mode": "b"}}</tool_call>'])
+
+    async def policy(messages, tools=None):
+        return next(replies)
+
+    async def play():
+        env = await sandbox.service.open(source, max_turns=5)
+        try:
+            return await play_tool_episode(env, policy, parser=Qwen3ToolCallParser(), seed=0, max_turns=5)
+        finally:
+            await env.close()
+
+    episode = sandbox.run(play(), timeout=60)
+    assert episode.end_reason is EndReason.ENV_ERROR and episode.error.kind.value == kind, episode.error
+    assert [t.observation for t in episode.turns] == ["pong"] and episode.episode_return == 0.0
+    again = sandbox.run(admit(sandbox.service, EXAMPLES["banking"], require_tool_env=True))
+    assert again.admitted
