@@ -292,9 +292,31 @@ def tiny_chat_model(tmp_path_factory):
     randomize_(AutoModelForCausalLM.from_config(config).eval()).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    engine = HFEngine(directory, tokenizer, device="cpu", dtype="float32", max_batch_size=4, max_context_tokens=32768)
+    engine = CountingEngine(HFEngine(directory, tokenizer, device="cpu", dtype="float32", max_batch_size=4,
+                                     max_context_tokens=32768))
     yield ChatModel(engine, tokenizer, concurrency=2, max_context_tokens=32768)
-    engine.close()
+    engine.inner.close()
+
+
+class CountingEngine:
+    """The hf engine, counting the generations it is asked for."""
+
+    def __init__(self, engine) -> None:
+        self.inner = engine
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, request):
+        self.calls += 1
+        return await self.inner.generate(request)
+
+
+def _spoken_turns(transcript: Path) -> int:
+    """Rows of ACEBench's dialogue table whose sender is the agent or the user (model turns)."""
+    rows = [line.split("|") for line in transcript.read_text().splitlines()]
+    return sum(1 for r in rows if len(r) > 3 and r[1].strip().isdigit() and r[2].strip() in ("agent", "user"))
 
 
 @pytest.mark.slow
@@ -302,6 +324,7 @@ def test_served_tiny_model_as_agent_and_user(tiny_chat_model, tmp_path):
     repo, python = _checkout_and_python()
     settings = AceBenchSettings(repo=repo, python=python, max_dialog_turns=4, user_max_tokens=8, timeout_s=240)
     bench = AceBenchAgent(settings, sampling=SamplingSettings(n=1, temperature=0.7, top_p=1.0, max_new_tokens=8))
+    before = tiny_chat_model.engine.calls
     score = asyncio.run(run_suite([bench], tiny_chat_model, seed=2, limit=1, out_dir=tmp_path))["acebench_agent"]
     _check_against_acebench(score, tmp_path)
     assert score.items == 2 and score.samples == 2 and score.score == 0.0
@@ -309,8 +332,13 @@ def test_served_tiny_model_as_agent_and_user(tiny_chat_model, tmp_path):
     transcripts = tmp_path / "acebench" / "data_all" / "data_en" / "dialogue_history"
     assert (transcripts / "multi_step" / "spade_trial0" / "0_dialogue_history.txt").is_file()
     assert (transcripts / "multi_turn" / "spade_trial0" / "0_dialogue_history.txt").is_file()
+    # Both roles were played by our engine: one generation per agent or user turn ACEBench recorded
+    # (multi-step opens with the task from the data; multi-turn with the simulated user's first line).
+    turns = sum(_spoken_turns(transcripts / c / "spade_trial0" / "0_dialogue_history.txt") for c in CATEGORIES) - 1
+    assert tiny_chat_model.engine.calls - before == turns >= 3
     records = read_records(tmp_path / "acebench_agent.jsonl")
     assert all(s.detail["finish_reasons"] and s.detail["run_error"] is None for r in records.values() for s in r.samples)
     # A rerun with the same --out finds every item done and scores the same.
+    calls = tiny_chat_model.engine.calls
     again = asyncio.run(run_suite([bench], tiny_chat_model, seed=2, limit=1, out_dir=tmp_path))["acebench_agent"]
-    assert again.groups == score.groups
+    assert again.groups == score.groups and tiny_chat_model.engine.calls == calls
