@@ -281,11 +281,13 @@ def test_bad_requests_are_400_naming_the_field(client, server):
 
 class ScriptedEngine(RolloutEngine):
     """A ``RolloutEngine`` stand-in that answers every request with the ids of a given text;
-    ``generate_stream`` sends them one token per chunk."""
+    ``generate_stream`` sends them one token per chunk and, when its caller closes it early,
+    records after how many tokens (``closed_after``)."""
 
     def __init__(self, tokenizer, text: str) -> None:
         self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         self.requests = []
+        self.closed_after = None
 
     @property
     def weight_version(self) -> int:
@@ -297,9 +299,16 @@ class ScriptedEngine(RolloutEngine):
 
     async def generate_stream(self, request):
         self.requests.append(request)
-        for token in self.ids[:-1]:
-            yield GenerationChunk((token,), (-0.5,))
-        yield GenerationChunk((self.ids[-1],), (-0.5,), "stop", 0)
+        self.closed_after, sent = None, 0
+        try:
+            for token in self.ids[:-1]:
+                yield GenerationChunk((token,), (-0.5,))
+                sent += 1
+            yield GenerationChunk((self.ids[-1],), (-0.5,), "stop", 0)
+            sent += 1
+        finally:
+            if sent < len(self.ids):
+                self.closed_after = sent
 
     async def update_weights(self, named_tensors, version: int) -> None:
         raise NotImplementedError

@@ -38,6 +38,13 @@ released; in-flight ones are drained first so each result is produced by a singl
 Paused and released servers are tracked apart: a server whose release failed after its pause is
 still paused, and ``/continue_generation`` goes to every paused server.
 
+Streaming. ``generate_stream`` sends ``"stream": true`` and reads SGLang's server-sent events as
+they arrive (``sglang_protocol.StreamProgress`` turns cumulative or incremental events into
+chunks); the per-event wait is ``request_timeout_s``. Failures before the first token are retried
+as above; after it, the error is raised (the tokens already yielded cannot be taken back). A
+caller that stops iterating closes the connection and posts ``/abort_request`` for the rid, so
+the server stops generating at once.
+
 Weights. ``update_weights`` calls the ``weight_updater(engine, named_tensors, version)`` (sync or
 async) when one is given (e.g. a ``BroadcastWeightSender``), else sends the tensors from this one
 process by ``weight_transport.push_weights_by_ipc`` (the colocated path; CPU tensors travel as
@@ -54,13 +61,13 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from torch import Tensor
 
 from . import sglang_protocol as proto
-from .engine import EngineClosed, GenerationRequest, GenerationResult, RolloutEngine
+from .engine import EngineClosed, GenerationChunk, GenerationRequest, GenerationResult, RolloutEngine
 
 WeightUpdater = Callable[["SGLangEngine", Iterable[tuple[str, Tensor]], int], Union[None, Awaitable[None]]]
 FailureHook = Callable[[int], Awaitable[None]]
@@ -183,10 +190,8 @@ class SGLangEngine(RolloutEngine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await self.generate_with_affinity(request, request.affinity)
 
-    async def generate_with_affinity(
-        self, request: GenerationRequest, affinity: Optional[str]
-    ) -> GenerationResult:
-        """``generate`` pinned by ``affinity`` (e.g. an episode id) to one server while it is healthy."""
+    async def _admitted(self) -> None:
+        """Wait while admission is closed (memory released); raise once the engine is closed."""
         self._attach()
         if self._closed:
             raise EngineClosed("SGLangEngine is closed")
@@ -194,6 +199,91 @@ class SGLangEngine(RolloutEngine):
             await self._open.wait()
             if self._closed:
                 raise EngineClosed("SGLangEngine is closed")
+
+    def _begin(self, server: ServerState) -> None:
+        server.in_flight += 1
+        server.requests += 1
+        if not self._tasks:
+            self._busy_since = time.perf_counter()
+        self._drained.clear()
+
+    def _end(self, server: ServerState, rid: str) -> None:
+        self._tasks.pop(rid, None)
+        server.in_flight -= 1
+        if not self._tasks:
+            self.stats.busy_s += time.perf_counter() - self._busy_since
+            self._drained.set()
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        await self._admitted()
+        last_error: Optional[BaseException] = None
+        tried: set[int] = set()
+        for _attempt in range(self.max_retries + 1):
+            idx = await self._placement(request.affinity, tried)
+            if idx is None:
+                break
+            rid = uuid.uuid4().hex
+            version = self._weight_version
+            server = self.servers[idx]
+            events: asyncio.Queue = asyncio.Queue()
+            self._begin(server)
+            pump = asyncio.ensure_future(self._http_stream(
+                server, "/generate", proto.generate_payload(request, rid, stream=True), events))
+            self._tasks[rid] = (pump, idx)
+            progress = proto.StreamProgress(request, default_weight_version=version)
+            finished = False
+            try:
+                while True:
+                    item = await events.get()
+                    if isinstance(item, _StreamEnd):
+                        if item.cancelled or self._closed:  # close(): keep what was yielded
+                            yield GenerationChunk(finish_reason="abort", weight_version=version)
+                            return
+                        if item.error is None:
+                            raise proto.SGLangProtocolError(
+                                "SGLang /generate stream ended without a finish reason")
+                        raise item.error
+                    chunk = progress.next_chunk(item)
+                    if chunk.last:
+                        finished = True
+                        self.stats.requests += 1
+                        self.stats.generated_tokens += progress.seen
+                        self.stats.prompt_tokens += len(request.prompt_ids)
+                    if chunk.token_ids or chunk.last:
+                        yield chunk
+                    if chunk.last:
+                        return
+            except TransportError as exc:
+                if progress.seen:
+                    self._mark_unhealthy(idx)
+                    raise  # tokens are out already: a re-send could not continue them
+                last_error = exc
+                self.stats.retries += 1
+                self._mark_unhealthy(idx)
+                if self._closed:
+                    yield GenerationChunk(finish_reason="abort", weight_version=version)
+                    return
+                recovered, recovery_error = await self._recovered(idx)
+                if not recovered:
+                    tried.add(idx)
+                    last_error = recovery_error or last_error
+                continue
+            finally:
+                if not pump.done():
+                    pump.cancel()
+                if not finished:
+                    self._abort_in_background(idx, rid)
+                self._end(server, rid)
+        raise NoHealthyServer(
+            f"/generate failed on {len(tried)} server(s) after {self.max_retries + 1} attempts: "
+            f"{last_error}"
+        ) from last_error
+
+    async def generate_with_affinity(
+        self, request: GenerationRequest, affinity: Optional[str]
+    ) -> GenerationResult:
+        """``generate`` pinned by ``affinity`` (e.g. an episode id) to one server while it is healthy."""
+        await self._admitted()
         last_error: Optional[BaseException] = None
         tried: set[int] = set()
         for _attempt in range(self.max_retries + 1):
@@ -204,11 +294,7 @@ class SGLangEngine(RolloutEngine):
             version = self._weight_version
             payload = proto.generate_payload(request, rid)
             server = self.servers[idx]
-            server.in_flight += 1
-            server.requests += 1
-            if not self._tasks:
-                self._busy_since = time.perf_counter()
-            self._drained.clear()
+            self._begin(server)
             task = asyncio.ensure_future(
                 self._http(server, "POST", "/generate", payload, self.request_timeout_s)
             )
@@ -234,11 +320,7 @@ class SGLangEngine(RolloutEngine):
                     last_error = recovery_error or last_error
                 continue
             finally:
-                self._tasks.pop(rid, None)
-                server.in_flight -= 1
-                if not self._tasks:
-                    self.stats.busy_s += time.perf_counter() - self._busy_since
-                    self._drained.set()
+                self._end(server, rid)
             if status >= 400 and not (isinstance(data, dict) and "error" in data):
                 raise proto.SGLangServerError(f"SGLang /generate failed with HTTP {status}: {data!r}")
             result = proto.parse_generate_response(data, request, default_weight_version=version)
@@ -613,8 +695,19 @@ class SGLangEngine(RolloutEngine):
             data = raw.decode("utf-8", "replace")
         return status, data
 
+    @classmethod
+    async def _read_response(cls, reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
+        status, headers = await cls._read_head(reader)
+        try:
+            raw = b"".join([piece async for piece in cls._body_pieces(reader, headers)])
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            exc._got_bytes = True  # type: ignore[attr-defined]
+            raise
+        return status, headers, raw, True
+
     @staticmethod
-    async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
+    async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict]:
+        """The status line and headers (lower-case names) of a response."""
         line = await reader.readline()
         if not line:
             raise asyncio.IncompleteReadError(b"", None)  # closed before replying
@@ -637,23 +730,122 @@ class SGLangEngine(RolloutEngine):
                     raise asyncio.IncompleteReadError(b"", None)
                 k, _, v = h.decode("latin-1").partition(":")
                 headers[k.strip().lower()] = v.strip()
-            if headers.get("transfer-encoding", "").lower() == "chunked":
-                chunks = []
-                while True:
-                    size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                            pass
-                        break
-                    chunks.append(await reader.readexactly(size))
-                    await reader.readexactly(2)
-                raw = b"".join(chunks)
-            elif "content-length" in headers:
-                raw = await reader.readexactly(int(headers["content-length"]))
-            else:
-                raw = await reader.read()
-                headers["connection"] = "close"
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             exc._got_bytes = True  # type: ignore[attr-defined]
             raise
-        return status, headers, raw, True
+        return status, headers
+
+    @staticmethod
+    async def _body_pieces(reader: asyncio.StreamReader, headers: dict) -> AsyncIterator[bytes]:
+        """The body as it arrives: chunk by chunk (chunked encoding), or all at once. A body
+        delimited by the connection's end sets ``headers["connection"] = "close"``."""
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return
+                yield await reader.readexactly(size)
+                await reader.readexactly(2)
+        elif "content-length" in headers:
+            yield await reader.readexactly(int(headers["content-length"]))
+        else:
+            headers["connection"] = "close"
+            while True:
+                piece = await reader.read(1 << 16)
+                if not piece:
+                    return
+                yield piece
+
+    async def _http_stream(self, s: ServerState, path: str, payload: dict,
+                           events: asyncio.Queue) -> None:
+        """POST ``payload`` asking for server-sent events; put each event's JSON on ``events``,
+        then a ``_StreamEnd`` (with the error, if the exchange failed)."""
+        try:
+            await self._read_events(s, path, payload, events)
+        except asyncio.CancelledError:
+            events.put_nowait(_StreamEnd(cancelled=True))
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the reading generator
+            events.put_nowait(_StreamEnd(error=exc))
+        else:
+            events.put_nowait(_StreamEnd())
+
+    async def _read_events(self, s: ServerState, path: str, payload: dict, events: asyncio.Queue) -> None:
+        body = json.dumps(payload).encode()
+        head = (
+            f"POST {s.prefix}{path} HTTP/1.1\r\nHost: {s.host}:{s.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
+        ).encode()
+        try:  # a fresh connection: a pooled one may have been closed by the server meanwhile
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(s.host, s.port), self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise TransportError(f"cannot connect to {s.url}: {exc!r}") from exc
+        reusable = False
+        try:
+            try:
+                writer.write(head + body)
+                await writer.drain()
+                status, headers = await asyncio.wait_for(self._read_head(reader), self.request_timeout_s)
+                if status != 200 or "text/event-stream" not in headers.get("content-type", ""):
+                    raw = await asyncio.wait_for(self._read_body(reader, headers), self.request_timeout_s)
+                    reusable = headers.get("connection", "").lower() != "close"
+                    if status >= 500:
+                        raise TransportError(f"POST {s.url}{path}: HTTP {status}: {raw[:200]!r}")
+                    try:
+                        data = json.loads(raw) if raw else None
+                    except ValueError:
+                        data = raw.decode("utf-8", "replace")
+                    if status >= 400:
+                        raise proto.SGLangServerError(f"SGLang {path} failed with HTTP {status}: {data!r}")
+                    events.put_nowait(data)  # a server that answered in one piece
+                    return
+                buffer, done = b"", False
+                pieces = self._body_pieces(reader, headers).__aiter__()
+                while True:
+                    try:
+                        piece = await asyncio.wait_for(pieces.__anext__(), self.request_timeout_s)
+                    except StopAsyncIteration:
+                        break
+                    buffer += piece.replace(b"\r\n", b"\n")
+                    while b"\n\n" in buffer:
+                        event, buffer = buffer.split(b"\n\n", 1)
+                        data = proto.sse_data(event)
+                        if data is None:
+                            continue
+                        if data == proto.STREAM_DONE:
+                            done = True
+                            continue
+                        try:
+                            events.put_nowait(json.loads(data))
+                        except ValueError:
+                            raise proto.SGLangProtocolError(
+                                f"SGLang {path} stream: an event is not valid JSON: {data[:200]!r}") from None
+                reusable = done and headers.get("connection", "").lower() != "close"
+            except asyncio.TimeoutError as exc:
+                raise RequestTimeout(f"POST {s.url}{path}: no event within {self.request_timeout_s} s") from exc
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                if isinstance(exc, proto.SGLangProtocolError):
+                    raise
+                raise TransportError(f"POST {s.url}{path} failed: {exc!r}") from exc
+        finally:
+            if reusable and not self._closed and len(s.idle) < self.max_idle_connections:
+                s.idle.append((reader, writer))
+            else:
+                writer.close()
+
+    @classmethod
+    async def _read_body(cls, reader: asyncio.StreamReader, headers: dict) -> bytes:
+        return b"".join([piece async for piece in cls._body_pieces(reader, headers)])
+
+
+@dataclass
+class _StreamEnd:
+    """The end of a streamed exchange: normal, failed (``error``) or cancelled (engine closed or
+    caller gone)."""
+
+    error: Optional[BaseException] = None
+    cancelled: bool = False

@@ -27,6 +27,20 @@ that package, ``sglang/...``):
   ``input_token_logprobs``, ``output_token_logprobs`` as ``[logprob, token_id, null]`` triples
   (the text slot is ``null`` without a tokenizer) and ``output_token_logprobs_length``.
   ``output_ids`` always include a matched stop token (``output_ids_through_stop``).
+* ``/generate`` with ``"stream": true`` (``http_server.py::serve_generate_request``) answers
+  ``text/event-stream``: one ``data: <json>\n\n`` event per output of the tokenizer manager's
+  ``_stream_one_response``, then ``data: [DONE]\n\n``; an error raised mid-stream becomes
+  ``data: {"error": {"message", "type", "code", ...}}`` before the ``[DONE]``. Each event has the
+  same shape as the non-streaming answer, with ``meta_info.finish_reason`` ``null`` until the last
+  one. By default the events are *cumulative*: ``output_ids`` and
+  ``meta_info.output_token_logprobs`` hold everything generated so far, and a slow reader gets
+  only the newest state (older events are dropped, not queued). A server started with
+  ``--incremental-streaming-output`` sends *deltas* instead: the ids and log-probs since the
+  previous event (queued events are concatenated). In both modes ``meta_info.completion_tokens``
+  counts all ids so far, which is how ``StreamProgress`` tells the two apart. A stream abort whose
+  ``status_code`` is 400 or more is the request's error. A client that disconnects has its request
+  aborted by the server two seconds after the response ends (``create_abort_task``); our client
+  also posts ``/abort_request`` at once.
 * ``finish_reason``: ``srt/managers/schedule_batch.py`` ``FINISH_*.to_json()``:
   ``{"type": "stop", "matched": <token id | [token ids] | str>}``, ``{"type": "length",
   "length": n}``, ``{"type": "abort", "message", "status_code", "err_type"}``; an abort in the
@@ -61,7 +75,7 @@ import io
 import pickle
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from .engine import FinishReason, GenerationRequest, GenerationResult
+from .engine import FinishReason, GenerationChunk, GenerationRequest, GenerationResult
 
 SGLANG_REFERENCE = (
     "sglang==0.5.23 (PyPI wheel): srt/entrypoints/http_server.py, srt/entrypoints/api_contract.py, "
@@ -184,8 +198,9 @@ def _error_message(data: Any) -> Optional[str]:
 # ---------------------------------------------------------------------------------- /generate
 
 
-def generate_payload(request: GenerationRequest, rid: str) -> dict[str, Any]:
-    """The ``/generate`` JSON body for one request (token ids in, log-probs of output tokens out).
+def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = False) -> dict[str, Any]:
+    """The ``/generate`` JSON body for one request (token ids in, log-probs of output tokens out;
+    ``stream``: as server-sent events, see ``StreamProgress``).
 
     ``sampling_seed`` is sent when the request has a seed, but SGLang 0.5.23 only uses it on a
     server started with ``--enable-deterministic-inference`` (or ``--rl-on-policy-target``); other
@@ -213,7 +228,7 @@ def generate_payload(request: GenerationRequest, rid: str) -> dict[str, Any]:
         "rid": str(rid),
         "return_logprob": True,
         "logprob_start_len": -1,  # log-probs of output tokens only
-        "stream": False,
+        "stream": bool(stream),
     }
 
 
@@ -227,8 +242,8 @@ def parse_finish_reason(value: Any) -> FinishReason:
     """``meta_info.finish_reason`` (a ``FINISH_*.to_json()`` dict) -> ``"stop" | "length" | "abort"``."""
     if value is None:
         raise SGLangProtocolError(
-            "SGLang /generate response: meta_info.finish_reason is null (request not finished; "
-            "streaming responses are not supported)"
+            "SGLang /generate response: meta_info.finish_reason is null (the request is not "
+            "finished: a stream event read as a whole response?)"
         )
     if isinstance(value, str):  # tolerate a bare type string
         kind = value
@@ -287,6 +302,62 @@ def parse_weight_versions(spans: Any, default: int) -> Optional[int]:
     return parse_weight_version(first["version"], default)
 
 
+def _ids(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise SGLangProtocolError("SGLang /generate response: output_ids must be a list of ints")
+    return value
+
+
+def _output_logprobs(triples: Any, ids: Sequence[int], start: int) -> list[float]:
+    """The log-probs of ``ids`` from ``meta_info.output_token_logprobs`` entries (``start``: the
+    index of ``ids[0]`` in the whole output, for messages)."""
+    if triples is None:
+        if ids:
+            raise SGLangProtocolError(
+                "SGLang /generate response: missing field meta_info.output_token_logprobs "
+                "(was return_logprob sent?)"
+            )
+        triples = []
+    if not isinstance(triples, list):
+        raise SGLangProtocolError(
+            "SGLang /generate response: meta_info.output_token_logprobs must be a list"
+        )
+    if len(triples) != len(ids):
+        raise SGLangProtocolError(
+            f"SGLang /generate response: meta_info.output_token_logprobs has {len(triples)} "
+            f"entries but output_ids has {len(ids)}"
+        )
+    logprobs: list[float] = []
+    for j, (entry, tok) in enumerate(zip(triples, ids)):
+        i = start + j
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+            raise SGLangProtocolError(
+                f"SGLang /generate response: meta_info.output_token_logprobs[{i}] must be "
+                f"[logprob, token_id, text], got {entry!r}"
+            )
+        lp, tid = entry[0], entry[1]
+        if not isinstance(lp, (int, float)) or isinstance(lp, bool):
+            raise SGLangProtocolError(
+                f"SGLang /generate response: meta_info.output_token_logprobs[{i}][0] (logprob) "
+                f"must be a number, got {lp!r}"
+            )
+        if tid != tok:
+            raise SGLangProtocolError(
+                f"SGLang /generate response: meta_info.output_token_logprobs[{i}][1] is token "
+                f"{tid!r} but output_ids[{i}] is {tok}"
+            )
+        logprobs.append(float(lp))
+    return logprobs
+
+
+def _result_version(meta: Mapping[str, Any], default: int) -> int:
+    newest = parse_weight_version(meta.get("weight_version"), default)
+    oldest = parse_weight_versions(meta.get("weight_versions"), default)
+    return newest if oldest is None else oldest
+
+
 def parse_generate_response(
     data: Any, request: GenerationRequest, *, default_weight_version: int = 0
 ) -> GenerationResult:
@@ -310,53 +381,14 @@ def parse_generate_response(
     if message is not None:
         raise SGLangServerError(f"SGLang /generate error: {message}")
 
-    output_ids = _field(data, "output_ids", "")
-    if not isinstance(output_ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in output_ids
-    ):
-        raise SGLangProtocolError("SGLang /generate response: output_ids must be a list of ints")
+    output_ids = _ids(_field(data, "output_ids", ""))
     meta = _field(data, "meta_info", "")
     if not isinstance(meta, Mapping):
         raise SGLangProtocolError("SGLang /generate response: meta_info must be an object")
 
     finish = parse_finish_reason(_field(meta, "finish_reason", "meta_info."))
 
-    triples = meta.get("output_token_logprobs")
-    if triples is None:
-        if output_ids:
-            raise SGLangProtocolError(
-                "SGLang /generate response: missing field meta_info.output_token_logprobs "
-                "(was return_logprob sent?)"
-            )
-        triples = []
-    if not isinstance(triples, list):
-        raise SGLangProtocolError(
-            "SGLang /generate response: meta_info.output_token_logprobs must be a list"
-        )
-    if len(triples) != len(output_ids):
-        raise SGLangProtocolError(
-            f"SGLang /generate response: meta_info.output_token_logprobs has {len(triples)} "
-            f"entries but output_ids has {len(output_ids)}"
-        )
-    logprobs: list[float] = []
-    for i, (entry, tok) in enumerate(zip(triples, output_ids)):
-        if not isinstance(entry, (list, tuple)) or len(entry) < 2:
-            raise SGLangProtocolError(
-                f"SGLang /generate response: meta_info.output_token_logprobs[{i}] must be "
-                f"[logprob, token_id, text], got {entry!r}"
-            )
-        lp, tid = entry[0], entry[1]
-        if not isinstance(lp, (int, float)) or isinstance(lp, bool):
-            raise SGLangProtocolError(
-                f"SGLang /generate response: meta_info.output_token_logprobs[{i}][0] (logprob) "
-                f"must be a number, got {lp!r}"
-            )
-        if tid != tok:
-            raise SGLangProtocolError(
-                f"SGLang /generate response: meta_info.output_token_logprobs[{i}][1] is token "
-                f"{tid!r} but output_ids[{i}] is {tok}"
-            )
-        logprobs.append(float(lp))
+    logprobs = _output_logprobs(meta.get("output_token_logprobs"), output_ids, 0)
 
     completion = meta.get("completion_tokens")
     if completion is not None and completion != len(output_ids):
@@ -369,15 +401,103 @@ def parse_generate_response(
             f"SGLang /generate response: {len(output_ids)} output_ids exceed max_new_tokens="
             f"{request.sampling.max_new_tokens}"
         )
-    newest = parse_weight_version(meta.get("weight_version"), default_weight_version)
-    oldest = parse_weight_versions(meta.get("weight_versions"), default_weight_version)
-    version = newest if oldest is None else oldest
     return GenerationResult(
         token_ids=tuple(output_ids),
         logprobs=tuple(logprobs),
         finish_reason=finish,
-        weight_version=version,
+        weight_version=_result_version(meta, default_weight_version),
     )
+
+
+# ------------------------------------------------------------------- /generate, streaming
+
+STREAM_DONE = "[DONE]"
+
+
+def sse_data(event: bytes) -> Optional[str]:
+    """The data of one server-sent event (the ``data:`` lines joined by newlines), or None for an
+    event without data (a comment or keep-alive)."""
+    lines = []
+    for line in event.decode("utf-8").splitlines():
+        if line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+    return "\n".join(lines) if lines else None
+
+
+class StreamProgress:
+    """Reads the events of one streamed ``/generate`` into ``GenerationChunk``s: the ids and
+    log-probs new since the previous event, and on the last event (``finish_reason`` set) the
+    finish reason and weight version. Works with cumulative and incremental events (see the
+    module docstring); raises ``SGLangServerError`` for an error event or an abort with an HTTP
+    error status, ``SGLangProtocolError`` naming the field for anything malformed."""
+
+    def __init__(self, request: GenerationRequest, *, default_weight_version: int = 0) -> None:
+        self.request = request
+        self.default_weight_version = default_weight_version
+        self.seen = 0  # output ids delivered so far
+        self.finished = False
+
+    def next_chunk(self, data: Any) -> GenerationChunk:
+        if self.finished:
+            raise SGLangProtocolError("SGLang /generate stream: an event after the last one")
+        if isinstance(data, list) and len(data) == 1:
+            data = data[0]
+        if not isinstance(data, Mapping):
+            raise SGLangProtocolError(
+                f"SGLang /generate stream: expected a JSON object per event, got {type(data).__name__}"
+            )
+        message = _error_message(data)
+        if message is not None:
+            raise SGLangServerError(f"SGLang /generate error: {message}")
+        output_ids = _ids(_field(data, "output_ids", ""))
+        meta = _field(data, "meta_info", "")
+        if not isinstance(meta, Mapping):
+            raise SGLangProtocolError("SGLang /generate response: meta_info must be an object")
+        raw_finish = meta.get("finish_reason")
+        if isinstance(raw_finish, Mapping) and raw_finish.get("type") == "abort":
+            status = raw_finish.get("status_code")
+            if isinstance(status, int) and status >= 400:
+                raise SGLangServerError(
+                    f"SGLang /generate error (HTTP {status}): {raw_finish.get('message', '')}"
+                )
+        total = meta.get("completion_tokens")
+        if total is None or len(output_ids) == total:  # cumulative (the default)
+            if len(output_ids) < self.seen:
+                raise SGLangProtocolError(
+                    f"SGLang /generate stream: output_ids went back from {self.seen} to "
+                    f"{len(output_ids)} ids"
+                )
+            start = self.seen
+        elif self.seen + len(output_ids) == total:  # incremental (--incremental-streaming-output)
+            start = 0
+        elif raw_finish is not None and isinstance(raw_finish, Mapping) and raw_finish.get("type") == "abort":
+            # an abort event of an incremental stream repeats only the last id: nothing new
+            output_ids, start = [], 0
+        else:
+            raise SGLangProtocolError(
+                f"SGLang /generate stream: {len(output_ids)} output_ids after {self.seen} do not "
+                f"add up to meta_info.completion_tokens={total}"
+            )
+        new = output_ids[start:]
+        triples = meta.get("output_token_logprobs")
+        if isinstance(triples, list):
+            if len(triples) == len(output_ids):
+                triples = triples[start:]
+            elif len(triples) == self.seen + len(new):
+                triples = triples[self.seen:]
+        logprobs = _output_logprobs(triples, new, self.seen)
+        self.seen += len(new)
+        if self.seen > self.request.sampling.max_new_tokens:
+            raise SGLangProtocolError(
+                f"SGLang /generate response: {self.seen} output_ids exceed max_new_tokens="
+                f"{self.request.sampling.max_new_tokens}"
+            )
+        if raw_finish is None:
+            return GenerationChunk(tuple(new), tuple(logprobs))
+        self.finished = True
+        return GenerationChunk(tuple(new), tuple(logprobs), parse_finish_reason(raw_finish),
+                               _result_version(meta, self.default_weight_version))
 
 
 # ------------------------------------------------------------------- server and model info

@@ -6,14 +6,16 @@ import asyncio
 import json
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from .http import HTTPServer
 from .service import ModelService
 
 EMBEDDED = "embedded"
+T = TypeVar("T")
 
 
 class ServeError(Exception):
@@ -121,6 +123,69 @@ async def serve(service: ModelService, host: str, port: int,
     finally:
         service.engine.close()
         await server.close()
+
+
+class BackgroundServer:
+    """``service`` over HTTP on a thread with its own event loop, for a caller that must keep its
+    own thread (tests that drive the server with a blocking client, benchmarks). ``url`` is the
+    base URL (``.../v1``) once ``start`` returns; ``call`` runs a coroutine on the server's loop
+    (e.g. an engine call, which must share the loop the engine serves on)."""
+
+    def __init__(self, service: ModelService, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.service = service
+        self.http = HTTPServer(service.handle, host, port)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="spade-serve", daemon=True)
+        self._ready = threading.Event()
+        self._stop: Optional[asyncio.Event] = None
+        self._error: Optional[BaseException] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http.host}:{self.http.port}/v1"
+
+    def start(self, timeout_s: float = 60.0) -> "BackgroundServer":
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise RuntimeError(f"the server did not start within {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, coroutine: Awaitable[T], timeout_s: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        if self._stop is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            try:
+                await self.http.start()
+            except BaseException as exc:  # noqa: BLE001 - handed to start()
+                self._error = exc
+                self._ready.set()
+                return
+            self._ready.set()
+            try:
+                await self._stop.wait()
+            finally:
+                self.service.engine.close()
+                await self.http.close()
+
+        try:
+            self.loop.run_until_complete(main())
+        finally:
+            self.loop.close()
 
 
 def run(options: ServeOptions, host: str, port: int) -> int:

@@ -32,10 +32,20 @@ What is simulated, and how:
 * ``/pause_generation``: mode ``abort`` aborts what is running; every mode holds new
   ``/generate`` requests until ``/continue_generation``. Aborted requests answer with no tokens
   (SGLang returns the partial output).
+* ``"stream": true`` answers server-sent events as SGLang does (``sglang_protocol.py`` describes
+  the format): cumulative events by default, deltas with ``--incremental-streaming-output``; the
+  events a slow reader did not take are merged into the next one (the newest state, or the
+  concatenated deltas), then ``data: [DONE]``. A stream aborted by ``/abort_request`` or
+  ``/pause_generation`` ends with an abort event holding the partial output. A client that goes
+  away stops its generation at once (SGLang waits two seconds).
 * ``no_stop_trim`` is always in effect (the matched stop token stays in ``output_ids``).
 * Test-only: ``GET /spade_standin/log`` lists the control calls received, in order
   (``{"endpoint", "body", "status"}``, tensor payloads summarised); ``GET /spade_standin/weights``
   gives the sha256 of every tensor of the model (to check a weight transfer bit for bit).
+* Test-only, holding generation: ``POST /spade_standin/hold {"forward": N}`` holds the model's
+  worker thread inside its N-th forward from now until ``POST /spade_standin/release``;
+  ``GET /spade_standin/held`` answers ``{"held": true}`` once the worker is there (at most 60 s); ``standin.engine`` reports the
+  engine's counters (``running`` rows, ``generated_tokens``, ``aborted``).
 * Faults: with ``SPADE_STANDIN_DIE_AFTER_GENERATES=N`` the process exits (``os._exit(1)``) on
   receiving its N-th ``/generate``, before replying. With ``SPADE_STANDIN_DIE_ONCE_FILE=PATH``
   too, it only does so if PATH does not exist yet, and creates it first, so a restarted server
@@ -50,7 +60,7 @@ What is simulated, and how:
   ``/spade_standin/*`` calls are not logged.
 
 HTTP: a small asyncio HTTP/1.1 server (standard library): keep-alive, ``Content-Length`` bodies,
-JSON in and out.
+JSON in and out; event streams with chunked transfer encoding.
 """
 
 from __future__ import annotations
@@ -61,11 +71,12 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:  # run as a script from anywhere: make ``spade`` importable
@@ -104,6 +115,7 @@ class BadRequest(ValueError):
 class Reply:
     status: int
     body: Any = None  # dict/list -> JSON, str -> text, None -> empty
+    events: Optional[AsyncIterator[bytes]] = None  # set: a text/event-stream answer instead
 
 
 def ok(message: str) -> Reply:
@@ -128,6 +140,7 @@ class Options:
     weight_version: str
     skip_tokenizer_init: bool
     weights_cpu_backup: bool
+    incremental_streaming: bool
     die_after_generates: Optional[int]
     die_once_file: Optional[str]
     ignored: list[str] = field(default_factory=list)
@@ -142,6 +155,7 @@ def parse_args(argv: Optional[list[str]] = None) -> Options:
     p.add_argument("--weight-version", default="default")
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--enable-weights-cpu-backup", action="store_true")
+    p.add_argument("--incremental-streaming-output", action="store_true")
     # accepted and ignored (they change nothing on one CPU)
     p.add_argument("--ep-size", "--expert-parallel-size", type=int, default=1)
     p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
@@ -155,6 +169,7 @@ def parse_args(argv: Optional[list[str]] = None) -> Options:
         model_path=args.model_path, host=args.host, port=args.port, tp_size=args.tp_size,
         weight_version=str(args.weight_version), skip_tokenizer_init=args.skip_tokenizer_init,
         weights_cpu_backup=args.enable_weights_cpu_backup,
+        incremental_streaming=args.incremental_streaming_output,
         die_after_generates=int(die_after) if die_after else None,
         die_once_file=os.environ.get("SPADE_STANDIN_DIE_ONCE_FILE") or None,
         ignored=unknown,
@@ -201,6 +216,20 @@ class Standin:
         self.update_session = False  # between /begin_weight_update and /end_weight_update
         self.faults: dict[str, list[dict[str, Any]]] = {}  # path -> pending faults (POST /spade_standin/fault)
         self.hung_rids: list[str] = []
+        self.held = threading.Event()  # the worker is inside the held forward
+        self.release = threading.Event()
+        self._hold_at: Optional[int] = None  # forwards left until the hold (POST /spade_standin/hold)
+        self.engine.model.register_forward_hook(self._maybe_hold)
+
+    def _maybe_hold(self, module, args, out) -> None:  # noqa: ARG002 - a forward hook (worker thread)
+        if self._hold_at is None:
+            return
+        self._hold_at -= 1
+        if self._hold_at == 0:
+            self._hold_at = None
+            self.held.set()
+            self.release.wait(60)
+            self.held.clear()
 
     @property
     def weight_version(self) -> str:
@@ -256,6 +285,10 @@ class Standin:
             "weight_version": self.weight_version, "version": "spade-standin",
             "standin": {"released": sorted(self.released), "paused": self.paused,
                         "generates": self.generates, "ignored_args": o.ignored, "hung_rids": self.hung_rids,
+                        "held": self.held.is_set(),
+                        "engine": {"running": self.engine.stats.running,
+                                   "generated_tokens": self.engine.stats.generated_tokens,
+                                   "aborted": self.engine.stats.aborted},
                         "faults_pending": sum(f["times"] for fs in self.faults.values() for f in fs)},
         })
 
@@ -314,6 +347,21 @@ class Standin:
         await asyncio.Event().wait()  # never answers
         return Reply(500)
 
+    async def standin_hold(self, body: dict) -> Reply:
+        forward = body.get("forward")
+        if not isinstance(forward, int) or forward < 1:
+            raise BadRequest(f"forward must be a positive int, got {forward!r}")
+        self.release.clear()
+        self._hold_at = forward
+        return Reply(200)
+
+    async def standin_wait_held(self, _body: dict) -> Reply:
+        return Reply(200, {"held": await asyncio.to_thread(self.held.wait, 60)})
+
+    async def standin_release(self, _body: dict) -> Reply:
+        self.release.set()
+        return Reply(200)
+
     async def standin_weights(self, _body: dict) -> Reply:
         state = self.engine.model.state_dict()
         return Reply(200, {name: hashlib.sha256(_bits(t)).hexdigest() for name, t in state.items()})
@@ -337,6 +385,8 @@ class Standin:
         rid = str(body.get("rid") or uuid.uuid4().hex)
         if rid in self.inflight:
             raise BadRequest(f"duplicate rid {rid!r}")
+        if body.get("stream"):
+            return Reply(200, events=self._events(rid, request, body))
         task = asyncio.ensure_future(self.engine.generate(request))
         self.inflight[rid] = task
         try:
@@ -348,14 +398,61 @@ class Standin:
             finish = {"type": "abort", "message": message, "status_code": 200, "err_type": None}
             return Reply(200, self._output(rid, request, (), (), finish, self.weight_version, body))
         result: GenerationResult = task.result()
-        if result.finish_reason == "stop":
-            finish = {"type": "stop", "matched": result.token_ids[-1]}
-        elif result.finish_reason == "length":
-            finish = {"type": "length", "length": len(result.token_ids)}
-        else:
-            finish = {"type": "abort", "message": "aborted", "status_code": 200, "err_type": None}
+        finish = _finish(result.finish_reason, result.token_ids)
         version = self.version_names[result.weight_version]
         return Reply(200, self._output(rid, request, result.token_ids, result.logprobs, finish, version, body))
+
+    async def _events(self, rid: str, request: GenerationRequest, body: dict) -> AsyncIterator[bytes]:
+        """The event stream of one request (module docstring)."""
+        pieces: asyncio.Queue = asyncio.Queue()
+
+        async def run() -> None:
+            async for chunk in self.engine.generate_stream(request):
+                pieces.put_nowait(chunk)
+
+        task = asyncio.ensure_future(run())
+        task.add_done_callback(lambda _: pieces.put_nowait(None))
+        self.inflight[rid] = task
+        ids: list[int] = []
+        logprobs: list[float] = []
+        sent = 0
+        try:
+            while True:
+                batch = [await pieces.get()]
+                while not pieces.empty():
+                    batch.append(pieces.get_nowait())
+                finish, version = None, self.weight_version
+                for chunk in batch:
+                    if chunk is None:  # the run ended: aborted (cancelled) or failed
+                        if task.cancelled():
+                            message = self.abort_messages.pop(rid, "aborted")
+                            finish = {"type": "abort", "message": message, "status_code": 200,
+                                      "err_type": None}
+                        elif task.exception() is not None:
+                            yield _sse({"error": {"message": f"generation failed: {task.exception()!r}",
+                                                  "type": "internal_error", "code": 500}})
+                            yield _sse(STREAM_DONE)
+                            return
+                        continue
+                    ids += chunk.token_ids
+                    logprobs += chunk.logprobs
+                    if chunk.last:
+                        finish = _finish(chunk.finish_reason, ids)
+                        version = self.version_names[chunk.weight_version]
+                if finish is None and len(ids) == sent:
+                    continue
+                start = sent if self.opts.incremental_streaming else 0
+                event = self._output(rid, request, ids[start:], logprobs[start:], finish, version, body)
+                event["meta_info"]["completion_tokens"] = len(ids)
+                yield _sse(event)
+                sent = len(ids)
+                if finish is not None:
+                    yield _sse(STREAM_DONE)
+                    return
+        finally:
+            if not task.done():
+                task.cancel()  # the client went away: stop generating
+            self.inflight.pop(rid, None)
 
     def _maybe_die(self) -> None:
         n = self.opts.die_after_generates
@@ -373,8 +470,6 @@ class Standin:
         os._exit(1)
 
     def _request(self, body: dict) -> GenerationRequest:
-        if body.get("stream"):
-            raise BadRequest("streaming is not supported by the stand-in")
         if body.get("top_logprobs_num") or body.get("return_text_in_logprobs"):
             raise BadRequest("top_logprobs_num / return_text_in_logprobs are not supported by the stand-in")
         if "input_ids" in body and body["input_ids"] is not None:
@@ -623,6 +718,7 @@ class Standin:
         "/get_model_info": model_info,
         "/spade_standin/log": standin_log,
         "/spade_standin/weights": standin_weights,
+        "/spade_standin/held": standin_wait_held,
     }
     POST_ROUTES = {
         "/generate": generate,
@@ -639,9 +735,29 @@ class Standin:
         "/update_weights_from_distributed": update_weights_from_distributed,
         "/destroy_weights_update_group": destroy_weights_update_group,
         "/spade_standin/fault": standin_fault,
+        "/spade_standin/hold": standin_hold,
+        "/spade_standin/release": standin_release,
     }
     # SGLang serves these as GET too
     GET_ROUTES["/flush_cache"] = flush_cache
+
+
+STREAM_DONE = "[DONE]"
+
+
+def _sse(value: Any) -> bytes:
+    """One server-sent event: ``data: <json>`` (or the literal ``[DONE]``) and a blank line."""
+    data = value if isinstance(value, str) else json.dumps(value)
+    return f"data: {data}\n\n".encode()
+
+
+def _finish(reason: str, ids) -> dict:
+    """SGLang's ``FINISH_*.to_json()`` for one of our finish reasons."""
+    if reason == "stop":
+        return {"type": "stop", "matched": ids[-1]}
+    if reason == "length":
+        return {"type": "length", "length": len(ids)}
+    return {"type": "abort", "message": "aborted", "status_code": 200, "err_type": None}
 
 
 def _summary(body: Any) -> Any:
@@ -691,6 +807,25 @@ def _encode(reply: Reply, keep_alive: bool) -> bytes:
     return head.encode("latin-1") + payload
 
 
+async def _write_events(writer: asyncio.StreamWriter, reply: Reply, keep_alive: bool) -> None:
+    """A text/event-stream answer in chunked encoding; a failed write closes the events (which
+    stops the request) and ends the connection."""
+    head = (f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}\r\n"
+            f"Content-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n"
+            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n")
+    events = reply.events
+    try:
+        writer.write(head.encode("latin-1"))
+        await writer.drain()
+        async for event in events:
+            writer.write(f"{len(event):x}\r\n".encode("latin-1") + event + b"\r\n")
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+    finally:
+        await events.aclose()
+
+
 async def serve(opts: Options) -> None:
     standin = Standin(opts)
 
@@ -718,8 +853,11 @@ async def serve(opts: Options) -> None:
                         reply = error(500, f"internal error: {exc!r}")
                 if path not in ("/health", "/spade_standin/log"):
                     say(f"{method} {path} -> {reply.status}")
-                writer.write(_encode(reply, keep_alive))
-                await writer.drain()
+                if reply.events is not None:
+                    await _write_events(writer, reply, keep_alive)
+                else:
+                    writer.write(_encode(reply, keep_alive))
+                    await writer.drain()
                 if not keep_alive:
                     return
         except (ConnectionError, OSError):
