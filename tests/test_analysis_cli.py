@@ -7,6 +7,7 @@ import json
 
 from spade.cli import main
 from test_analysis_fixture import two_env_run
+from test_train_loop import tiny_hf, train_config  # noqa: F401  (fixtures)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -49,20 +50,45 @@ def test_analyze_refuses_a_missing_directory(tmp_path, capsys) -> None:
     assert "no such run directory" in capsys.readouterr().err
 
 
-def test_analyze_a_real_run_directory(tmp_path, capsys) -> None:
-    """On the directory of a real CPU run (``spade train --config examples/smoke_cpu.yaml --run-dir R
-    run.steps=2``), named by SPADE_ANALYSIS_RUN_DIR: training takes minutes, too long to start here."""
-    import os
+def test_analyze_a_real_run_directory(train_config, tmp_path, capsys) -> None:  # noqa: F811
+    """A real three-step ``spade train`` (tiny random Qwen3, the real sandbox and engine, k 2) whose
+    designer is served by a canned OpenAI-compatible endpoint (the real client; it always writes
+    remainder_oracle.py, so every regeneration admits the same class), then ``spade analyze`` on its
+    directory: the numbers must match what the run wrote, and the repeats must show as collapse."""
+    from test_external_designer import MODEL, CannedEndpoint
+    from test_train_loop import run_spade
 
-    import pytest
+    server = CannedEndpoint(key=None)
+    try:
+        text = train_config.read_text()
+        pool = next(line for line in text.splitlines() if "fixed_env_dir:" in line)
+        text = text.replace(pool + "\n", "").replace("designer_enabled: false", "designer_enabled: true")
+        text = text.replace("selfplay:\n", "selfplay:\n  train_designer: false\n  no_corpus_prompt: corpus_without_document\n"
+                            f"  designer_endpoint: {{url: '{server.url}', model: {MODEL}, api_key_env: null}}\n")
+        config = tmp_path / "designed.yaml"
+        config.write_text(text)
+        run = tmp_path / "run"
+        run_spade("--config", str(config), "--run-dir", str(run), "run.steps=3")
+    finally:
+        server.close()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [int(r["env/admitted"]) for r in records if r["step"] in (0, 2)] == [2, 2], records
 
-    run = os.environ.get("SPADE_ANALYSIS_RUN_DIR")
-    if not run:
-        pytest.skip("set SPADE_ANALYSIS_RUN_DIR to a real run directory to analyse it")
     out = tmp_path / "out"
-    assert main(["analyze", run, "--out", str(out), "--embedding", "hashing"]) == 0
+    assert main(["analyze", str(run), "--out", str(out), "--embedding", "hashing"]) == 0
     data = json.loads((out / "analysis.json").read_text())
     (only,) = data["runs"]
-    assert only["steps"] and all(s["n_envs"] + s["rejected"] > 0 for s in only["steps"])
-    assert all(e["n_nohint_plays"] > 0 for e in data["envs"])  # the run kept its returns
-    assert any(e["kept_episodes"] > 0 for e in data["envs"])
+    assert [(s["step"], s["n_envs"]) for s in only["steps"]] == [(0, 2), (2, 2)]
+    assert only["collapse"]["longest_streak"] == 4  # one class, four environments in a row
+    envs = data["envs"]
+    assert len(envs) == 4 and {e["class_name"] for e in envs} == {"RemainderOracleEnv"}
+    at_generation = {}  # the no-hint returns of each environment at the step that generated it
+    for path in sorted((run / "trajectories").glob("step_*.jsonl")):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["kind"] == "env_returns" and entry["step"] == entry["generated_step"]:
+                at_generation[entry["env_id"]] = entry["nohint_returns"]
+    assert {e["env_id"]: e["n_nohint_plays"] for e in envs} == {k: len(v) for k, v in at_generation.items()}
+    assert {e["env_id"]: e["win_rate"] for e in envs} == \
+        {k: sum(r > 0 for r in v) / len(v) for k, v in at_generation.items()}
+    assert all(e["kept_episodes"] > 0 for e in envs)

@@ -191,3 +191,27 @@ def test_tsne_map_puts_clusters_apart_and_scales_to_the_unit_square() -> None:
     assert between > 2 * inside
     assert tsne_coordinates(np.ones((2, 4))).shape == (2, 2)
     assert tsne_coordinates(np.zeros((0, 4))).shape == (0, 2)
+
+
+def test_tsne_of_a_collapsed_set_gives_repeats_one_point() -> None:
+    """The collapse the paper shows (one environment again and again): identical embeddings crashed
+    scikit-learn's t-SNE (a zero variance in its PCA initialisation). In a subprocess, so that a
+    regression shows as a failed test rather than a killed test run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from spade.analysis.tsne_map import tsne_coordinates\n"
+        "same = np.tile([[0.2, -1.0, 0.5, 3.0]], (6, 1))\n"
+        "coords = tsne_coordinates(same)\n"
+        "assert coords.shape == (6, 2) and (coords == coords[0]).all()\n"
+        "mixed = np.concatenate([same, np.eye(4)])\n"
+        "coords = tsne_coordinates(mixed)\n"
+        "assert coords.shape == (10, 2) and np.isfinite(coords).all()\n"
+        "assert (coords[:6] == coords[0]).all() and len({tuple(c) for c in coords}) == 5\n"
+        "line = np.outer(np.arange(1, 6), [1.0, 2.0, 0.0])\n"  # distinct rows on one line: rank 1
+        "assert np.isfinite(tsne_coordinates(line)).all()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
