@@ -170,3 +170,25 @@ def test_spade_eval_end_to_end_with_limit_and_resume_after_kill(tiny_model, tmp_
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["table1"][0]["AIME'25"] == summary["aime25"]["score"]
+
+
+def test_table2_cells_need_every_part_of_their_benchmark(tmp_path):
+    """ACEBench-Agent is the mean of multi-step and multi-turn, tau2 of its three domains: a run of
+    one part leaves the cell empty rather than passing a part off as the whole."""
+    from spade.eval.report import load_row
+
+    def write(name: str, benchmarks: dict) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "summary.json").write_text(json.dumps({"label": name, "benchmarks": benchmarks}))
+        return directory
+
+    both = write("both", {"acebench_agent": {"score": 55.0, "groups": {"multi_step": 70.0, "multi_turn": 40.0}},
+                          "tau2": {"score": 50.0, "groups": {"retail": 60.0, "airline": 40.0, "telecom": 50.0}}})
+    row = load_row(both)
+    assert row.table2["ACEBench"] == 55.0 and row.table2["tau2"] == 50.0
+    part = write("part", {"acebench_agent": {"score": 70.0, "groups": {"multi_step": 70.0}},
+                          "tau2": {"score": 60.0, "groups": {"retail": 60.0}}})
+    row = load_row(part)
+    assert row.table2["ACEBench"] is None and row.table2["tau2"] is None and row.table2["Avg"] is None
+    assert row.table2["tau2-retail"] == 60.0
