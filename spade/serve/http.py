@@ -122,6 +122,10 @@ class HTTPServer:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:
+            # close() ends the connection; a task that ends cancelled makes asyncio's stream
+            # callback (Python 3.11) log a spurious traceback
+            return
         finally:
             self._connections.discard(task)
             writer.close()
