@@ -10,7 +10,8 @@ Sampling: ``temperature``, ``top_p``, ``top_k`` (extra field), ``seed`` (choice 
 ``i`` gets ``seed + i * n + j``, so every choice differs and the whole response is reproducible),
 ``max_tokens`` (clamped to the context left after the prompt; default: all of it, or the
 server's ``default_max_tokens``), ``stop`` strings (not included in the text; a stop string that is
-one token also stops generation there, the others cut the text afterwards), ``stop_token_ids`` and
+one token also stops generation there, the others cut the text afterwards; a stream
+stops at any of them at once), ``stop_token_ids`` and
 ``ignore_eos`` (extra fields), ``logprobs`` of the sampled tokens.
 
 Streaming (``stream: true``) runs every choice through ``RolloutEngine.generate_stream`` and sends
