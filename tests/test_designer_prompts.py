@@ -220,3 +220,16 @@ def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
     # corpus_without_document is the corpus prompt with its document section cut out
     start, end = with_corpus.index("## Source document"), with_corpus.index("</document>") + len("</document>\n\n")
     assert with_corpus[:start] + with_corpus[end:] == plain
+
+
+def test_prompts_of_one_regeneration_differ_only_at_their_end():
+    """The document comes after the instructions, skill, memory block and difficulty: two slots of
+    a regeneration (same skill and memory, different documents) share all but the last part."""
+    skill = GAME_SKILLS[0]
+    a, b = (designer_messages(DesignerRequest(skill=skill, document=doc, memory_block="## Environments from your "
+                                              "memory\nexample code", difficulty="medium", max_turns=10))
+            for doc in ("first document", "second document"))
+    text_a, text_b = a[1]["content"], b[1]["content"]
+    common = next(i for i, (x, y) in enumerate(zip(text_a, text_b)) if x != y)
+    assert text_a[:common].endswith("<document>\n") and "## Difficulty" in text_a[:common]
+    assert "example code" in text_a[:common] and a[0] == b[0]

@@ -151,6 +151,16 @@ def test_positives_come_from_the_top_10_by_regret_of_the_same_skill(memory: Memo
     assert seen == top10  # every one of the 10 can be drawn
 
 
+def test_positives_are_shown_highest_regret_first(memory: Memory) -> None:
+    """Whichever two are drawn, their order is the pool's, so two prompts that drew the same
+    records begin with the same text (a prefix the engines compute once)."""
+    build_selection_memory(memory)
+    regret = {r.env_id: r.regret for r in memory.list()}
+    for seed in range(50):
+        first, second = memory.select_examples(SKILL, random.Random(seed)).positives
+        assert regret[first.env_id] >= regret[second.env_id]
+
+
 def test_negative_is_extreme_and_same_skill_first(memory: Memory) -> None:
     build_selection_memory(memory)
     negatives = {memory.select_examples(SKILL, random.Random(seed)).negative.env_id for seed in range(100)}

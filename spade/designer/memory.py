@@ -6,7 +6,8 @@ that step (share of no-hint plays with return > 0), the raw hint regret (not flo
 and free metadata. The designer prompt then shows up to three of them (:meth:`Memory.select_examples`):
 
 * two **positives**, drawn with the caller's rng from the 10 same-skill records with the highest
-  regret among those whose win rate lies in [0.15, 0.85] (ties: newer first);
+  regret among those whose win rate lies in [0.15, 0.85] (ties: newer first), shown in that
+  order (highest regret first) whichever two are drawn;
 * one **negative**, a record the agent found too easy (win rate > 0.9) or too hard (< 0.1). The
   SPEC does not say whether it must share the skill; here it is drawn from same-skill negatives when
   there are any, else from all negatives, so a new skill still gets a warning example.
@@ -367,7 +368,10 @@ class Memory:
         low, high = POSITIVE_WIN_RATE
         pool = self._live("skill = ? AND win_rate >= ? AND win_rate <= ?", (skill, low, high),
                           order="regret DESC, seq DESC")[:POSITIVE_POOL]
-        positives = tuple(rng.sample(pool, min(N_POSITIVES, len(pool)))) if pool else ()
+        # which positives is random; their order is the pool's (highest regret first), so prompts
+        # drawing the same records start alike (a shared prefix the engines compute once)
+        chosen = sorted(rng.sample(range(len(pool)), min(N_POSITIVES, len(pool)))) if pool else []
+        positives = tuple(pool[i] for i in chosen)
         extreme = "(win_rate > ? OR win_rate < ?)"
         negatives = (self._live(f"skill = ? AND {extreme}", (skill, TOO_EASY, TOO_HARD))
                      or self._live(extreme, (TOO_EASY, TOO_HARD)))

@@ -76,16 +76,19 @@ def designer_messages(request: DesignerRequest, *, no_corpus: str | None = None)
         return concepts_designer_messages(request)
     if request.difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty {request.difficulty!r}: choose one of {', '.join(DIFFICULTIES)}")
+    # The document comes last, after everything the slots of one regeneration have in common
+    # (instructions, skill, memory examples, difficulty): their prompts then share one long prefix,
+    # which the engines compute once (SGLang's radix cache, the hf engine's shared prefix).
     parts = [f"## Skill to train: {request.skill.name}\n{request.skill.description}"]
-    if request.document is not None:
-        parts.append("## Source document\nGround the game in the ideas, objects or procedures of this "
-                     "document. The game must be playable without reading it.\n\n"
-                     f"<document>\n{request.document}\n</document>")
     if request.memory_block:
         parts.append(request.memory_block)
     parts.append(f"## Difficulty\n{DIFFICULTIES[request.difficulty]} Episodes end after at most "
                  f"{request.max_turns} turns, so a good game is won in roughly 4 to "
                  f"{max(4, request.max_turns - 2)} well-chosen actions.")
+    if request.document is not None:
+        parts.append("## Source document\nGround the game in the ideas, objects or procedures of this "
+                     "document. The game must be playable without reading it.\n\n"
+                     f"<document>\n{request.document}\n</document>")
     parts.append("Now write the environment.")
     return [{"role": "system", "content": DESIGNER_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 

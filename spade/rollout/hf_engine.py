@@ -10,7 +10,12 @@ engine collects queued requests (up to ``max_batch_size``, waiting at most ``bat
 more after the first) and runs the batch to completion on a single worker thread, so the event
 loop stays free. Batches are static: requests that arrive meanwhile form the next batch. Inside a
 batch the prompts are left-padded, with an attention mask and explicit position ids (each row
-counts from 0 at its first real token); rows that finish are dropped from the KV cache.
+counts from 0 at its first real token); rows that finish are dropped from the KV cache. When
+every prompt of a batch starts with the same ``MIN_SHARED_PREFIX`` or more tokens, that prefix is
+computed once and its cache copied to each row; the rest of each prompt follows it, left-padded
+(``[prefix][pad][rest]``, the mask hiding the pad, positions continuing after the prefix). This is
+what the designer's batch of one regeneration looks like (the same instructions and memory block,
+a different document at the end), and it saves most of that batch's prompt computation.
 
 Randomness. Each request owns a ``torch.Generator`` seeded from ``SamplingParams.seed`` and draws
 exactly one exponential variable per vocabulary entry per step; the token is
@@ -61,6 +66,9 @@ from .engine import (
     SamplingParams,
 )
 
+# A batch whose prompts all begin with at least this many equal tokens computes them once (the
+# designer prompts of one regeneration share their instructions and memory block).
+MIN_SHARED_PREFIX = 16
 _PER_EXPERT = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -76,6 +84,7 @@ class EngineStats:
     batch_sizes: list[int] = field(default_factory=list)
     running: int = 0  # rows decoding right now (0: idle); a row that ends leaves at once
     aborted: int = 0  # rows ended with "abort" (engine closed, or the caller gave up)
+    shared_prefix_tokens: int = 0  # prompt tokens not recomputed because a batch shared them
 
 
 class _Sink:
@@ -366,14 +375,26 @@ class HFEngine(RolloutEngine):
         from transformers import DynamicCache
 
         prompts = [row.pending.request.prompt_ids for row in rows]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-        mask = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt, device=self.device)
-            mask[i, width - len(prompt):] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
+        shared = shared_prefix_length(prompts) if len(rows) > 1 else 0
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+        prefix_mask = torch.ones(len(rows), shared, dtype=torch.long, device=self.device)
+        if shared:  # the common prefix once, its cache copied to every row
+            prefix = torch.tensor([prompts[0][:shared]], device=self.device)
+            self._forward(prefix, prefix_mask[:1], torch.arange(shared, device=self.device).unsqueeze(0), cache)
+            cache.batch_repeat_interleave(len(rows))
+            self.stats.shared_prefix_tokens += shared * (len(rows) - 1)
+        # the rest of each prompt, left-padded after the prefix: [prefix][pad][rest]
+        rests = [prompt[shared:] for prompt in prompts]
+        width = max(len(rest) for rest in rests)
+        input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        rest_mask = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        for i, rest in enumerate(rests):
+            input_ids[i, width - len(rest):] = torch.tensor(rest, device=self.device)
+            rest_mask[i, width - len(rest):] = 1
+        positions = shared + (rest_mask.cumsum(dim=1) - 1).clamp(min=0)
+        mask = torch.cat([prefix_mask, rest_mask], dim=1)
         logits = self._forward(input_ids, mask, positions, cache)
         positions = positions[:, -1:]
         while True:
@@ -459,6 +480,17 @@ def _copy_into(targets: dict[str, Tensor], name: str, value: Tensor) -> None:
         raise ValueError(f"update_weights: {name} has shape {tuple(value.shape)}, "
                          f"the model expects {tuple(target.shape)}")
     target.copy_(value)
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """The number of leading tokens every prompt shares, kept below the shortest prompt's length
+    (each row needs a token of its own to produce its first logits)."""
+    shortest = min(len(p) for p in prompts)
+    first = prompts[0]
+    length = 0
+    while length < shortest - 1 and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length
 
 
 def _choose(logp: Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
