@@ -133,7 +133,8 @@ def test_two_steps_write_the_run_directory(straight_run):
         for key in ("env/admitted", "env/rejected", "agent/return_mean", "train/loss", "time/step_s",
                     "time/train_s", "time/sync_s"):
             assert key in record, key
-        assert {k.split("/")[0] for k in record if "/" in k} <= {"agent", "designer", "env", "train", "time", "engine"}
+        assert {k.split("/")[0] for k in record if "/" in k} <= {"agent", "designer", "env", "train", "time", "engine",
+                                                                 "pool", "rlve"}  # the last two: a source's own
         assert record["engine/generated_tokens"] > 0 and record["time/engine_tokens_per_s"] > 0
     assert records[0]["env/admitted"] == 2
     assert records[0]["train/samples"] > 0 and records[0]["train/loss"] is not None
