@@ -33,10 +33,11 @@ import os
 import signal
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Optional, Sequence
 
+from .endpoint_options import check_endpoints, settings_from_pairs
 from .types import (Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord,
                     SamplingSettings)
 
@@ -106,44 +107,12 @@ class Tau2Settings:
             raise ValueError(f"tau2.user_temperature must be >= 0, got {self.user_temperature}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"tau2.timeout_s must be > 0, got {self.timeout_s}")
-        for url, name in (("agent_url", "agent_model"), ("user_url", "user_model")):
-            value = getattr(self, url)
-            if value is not None and not value.startswith(("http://", "https://")):
-                raise ValueError(f"tau2.{url} must be an http(s) base URL such as http://host:8000/v1, got {value!r}")
-            if value is not None and not getattr(self, name):
-                raise ValueError(f"tau2.{url} is set: tau2.{name} must name the model served there")
+        check_endpoints(self, "tau2")
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[str]) -> "Tau2Settings":
         """Settings from ``KEY=VALUE`` strings (lists comma-separated; ``none`` for no value)."""
-        kinds = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for pair in pairs:
-            key, sep, text = pair.partition("=")
-            key = key.strip().removeprefix("tau2.")
-            if not sep or key not in kinds:
-                raise ValueError(f"--tau2 {pair!r}: expected KEY=VALUE with KEY one of {', '.join(kinds)}")
-            values[key] = _parse_value(key, kinds[key], text.strip())
-        return cls(**values)
-
-
-def _parse_value(key: str, kind: str, text: str) -> Any:
-    if text.lower() == "none" and kind.startswith("Optional"):
-        return None
-    try:
-        if "tuple" in kind:
-            return tuple(t.strip() for t in text.split(",") if t.strip())
-        if "bool" in kind:
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1", "yes")
-        if "int" in kind:
-            return int(text)
-        if "float" in kind:
-            return float(text)
-    except ValueError:
-        raise ValueError(f"tau2.{key}: cannot read {text!r} as {kind}") from None
-    return text
+        return settings_from_pairs(cls, pairs, "tau2")
 
 
 # ---------------------------------------------------------------------------- the tau2 venv
