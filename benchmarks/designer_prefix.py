@@ -1,9 +1,11 @@
-"""One regeneration's designer batch on the hf engine, with and without the shared prompt prefix.
+"""One regeneration's designer batch on the hf engine, three ways, side by side.
 
 Builds the smoke run's designer prompts (examples/smoke_cpu.yaml: the embedded model, 16 slots,
 the two seed examples in the memory block, 20-word corpus documents), then generates them as one
-batch twice, side by side: once as the engine does by default (the common prefix computed once)
-and once with sharing switched off, and prints prompt and generation time for each and the ratio.
+batch: as the engine does by default (the common prefix computed once and attended to once by
+every row), with the prefix computed once but its cache copied into every row (what the engine
+does for models without shared-prefix attention), and with no sharing at all. Prints prompt time,
+whole-batch time and the mean decode step for each, and the ratios to the default.
 
     python benchmarks/designer_prefix.py [--slots 16] [--max-new-tokens 450]
 """
@@ -65,14 +67,23 @@ def main() -> None:
     print(f"{args.slots} prompts of {min(map(len, batch))}-{max(map(len, batch))} tokens, "
           f"{shared} shared; {args.max_new_tokens} new tokens each")
     figures = {}
-    for label, minimum in (("shared prefix", hf_engine.MIN_SHARED_PREFIX), ("no sharing", 10**9)):
+    available = engine.prefix_attention
+    for label, minimum, attended in (("prefix attended once", hf_engine.MIN_SHARED_PREFIX, True),
+                                     ("prefix copied per row", hf_engine.MIN_SHARED_PREFIX, False),
+                                     ("no sharing", 10**9, False)):
         hf_engine.MIN_SHARED_PREFIX = minimum
+        engine.prefix_attention = attended and available
         prefill, _ = run(engine, batch, 1)
         total, tokens = run(engine, batch, args.max_new_tokens)
-        figures[label] = (prefill, total)
-        print(f"{label:>14}: prompts {prefill:6.1f} s, whole batch {total:6.1f} s ({tokens / total:5.1f} tok/s)")
-    (p1, t1), (p0, t0) = figures["shared prefix"], figures["no sharing"]
-    print(f"ratio shared / not shared: prompts {p1 / p0:.2f}, whole batch {t1 / t0:.2f}")
+        step = (total - prefill) / max(1, args.max_new_tokens - 1)
+        figures[label] = (prefill, total, step)
+        print(f"{label:>22}: prompts {prefill:6.1f} s, whole batch {total:6.1f} s ({tokens / total:5.1f} tok/s), "
+              f"decode step {step * 1000:5.0f} ms")
+    base = figures["prefix attended once"]
+    for label in ("prefix copied per row", "no sharing"):
+        other = figures[label]
+        print(f"{label} / attended once: prompts {other[0] / base[0]:.2f}, whole batch {other[1] / base[1]:.2f}, "
+              f"decode step {other[2] / base[2]:.2f}")
     engine.close()
 
 

@@ -33,16 +33,26 @@ def run_batch(engine: HFEngine, prompts, sampling_for):
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("model_name", ["qwen3", "qwen3-moe"])
+def model_with_attention(name: str, attention: str):
+    model = tiny_model(name)
+    model.config._attn_implementation = attention
+    return model
+
+
+@pytest.mark.parametrize("model_name,attention", [("qwen3", "sdpa"), ("qwen3-moe", "sdpa"), ("llama-tied", "sdpa"),
+                                                  ("qwen3", "eager")])
 @pytest.mark.parametrize("greedy", [True, False])
-def test_a_shared_prefix_batch_equals_each_prompt_alone(model_name, greedy):
+def test_a_shared_prefix_batch_equals_each_prompt_alone(model_name, attention, greedy):
+    """SDPA models attend to the prefix once (prefix_attention); others copy its cache to each row."""
     def sampling(i):
         if greedy:
             return SamplingParams(temperature=0.0, max_new_tokens=12)
         return SamplingParams(temperature=1.0, top_k=20, max_new_tokens=12, seed=100 + i)
 
-    batched = HFEngine(tiny_model(model_name), max_batch_size=8, batch_wait_ms=200.0, eos_token_ids=())
-    alone = HFEngine(tiny_model(model_name), max_batch_size=1, eos_token_ids=())
+    batched = HFEngine(model_with_attention(model_name, attention), max_batch_size=8, batch_wait_ms=200.0,
+                       eos_token_ids=())
+    alone = HFEngine(model_with_attention(model_name, attention), max_batch_size=1, eos_token_ids=())
+    assert batched.prefix_attention == (attention == "sdpa")
     try:
         together = run_batch(batched, PROMPTS, sampling)
         assert batched.stats.batch_sizes == [3]  # one batch: the prefix was shared

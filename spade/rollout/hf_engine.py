@@ -10,12 +10,16 @@ engine collects queued requests (up to ``max_batch_size``, waiting at most ``bat
 more after the first) and runs the batch to completion on a single worker thread, so the event
 loop stays free. Batches are static: requests that arrive meanwhile form the next batch. Inside a
 batch the prompts are left-padded, with an attention mask and explicit position ids (each row
-counts from 0 at its first real token); rows that finish are dropped from the KV cache. When
-every prompt of a batch starts with the same ``MIN_SHARED_PREFIX`` or more tokens, that prefix is
-computed once and its cache copied to each row; the rest of each prompt follows it, left-padded
-(``[prefix][pad][rest]``, the mask hiding the pad, positions continuing after the prefix). This is
-what the designer's batch of one regeneration looks like (the same instructions and memory block,
-a different document at the end), and it saves most of that batch's prompt computation.
+counts from 0 at its first real token); rows that finish are dropped from the KV cache. The cache
+grows in chunks rather than by a copy per step (:mod:`.kv_cache`). When every prompt of a batch
+starts with the same ``MIN_SHARED_PREFIX`` or more tokens, that prefix is computed once; the rest
+of each prompt follows it, left-padded (``[prefix][pad][rest]``, the mask hiding the pad, positions
+continuing after the prefix). On SDPA models of plain attention (Llama, Qwen2/3, Qwen3-MoE) the
+prefix's keys and values stay a batch of one that every row attends to beside its own cache
+(:mod:`.prefix_attention`); other models get a copy of its cache per row. This is what the
+designer's batch of one regeneration looks like (the same instructions and memory block, a
+different document at the end): it saves most of that batch's prompt computation and, with the
+prefix attended to once, most of each decode step's reading of the cache.
 
 Randomness. Each request owns a ``torch.Generator`` seeded from ``SamplingParams.seed`` and draws
 exactly one exponential variable per vocabulary entry per step; the token is
@@ -51,7 +55,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -65,6 +69,9 @@ from .engine import (
     RolloutEngine,
     SamplingParams,
 )
+
+if TYPE_CHECKING:  # the cache modules import transformers, which this module loads only when used
+    from .kv_cache import SharedPrefix
 
 # A batch whose prompts all begin with at least this many equal tokens computes them once (the
 # designer prompts of one regeneration share their instructions and memory block).
@@ -169,6 +176,10 @@ class HFEngine(RolloutEngine):
         if isinstance(model, (str, Path)):
             model, tokenizer = _load_pretrained(Path(model), dtype, tokenizer)
         self.model = model.to(device=self.device, dtype=dtype).eval()
+        from .prefix_attention import enable_shared_prefix_attention
+
+        # a batch's shared prompt prefix is attended to once rather than copied into every row
+        self.prefix_attention = enable_shared_prefix_attention(self.model)
         self.tokenizer = tokenizer
         self.eos_token_ids: frozenset[int] = frozenset(
             _default_eos_ids(self.model, tokenizer) if eos_token_ids is None else eos_token_ids
@@ -359,8 +370,18 @@ class HFEngine(RolloutEngine):
             stop_ids=frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self.eos_token_ids),
         )
 
-    def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
+    def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: Any,
+                 prefix: Optional["SharedPrefix"] = None) -> Tensor:
+        """Logits of each row's last position. ``mask`` is ``[batch, cached + new]`` over what the
+        rows' cache holds; with a ``prefix`` that is only the rows' own tokens, and every row also
+        attends to the whole prefix (:mod:`.prefix_attention`)."""
         self.stats.forward_calls += 1
+        extra: dict[str, Any] = {}
+        if prefix is not None:
+            from .kv_cache import row_attention_mask
+
+            mask = row_attention_mask(mask, input_ids.shape[1])
+            extra["shared_prefix"] = prefix
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -368,22 +389,30 @@ class HFEngine(RolloutEngine):
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
         return out.logits[:, -1, :]
 
     def _decode(self, rows: list[_Row]) -> None:
-        from transformers import DynamicCache
+        from .kv_cache import SharedPrefix, decode_cache
 
         prompts = [row.pending.request.prompt_ids for row in rows]
-        cache = DynamicCache(config=self.model.config)
+        cache = decode_cache(self.model.config)
         shared = shared_prefix_length(prompts) if len(rows) > 1 else 0
         if shared < MIN_SHARED_PREFIX:
             shared = 0
-        prefix_mask = torch.ones(len(rows), shared, dtype=torch.long, device=self.device)
-        if shared:  # the common prefix once, its cache copied to every row
-            prefix = torch.tensor([prompts[0][:shared]], device=self.device)
-            self._forward(prefix, prefix_mask[:1], torch.arange(shared, device=self.device).unsqueeze(0), cache)
-            cache.batch_repeat_interleave(len(rows))
+        prefix: Optional[SharedPrefix] = None
+        if shared:  # the common prefix once
+            ids = torch.tensor([prompts[0][:shared]], device=self.device)
+            ones = torch.ones(1, shared, dtype=torch.long, device=self.device)
+            positions = torch.arange(shared, device=self.device).unsqueeze(0)
+            if self.prefix_attention:  # kept apart, attended to by every row
+                prefix_cache = decode_cache(self.model.config)
+                self._forward(ids, ones, positions, prefix_cache)
+                prefix = SharedPrefix.from_cache(prefix_cache)
+            else:  # its cache copied to every row
+                self._forward(ids, ones, positions, cache)
+                cache.batch_repeat_interleave(len(rows))
             self.stats.shared_prefix_tokens += shared * (len(rows) - 1)
         # the rest of each prompt, left-padded after the prefix: [prefix][pad][rest]
         rests = [prompt[shared:] for prompt in prompts]
@@ -394,8 +423,11 @@ class HFEngine(RolloutEngine):
             input_ids[i, width - len(rest):] = torch.tensor(rest, device=self.device)
             rest_mask[i, width - len(rest):] = 1
         positions = shared + (rest_mask.cumsum(dim=1) - 1).clamp(min=0)
-        mask = torch.cat([prefix_mask, rest_mask], dim=1)
-        logits = self._forward(input_ids, mask, positions, cache)
+        if prefix is None and shared:
+            mask = torch.cat([rest_mask.new_ones(len(rows), shared), rest_mask], dim=1)
+        else:
+            mask = rest_mask
+        logits = self._forward(input_ids, mask, positions, cache, prefix)
         positions = positions[:, -1:]
         while True:
             next_ids = self._sample(rows, logits)
@@ -412,7 +444,7 @@ class HFEngine(RolloutEngine):
             mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             positions = positions + 1
             step_ids = torch.tensor(next_ids, device=self.device).unsqueeze(1)
-            logits = self._forward(step_ids, mask, positions, cache)
+            logits = self._forward(step_ids, mask, positions, cache, prefix)
 
     def _sample(self, rows: list[_Row], logits: Tensor) -> list[int]:
         """Pick each row's next token, record it with its log-prob, and mark finished rows."""
