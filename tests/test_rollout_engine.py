@@ -216,8 +216,9 @@ def test_concurrent_requests_are_batched_and_all_complete():
 
     results = asyncio.run(main())
     assert all(len(r.token_ids) == 16 and r.finish_reason == "length" for r in results)
-    assert engine.stats.batch_sizes == [4, 4, 2]
-    assert len(calls) == engine.stats.forward_calls == 3 * 16  # one prefill + 15 decode steps per batch
+    # one batch: the queued requests join it as rows finish (all 16 tokens long, so four at a time)
+    assert engine.stats.batch_sizes == [4] and engine.stats.join_sizes == [4, 2]
+    assert len(calls) == engine.stats.forward_calls == 3 * 16  # one prefill + 15 decode steps per group
     assert [shape[0] for shape in calls[:16]] == [4] * 16
     assert answered_in_time == [True]  # the event loop kept running while the worker thread generated
     engine.close()

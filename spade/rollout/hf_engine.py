@@ -92,6 +92,7 @@ class EngineStats:
     running: int = 0  # rows decoding right now (0: idle); a row that ends leaves at once
     aborted: int = 0  # rows ended with "abort" (engine closed, or the caller gave up)
     shared_prefix_tokens: int = 0  # prompt tokens not recomputed because a batch shared them
+    join_sizes: list[int] = field(default_factory=list)  # requests that joined a running batch, per join
 
 
 class _Sink:
@@ -136,6 +137,38 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: Optional[FinishReason] = None
+
+
+@dataclass
+class _Decoding:
+    """A running batch: its rows and their cache (``[rows, columns]``, left-padded so that every
+    row ends at the last column), ``mask`` over those columns, each row's last position, and the
+    shared prefix the rows attend to apart (``prefix_ids`` its tokens). ``members``: every request
+    the batch took, joiners included (a failure is reported to each that is still waiting)."""
+
+    rows: list[_Row]
+    members: list[_Pending]
+    version: int
+    queue: deque  # where the requests of the event loop this batch serves wait
+    cache: Any = None
+    mask: Optional[Tensor] = None
+    positions: Optional[Tensor] = None
+    prefix: Optional["SharedPrefix"] = None
+    prefix_ids: tuple[int, ...] = ()
+    joinable: bool = False  # the cache can take rows mid-batch (growing layers)
+    finished: list[_Row] = field(default_factory=list)  # rows whose results are still to be handed over
+
+
+def _merge_masks(top: Tensor, bottom: Tensor) -> Tensor:
+    """Stack two row masks that end at the same column, left-padding the narrower one."""
+    width = max(top.shape[1], bottom.shape[1])
+    return torch.cat([torch.nn.functional.pad(top, (width - top.shape[1], 0)),
+                      torch.nn.functional.pad(bottom, (width - bottom.shape[1], 0))], dim=0)
+
+
+def _settle(future: asyncio.Future, result: GenerationResult) -> None:
+    if not future.done():
+        future.set_result(result)
 
 
 ModelSource = Union[str, Path, Any, tuple[Any, Any]]
@@ -200,6 +233,7 @@ class HFEngine(RolloutEngine):
         self._queue: deque[_Pending] = deque()
         self._wakeup: Optional[asyncio.Event] = None
         self._model_lock: Optional[asyncio.Lock] = None
+        self._updates_waiting = 0  # weight updates waiting for the running batch to end
         self._task: Optional[asyncio.Task] = None
 
     # ------------------------------------------------------------------ public API
@@ -247,9 +281,13 @@ class HFEngine(RolloutEngine):
     async def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         self._check_open()
         self._attach()
-        async with self._model_lock:
-            self._copy_weights(named_tensors)
-            self._weight_version = int(version)
+        self._updates_waiting += 1  # the running batch takes no more requests: it ends, then the copy
+        try:
+            async with self._model_lock:
+                self._copy_weights(named_tensors)
+                self._weight_version = int(version)
+        finally:
+            self._updates_waiting -= 1
 
     def close(self) -> None:
         if self._closed:
@@ -295,16 +333,13 @@ class HFEngine(RolloutEngine):
                 if not batch:
                     continue
                 async with self._model_lock:
+                    members = list(batch)  # the worker adds the requests that join the batch
                     try:
-                        results = await loop.run_in_executor(self._executor, self._run_batch, batch)
-                    except Exception as error:  # noqa: BLE001 - handed to every waiting caller
-                        for item in batch:
+                        await loop.run_in_executor(self._executor, self._run_batch, members)
+                    except Exception as error:  # noqa: BLE001 - handed to every caller still waiting
+                        for item in members:
                             if not item.future.done():
                                 item.future.set_exception(error)
-                        continue
-                for item, result in zip(batch, results):
-                    if not item.future.done():
-                        item.future.set_result(result)
         finally:
             if self._closed:
                 while self._queue:
@@ -336,27 +371,47 @@ class HFEngine(RolloutEngine):
     # ------------------------------------------------------------------ inference (worker thread)
 
     @torch.inference_mode()
-    def _run_batch(self, batch: list[_Pending]) -> list[GenerationResult]:
-        version = self._weight_version
-        rows = [self._new_row(item) for item in batch]
-        for row in rows:
+    def _run_batch(self, members: list[_Pending]) -> None:
+        """Decode ``members`` until every row has finished; requests queued meanwhile join at a
+        decode step while there is room (``members`` grows by them). Each row's result is handed
+        to its caller at the end of the step in which it finished, after the counters."""
+        started = time.perf_counter()
+        batch = _Decoding(rows=[], members=members, version=self._weight_version, queue=self._queue)
+        self.stats.batches += 1
+        self.stats.sequences += len(members)
+        try:
+            batch.rows = self._live_rows(batch, members)
+            self.stats.batch_sizes.append(len(batch.rows))
+            if batch.rows:
+                self.stats.running = len(batch.rows)
+                self._decode(batch)
+        finally:
+            self.stats.running = 0
+            self.stats.busy_s += time.perf_counter() - started
+            self._hand_over(batch)
+
+    def _live_rows(self, batch: "_Decoding", items: list[_Pending]) -> list[_Row]:
+        """Rows for ``items``; a request with no room for a token is finished at once."""
+        rows = []
+        for item in items:
+            row = self._new_row(item)
             if row.limit <= 0:
                 row.finish = "length"
-        live = [row for row in rows if row.finish is None]
-        self.stats.batches += 1
-        self.stats.batch_sizes.append(len(live))
-        self.stats.sequences += len(rows)
-        if live:
-            started = time.perf_counter()
-            self.stats.running = len(live)
+                batch.finished.append(row)
+            else:
+                rows.append(row)
+        return rows
+
+    def _hand_over(self, batch: "_Decoding") -> None:
+        """Hand the finished rows' results to their callers on the event loop (worker thread)."""
+        for row in batch.finished:
+            result = GenerationResult(row.tokens, row.logprobs, row.finish or "abort", batch.version)
+            future = row.pending.future
             try:
-                self._decode(live)
-            finally:
-                self.stats.running = 0
-            self.stats.busy_s += time.perf_counter() - started
-        return [
-            GenerationResult(row.tokens, row.logprobs, row.finish or "abort", version) for row in rows
-        ]
+                future.get_loop().call_soon_threadsafe(_settle, future, result)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+        batch.finished.clear()
 
     def _new_row(self, item: _Pending) -> _Row:
         sampling = item.request.sampling
@@ -393,15 +448,35 @@ class HFEngine(RolloutEngine):
         )
         return out.logits[:, -1, :]
 
-    def _decode(self, rows: list[_Row]) -> None:
-        from .kv_cache import SharedPrefix, decode_cache
+    def _decode(self, batch: "_Decoding") -> None:
+        logits = self._prefill(batch)
+        while True:
+            next_ids = self._sample(batch.rows, logits)
+            next_ids = self._drop_finished(batch, next_ids)
+            joining = self._take_joiners(batch)
+            if joining:
+                next_ids += self._join(batch, joining)
+            if not batch.rows:
+                return
+            self.stats.running = len(batch.rows)
+            self._hand_over(batch)
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
+            batch.positions = batch.positions + 1
+            step_ids = torch.tensor(next_ids, device=self.device).unsqueeze(1)
+            logits = self._forward(step_ids, batch.mask, batch.positions, batch.cache, batch.prefix)
 
-        prompts = [row.pending.request.prompt_ids for row in rows]
-        cache = decode_cache(self.model.config)
-        shared = shared_prefix_length(prompts) if len(rows) > 1 else 0
+    def _prefill(self, batch: "_Decoding") -> Tensor:
+        """The rows' prompts into a new cache (their common prefix once); the logits of each
+        row's last prompt token."""
+        from .kv_cache import GrowingLayer, SharedPrefix, decode_cache
+
+        prompts = [row.pending.request.prompt_ids for row in batch.rows]
+        batch.cache = decode_cache(self.model.config)
+        batch.joinable = all(isinstance(layer, GrowingLayer) for layer in batch.cache.layers)
+        shared = shared_prefix_length(prompts) if len(prompts) > 1 else 0
         if shared < MIN_SHARED_PREFIX:
             shared = 0
-        prefix: Optional[SharedPrefix] = None
+        copied = 0
         if shared:  # the common prefix once
             ids = torch.tensor([prompts[0][:shared]], device=self.device)
             ones = torch.ones(1, shared, dtype=torch.long, device=self.device)
@@ -409,42 +484,122 @@ class HFEngine(RolloutEngine):
             if self.prefix_attention:  # kept apart, attended to by every row
                 prefix_cache = decode_cache(self.model.config)
                 self._forward(ids, ones, positions, prefix_cache)
-                prefix = SharedPrefix.from_cache(prefix_cache)
+                batch.prefix = SharedPrefix.from_cache(prefix_cache)
+                batch.prefix_ids = tuple(prompts[0][:shared])
             else:  # its cache copied to every row
-                self._forward(ids, ones, positions, cache)
-                cache.batch_repeat_interleave(len(rows))
-            self.stats.shared_prefix_tokens += shared * (len(rows) - 1)
-        # the rest of each prompt, left-padded after the prefix: [prefix][pad][rest]
-        rests = [prompt[shared:] for prompt in prompts]
-        width = max(len(rest) for rest in rests)
-        input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-        rest_mask = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-        for i, rest in enumerate(rests):
-            input_ids[i, width - len(rest):] = torch.tensor(rest, device=self.device)
-            rest_mask[i, width - len(rest):] = 1
-        positions = shared + (rest_mask.cumsum(dim=1) - 1).clamp(min=0)
-        if prefix is None and shared:
-            mask = torch.cat([rest_mask.new_ones(len(rows), shared), rest_mask], dim=1)
+                self._forward(ids, ones, positions, batch.cache)
+                batch.cache.batch_repeat_interleave(len(prompts))
+                copied = shared
+            self.stats.shared_prefix_tokens += shared * (len(prompts) - 1)
+        ids, rest_mask, positions = self._left_padded([prompt[shared:] for prompt in prompts], shared)
+        batch.mask = torch.cat([rest_mask.new_ones(len(prompts), copied), rest_mask], dim=1)
+        logits = self._forward(ids, batch.mask, positions, batch.cache, batch.prefix)
+        batch.positions = positions[:, -1:]
+        return logits
+
+    def _left_padded(self, parts: list[Sequence[int]], offset: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Token ids, mask and positions of ``parts`` left-padded to one width; positions count
+        from ``offset`` at each part's first token."""
+        width = max(len(part) for part in parts)
+        ids = torch.zeros(len(parts), width, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(parts), width, dtype=torch.long, device=self.device)
+        for i, part in enumerate(parts):
+            ids[i, width - len(part):] = torch.tensor(part, device=self.device)
+            mask[i, width - len(part):] = 1
+        return ids, mask, offset + (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+    def _drop_finished(self, batch: "_Decoding", next_ids: list[int]) -> list[int]:
+        """Deliver the rows that finished and take them out of the batch and its cache; columns
+        that only they used are cut from the left."""
+        keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
+        batch.finished += [row for row in batch.rows if row.finish is not None]
+        if len(keep) == len(batch.rows):
+            return next_ids
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        batch.cache.batch_select_indices(index)
+        batch.rows = [batch.rows[i] for i in keep]
+        batch.mask, batch.positions = batch.mask[index], batch.positions[index]
+        if keep and batch.joinable:
+            used = batch.mask.any(dim=0)
+            lead = int(used.int().argmax()) if not bool(used[0]) else 0
+            if lead:
+                for layer in batch.cache.layers:
+                    layer.drop_leading(lead)
+                batch.mask = batch.mask[:, lead:]
+        return [next_ids[i] for i in keep]
+
+    def _take_joiners(self, batch: "_Decoding") -> list[_Pending]:
+        """Queued requests that join this batch now: while there is room, unless a weight update
+        waits for the batch to end or the engine is closing."""
+        if not batch.joinable or self._updates_waiting or self._abort.is_set():
+            return []
+        joining: list[_Pending] = []
+        while len(batch.rows) + len(joining) < self.max_batch_size:
+            try:
+                item = batch.queue.popleft()  # the event loop only appends meanwhile
+            except IndexError:
+                break
+            if not item.future.done():  # skip callers that gave up while queued
+                joining.append(item)
+        return joining
+
+    def _join(self, batch: "_Decoding", items: list[_Pending]) -> list[int]:
+        """Prefill the joining requests (after the batch's shared prefix, cut back to what they
+        share with it), sample their first tokens and add the rows still going to the batch;
+        returns those rows' first tokens."""
+        from .kv_cache import decode_cache
+
+        batch.members.extend(items)
+        self.stats.sequences += len(items)
+        rows = self._live_rows(batch, items)
+        self.stats.join_sizes.append(len(rows))
+        if not rows:
+            return []
+        prompts = [row.pending.request.prompt_ids for row in rows]
+        if batch.prefix is not None:
+            kept = min(shared_prefix_length([batch.prefix_ids + (-1,), prompt]) for prompt in prompts)
+            if kept < len(batch.prefix_ids):
+                self._shorten_prefix(batch, kept if kept >= MIN_SHARED_PREFIX else 0)
+        offset = len(batch.prefix_ids)
+        self.stats.shared_prefix_tokens += offset * len(rows)
+        cache = decode_cache(self.model.config)
+        ids, mask, positions = self._left_padded([prompt[offset:] for prompt in prompts], offset)
+        first = self._sample(rows, self._forward(ids, mask, positions, cache, batch.prefix))
+        keep = [i for i, row in enumerate(rows) if row.finish is None]
+        batch.finished += [row for row in rows if row.finish is not None]
+        if not keep:
+            return []
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            cache.batch_select_indices(index)
+            mask, positions = mask[index], positions[index]
+        if batch.rows:
+            for layer, joined in zip(batch.cache.layers, cache.layers):
+                layer.merge_rows(joined)
+            batch.mask = _merge_masks(batch.mask, mask)
+            batch.positions = torch.cat([batch.positions, positions[:, -1:]], dim=0)
+        else:  # every earlier row has finished: the joiners' cache is the batch's
+            batch.cache, batch.mask, batch.positions = cache, mask, positions[:, -1:]
+        batch.rows += [rows[i] for i in keep]
+        return [first[i] for i in keep]
+
+    def _shorten_prefix(self, batch: "_Decoding", keep: int) -> None:
+        """Keep only the first ``keep`` tokens of the shared prefix apart (none: 0); the rest is
+        put in front of every row's own cache."""
+        from .kv_cache import SharedPrefix
+
+        prefix = batch.prefix
+        assert prefix is not None
+        count = len(batch.rows)
+        for layer, keys, values in zip(batch.cache.layers, prefix.keys, prefix.values):
+            layer.prepend(keys[:, :, keep:].expand(count, -1, -1, -1), values[:, :, keep:].expand(count, -1, -1, -1))
+        batch.mask = torch.cat([batch.mask.new_ones(count, prefix.length - keep), batch.mask], dim=1)
+        if keep:
+            batch.prefix = SharedPrefix(tuple(k[:, :, :keep].contiguous() for k in prefix.keys),
+                                        tuple(v[:, :, :keep].contiguous() for v in prefix.values))
         else:
-            mask = rest_mask
-        logits = self._forward(input_ids, mask, positions, cache, prefix)
-        positions = positions[:, -1:]
-        while True:
-            next_ids = self._sample(rows, logits)
-            keep = [i for i, row in enumerate(rows) if row.finish is None]
-            if not keep:
-                return
-            self.stats.running = len(keep)
-            if len(keep) < len(rows):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                rows = [rows[i] for i in keep]
-                mask, positions = mask[index], positions[index]
-                next_ids = [next_ids[i] for i in keep]
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-            positions = positions + 1
-            step_ids = torch.tensor(next_ids, device=self.device).unsqueeze(1)
-            logits = self._forward(step_ids, mask, positions, cache, prefix)
+            batch.prefix = None
+        batch.prefix_ids = batch.prefix_ids[:keep]
 
     def _sample(self, rows: list[_Row], logits: Tensor) -> list[int]:
         """Pick each row's next token, record it with its log-prob, and mark finished rows."""

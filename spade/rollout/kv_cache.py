@@ -25,14 +25,21 @@ GROWTH_CHUNK = 256  # tokens of room a buffer gains when it fills up
 
 class GrowingLayer(DynamicLayer):
     """One layer's keys and values, ``[batch, kv_heads, length, head_dim]`` views of buffers that
-    have room for more tokens."""
+    have room for more tokens. The view starts at ``start``: columns cut from the left
+    (:meth:`drop_leading`) are skipped, not copied. Rows can be added (:meth:`merge_rows`) and
+    columns put in front of every row (:meth:`prepend`); both copy into a new buffer."""
 
     def __init__(self, chunk: int = GROWTH_CHUNK) -> None:
         super().__init__()
         self.chunk = chunk
-        self.length = 0
+        self.start = 0
+        self.end = 0
         self._key_buffer: Optional[Tensor] = None
         self._value_buffer: Optional[Tensor] = None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -41,39 +48,41 @@ class GrowingLayer(DynamicLayer):
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
-            self._grow(key_states, value_states, end + self.chunk)
-        self._key_buffer[:, :, self.length:end].copy_(key_states)
-        self._value_buffer[:, :, self.length:end].copy_(value_states)
-        self.length = end
+        added = key_states.shape[-2]
+        if self._key_buffer is None or self.end + added > self._key_buffer.shape[-2]:
+            self._regrow(key_states, value_states, self.length + added + self.chunk)
+        self._key_buffer[:, :, self.end:self.end + added].copy_(key_states)
+        self._value_buffer[:, :, self.end:self.end + added].copy_(value_states)
+        self.end += added
         self._refresh_views()
         return self.keys, self.values
 
-    def _grow(self, key_states: Tensor, value_states: Tensor, capacity: int) -> None:
+    def _regrow(self, key_states: Tensor, value_states: Tensor, capacity: int) -> None:
+        """New buffers of ``capacity`` columns holding the current columns from column 0."""
         batch, heads = key_states.shape[:2]
         keys = key_states.new_empty(batch, heads, capacity, key_states.shape[-1])
         values = value_states.new_empty(batch, heads, capacity, value_states.shape[-1])
         if self.length:
-            keys[:, :, :self.length].copy_(self._key_buffer[:, :, :self.length])
-            values[:, :, :self.length].copy_(self._value_buffer[:, :, :self.length])
+            keys[:, :, :self.length].copy_(self.keys)
+            values[:, :, :self.length].copy_(self.values)
         self._key_buffer, self._value_buffer = keys, values
+        self.start, self.end = 0, self.length
 
     def _refresh_views(self) -> None:
-        self.keys = self._key_buffer[:, :, :self.length]
-        self.values = self._value_buffer[:, :, :self.length]
+        self.keys = self._key_buffer[:, :, self.start:self.end]
+        self.values = self._value_buffer[:, :, self.start:self.end]
 
     def get_seq_length(self) -> int:
         return self.length
 
     def batch_select_indices(self, indices: Tensor) -> None:
-        if self.length:
+        if self._key_buffer is not None:
             self._key_buffer = self._key_buffer.index_select(0, indices)
             self._value_buffer = self._value_buffer.index_select(0, indices)
             self._refresh_views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.length:
+        if self._key_buffer is not None:
             self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
             self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
             self._refresh_views()
@@ -85,11 +94,61 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
         if tokens_to_remove and self.length:
-            self.length = max(0, self.length + tokens_to_remove)
+            self.end = max(self.start, self.end + tokens_to_remove)
             self._refresh_views()
 
+    def drop_leading(self, columns: int) -> None:
+        """Forget the first ``columns`` columns of every row (padding no row reads any more)."""
+        if not 0 <= columns <= self.length:
+            raise ValueError(f"cannot drop {columns} of {self.length} columns")
+        self.start += columns
+        if self._key_buffer is not None:
+            self._refresh_views()
+
+    def prepend(self, keys: Tensor, values: Tensor) -> None:
+        """Put ``keys``/``values`` ``[batch, kv_heads, n, head_dim]`` before every row's columns."""
+        added = keys.shape[-2]
+        if self._key_buffer is None:
+            self.lazy_initialization(keys, values)
+            self._key_buffer, self._value_buffer = keys.new_empty(0), values.new_empty(0)
+            self.keys, self.values = keys[:, :, :0], values[:, :, :0]
+        new_keys = keys.new_empty(keys.shape[0], keys.shape[1], added + self.length + self.chunk, keys.shape[-1])
+        new_values = values.new_empty(new_keys.shape[:3] + values.shape[-1:])
+        new_keys[:, :, :added].copy_(keys)
+        new_values[:, :, :added].copy_(values)
+        new_keys[:, :, added:added + self.length].copy_(self.keys)
+        new_values[:, :, added:added + self.length].copy_(self.values)
+        self._key_buffer, self._value_buffer = new_keys, new_values
+        self.start, self.end = 0, added + self.length
+        self._refresh_views()
+
+    def merge_rows(self, other: "GrowingLayer") -> None:
+        """Append ``other``'s rows after this layer's; the shorter side is left-padded with zero
+        keys and values (the callers' masks hide them) so both end at the same column."""
+        if other._key_buffer is None:
+            return
+        if self._key_buffer is None or self.keys.shape[0] == 0:
+            self._key_buffer, self._value_buffer = other._key_buffer, other._value_buffer
+            self.start, self.end = other.start, other.end
+            self.dtype, self.device, self.is_initialized = other.dtype, other.device, True
+            self._refresh_views()
+            return
+        width = max(self.length, other.length)
+        mine, theirs = self.keys.shape[0], other.keys.shape[0]
+        shape = (mine + theirs, self.keys.shape[1], width + self.chunk)
+        new_keys = self.keys.new_empty(shape + self.keys.shape[-1:])
+        new_values = self.values.new_empty(shape + self.values.shape[-1:])
+        for buffer, top, bottom in ((new_keys, self.keys, other.keys), (new_values, self.values, other.values)):
+            buffer[:mine, :, :width - self.length].zero_()
+            buffer[:mine, :, width - self.length:width].copy_(top)
+            buffer[mine:, :, :width - other.length].zero_()
+            buffer[mine:, :, width - other.length:width].copy_(bottom)
+        self._key_buffer, self._value_buffer = new_keys, new_values
+        self.start, self.end = 0, width
+        self._refresh_views()
+
     def reset(self) -> None:
-        self.length = 0
+        self.start = self.end = 0
         self._key_buffer = self._value_buffer = None
         super().reset()
 
