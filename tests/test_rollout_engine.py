@@ -449,3 +449,25 @@ def test_embedded_model_greedy_matches_generate_if_available():
     assert list(result.token_ids) == expected[:len(result.token_ids)]
     assert result.finish_reason == ("stop" if result.token_ids[-1] in engine.eos_token_ids else "length")
     engine.close()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(None, 1.0), (4, 1.0), (None, 0.75), (4, 0.75)])
+def test_sampling_draws_from_the_truncated_distribution(top_k, top_p):
+    """Frequencies of 20,000 draws against the hand-truncated distribution (4 standard errors)."""
+    from spade.rollout.hf_engine import _choose
+
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    kept = probs.clone()
+    if top_k:
+        kept[top_k:] = 0
+    kept = kept / kept.sum()
+    before = torch.cumsum(kept, 0) - kept
+    kept[before >= top_p] = 0
+    expected = kept / kept.sum()
+    sampling = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
+    generator = torch.Generator().manual_seed(0)
+    draws = 20_000
+    counts = torch.bincount(torch.tensor([_choose(probs.log(), sampling, generator) for _ in range(draws)]),
+                            minlength=6).double() / draws
+    error = (expected.double() * (1 - expected.double()) / draws).sqrt()
+    assert torch.all((counts - expected.double()).abs() <= 4 * error + 1e-12), (counts, expected)

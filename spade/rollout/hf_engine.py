@@ -5,25 +5,32 @@ Generation is this module's own loop over the model's forward with a KV cache, n
 stream, and the log-prob of each sampled token comes out of the same logits it was sampled from
 (``engine.py`` says which distribution).
 
-Batching. ``generate`` puts the request on a queue and awaits a future. One asyncio task per
-engine collects queued requests (up to ``max_batch_size``, waiting at most ``batch_wait_ms`` for
-more after the first) and runs the batch to completion on a single worker thread, so the event
-loop stays free. Batches are static: requests that arrive meanwhile form the next batch. Inside a
-batch the prompts are left-padded, with an attention mask and explicit position ids (each row
-counts from 0 at its first real token); rows that finish are dropped from the KV cache. The cache
-grows in chunks rather than by a copy per step (:mod:`.kv_cache`). When every prompt of a batch
-starts with the same ``MIN_SHARED_PREFIX`` or more tokens, that prefix is computed once; the rest
-of each prompt follows it, left-padded (``[prefix][pad][rest]``, the mask hiding the pad, positions
-continuing after the prefix). On SDPA models of plain attention (Llama, Qwen2/3, Qwen3-MoE) the
-prefix's keys and values stay a batch of one that every row attends to beside its own cache
-(:mod:`.prefix_attention`); other models get a copy of its cache per row. This is what the
-designer's batch of one regeneration looks like (the same instructions and memory block, a
-different document at the end): it saves most of that batch's prompt computation and, with the
-prefix attended to once, most of each decode step's reading of the cache.
+Batching. ``generate`` puts the request on a queue and awaits a future. One asyncio task per engine
+collects queued requests (up to ``max_batch_size``, waiting at most ``batch_wait_ms`` for more
+after the first) and runs the batch on a single worker thread, so the event loop stays free.
+Batches are continuous: a request that arrives while a batch decodes joins it at the next step if
+there is room (its prompt is computed apart and its cache merged in), and each row's result is
+handed over at the end of the step in which it finished, so an episode's next turn can join while
+the others are still generating. A weight update that is waiting stops joins: the batch ends, the
+copy runs, and the next batch starts with the new weights. Inside a batch the prompts are
+left-padded, with an attention mask and explicit position ids (each row counts from 0 at its first
+real token); rows that finish are dropped from the KV cache, and columns that only they used are
+cut from the left. The cache grows in chunks rather than by a copy per step (:mod:`.kv_cache`).
+When every prompt of a batch starts with the same ``MIN_SHARED_PREFIX`` or more tokens, that prefix
+is computed once; the rest of each prompt follows it, left-padded (``[prefix][pad][rest]``, the
+mask hiding the pad, positions continuing after the prefix). On SDPA models of plain attention
+(Llama, Qwen2/3, Qwen3-MoE) the prefix's keys and values stay a batch of one that every row attends
+to beside its own cache (:mod:`.prefix_attention`); other models get a copy of its cache per row.
+This is what the designer's batch of one regeneration looks like (the same instructions and memory
+block, a different document at the end): it saves most of that batch's prompt computation and, with
+the prefix attended to once, most of each decode step's reading of the cache. A request that joins
+such a batch shares as much of its prefix as its prompt starts with: the part it does not share is
+moved into every row's own cache first.
 
 Randomness. Each request owns a ``torch.Generator`` seeded from ``SamplingParams.seed`` and draws
-exactly one exponential variable per vocabulary entry per step; the token is
-``argmax(p / noise)`` over the truncated distribution ``p`` (an exact sample of ``p``). The stream
+one exponential variable per candidate token per step (the top-k / top-p survivors, or the whole
+vocabulary when nothing truncates); the token is ``argmax(p / noise)`` over the truncated
+distribution ``p`` (an exact sample of ``p``). The stream
 therefore depends only on the request, and the same seed gives the same tokens whoever shares the
 batch (left padding changes logits only at rounding level).
 
@@ -681,27 +688,27 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
 
 
 def _choose(logp: Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
-    """Greedy argmax, or an exact sample of the top-k / top-p truncated distribution."""
+    """Greedy argmax, or an exact sample of the top-k / top-p truncated distribution: one
+    exponential variable per candidate, the token whose probability divided by it is largest."""
     if sampling.greedy:
         return int(torch.argmax(logp))
     vocab = logp.numel()
     top_k = min(sampling.top_k or vocab, vocab)
     if top_k == vocab and sampling.top_p >= 1.0:
-        weights = logp.exp()
+        probs, ids = logp.exp(), None
     else:
         if top_k < vocab:
             values, ids = torch.topk(logp, top_k)
         else:
             values, ids = torch.sort(logp, descending=True)
+        probs = torch.softmax(values, dim=0)
         if sampling.top_p < 1.0:
-            probs = torch.softmax(values, dim=0)
             before = torch.cumsum(probs, dim=0) - probs  # mass of strictly better candidates
-            kept = before < sampling.top_p  # the best candidate always stays
-            values, ids = values[kept], ids[kept]
-        weights = torch.zeros_like(logp)
-        weights[ids] = torch.softmax(values, dim=0)
-    noise = torch.empty_like(logp).exponential_(generator=generator)
-    return int(torch.argmax(weights / noise))
+            kept = int((before < sampling.top_p).sum())  # the best candidate always stays
+            probs, ids = torch.softmax(values[:kept], dim=0), ids[:kept]
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    best = int(torch.argmax(probs / noise))
+    return best if ids is None else int(ids[best])
 
 
 def _empty_result(reason: FinishReason, version: int) -> GenerationResult:
