@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from spade.rollout.kv_cache import GROWTH_CHUNK, GrowingLayer, SharedPrefix, decode_cache, row_attention_mask
+from spade.rollout import prefix_attention
+from spade.rollout.kv_cache import GrowingLayer, SharedPrefix, decode_cache, row_attention_bias
 from spade.rollout.prefix_attention import SHARED_PREFIX_ATTENTION, enable_shared_prefix_attention, \
     shared_prefix_attention
 from test_rollout_engine import COMMON, tiny_model
@@ -77,21 +78,27 @@ def test_growing_cache_decodes_the_logits_of_the_whole_sequence(name):
     assert torch.allclose(torch.cat(out, dim=1), reference, atol=1e-5)
 
 
-def test_row_attention_mask_is_causal_over_real_tokens():
+def test_row_attention_bias_is_causal_over_real_tokens():
     rows = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    mask = row_attention_mask(rows, query_length=2)
-    assert mask.shape == (2, 1, 2, 4) and mask.dtype == torch.bool
-    assert mask[0, 0].tolist() == [[False, True, True, False], [False, True, True, True]]
-    assert mask[1, 0].tolist() == [[True, True, True, False], [True, True, True, True]]
+    bias = row_attention_bias(rows, query_length=2, dtype=torch.float32)
+    assert bias.shape == (2, 1, 2, 4) and bias.dtype == torch.float32
+    seen = (bias == 0).tolist()
+    assert seen[0][0] == [[False, True, True, False], [False, True, True, True]]
+    assert seen[1][0] == [[True, True, True, False], [True, True, True, True]]
+    assert set(bias.unique().tolist()) == {0.0, float("-inf")}
 
 
 class _Layer:
     layer_idx = 0
 
 
+@pytest.mark.parametrize("kernel", ["cpu", "explicit"])
 @pytest.mark.parametrize("q_len", [1, 4])
-def test_shared_prefix_attention_equals_sdpa_over_prefix_and_row(q_len):
-    """4 query heads over 2 kv heads, three rows with different left padding."""
+def test_shared_prefix_attention_equals_sdpa_over_prefix_and_row(q_len, kernel, monkeypatch):
+    """4 query heads over 2 kv heads, three rows with different left padding; CPU's flash kernel
+    and the explicit softmax used on other devices."""
+    if kernel == "explicit":
+        monkeypatch.setattr(prefix_attention, "_attend", prefix_attention._attend_explicit)
     g = torch.Generator().manual_seed(7)
     batch, heads, kv_heads, dim, prefix_len, row_len = 3, 4, 2, 8, 6, 5
     query = torch.randn(batch, heads, q_len, dim, generator=g)
@@ -100,8 +107,9 @@ def test_shared_prefix_attention_equals_sdpa_over_prefix_and_row(q_len):
     row_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]])
     if q_len > 1:  # a padded query position sees only the prefix
         row_mask[2, -2:] = torch.tensor([0, 1])
-    mask = row_attention_mask(row_mask, q_len)
-    out, _ = shared_prefix_attention(_Layer(), query, row_k, row_v, mask, scaling=0.3,
+    bias = row_attention_bias(row_mask, q_len, torch.float32)
+    mask = bias == 0
+    out, _ = shared_prefix_attention(_Layer(), query, row_k, row_v, bias, scaling=0.3,
                                      shared_prefix=SharedPrefix((prefix_k,), (prefix_v,)))
     keys = torch.cat([prefix_k.expand(batch, -1, -1, -1), row_k], dim=2).repeat_interleave(heads // kv_heads, dim=1)
     values = torch.cat([prefix_v.expand(batch, -1, -1, -1), row_v], dim=2).repeat_interleave(heads // kv_heads, dim=1)

@@ -28,9 +28,10 @@ such a batch shares as much of its prefix as its prompt starts with: the part it
 moved into every row's own cache first.
 
 Randomness. Each request owns a ``torch.Generator`` seeded from ``SamplingParams.seed`` and draws
-one exponential variable per candidate token per step (the top-k / top-p survivors, or the whole
-vocabulary when nothing truncates); the token is ``argmax(p / noise)`` over the truncated
-distribution ``p`` (an exact sample of ``p``). The stream
+exactly one exponential variable per vocabulary entry per step; the token is
+``argmax(p / noise)`` over the truncated distribution ``p`` (an exact sample of ``p``). Drawing
+only for the top-k / top-p candidates would be cheaper but would change every seed's stream (the
+smoke run's admitted environments among them). The stream
 therefore depends only on the request, and the same seed gives the same tokens whoever shares the
 batch (left padding changes logits only at rounding level).
 
@@ -241,6 +242,7 @@ class HFEngine(RolloutEngine):
         self._wakeup: Optional[asyncio.Event] = None
         self._model_lock: Optional[asyncio.Lock] = None
         self._updates_waiting = 0  # weight updates waiting for the running batch to end
+        self.continuous_batching = True  # False: requests that arrive mid-batch wait for the next one
         self._task: Optional[asyncio.Task] = None
 
     # ------------------------------------------------------------------ public API
@@ -440,9 +442,9 @@ class HFEngine(RolloutEngine):
         self.stats.forward_calls += 1
         extra: dict[str, Any] = {}
         if prefix is not None:
-            from .kv_cache import row_attention_mask
+            from .kv_cache import row_attention_bias
 
-            mask = row_attention_mask(mask, input_ids.shape[1])
+            mask = row_attention_bias(mask, input_ids.shape[1], self.dtype)
             extra["shared_prefix"] = prefix
         out = self.model(
             input_ids=input_ids,
@@ -538,7 +540,7 @@ class HFEngine(RolloutEngine):
     def _take_joiners(self, batch: "_Decoding") -> list[_Pending]:
         """Queued requests that join this batch now: while there is room, unless a weight update
         waits for the batch to end or the engine is closing."""
-        if not batch.joinable or self._updates_waiting or self._abort.is_set():
+        if not (self.continuous_batching and batch.joinable) or self._updates_waiting or self._abort.is_set():
             return []
         joining: list[_Pending] = []
         while len(batch.rows) + len(joining) < self.max_batch_size:
@@ -688,27 +690,27 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
 
 
 def _choose(logp: Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
-    """Greedy argmax, or an exact sample of the top-k / top-p truncated distribution: one
-    exponential variable per candidate, the token whose probability divided by it is largest."""
+    """Greedy argmax, or an exact sample of the top-k / top-p truncated distribution."""
     if sampling.greedy:
         return int(torch.argmax(logp))
     vocab = logp.numel()
     top_k = min(sampling.top_k or vocab, vocab)
     if top_k == vocab and sampling.top_p >= 1.0:
-        probs, ids = logp.exp(), None
+        weights = logp.exp()
     else:
         if top_k < vocab:
             values, ids = torch.topk(logp, top_k)
         else:
             values, ids = torch.sort(logp, descending=True)
-        probs = torch.softmax(values, dim=0)
         if sampling.top_p < 1.0:
+            probs = torch.softmax(values, dim=0)
             before = torch.cumsum(probs, dim=0) - probs  # mass of strictly better candidates
-            kept = int((before < sampling.top_p).sum())  # the best candidate always stays
-            probs, ids = torch.softmax(values[:kept], dim=0), ids[:kept]
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    best = int(torch.argmax(probs / noise))
-    return best if ids is None else int(ids[best])
+            kept = before < sampling.top_p  # the best candidate always stays
+            values, ids = values[kept], ids[kept]
+        weights = torch.zeros_like(logp)
+        weights[ids] = torch.softmax(values, dim=0)
+    noise = torch.empty_like(logp).exponential_(generator=generator)
+    return int(torch.argmax(weights / noise))
 
 
 def _empty_result(reason: FinishReason, version: int) -> GenerationResult:

@@ -184,11 +184,12 @@ class SharedPrefix:
         return int(self.keys[0].shape[-2])
 
 
-def row_attention_mask(row_mask: Tensor, query_length: int) -> Tensor:
-    """The boolean ``[batch, 1, query_length, kv_length]`` mask of the rows' own tokens: a query
-    sees the real (unpadded) tokens up to itself. ``row_mask`` is ``[batch, kv_length]`` (1 for a
-    real token), its last ``query_length`` columns the queries."""
+def row_attention_bias(row_mask: Tensor, query_length: int, dtype: torch.dtype) -> Tensor:
+    """The additive ``[batch, 1, query_length, kv_length]`` mask (0 or -inf) of the rows' own
+    tokens: a query sees the real (unpadded) tokens up to itself. ``row_mask`` is
+    ``[batch, kv_length]`` (1 for a real token), its last ``query_length`` columns the queries."""
     kv_length = row_mask.shape[1]
     offset = kv_length - query_length
     causal = torch.ones(query_length, kv_length, dtype=torch.bool, device=row_mask.device).tril(diagonal=offset)
-    return (row_mask.bool()[:, None, None, :] & causal[None, None]).contiguous()
+    visible = row_mask.bool()[:, None, None, :] & causal[None, None]
+    return torch.zeros(visible.shape, dtype=dtype, device=row_mask.device).masked_fill_(~visible, float("-inf"))

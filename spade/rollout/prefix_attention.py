@@ -4,9 +4,9 @@ When all prompts of an hf-engine batch start with the same tokens (the designer 
 regeneration share ~1,400 of ~1,500), the engine computes that prefix once as a batch of one
 (:class:`~.kv_cache.SharedPrefix`) and each row's cache holds only its own tokens. Every query then
 attends to two key sets: the prefix, which comes before all of a row's tokens and is seen whole,
-and the row's own tokens under a causal, padding-aware mask. One softmax spans both: the scores of
-the two parts are exponentiated against their joint maximum and normalised by their joint sum, so
-the result equals attention over ``[prefix][row]`` up to rounding. Reading the prefix once per
+and the row's own tokens under a causal, padding-aware mask. One softmax spans both, so the result equals attention over ``[prefix][row]`` up to rounding. Each part is computed with its
+log-sum-exp (on CPU by PyTorch's flash kernel, which never holds a whole score matrix) and the two
+are merged by those weights. Reading the prefix once per
 layer instead of once per row is what makes a decode step over 16 such rows cheap.
 
 The function is registered with transformers as ``SHARED_PREFIX_ATTENTION`` and takes the prefix
@@ -33,44 +33,68 @@ def shared_prefix_attention(module: Any, query: Tensor, key: Tensor, value: Tens
                             dropout: float = 0.0, scaling: Optional[float] = None,
                             shared_prefix: Optional[SharedPrefix] = None, **kwargs: Any) -> tuple[Tensor, None]:
     """``query`` ``[batch, heads, q, head_dim]``; ``key``/``value`` the rows' own tokens
-    ``[batch, kv_heads, kv, head_dim]``; ``attention_mask`` boolean ``[batch, 1, q, kv]`` over
-    them (:func:`~.kv_cache.row_attention_mask`). Returns ``[batch, q, heads, head_dim]``."""
+    ``[batch, kv_heads, kv, head_dim]``; ``attention_mask`` the additive ``[batch, 1, q, kv]`` mask
+    over them (:func:`~.kv_cache.row_attention_bias`). Returns ``[batch, q, heads, head_dim]``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if shared_prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    if attention_mask is None or attention_mask.dtype != torch.bool or attention_mask.dim() != 4:
-        raise ValueError("shared-prefix attention needs the rows' boolean 4-D mask")
+    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != query.dtype:
+        raise ValueError("shared-prefix attention needs the rows' additive 4-D mask in the query's dtype")
     if kwargs.get("sliding_window"):
         raise ValueError("shared-prefix attention does not implement sliding-window layers")
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
     scale = scaling if scaling is not None else head_dim ** -0.5
-    prefix_keys = shared_prefix.keys[module.layer_idx][0]  # [kv_heads, P, D]
-    prefix_values = shared_prefix.values[module.layer_idx][0]
-    # head h reads kv head h // group: rows of one kv head are (batch, group member, query)
-    q_rows = query.reshape(batch, kv_heads, group * q_len, head_dim)
-    # the prefix part as one matmul per kv head over every row's queries
-    q_flat = q_rows.transpose(0, 1).reshape(kv_heads, batch * group * q_len, head_dim)
-    prefix_scores = torch.matmul(q_flat, prefix_keys.transpose(-1, -2)).mul_(scale)  # [kvh, B*g*q, P]
-    row_scores = torch.matmul(q_rows, key.transpose(-1, -2)).mul_(scale)  # [B, kvh, g*q, kv]
-    mask = attention_mask.unsqueeze(2).expand(batch, 1, group, q_len, key.shape[2]).reshape(batch, 1, group * q_len, -1)
-    row_scores.masked_fill_(~mask, float("-inf"))
-    prefix_max = prefix_scores.amax(dim=-1)  # finite: every query sees the whole prefix
-    prefix_max = prefix_max.view(kv_heads, batch, group * q_len).transpose(0, 1)  # [B, kvh, g*q]
-    joint_max = torch.maximum(prefix_max, row_scores.amax(dim=-1))
-    prefix_weights = prefix_scores.sub_(joint_max.transpose(0, 1).reshape(kv_heads, -1, 1)).exp_()
-    row_weights = row_scores.sub_(joint_max.unsqueeze(-1)).exp_()
-    prefix_out = torch.matmul(prefix_weights, prefix_values)  # [kvh, B*g*q, D]
-    prefix_sum = prefix_weights.sum(dim=-1)
-    out = torch.matmul(row_weights, value)  # [B, kvh, g*q, D]
-    out.add_(prefix_out.view(kv_heads, batch, group * q_len, head_dim).transpose(0, 1))
-    total = row_weights.sum(dim=-1).add_(prefix_sum.view(kv_heads, batch, group * q_len).transpose(0, 1))
-    out.div_(total.unsqueeze(-1))
-    out = out.view(batch, heads, q_len, head_dim)
+    # the prefix: every row's queries against one copy of its keys (head h reads kv head h // group)
+    flat = query.reshape(batch, kv_heads, group * q_len, head_dim).transpose(0, 1)
+    flat = flat.reshape(1, kv_heads, batch * group * q_len, head_dim)
+    prefix_out, prefix_lse = _attend(flat, shared_prefix.keys[module.layer_idx],
+                                     shared_prefix.values[module.layer_idx], None, scale)
+    prefix_out = prefix_out.view(kv_heads, batch, group * q_len, head_dim).transpose(0, 1)
+    prefix_out = prefix_out.reshape(batch, heads, q_len, head_dim)
+    prefix_lse = prefix_lse.view(kv_heads, batch, group * q_len).transpose(0, 1).reshape(batch, heads, q_len)
+    # the rows' own tokens
+    if q_len == 1:  # decoding: a kv head's query heads side by side, the mask broadcast over them
+        row_out, row_lse = _attend(query.reshape(batch, kv_heads, group, head_dim), key, value, attention_mask, scale)
+        row_out, row_lse = row_out.reshape(batch, heads, 1, head_dim), row_lse.reshape(batch, heads, 1)
+    else:
+        row_out, row_lse = _attend(query, key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1),
+                                   attention_mask, scale)
+    sees_a_row_token = (attention_mask > float("-inf")).any(dim=-1)  # [batch, 1, q]: padding queries see none
+    row_lse = row_lse.masked_fill(~sees_a_row_token, float("-inf"))
+    total = torch.logaddexp(prefix_lse, row_lse)
+    out = prefix_out * (prefix_lse - total).exp().unsqueeze(-1)
+    out = out + row_out.nan_to_num() * (row_lse - total).exp().unsqueeze(-1)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(query: Tensor, key: Tensor, value: Tensor, bias: Optional[Tensor], scale: float) -> tuple[Tensor, Tensor]:
+    """Softmax attention and the log-sum-exp of each query's scores: ``[b, h, q, d]``, ``[b, h, q]``
+    (query and key heads equal). On CPU the flash kernel does it without materialising the
+    scores; elsewhere an explicit softmax."""
+    if query.device.type == "cpu":
+        return _attend_flash_cpu(query, key, value, bias, scale)
+    return _attend_explicit(query, key, value, bias, scale)
+
+
+def _attend_flash_cpu(query: Tensor, key: Tensor, value: Tensor, bias: Optional[Tensor],
+                      scale: float) -> tuple[Tensor, Tensor]:
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, False, attn_mask=bias, scale=scale)
+    return out, lse.to(query.dtype)
+
+
+def _attend_explicit(query: Tensor, key: Tensor, value: Tensor, bias: Optional[Tensor],
+                     scale: float) -> tuple[Tensor, Tensor]:
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = (scores - lse.unsqueeze(-1)).exp().nan_to_num()
+    return torch.matmul(weights, value), lse
 
 
 def enable_shared_prefix_attention(model: Any) -> bool:
