@@ -1,9 +1,10 @@
 """Two-turn episodes on the hf engine with and without continuous batching, side by side.
 
-A play-like workload on the embedded model (the smoke run's engine): ``--episodes`` episodes run
-at once, each a first turn (a ~200-token chat prompt, up to ``--max-new-tokens`` sampled tokens
-that may stop early), a simulated environment step of 5-30 ms, and a second turn whose prompt is
-the first turn, its reply and a new observation. With continuous batching (the engine's default) a
+A play-like workload on the embedded model (the smoke run's engine): ``--episodes`` episodes start
+at once, each a simulated environment reset of 5-50 ms (opening an environment in the sandbox), a
+first turn (a ~200-token chat prompt, up to ``--max-new-tokens`` sampled tokens that may stop
+early), a simulated environment step of 5-30 ms, and a second turn whose prompt is the first
+turn, its reply and a new observation. With continuous batching (the engine's default) a
 second turn joins the batch that is still decoding; without it, it waits for the batch to end and
 starts the next. Prints the wall time and tokens/s of each pass and the ratio.
 
@@ -25,12 +26,15 @@ from spade.rollout import GenerationRequest, HFEngine, SamplingParams
 def opening(tokenizer, index: int) -> list[int]:
     board = " ".join(random.Random(index).choice("abcdefgh") + str(k) for k in range(12))
     text = first_user_message(f"Episode {index}. The board reads: {board}. Pick the next square.")
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)
 
 
 async def episode(engine: HFEngine, tokenizer, index: int, max_new: int) -> int:
     sampling = dict(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=max_new)
     prompt = opening(tokenizer, index)
+    await asyncio.sleep(random.Random(-index).uniform(0.005, 0.05))  # the environment's reset
     first = await engine.generate(GenerationRequest(tuple(prompt), SamplingParams(seed=2 * index, **sampling)))
     await asyncio.sleep(random.Random(index).uniform(0.005, 0.03))  # the environment's step
     observation = tokenizer.encode("\nThe square is taken. Another one?\n")
