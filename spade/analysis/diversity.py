@@ -31,6 +31,7 @@ def vendi_score(embeddings: np.ndarray) -> float:
     k = e @ e.T
     eigenvalues = np.linalg.eigvalsh(k / n)
     eigenvalues = eigenvalues[eigenvalues > 1e-12]
+    eigenvalues = eigenvalues / eigenvalues.sum()  # they sum to 1 but for rounding (unit diagonal)
     entropy = -float(np.sum(eigenvalues * np.log(eigenvalues)))
     return math.exp(entropy)
 
