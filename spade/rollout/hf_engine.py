@@ -518,8 +518,8 @@ class HFEngine(RolloutEngine):
         return ids, mask, offset + (mask.cumsum(dim=1) - 1).clamp(min=0)
 
     def _drop_finished(self, batch: "_Decoding", next_ids: list[int]) -> list[int]:
-        """Deliver the rows that finished and take them out of the batch and its cache; columns
-        that only they used are cut from the left."""
+        """Take the rows that finished out of the batch and its cache (their results wait for the
+        hand-over at the end of the step); columns that only they used are cut from the left."""
         keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
         batch.finished += [row for row in batch.rows if row.finish is not None]
         if len(keep) == len(batch.rows):
