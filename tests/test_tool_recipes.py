@@ -5,6 +5,7 @@ same model only in those differences (same engine, layout, optimizer, run and sa
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,12 @@ MODELS = {
     "tool_use_qwen3_8b_8gpu.yaml": "Qwen3-8B",
     "tool_use_qwen3_30b_a3b_8gpu.yaml": "Qwen3-30B-A3B-Instruct-2507",
 }
-# what tool use changes in selfplay (everything else equals the games recipe)
-TOOL_SELFPLAY = {"domain": "tool_use", "k": 8, "hint_max_tokens": 2048}
+# what tool use changes in selfplay (everything else equals the games recipe); mask_truncated: the
+# released tool-use scripts pass --spade-compact-filter, the games scripts do not
+TOOL_SELFPLAY = {"domain": "tool_use", "k": 8, "hint_max_tokens": 2048, "mask_truncated": True}
+# engine keys a tool recipe sets apart from its games recipe: the released tool-use 30B script gives
+# SGLang 0.85 of the GPU (cmd/tool_use/_train_spade_blend.sh), the games one 0.7
+TOOL_ENGINE = {"tool_use_qwen3_30b_a3b_8gpu.yaml": {"mem_fraction": 0.85}}
 
 
 def test_the_tool_recipes_exist():
@@ -78,8 +83,11 @@ def test_tool_recipe_has_every_spec_number(name):
 def test_tool_recipe_differs_from_the_games_recipe_only_in_tool_use(name):
     tools = load_train_config(RECIPES / name, [])
     games = load_train_config(RECIPES / PAIRS[name], [])
-    for section in ("model", "parallel", "optimizer", "engine", "sandbox", "run"):
+    for section in ("model", "parallel", "optimizer", "sandbox", "run"):
         assert getattr(tools, section) == getattr(games, section), section
+    engine_changes = TOOL_ENGINE.get(name, {})
+    assert tools.engine.sglang == dataclasses.replace(games.engine.sglang, **engine_changes)
+    assert dataclasses.replace(tools.engine, sglang=games.engine.sglang) == games.engine
     assert tools.corpus.max_words == 4000 and games.corpus.max_words == 6000
     assert tools.loss.kl_coef == 0.005
     assert {k: v for k, v in vars(tools.loss).items() if k != "kl_coef"} == \
