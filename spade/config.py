@@ -30,6 +30,10 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where: str) ->
     hints = typing.get_type_hints(cls)
     fields = {field.name: field for field in dataclasses.fields(cls) if field.init}
     unknown = sorted(set(data) - set(fields))
+    retired = getattr(cls, "RETIRED_KEYS", {})  # keys an older spade had: say what replaces them
+    for key in unknown:
+        if key in retired:
+            raise ConfigError(f"{where}.{key}: {retired[key]}")
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed keys: {', '.join(sorted(fields))}")
     values = {name: _coerce(value, hints[name], f"{where}.{name}") for name, value in data.items()}

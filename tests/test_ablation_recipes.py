@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from spade.config import ConfigError
 from spade.train_config import from_dict, load_train_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,9 +116,31 @@ def test_variant_differs_exactly_in_what_it_claims(name):
 
 
 def test_learning_potential_recipe_has_the_released_values():
+    """Paper Eq. 4 / released learning_potential.py: gamma weighs the new value, fast 0.98 > slow 0.85."""
     rewards = load_train_config(RECIPES / "ablation_learning_potential.yaml", []).selfplay.rewards
     assert rewards.designer_reward == "learning_potential"
-    assert (rewards.lp_fast_decay, rewards.lp_slow_decay) == (0.85, 0.98)
+    assert (rewards.lp_gamma_fast, rewards.lp_gamma_slow) == (0.98, 0.85)
+    text = (RECIPES / "ablation_learning_potential.yaml").read_text()
+    assert "lp_gamma_fast: 0.98" in text and "lp_gamma_slow: 0.85" in text
+
+
+def test_learning_potential_run_of_issues_15_to_19_resumes(tmp_path, capsys):
+    """A run whose snapshot has lp_fast_decay 0.85 / lp_slow_decay 0.98 (gamma read as a decay)
+    resumes with the paper's reading of the same numbers; a new config with those keys is refused."""
+    from spade.cli import main
+    from spade.run.run_dir import RunDir
+
+    data = load_train_config(RECIPES / "ablation_learning_potential.yaml", []).to_dict()
+    rewards = data["selfplay"]["rewards"]
+    del rewards["lp_gamma_fast"], rewards["lp_gamma_slow"], rewards["advantage_agent_samples"]
+    rewards.update(lp_fast_decay=0.85, lp_slow_decay=0.98)
+    run = RunDir(tmp_path / "old")
+    run.create(yaml.safe_dump(data))
+    assert main(["train", "--resume", str(run.root), "--check"]) == 0
+    resumed = from_dict(yaml.safe_load(capsys.readouterr().out)).selfplay.rewards
+    assert (resumed.designer_reward, resumed.lp_gamma_fast, resumed.lp_gamma_slow) == ("learning_potential", 0.98, 0.85)
+    with pytest.raises(ConfigError, match="selfplay.rewards.lp_fast_decay: retired.*lp_gamma_fast"):
+        from_dict(data)
 
 
 def test_no_corpus_recipe_uses_the_papers_prompt():
@@ -177,7 +200,7 @@ def test_resume_reads_the_config_snapshot_of_an_older_run(tmp_path, capsys):
 
     data = load_train_config(RECIPES / "qwen3_4b_games_8gpu.yaml", []).to_dict()
     rewards = data["selfplay"]["rewards"]
-    for key in ("lp_fast_decay", "lp_slow_decay", "wp_fast_alpha", "wp_slow_alpha", "wp_scale", "sv_target", "sv_sigma"):
+    for key in ("lp_gamma_fast", "lp_gamma_slow", "wp_fast_alpha", "wp_slow_alpha", "wp_scale", "sv_target", "sv_sigma"):
         del rewards[key]
     rewards.update(designer_reward="learning_potential", lp_fast_alpha=0.6, lp_slow_alpha=0.2, lp_scale=0.5)
     run = RunDir(tmp_path / "old")

@@ -260,19 +260,19 @@ SETS = [
     {"a1": (A, [0.5], [0.5]),           # R = 0.5
      "b1": (B, [1.0], [1.0])},          # R = 1.0
 ]
-# fast decay 0.85, slow decay 0.98 ; ema <- decay * ema + (1 - decay) * R_skill
+# paper Eq. 4, gamma_fast 0.98, gamma_slow 0.85 ; mu <- (1 - gamma) * mu + gamma * R_skill
 #   set 1: R_A = 0.4 -> fast_A = slow_A = 0.4 (first value) ; R_B = 0.5 -> fast_B = slow_B = 0.5
 #          rewards |0.2 - 0.4| = 0.2, |0.6 - 0.4| = 0.2, |0.5 - 0.5| = 0
-#   set 2: R_A = 0.9 -> fast_A = 0.85 * 0.4 + 0.15 * 0.9 = 0.475 ; slow_A = 0.98 * 0.4 + 0.02 * 0.9 = 0.41
-#          R_B = 0.0 -> fast_B = 0.425 ; slow_B = 0.49
-#          rewards |0.8 - 0.41| = 0.39, |1.0 - 0.41| = 0.59, |0.0 - 0.49| = 0.49
-#   set 3: R_A = 0.5 -> fast_A = 0.85 * 0.475 + 0.075 = 0.47875 ; slow_A = 0.98 * 0.41 + 0.01 = 0.4118
-#          R_B = 1.0 -> fast_B = 0.85 * 0.425 + 0.15 = 0.51125 ; slow_B = 0.98 * 0.49 + 0.02 = 0.5002
-#          rewards |0.5 - 0.4118| = 0.0882, |1.0 - 0.5002| = 0.4998
-EXPECTED = [[0.2, 0.2, 0.0], [0.39, 0.59, 0.49], [0.0882, 0.4998]]
+#   set 2: R_A = 0.9 -> fast_A = 0.02 * 0.4 + 0.98 * 0.9 = 0.89 ; slow_A = 0.15 * 0.4 + 0.85 * 0.9 = 0.825
+#          R_B = 0.0 -> fast_B = 0.02 * 0.5 = 0.01 ; slow_B = 0.15 * 0.5 = 0.075
+#          rewards |0.8 - 0.825| = 0.025, |1.0 - 0.825| = 0.175, |0.0 - 0.075| = 0.075
+#   set 3: R_A = 0.5 -> fast_A = 0.02 * 0.89 + 0.49 = 0.5078 ; slow_A = 0.15 * 0.825 + 0.425 = 0.54875
+#          R_B = 1.0 -> fast_B = 0.02 * 0.01 + 0.98 = 0.9802 ; slow_B = 0.15 * 0.075 + 0.85 = 0.86125
+#          rewards |0.5 - 0.54875| = 0.04875, |1.0 - 0.86125| = 0.13875
+EXPECTED = [[0.2, 0.2, 0.0], [0.025, 0.175, 0.075], [0.04875, 0.13875]]
 EXPECTED_EMAS = [({A: 0.4, B: 0.5}, {A: 0.4, B: 0.5}),
-                 ({A: 0.475, B: 0.425}, {A: 0.41, B: 0.49}),
-                 ({A: 0.47875, B: 0.51125}, {A: 0.4118, B: 0.5002})]
+                 ({A: 0.89, B: 0.01}, {A: 0.825, B: 0.075}),
+                 ({A: 0.5078, B: 0.9802}, {A: 0.54875, B: 0.86125})]
 
 
 def _lp_buffer() -> DesignerBuffer:
@@ -301,9 +301,9 @@ def test_learning_potential_reward_is_not_centred_twice():
         _regeneration(buffer, 4 * index, envs)
         released = buffer.release(4 * index + 4)
     assert all(r.reward >= 0 for r in released)
-    # set 2, skill A: 0.39 and 0.59 -> mean 0.49 -> -0.1, +0.1 ; B alone -> 0 ; scale 32
+    # set 2, skill A: 0.025 and 0.175 -> mean 0.1 -> -0.075, +0.075 ; B alone -> 0 ; scale 32
     advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], 32.0)
-    assert advantages == approx([-3.2, 3.2, 0.0])
+    assert advantages == approx([-2.4, 2.4, 0.0])
 
 
 def test_learning_potential_released_together_is_one_update_per_generation_step():
@@ -337,17 +337,35 @@ def test_learning_potential_resume_round_trip_gives_identical_rewards():
 
 def test_learning_potential_validation_and_settings():
     settings = RewardSettings(designer_reward="learning_potential")
-    assert (settings.lp_fast_decay, settings.lp_slow_decay) == (0.85, 0.98)
-    assert designer_reward_for(settings) == LearningPotentialReward(0.85, 0.98)
+    assert (settings.lp_gamma_fast, settings.lp_gamma_slow) == (0.98, 0.85)  # paper Eq. 4, released values
+    assert designer_reward_for(settings) == LearningPotentialReward(0.98, 0.85)
     assert designer_reward_for(settings) is not designer_reward_for(settings)  # fresh state each time
-    with pytest.raises(ValueError, match="lp_fast_decay"):
-        RewardSettings(lp_fast_decay=0.99)  # the fast average must forget faster than the slow one
-    with pytest.raises(ValueError, match="lp_slow_decay"):
-        RewardSettings(lp_slow_decay=1.0)
-    with pytest.raises(ValueError, match="fast_decay"):
-        LearningPotentialReward(0.9, 0.5)
+    with pytest.raises(ValueError, match="lp_gamma_fast"):
+        RewardSettings(lp_gamma_fast=0.8)  # the fast average must take more of the new value than the slow one
+    with pytest.raises(ValueError, match="lp_gamma_slow"):
+        RewardSettings(lp_gamma_slow=0.0)
+    with pytest.raises(ValueError, match="gamma_fast"):
+        LearningPotentialReward(0.5, 0.9)
     with pytest.raises(ValueError, match="fast and slow"):
         LearningPotentialReward().load_state_dict({"fast": {A: 0.1}, "slow": {}})
+
+
+def test_learning_potential_checkpoint_written_before_issue_20_resumes():
+    """A version-2 buffer written when gamma was read as a decay (settings lp_fast_decay 0.85 /
+    lp_slow_decay 0.98): its settings are read back as the paper's gammas, its averages are taken
+    over and updated the paper's way."""
+    old = {"version": 2, "k": 4, "pending": [],
+           "settings": {**{k: v for k, v in dataclasses.asdict(RewardSettings()).items()
+                           if k not in ("lp_gamma_fast", "lp_gamma_slow", "advantage_agent_samples")},
+                        "designer_reward": "learning_potential", "lp_fast_decay": 0.85, "lp_slow_decay": 0.98},
+           "reward_state": {"fast": {A: 0.4}, "slow": {A: 0.4}}}
+    for settings in (None, RewardSettings(designer_reward="learning_potential")):
+        buffer = DesignerBuffer.from_json(old, settings)
+        assert (buffer.settings.lp_gamma_fast, buffer.settings.lp_gamma_slow) == (0.98, 0.85)
+        _regeneration(buffer, 4, {"a1": (A, [0.8], [0.8]), "a2": (A, [1.0], [1.0])})
+        assert [r.reward for r in buffer.release(8)] == approx([0.025, 0.175])  # as set 2 above
+        assert buffer.reward_state["fast"] == approx({A: 0.89})
+        assert buffer.reward_state["slow"] == approx({A: 0.825})
 
 
 def test_resume_uses_the_new_band_and_keeps_the_reward():

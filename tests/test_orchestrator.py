@@ -288,7 +288,9 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
         regret = sum(h) / len(h) - sum(n0) / len(n0)
         win = sum(n0 + n1) / len(n0 + n1)
         blends.append(0.4 * min(1.0, max(0.0, regret / 0.15)) + 0.6 * _plateau(win))
-    scale = min(50.0, len(out2.agent_samples) / 2 * 2)
+    # the designer advantage weight: the released global batch 192 / 2 released * k 2 = 192 -> cap 50
+    scale = min(50.0, 192 / 2 * 2)
+    assert out2.metrics["designer/advantage_scale"] == scale
     mean = sum(blends) / 2  # both environments share the one active skill
     for trajectory, blend in zip(out2.designer_samples, blends):
         assert trajectory.role is Role.DESIGNER and trajectory.generated_step == 0

@@ -11,16 +11,20 @@ from hypothesis import strategies as st
 from spade.envs import protocol
 from spade.selfplay import rewards
 from spade.selfplay.rewards import (
+    DesignerEvidence,
     RewardSettings,
     agent_advantages,
     designer_advantage_scale,
     designer_advantages,
     designer_reward,
+    designer_reward_for,
     episode_return,
     plateau,
+    score_released,
 )
 
 approx = pytest.approx
+LOGIC, MATH = "Logical Deduction", "Mathematical Reasoning"
 
 # ---------------------------------------------------------------------------------- episode_return
 
@@ -285,7 +289,8 @@ def test_reward_settings_defaults_match_spec():
     }
     assert settings.advantage_cap == 50.0
     assert settings.designer_reward == "regret_plateau"
-    assert (settings.lp_fast_decay, settings.lp_slow_decay) == (0.85, 0.98)  # the paper's released values
+    assert (settings.lp_gamma_fast, settings.lp_gamma_slow) == (0.98, 0.85)  # paper Eq. 4 and its released values
+    assert settings.advantage_agent_samples == 192  # the released global batch
     assert (settings.wp_fast_alpha, settings.wp_slow_alpha, settings.wp_scale) == (0.5, 0.1, 0.2)
     assert (settings.sv_target, settings.sv_sigma) == (0.25, 0.1)  # SPICE
     # the kwargs feed designer_reward: regret 0.09 -> 0.6 ; win 0.5 -> 1 ; 0.24 + 0.6 = 0.84
@@ -306,8 +311,10 @@ def test_reward_settings_is_frozen():
         (dict(regret_scale=-1.0), "regret_scale"),
         (dict(wp_slow_alpha=0.6), "wp_slow_alpha"),
         (dict(wp_scale=float("nan")), "wp_scale"),
-        (dict(lp_fast_decay=0.98, lp_slow_decay=0.85), "lp_fast_decay"),
-        (dict(lp_slow_decay=-0.1), "lp_slow_decay"),
+        (dict(lp_gamma_fast=0.85, lp_gamma_slow=0.98), "lp_gamma_fast"),
+        (dict(lp_gamma_slow=-0.1), "lp_gamma_slow"),
+        (dict(lp_gamma_fast=1.5), "lp_gamma_fast"),
+        (dict(advantage_agent_samples=0), "advantage_agent_samples"),
         (dict(sv_sigma=0.0), "sv_sigma"),
         (dict(sv_target=float("inf")), "sv_target"),
         (dict(advantage_cap=0.0), "advantage_cap"),
@@ -381,10 +388,101 @@ def test_upgrade_reward_settings_of_an_older_spade():
     from spade.selfplay.rewards import upgrade_reward_settings
 
     old = {"designer_reward": "learning_potential", "lp_fast_alpha": 0.6, "lp_slow_alpha": 0.2, "lp_scale": 0.5,
-           "plateau_lo": 0.3}
+           "regret_scale": 0.15}
     assert upgrade_reward_settings(old) == {"designer_reward": "window_progress", "wp_fast_alpha": 0.6,
-                                            "wp_slow_alpha": 0.2, "wp_scale": 0.5, "plateau_lo": 0.3}
+                                            "wp_slow_alpha": 0.2, "wp_scale": 0.5, "regret_scale": 0.15}
     assert upgrade_reward_settings({**old, "designer_reward": "regret_plateau"})["designer_reward"] == "regret_plateau"
-    # today's names are left alone: learning_potential with lp_*_decay is the paper's reward
-    new = {"designer_reward": "learning_potential", "lp_fast_decay": 0.85, "lp_slow_decay": 0.98}
+    # issues 15-19 read gamma as a decay: the same numbers, the paper's way (the fast average moves more)
+    decays = {"designer_reward": "learning_potential", "lp_fast_decay": 0.85, "lp_slow_decay": 0.98}
+    assert upgrade_reward_settings(decays) == {"designer_reward": "learning_potential",
+                                               "lp_gamma_fast": 0.98, "lp_gamma_slow": 0.85}
+    # today's names are left alone
+    new = {"designer_reward": "learning_potential", "lp_gamma_fast": 0.98, "lp_gamma_slow": 0.85}
     assert upgrade_reward_settings(new) == new
+
+
+@pytest.mark.parametrize("key", ["lp_fast_decay", "lp_slow_decay"])
+def test_retired_learning_potential_keys_name_the_new_ones(key):
+    """A config that still sets a decay gets an error naming the key and the keys that replace it."""
+    from spade.config import ConfigError, from_mapping
+
+    with pytest.raises(ConfigError, match=f"rewards.{key}: retired.*lp_gamma_fast.*0.98.*lp_gamma_slow.*0.85"):
+        from_mapping(RewardSettings, {"designer_reward": "learning_potential", key: 0.9}, where="rewards")
+
+
+# --------------------------------------------------------- learning potential (paper Eqs. 4-6)
+
+
+def _evidence(*window: list[float]) -> DesignerEvidence:
+    """An environment whose window had the no-hint plays ``window[0]`` at step s, then the rest."""
+    return DesignerEvidence((1.0,), tuple(window[0]), tuple(tuple(step) for step in window[1:]))
+
+
+def test_learning_potential_by_hand_gamma_weighs_the_new_value():
+    """Three sets of one skill. gamma_fast 0.98, gamma_slow 0.85; mu <- (1 - gamma) mu + gamma r.
+
+    set 1: e1 plays 1,0 | 1,1 (R 0.75), e2 0,0 | 0,1 (R 0.25): r = 4/8 = 0.5 -> fast = slow = 0.5;
+           rewards |0.75 - 0.5| = 0.25, |0.25 - 0.5| = 0.25
+    set 2: e1 R 1.0, e2 R 0.75: r = 7/8 = 0.875 -> fast = 0.02 * 0.5 + 0.98 * 0.875 = 0.8675,
+           slow = 0.15 * 0.5 + 0.85 * 0.875 = 0.81875; rewards 0.18125, 0.06875
+    set 3: e1 R 0, e2 R 0.5: r = 0.25 -> fast = 0.02 * 0.8675 + 0.98 * 0.25 = 0.26235,
+           slow = 0.15 * 0.81875 + 0.85 * 0.25 = 0.3353125; rewards 0.3353125, 0.1646875
+    (Read as decays, set 2 would give slow = 0.98 * 0.5 + 0.02 * 0.875 = 0.5075.)
+    """
+    from spade.selfplay.rewards import LearningPotentialReward
+
+    reward = designer_reward_for(RewardSettings(designer_reward="learning_potential"))
+    assert isinstance(reward, LearningPotentialReward)
+    skills = [LOGIC, LOGIC]
+    sets = [([1, 0], [1, 1]), ([0, 0], [0, 1])], [([1, 1], [1, 1]), ([1, 0], [1, 1])], [([0], [0]), ([0], [1])]
+    expected = [([0.25, 0.25], 0.5, 0.5), ([0.18125, 0.06875], 0.8675, 0.81875),
+                ([0.3353125, 0.1646875], 0.26235, 0.3353125)]
+    for envs, (rewards, fast, slow) in zip(sets, expected):
+        assert score_released(reward, skills, [_evidence(*env) for env in envs]) == approx(rewards)
+        assert reward.state_dict()["fast"] == approx({LOGIC: fast})
+        assert reward.state_dict()["slow"] == approx({LOGIC: slow})
+    # the released code's monitored potential: |fast - slow| / (2 (0.98 - 0.85))
+    assert reward.potential(LOGIC) == approx(abs(0.26235 - 0.3353125) / 0.26)
+    assert reward.potential("never seen") == 0.0
+
+
+def test_learning_potential_skill_return_pools_the_plays():
+    """r_c is the mean of all plays of the skill's environments (the released code extends one list):
+    e1 one play 1.0, e2 three plays 0 -> r = 1/4 (a mean of the means would be 0.5); rewards
+    |1 - 0.25| = 0.75 and |0 - 0.25| = 0.25. A second skill keeps averages of its own."""
+    reward = designer_reward_for(RewardSettings(designer_reward="learning_potential"))
+    got = score_released(reward, [LOGIC, LOGIC, MATH], [_evidence([1.0]), _evidence([0.0, 0.0], [0.0]),
+                                                         _evidence([0.5])])
+    assert got == approx([0.75, 0.25, 0.0])
+    assert reward.state_dict()["fast"] == approx({LOGIC: 0.25, MATH: 0.5})
+    assert reward.state_dict()["slow"] == approx({LOGIC: 0.25, MATH: 0.5})
+
+
+# ------------------------------------------------------------ designer advantage weight (issue 20)
+
+
+@pytest.mark.parametrize(
+    "recipe, k, expected",
+    [
+        # games: 16 plays x 24 envs = 384 agent samples this step; the released code's 192 / 24 * 4 = 32
+        ("examples/recipes/qwen3_30b_a3b_games_8gpu.yaml", 4, 32.0),
+        # tool use: 192 / 24 * 8 = 64 -> the cap 50
+        ("examples/recipes/tool_use_qwen3_30b_a3b_8gpu.yaml", 8, 50.0),
+    ],
+)
+def test_designer_advantage_weight_of_the_recipes(recipe, k, expected):
+    from pathlib import Path
+
+    from spade.train_config import load_train_config
+
+    config = load_train_config(Path(__file__).resolve().parents[1] / recipe)
+    sp = config.selfplay
+    assert (sp.k, sp.envs_per_set, sp.g_nohint) == (k, 24, 16)
+    assert rewards.designer_advantage_weight(sp.rewards, sp.envs_per_set * sp.g_nohint, sp.envs_per_set, sp.k) == expected
+
+
+def test_designer_advantage_weight_counts_this_step_when_asked():
+    counted = RewardSettings(advantage_agent_samples=None)
+    assert rewards.designer_advantage_weight(counted, 384, 24, 4) == 50.0   # 384 / 24 * 4 = 64 -> 50
+    assert rewards.designer_advantage_weight(counted, 96, 24, 4) == 16.0    # 96 / 24 * 4
+    assert rewards.designer_advantage_weight(RewardSettings(), 96, 20, 4) == approx(38.4)  # 192 / 20 * 4

@@ -26,7 +26,10 @@ so that a resumed run releases exactly what the interrupted one would have, with
 
 Format versions: 2 adds ``reward_state``. Version 1 (before issue 15) is read back: its settings
 keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale`` and its reward name ``learning_potential``
-meant today's ``window_progress`` (``wp_*``), and it had no reward state. Standard library only.
+meant today's ``window_progress`` (``wp_*``), and it had no reward state. Settings of either
+version written before issue 20 carry ``lp_fast_decay`` / ``lp_slow_decay``, read back as
+``lp_gamma_slow`` / ``lp_gamma_fast`` (:func:`~spade.selfplay.rewards.upgrade_reward_settings`).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -271,10 +274,8 @@ class DesignerBuffer:
         ``selfplay.rewards.designer_reward`` otherwise), because its state belongs to it.
         """
         version = data.get("version")
-        stored = dict(data["settings"])
-        if version == 1:  # its settings carry the old names of the per-environment reward
-            stored = upgrade_reward_settings(stored)
-        elif version != _FORMAT_VERSION:
+        stored = upgrade_reward_settings(data["settings"])  # older spades' key names in today's
+        if version not in (1, _FORMAT_VERSION):
             raise ValueError(f"designer buffer version: expected 1 or {_FORMAT_VERSION}, got {version!r} "
                              "(written by a newer or unknown spade)")
         stored_settings = RewardSettings(**stored)

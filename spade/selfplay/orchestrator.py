@@ -19,8 +19,8 @@
 4. **Designer samples**: the designer call of each admitted environment (prompt + whole response,
    loss on the response) waits in a :class:`DesignerBuffer` with the returns of step ``s``; later
    steps of the window add their no-hint returns; at step ``s + k`` the buffer releases it with its
-   reward and the released set gets ``designer_advantages`` (centred per skill, scaled by
-   ``designer_advantage_scale(n_agent_samples_this_step, n_released, k)``). Emitted only if
+   reward and the released set gets ``designer_advantages`` (centred per skill, weighted by
+   ``designer_advantage_weight``: the released global batch 192 / n_released * k, capped). Emitted only if
    ``train_designer``.
 6. **Memory**: after the plays of a regeneration step, one record per environment (win rate = share
    of no-hint plays with return > 0, raw regret = mean hinted return - mean no-hint return, step s).
@@ -55,7 +55,7 @@ from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .designer_round import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
 from .plays import Play, Player, PlayRequest
-from .rewards import agent_advantages, designer_advantage_scale, designer_advantages, hint_regret
+from .rewards import agent_advantages, designer_advantage_weight, designer_advantages, hint_regret
 from .settings import SelfPlaySettings
 from .trajectory_log import TrajectoryLog
 
@@ -244,14 +244,18 @@ class Orchestrator:
         metrics["designer/reward_mean"] = _mean([r.reward for r in released])
         metrics["designer/regret_mean"] = _mean([r.regret for r in released])
         metrics["designer/win_mean"] = _mean([r.win for r in released])
-        scale = designer_advantage_scale(len(out.agent_samples), len(released), self.settings.k,
-                                         self.settings.rewards.advantage_cap)
+        scale = designer_advantage_weight(self.settings.rewards, len(out.agent_samples), len(released),
+                                          self.settings.k)
         advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], scale)
         metrics["designer/advantage_scale"] = scale
         for average, per_skill in sorted(self.buffer.reward_state.items()):  # learning potential: per-skill EMAs
             if isinstance(per_skill, dict):
                 for skill, value in sorted(per_skill.items()):
                     metrics[f"designer/lp_{average}/{skill}"] = float(value)
+        potential = getattr(self.buffer.reward, "potential", None)  # the released code's monitored gap
+        if potential is not None:
+            for skill in sorted(self.buffer.reward_state.get("slow", {})):
+                metrics[f"designer/lp_potential/{skill}"] = potential(skill)
         for entry, advantage in zip(released, advantages):
             design = self.pending_samples.pop(entry.sample_ref, None)
             if not self.settings.train_designer or design is None or not design.trainable:

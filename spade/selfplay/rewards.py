@@ -16,7 +16,8 @@ implementations, chosen by ``RewardSettings.designer_reward`` through :func:`des
 
 * ``regret_plateau``: :class:`RegretPlateauReward` (SPEC 1.4, the method);
 * ``learning_potential``: :class:`LearningPotentialReward` (the paper's EMA ablation, Eqs. 4-6:
-  per-skill EMAs across regenerations, ``lp_*`` keys);
+  per-skill EMAs across regenerations, ``lp_gamma_fast`` / ``lp_gamma_slow``; before issue 20 it
+  read gamma as a decay, keys ``lp_fast_decay`` / ``lp_slow_decay``);
 * ``window_progress``: :class:`WindowProgressReward` (this project's per-environment variant: fast
   and slow EMAs over the steps of one environment's window, ``wp_*`` keys; before issue 15 it was
   called ``learning_potential`` with keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale``);
@@ -34,7 +35,7 @@ import math
 import numbers
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol, get_args
+from typing import Any, Callable, ClassVar, Literal, Protocol, get_args
 
 from ..envs.protocol import episode_return
 
@@ -55,6 +56,7 @@ __all__ = [
     "RewardSettings",
     "agent_advantages",
     "designer_advantage_scale",
+    "designer_advantage_weight",
     "designer_advantages",
     "designer_reward",
     "episode_return",
@@ -74,11 +76,20 @@ class RewardSettings:
 
     ``designer_reward`` picks the designer's reward: ``"regret_plateau"`` (SPEC 1.4, the method),
     ``"learning_potential"`` (the paper's EMA ablation, :class:`LearningPotentialReward`, reads
-    ``lp_fast_decay`` / ``lp_slow_decay``), ``"window_progress"`` (:class:`WindowProgressReward`,
+    ``lp_gamma_fast`` / ``lp_gamma_slow``), ``"window_progress"`` (:class:`WindowProgressReward`,
     reads the ``wp_*`` fields) or ``"solver_variance"`` (SPICE, :class:`SolverVarianceReward`,
     reads ``sv_target`` / ``sv_sigma``).
-    ``advantage_cap`` caps :func:`designer_advantage_scale`.
+    ``advantage_cap`` caps :func:`designer_advantage_scale`; ``advantage_agent_samples`` is the
+    agent-sample count that weight uses (:func:`designer_advantage_weight`).
     """
+
+    # Keys of older spades that a config may not use any more, with what replaces them.
+    RETIRED_KEYS: ClassVar[dict[str, str]] = {
+        "lp_fast_decay": "retired in issue 20: the learning potential reads gamma as the weight of the new "
+                         "value (paper Eq. 4); set lp_gamma_fast (paper 0.98) and lp_gamma_slow (paper 0.85)",
+        "lp_slow_decay": "retired in issue 20: the learning potential reads gamma as the weight of the new "
+                         "value (paper Eq. 4); set lp_gamma_fast (paper 0.98) and lp_gamma_slow (paper 0.85)",
+    }
 
     regret_scale: float = 0.15
     regret_weight: float = 0.4
@@ -87,10 +98,12 @@ class RewardSettings:
     plateau_hi: float = 0.6
     plateau_ramp: float = 0.25
     advantage_cap: float = 50.0
+    # The released code's agent samples per step (its global batch); null: this step's agent samples
+    advantage_agent_samples: int | None = 192
     designer_reward: DesignerRewardName = "regret_plateau"
-    # learning_potential (the paper's released values): ema <- decay * ema + (1 - decay) * x
-    lp_fast_decay: float = 0.85
-    lp_slow_decay: float = 0.98
+    # learning_potential (paper Eq. 4 and its released values): mu <- (1 - gamma) * mu + gamma * r
+    lp_gamma_fast: float = 0.98
+    lp_gamma_slow: float = 0.85
     # window_progress (this project's choice)
     wp_fast_alpha: float = 0.5
     wp_slow_alpha: float = 0.1
@@ -107,7 +120,7 @@ class RewardSettings:
             )
         for name in (
             "regret_scale", "regret_weight", "plateau_weight", "plateau_lo", "plateau_hi",
-            "plateau_ramp", "advantage_cap", "lp_fast_decay", "lp_slow_decay", "wp_fast_alpha",
+            "plateau_ramp", "advantage_cap", "lp_gamma_fast", "lp_gamma_slow", "wp_fast_alpha",
             "wp_slow_alpha", "wp_scale", "sv_target", "sv_sigma",
         ):
             value = getattr(self, name)
@@ -118,10 +131,14 @@ class RewardSettings:
         _check(self.plateau_lo <= self.plateau_hi, "plateau_lo", "must be <= plateau_hi")
         _check(self.plateau_ramp > 0, "plateau_ramp", "must be > 0")
         _check(self.advantage_cap > 0, "advantage_cap", "must be > 0")
-        _check(0 <= self.lp_fast_decay < 1, "lp_fast_decay", "must be in [0, 1)")
-        _check(0 <= self.lp_slow_decay < 1, "lp_slow_decay", "must be in [0, 1)")
-        _check(self.lp_fast_decay < self.lp_slow_decay, "lp_fast_decay",
-               "must be < lp_slow_decay (the slow average keeps more of its past)")
+        _check(0 < self.lp_gamma_fast <= 1, "lp_gamma_fast", "must be in (0, 1]")
+        _check(0 < self.lp_gamma_slow <= 1, "lp_gamma_slow", "must be in (0, 1]")
+        _check(self.lp_gamma_slow < self.lp_gamma_fast, "lp_gamma_fast",
+               "must be > lp_gamma_slow (gamma weighs the new value: the fast average takes more of it)")
+        _check(self.advantage_agent_samples is None or (
+            isinstance(self.advantage_agent_samples, int) and not isinstance(self.advantage_agent_samples, bool)
+            and self.advantage_agent_samples >= 1), "advantage_agent_samples",
+            f"must be an integer >= 1 or null (count this step's agent samples), got {self.advantage_agent_samples!r}")
         _check(0 < self.wp_slow_alpha <= 1, "wp_slow_alpha", "must be in (0, 1]")
         _check(0 < self.wp_fast_alpha <= 1, "wp_fast_alpha", "must be in (0, 1]")
         _check(self.wp_slow_alpha < self.wp_fast_alpha, "wp_slow_alpha", "must be < wp_fast_alpha")
@@ -332,82 +349,89 @@ class SetDesignerReward(Protocol):
 class LearningPotentialReward:
     """The paper's learning-potential designer reward (its Eqs. 4-6; ``learning_potential``).
 
-    Per skill ``c`` the run keeps two exponential moving averages of the agent's mean return,
-    updated once per regeneration (here: once per released set, when the set's window closes)::
+    Per skill ``c`` the run keeps a fast and a slow exponential moving average of the agent's
+    return, updated once per released set (when the set's window closes, before its rewards are
+    read)::
 
-        fast_c <- fast_decay * fast_c + (1 - fast_decay) * R_c        (Eq. 4)
-        slow_c <- slow_decay * slow_c + (1 - slow_decay) * R_c        (Eq. 5)
-        reward_e = |R_e - slow_c|  for environment e of skill c      (Eq. 6)
+        mu_fast_c <- (1 - gamma_fast) * mu_fast_c + gamma_fast * r_c
+        mu_slow_c <- (1 - gamma_slow) * mu_slow_c + gamma_slow * r_c        (Eq. 4)
+        reward_e   = |R_e - mu_slow_c|   for environment e of skill c
 
-    ``R_e`` is the environment's mean no-hint return over its window (the plateau's ``win``) and
-    ``R_c`` the mean of ``R_e`` over the set's environments of skill ``c``. The released values are
-    0.98 and 0.85. Which is the decay: an average called *slow* must keep more of its past than a
-    *fast* one, so with ``ema <- beta * ema + (1 - beta) * x`` the slow average has ``beta = 0.98``
-    (a new set moves it by 2%) and the fast one ``beta = 0.85`` (15%). Read as weights of the new
-    value instead, both averages would be within 15% of the latest set and could not be told apart.
-
-    Choices the description leaves open, made here: an average starts at the first ``R_c`` of
-    its skill (no prior value); the averages are updated with the set before its rewards are read,
-    so the first set of a skill is scored against its own skill mean. The reward is the raw
-    distance; "centred per skill" is :func:`designer_advantages`, which subtracts the same-skill
-    mean of the set, so nothing is centred here. The fast average does not enter Eq. 6; it is kept
-    (and checkpointed) for logging. The hinted plays do not enter it.
+    ``gamma`` weighs the NEW value, as the paper writes Eq. 4 and its released
+    ``learning_potential.py`` computes it: with ``gamma_fast`` 0.98 > ``gamma_slow`` 0.85 a new
+    set moves the fast average by 98% and the slow one by 85%. ``R_e`` is the environment's mean
+    no-hint return over its window (the plateau's ``win``); ``r_c`` is the mean of every no-hint
+    return of the window over the set's environments of skill ``c`` (the plays pooled, as the
+    released code pools them, so an environment with fewer plays weighs less). A skill seen for
+    the first time starts both averages at its ``r_c`` (so its first set is scored against its own
+    mean). The reward is the raw distance; centring per skill and the advantage weight are
+    :func:`designer_advantages`. The gap ``|mu_fast - mu_slow| / (2 (gamma_fast - gamma_slow))``
+    (:meth:`potential`) is the released code's monitored learning potential: logged, not a reward.
+    The hinted plays do not enter it.
     """
 
-    def __init__(self, fast_decay: float = 0.85, slow_decay: float = 0.98) -> None:
-        _require_finite(fast_decay, "fast_decay")
-        _require_finite(slow_decay, "slow_decay")
-        if not 0 <= fast_decay < slow_decay < 1:
-            raise ValueError(f"fast_decay, slow_decay: need 0 <= fast_decay < slow_decay < 1, "
-                             f"got {fast_decay}, {slow_decay}")
-        self.fast_decay = float(fast_decay)
-        self.slow_decay = float(slow_decay)
+    def __init__(self, gamma_fast: float = 0.98, gamma_slow: float = 0.85) -> None:
+        _require_finite(gamma_fast, "gamma_fast")
+        _require_finite(gamma_slow, "gamma_slow")
+        if not 0 < gamma_slow < gamma_fast <= 1:
+            raise ValueError(f"gamma_fast, gamma_slow: need 0 < gamma_slow < gamma_fast <= 1 (gamma weighs the "
+                             f"new value), got {gamma_fast}, {gamma_slow}")
+        self.gamma_fast = float(gamma_fast)
+        self.gamma_slow = float(gamma_slow)
         self.fast: dict[str, float] = {}
         self.slow: dict[str, float] = {}
 
     @classmethod
     def from_settings(cls, settings: "RewardSettings") -> "LearningPotentialReward":
-        return cls(settings.lp_fast_decay, settings.lp_slow_decay)
+        return cls(settings.lp_gamma_fast, settings.lp_gamma_slow)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LearningPotentialReward):
             return NotImplemented
-        return (self.fast_decay, self.slow_decay, self.fast, self.slow) == \
-            (other.fast_decay, other.slow_decay, other.fast, other.slow)
+        return (self.gamma_fast, self.gamma_slow, self.fast, self.slow) == \
+            (other.gamma_fast, other.gamma_slow, other.fast, other.slow)
 
     def __repr__(self) -> str:
-        return (f"LearningPotentialReward(fast_decay={self.fast_decay}, slow_decay={self.slow_decay}, "
+        return (f"LearningPotentialReward(gamma_fast={self.gamma_fast}, gamma_slow={self.gamma_slow}, "
                 f"fast={self.fast}, slow={self.slow})")
 
-    def update(self, skill_means: Mapping[str, float]) -> None:
-        """Eqs. 4 and 5 for each skill of one set (a skill seen for the first time starts at its mean)."""
-        for skill, mean in skill_means.items():
-            x = _require_finite(mean, "skill_means")
+    def update(self, skill_returns: Mapping[str, float]) -> None:
+        """Eq. 4 for each skill of one set, given its ``r_c``."""
+        for skill, value in skill_returns.items():
+            r = _require_finite(value, "skill_returns")
             if skill not in self.slow:
-                self.fast[skill] = self.slow[skill] = x
+                self.fast[skill] = self.slow[skill] = r
             else:
-                self.fast[skill] = self.fast_decay * self.fast[skill] + (1 - self.fast_decay) * x
-                self.slow[skill] = self.slow_decay * self.slow[skill] + (1 - self.slow_decay) * x
+                self.fast[skill] = (1 - self.gamma_fast) * self.fast[skill] + self.gamma_fast * r
+                self.slow[skill] = (1 - self.gamma_slow) * self.slow[skill] + self.gamma_slow * r
 
-    def score_means(self, skills: Sequence[str], env_means: Sequence[float]) -> list[float]:
-        """Update with one set (``env_means[i]`` = ``R_e`` of an environment of ``skills[i]``) and
-        return each environment's ``|R_e - slow_c|`` (Eq. 6)."""
-        if len(skills) != len(env_means):
-            raise ValueError(f"skills and env_means differ in length ({len(skills)} vs {len(env_means)})")
-        values = [_require_finite(m, "env_means") for m in env_means]
-        groups: dict[str, list[float]] = {}
-        for skill, value in zip(skills, values):
-            groups.setdefault(skill, []).append(value)
-        self.update({skill: math.fsum(group) / len(group) for skill, group in groups.items()})
-        return [abs(value - self.slow[skill]) for skill, value in zip(skills, values)]
+    def potential(self, skill: str) -> float:
+        """The released code's monitored learning potential of ``skill`` (0 before its first set)."""
+        if skill not in self.slow:
+            return 0.0
+        return abs(self.fast[skill] - self.slow[skill]) / (2 * (self.gamma_fast - self.gamma_slow))
+
+    def score_returns(self, skills: Sequence[str], window_returns: Sequence[Sequence[float]]) -> list[float]:
+        """Update with one set (``window_returns[i]``: every no-hint return of the window of an
+        environment of ``skills[i]``, non-empty) and return each environment's ``|R_e - mu_slow_c|``."""
+        if len(skills) != len(window_returns):
+            raise ValueError(f"skills and window_returns differ in length ({len(skills)} vs {len(window_returns)})")
+        means = [_mean(returns, "window_returns") for returns in window_returns]
+        pooled: dict[str, list[float]] = {}
+        for skill, returns in zip(skills, window_returns):
+            pooled.setdefault(skill, []).extend(float(r) for r in returns)
+        self.update({skill: math.fsum(plays) / len(plays) for skill, plays in pooled.items()})
+        return [abs(mean - self.slow[skill]) for skill, mean in zip(skills, means)]
 
     def score_set(self, skills: Sequence[str], evidence: Sequence[DesignerEvidence]) -> list[float]:
-        return self.score_means(skills, [e.win for e in evidence])
+        return self.score_returns(skills, [e.window_returns for e in evidence])
 
     def state_dict(self) -> dict[str, Any]:
         return {"fast": dict(self.fast), "slow": dict(self.slow)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """The per-skill averages (a checkpoint written before issue 20, when gamma was read as a
+        decay, has the same form: its averages are taken over and updated the paper's way on)."""
         fast = {str(k): _require_finite(v, "fast") for k, v in dict(state.get("fast", {})).items()}
         slow = {str(k): _require_finite(v, "slow") for k, v in dict(state.get("slow", {})).items()}
         if set(fast) != set(slow):
@@ -440,17 +464,25 @@ _OLD_KEYS = {"lp_fast_alpha": "wp_fast_alpha", "lp_slow_alpha": "wp_slow_alpha",
 
 
 def upgrade_reward_settings(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A rewards mapping as written before issue 15, in today's names (others unchanged).
+    """A rewards mapping written by an older spade, in today's names (others unchanged).
 
-    Recognised by the old keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale``: they become
+    Before issue 15 (old keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale``): they become
     ``wp_*``, and ``designer_reward: learning_potential`` (which then meant the per-environment
-    reward) becomes ``window_progress``. Used to read a run's config snapshot and delay buffer
-    written by an older spade."""
-    if not set(_OLD_KEYS) & set(data):
-        return dict(data)
-    upgraded = {_OLD_KEYS.get(key, key): value for key, value in data.items()}
-    if upgraded.get("designer_reward") == "learning_potential":
-        upgraded["designer_reward"] = "window_progress"
+    reward) becomes ``window_progress``. Issues 15-19 (keys ``lp_fast_decay``, ``lp_slow_decay``,
+    gamma read as a decay): the same numbers read the paper's way, so that the fast average is
+    still the one that moves more: ``lp_gamma_fast`` takes the old ``lp_slow_decay`` (0.98 in
+    every recipe) and ``lp_gamma_slow`` the old ``lp_fast_decay`` (0.85). Used to read a run's
+    config snapshot and delay buffer when it resumes; a config a user writes gets the
+    :attr:`RewardSettings.RETIRED_KEYS` error instead."""
+    upgraded = dict(data)
+    if set(_OLD_KEYS) & set(upgraded):
+        upgraded = {_OLD_KEYS.get(key, key): value for key, value in upgraded.items()}
+        if upgraded.get("designer_reward") == "learning_potential":
+            upgraded["designer_reward"] = "window_progress"
+    if "lp_slow_decay" in upgraded:
+        upgraded["lp_gamma_fast"] = upgraded.pop("lp_slow_decay")
+    if "lp_fast_decay" in upgraded:
+        upgraded["lp_gamma_slow"] = upgraded.pop("lp_fast_decay")
     return upgraded
 
 
@@ -521,13 +553,12 @@ def designer_advantages(
 def designer_advantage_scale(
     n_agent_samples: int, n_designer_samples: int, k: int, cap: float = 50.0
 ) -> float:
-    """``min(cap, n_agent_samples / n_designer_samples * k)`` (SPEC 1.4).
+    """``min(cap, n_agent_samples / n_designer_samples * k)`` (SPEC 1.4; the released
+    ``compute_env_reward_scale`` in ``spade/core/utils/rewards.py``).
 
     Weighs the few designer samples (one per environment, once per ``k`` steps) like the many agent
-    samples. The paper's settings: 192 agent samples per step and 24 environments give
-    ``192 / 24 * 4 = 32`` for games (k = 4) and ``min(50, 192 / 24 * 8 = 64) = 50`` for tool use
-    (k = 8). Raises ValueError unless ``n_designer_samples > 0``, ``n_agent_samples >= 0``,
-    ``k >= 1`` and ``cap > 0``.
+    samples. Raises ValueError unless ``n_designer_samples > 0``, ``n_agent_samples >= 0``,
+    ``k >= 1`` and ``cap > 0``. Which agent count goes in: :func:`designer_advantage_weight`.
     """
     _check(n_designer_samples > 0, "n_designer_samples", f"must be > 0, got {n_designer_samples}")
     _check(n_agent_samples >= 0, "n_agent_samples", f"must be >= 0, got {n_agent_samples}")
@@ -535,6 +566,25 @@ def designer_advantage_scale(
     _require_finite(cap, "cap")
     _check(cap > 0, "cap", f"must be > 0, got {cap}")
     return min(float(cap), n_agent_samples / n_designer_samples * k)
+
+
+def designer_advantage_weight(settings: RewardSettings, n_agent_samples: int, n_designer_samples: int,
+                              k: int) -> float:
+    """The weight of the designer advantages of one released set (:func:`designer_advantage_scale`).
+
+    The released code divides the number of agent samples of the step by the number of designer
+    samples released in it, times ``k``, capped at 50. Its agent samples per step are its global
+    batch: it plays every environment ``ceil(192 / 24) = 8`` times (and tops the batch up to 192),
+    so the weight is ``192 / 24 * 4 = 32`` for games and ``min(50, 192 / 24 * 8) = 50`` for tool
+    use. The paper's text says 16 no-hint plays per environment per step, which is this project's
+    default ``g_nohint``; counting those (384 a step) would give ``min(50, 64) = 50`` for games.
+    So the agent count is ``settings.advantage_agent_samples``, default 192 (the released global
+    batch, whatever ``g_nohint`` is); null counts ``n_agent_samples``, this step's agent samples.
+    ``n_designer_samples``: the designer samples released in the step (the set's admitted
+    environments), as the released code counts them.
+    """
+    agents = settings.advantage_agent_samples if settings.advantage_agent_samples is not None else n_agent_samples
+    return designer_advantage_scale(agents, n_designer_samples, k, settings.advantage_cap)
 
 
 def _check(condition: bool, name: str, message: str) -> None:
