@@ -30,6 +30,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         help="prompt plus completion limit (default: the config's max_position_embeddings)")
     parser.add_argument("--default-max-tokens", type=int, default=None,
                         help="max_tokens of requests that give none (default: the rest of the context)")
+    parser.add_argument("--reasoning-parser", choices=("auto", "qwen3", "deepseek-r1", "none"),
+                        default="auto",
+                        help="separate <think> reasoning into reasoning_content, as SGLang's parser of "
+                             "that name (default auto: qwen3 if the chat template writes <think>, "
+                             "else none)")
+    parser.add_argument("--thinking", choices=("auto", "on", "off"), default="auto",
+                        help="enable_thinking for every prompt unless a request's chat_template_kwargs "
+                             "sets it, as model.thinking (default auto: the template's own default)")
     parser.set_defaults(handler=run_serve)
 
 
@@ -44,7 +52,8 @@ def run_serve(args: argparse.Namespace) -> int:
         model=args.model, engine=args.engine, served_model_name=args.served_model_name,
         sglang_urls=list(args.sglang_url), device=args.device, dtype=args.dtype,
         max_batch_size=args.max_batch_size, max_context_tokens=args.max_context,
-        default_max_tokens=args.default_max_tokens)
+        default_max_tokens=args.default_max_tokens, reasoning_parser=args.reasoning_parser,
+        thinking=args.thinking)
     if args.engine == "sglang" and not options.sglang_urls:
         raise UsageError("--engine sglang needs --sglang-url URL")
     try:

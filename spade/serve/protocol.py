@@ -4,7 +4,8 @@ Everything here is pure (no model, no engine): ``parse_chat_request`` / ``parse_
 turn a decoded JSON body into a ``ChatRequest`` / ``CompletionRequest`` or raise ``APIError``
 naming the offending field (``param``), and ``chat_choice`` / ``completion_choice`` turn generated
 text into the response's choice objects, parsing the model's native tool calls with
-``spade.agent.tool_calls``. Unknown fields are ignored, as OpenAI-compatible servers do, except
+``spade.agent.tool_calls`` (from the answer only, once ``reasoning`` has separated a thinking
+model's reasoning). Unknown fields are ignored, as OpenAI-compatible servers do, except
 the ones whose meaning we cannot honour (listed in ``_UNSUPPORTED``), which are refused.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from spade.agent import tool_calls as tool_parser
+
+from .reasoning import ReasoningSplit
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64
@@ -64,6 +67,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    separate_reasoning: bool = True  # SGLang's request field: false leaves reasoning in content
 
 
 @dataclass(frozen=True)
@@ -279,6 +283,8 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                 entry["tool_call_id"] = call_id
         if isinstance(message.get("name"), str):
             entry["name"] = message["name"]
+        if role == "assistant" and isinstance(message.get("reasoning_content"), str):
+            entry["reasoning_content"] = message["reasoning_content"]  # Qwen3's templates read it
         out.append(entry)
     return out
 
@@ -327,8 +333,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise APIError(f"chat_template_kwargs must not set {', '.join(sorted(reserved))}",
                        "chat_template_kwargs")
     stream, include_usage = _stream(body)
+    separate = body.get("separate_reasoning", True)
+    if not isinstance(separate, bool):
+        raise APIError(f"separate_reasoning must be true or false, got {json.dumps(separate)}",
+                       "separate_reasoning")
     return ChatRequest(_model(body), messages, tools, tools is not None, _sampling(body, chat=True),
-                       stream, include_usage, dict(kwargs))
+                       stream, include_usage, dict(kwargs), separate)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
@@ -386,10 +396,17 @@ def chat_message(text: str, *, parse_tools: bool,
 
 def chat_choice(index: int, text: str, finish_reason: str, *, parse_tools: bool,
                 tools: Optional[Sequence[Mapping[str, Any]]] = None,
-                logprobs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+                logprobs: Optional[list[dict[str, Any]]] = None,
+                reasoning: Optional[ReasoningSplit] = None) -> dict[str, Any]:
     """One ``choices[i]`` of a chat completion; ``finish_reason`` becomes "tool_calls" when the
-    message carries calls."""
-    message, called = chat_message(text, parse_tools=parse_tools, tools=tools)
+    message carries calls. With ``reasoning`` (the reply separated by the server's reasoning
+    parser) the message carries ``reasoning_content`` and tool calls are read from the answer only;
+    an empty answer is ``""`` as SGLang sends it (``null`` next to tool calls, as before)."""
+    if reasoning is None:
+        message, called = chat_message(text, parse_tools=parse_tools, tools=tools)
+    else:
+        message, called = chat_message(reasoning.answer, parse_tools=parse_tools, tools=tools)
+        message["reasoning_content"] = reasoning.reasoning
     return {"index": index, "message": message,
             "logprobs": None if logprobs is None else {"content": logprobs},
             "finish_reason": "tool_calls" if called else finish_reason}

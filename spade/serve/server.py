@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
+from spade.rollout.conversation import thinking_template_kwargs
+
 from .http import HTTPServer
+from .reasoning import resolve_parser
 from .service import ModelService
 
 EMBEDDED = "embedded"
@@ -33,6 +36,8 @@ class ServeOptions:
     max_batch_size: int = 8
     max_context_tokens: Optional[int] = None
     default_max_tokens: Optional[int] = None
+    reasoning_parser: str = "auto"  # auto | qwen3 | deepseek-r1 | none (spade.serve.reasoning)
+    thinking: str = "auto"  # auto | on | off: enable_thinking for prompts, as model.thinking
 
 
 def resolve_model_dir(model: str) -> tuple[Path, str]:
@@ -76,6 +81,12 @@ def build_service(options: ServeOptions) -> ModelService:
     hf_config = json.loads((directory / "config.json").read_text())
     context = options.max_context_tokens or int(hf_config.get("max_position_embeddings") or 4096)
     vocab = int(hf_config.get("vocab_size") or len(tokenizer))
+    try:  # before the engine loads the model: a template without the thinking switch fails here
+        resolve_parser(options.reasoning_parser, getattr(tokenizer, "chat_template", None))
+        thinking_template_kwargs(getattr(tokenizer, "chat_template", None), options.thinking,
+                                 key="--thinking")
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     if options.engine == "hf":
         import torch
 
@@ -101,7 +112,8 @@ def build_service(options: ServeOptions) -> ModelService:
         raise ServeError(f"--engine must be hf or sglang, got {options.engine!r}")
     return ModelService(engine, tokenizer, name, max_context_tokens=context, eos_token_ids=eos,
                         vocab_size=vocab, default_max_tokens=options.default_max_tokens,
-                        aliases=[options.model] if options.model != name else ())
+                        aliases=[options.model] if options.model != name else (),
+                        reasoning_parser=options.reasoning_parser, thinking=options.thinking)
 
 
 async def serve(service: ModelService, host: str, port: int,
@@ -193,7 +205,8 @@ def run(options: ServeOptions, host: str, port: int) -> int:
 
     def ready(server: HTTPServer) -> None:
         print(f"spade serve: {service.name} on http://{server.host}:{server.port}/v1 "
-              f"(engine {options.engine})", file=sys.stderr, flush=True)
+              f"(engine {options.engine}, reasoning parser {service.reasoning_parser})",
+              file=sys.stderr, flush=True)
 
     asyncio.run(serve(service, host, port, ready))
     return 0

@@ -4,7 +4,11 @@
 ``/health`` (``handle`` is the HTTP handler). A chat request is rendered with the model's own chat
 template (``apply_chat_template(..., tools=...)``), tokenised, and sent to the engine as token ids,
 ``n`` requests at once (the engine batches them); the generated ids are decoded, cut at the first
-``stop`` string, and, when the request had tools, parsed for the model's native tool calls.
+``stop`` string, split into reasoning and answer for a thinking model (``reasoning``: the
+server's ``reasoning_parser``, SGLang's rules; ``reasoning_start`` decides per request whether the
+reply starts inside the reasoning), and, when the request had tools, the answer is parsed for the
+model's native tool calls. ``thinking`` (auto | on | off, as ``model.thinking``) is the
+``enable_thinking`` every prompt gets unless the request's ``chat_template_kwargs`` set it.
 
 Sampling: ``temperature``, ``top_p``, ``top_k`` (extra field), ``seed`` (choice ``j`` of prompt
 ``i`` gets ``seed + i * n + j``, so every choice differs and the whole response is reproducible),
@@ -17,7 +21,8 @@ stops at any of them at once), ``stop_token_ids`` and
 Streaming (``stream: true``) runs every choice through ``RolloutEngine.generate_stream`` and sends
 text as the engine produces tokens (``streaming.ChoiceText``: incremental decoding that never
 splits a character, stop strings matched across deltas, which also stops the generation there).
-Chat sends the role chunk at once, then content deltas, ``tool_calls`` deltas when the request has
+Chat sends the role chunk at once, then ``reasoning_content`` deltas while a thinking model reasons
+(``reasoning.ReasoningStream``), content deltas, ``tool_calls`` deltas when the request has
 tools (``streaming.ToolCallStream``: a call is sent whole once its block is closed), each choice's
 finish chunk, the usage chunk if ``stream_options.include_usage``, and ``data: [DONE]``. Choices
 of one request stream concurrently (their chunks interleave, each with its ``index``). A client
@@ -35,9 +40,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 
+from spade.rollout.conversation import thinking_template_kwargs
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
 
-from . import protocol
+from . import protocol, reasoning
 from .http import Request, Response, StreamResponse
 from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
 from .streaming import ChoiceText, Delta, TokenLogprob, ToolCallStream
@@ -70,7 +76,8 @@ class ModelService:
     def __init__(self, engine: RolloutEngine, tokenizer: Any, name: str, *,
                  max_context_tokens: int, eos_token_ids: Iterable[int] = (),
                  vocab_size: Optional[int] = None, default_max_tokens: Optional[int] = None,
-                 aliases: Sequence[str] = ()) -> None:
+                 aliases: Sequence[str] = (), reasoning_parser: str = "auto",
+                 thinking: str = "auto") -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.name = name
@@ -80,6 +87,11 @@ class ModelService:
         self.vocab_size = vocab_size or len(tokenizer)
         self.default_max_tokens = default_max_tokens
         self.created = int(time.time())
+        template = getattr(tokenizer, "chat_template", None)
+        # ValueError naming the option for an unknown parser, thinking value, or a thinking switch
+        # the template lacks
+        self.reasoning_parser = reasoning.resolve_parser(reasoning_parser, template)
+        self.template_defaults = thinking_template_kwargs(template, thinking, key="--thinking")
 
     # ------------------------------------------------------------------ HTTP entry
 
@@ -137,10 +149,12 @@ class ModelService:
     # ------------------------------------------------------------------ prompts
 
     def chat_prompt(self, request: ChatRequest) -> str:
-        """The chat template's rendering of the request (messages, tools, generation prompt)."""
-        text = self._render(request.messages, request.tools, request.template_kwargs)
+        """The chat template's rendering of the request (messages, tools, generation prompt), with
+        the server's thinking setting unless the request's ``chat_template_kwargs`` set it."""
+        kwargs = {**self.template_defaults, **request.template_kwargs}
+        text = self._render(request.messages, request.tools, kwargs)
         if request.tools:
-            bare = self._render(request.messages, None, request.template_kwargs)
+            bare = self._render(request.messages, None, kwargs)
             if bare == text:
                 raise APIError("tools were given but this model's chat template does not render "
                                "tools", "tools")
@@ -155,6 +169,13 @@ class ModelService:
                 messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception, or a type error in it
             raise APIError(f"the chat template rejected the messages: {exc}", "messages") from None
+
+    def reasoning_start(self, request: ChatRequest, prompt: str) -> Optional[bool]:
+        """``None`` when the reply is not to be separated (parser ``none``, or the request's
+        ``separate_reasoning`` false); otherwise whether it starts inside the reasoning."""
+        if self.reasoning_parser == "none" or not request.separate_reasoning:
+            return None
+        return reasoning.starts_inside(self.reasoning_parser, prompt)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
@@ -226,21 +247,26 @@ class ModelService:
     async def _chat(self, body: Any) -> Response | StreamResponse:
         request = protocol.parse_chat_request(body)
         self._check_model(request.model)
-        prompt_ids = self.encode(self.chat_prompt(request), add_special_tokens=False)
+        prompt = self.chat_prompt(request)
+        inside = self.reasoning_start(request, prompt)
+        prompt_ids = self.encode(prompt, add_special_tokens=False)
         prepared = self._prepare(prompt_ids, request.sampling, 0, "messages")
         if request.stream:
-            return StreamResponse(self._chat_events(request, prepared))
+            return StreamResponse(self._chat_events(request, prepared, inside))
         choices = await self._run(prepared, request.sampling)
         return Response.json({
             "id": protocol.new_id("chatcmpl"), "object": "chat.completion",
             "created": int(time.time()), "model": self.name, "system_fingerprint": None,
-            "choices": [protocol.chat_choice(i, c.text, c.finish_reason, parse_tools=request.parse_tools,
-                                             tools=request.tools, logprobs=_chat_logprobs(c, request))
-                        for i, c in enumerate(choices)],
+            "choices": [protocol.chat_choice(
+                i, c.text, c.finish_reason, parse_tools=request.parse_tools, tools=request.tools,
+                logprobs=_chat_logprobs(c, request),
+                reasoning=None if inside is None else reasoning.split(c.text, inside=inside))
+                for i, c in enumerate(choices)],
             "usage": protocol.usage(len(prompt_ids), sum(c.completion_tokens for c in choices)),
         })
 
-    async def _chat_events(self, request: ChatRequest, prepared: _Prepared) -> AsyncIterator[bytes]:
+    async def _chat_events(self, request: ChatRequest, prepared: _Prepared,
+                           inside: Optional[bool]) -> AsyncIterator[bytes]:
         head = {"id": protocol.new_id("chatcmpl"), "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": self.name, "system_fingerprint": None}
         logprobs_on = request.sampling.logprobs
@@ -258,17 +284,24 @@ class ModelService:
 
         n = request.sampling.n
         tools = [ToolCallStream(request.tools, _call_id) if request.parse_tools else None for _ in range(n)]
+        thoughts = [None if inside is None else reasoning.ReasoningStream(inside=inside) for _ in range(n)]
         unsent: list[list[TokenLogprob]] = [[] for _ in range(n)]
 
         def events(i: int, step: Delta, final: bool) -> list[bytes]:
             unsent[i] += step.logprobs
             out: list[tuple[dict[str, Any], Optional[str]]] = []
             finish = step.finish_reason
+            answer = step.text
+            if thoughts[i] is not None:
+                parts = thoughts[i].push(step.text, final=final)
+                if parts.reasoning:
+                    out.append(({"reasoning_content": parts.reasoning}, None))
+                answer = parts.answer
             if tools[i] is None:
-                if step.text:
-                    out.append(({"content": step.text}, None))
+                if answer:
+                    out.append(({"content": answer}, None))
             else:
-                found = tools[i].push(step.text, final=final)
+                found = tools[i].push(answer, final=final)
                 if found.content:
                     out.append(({"content": found.content}, None))
                 if found.calls:
