@@ -253,10 +253,13 @@ def test_server_switches(serve):
     # qwen3 on the same reply after a prompt that opened nothing: no reasoning, all answer
     client, _ = serve("I count.</think>Four.", reasoning_parser="qwen3")
     assert ask(client).message.content == "I count.</think>Four."
-    # the server's default thinking setting goes into every prompt
-    client, engine = serve("Four.", thinking="off")
-    assert ask(client).message.content == "Four."
-    assert engine.prompt_text.endswith("<think>\n\n</think>\n\n")
+    # the server's default thinking setting goes into every prompt, unless a request sets it
+    for options in ({"thinking": "off"}, {"template_kwargs": {"enable_thinking": False}}):
+        client, engine = serve("Four.", **options)
+        assert ask(client).message.content == "Four."
+        assert engine.prompt_text.endswith("<think>\n\n</think>\n\n")
+        ask(client, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        assert engine.prompt_text.endswith("<|im_start|>assistant\n")
 
 
 def test_auto_parser_follows_the_chat_template():

@@ -8,7 +8,8 @@ template (``apply_chat_template(..., tools=...)``), tokenised, and sent to the e
 server's ``reasoning_parser``, SGLang's rules; ``reasoning_start`` decides per request whether the
 reply starts inside the reasoning), and, when the request had tools, the answer is parsed for the
 model's native tool calls. ``thinking`` (auto | on | off, as ``model.thinking``) is the
-``enable_thinking`` every prompt gets unless the request's ``chat_template_kwargs`` set it.
+``enable_thinking`` every prompt gets, and ``template_kwargs`` further chat-template keywords (an
+evaluation passes its model's), unless the request's ``chat_template_kwargs`` set them.
 
 Sampling: ``temperature``, ``top_p``, ``top_k`` (extra field), ``seed`` (choice ``j`` of prompt
 ``i`` gets ``seed + i * n + j``, so every choice differs and the whole response is reproducible),
@@ -38,7 +39,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Optional, Sequence
+from typing import Any, AsyncIterator, Iterable, Mapping, Optional, Sequence
 
 from spade.rollout.conversation import thinking_template_kwargs
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
@@ -77,7 +78,7 @@ class ModelService:
                  max_context_tokens: int, eos_token_ids: Iterable[int] = (),
                  vocab_size: Optional[int] = None, default_max_tokens: Optional[int] = None,
                  aliases: Sequence[str] = (), reasoning_parser: str = "auto",
-                 thinking: str = "auto") -> None:
+                 thinking: str = "auto", template_kwargs: Optional[Mapping[str, Any]] = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.name = name
@@ -91,7 +92,12 @@ class ModelService:
         # ValueError naming the option for an unknown parser, thinking value, or a thinking switch
         # the template lacks
         self.reasoning_parser = reasoning.resolve_parser(reasoning_parser, template)
-        self.template_defaults = thinking_template_kwargs(template, thinking, key="--thinking")
+        hidden = {reasoning.OPEN, reasoning.CLOSE} & set(getattr(tokenizer, "all_special_tokens", ()))
+        if self.reasoning_parser != "none" and hidden:
+            log.warning("the tokenizer marks %s as special tokens, which decoding drops: the reasoning "
+                        "parser %s cannot see them", " and ".join(sorted(hidden)), self.reasoning_parser)
+        self.template_defaults = {**thinking_template_kwargs(template, thinking, key="--thinking"),
+                                  **(template_kwargs or {})}
 
     # ------------------------------------------------------------------ HTTP entry
 
