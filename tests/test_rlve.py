@@ -133,6 +133,52 @@ def test_the_adapter_scores_like_rlves_own_verifier(workers):
     assert str(a) in ref["Multiplication"]["prompt"] and str(b) in ref["Multiplication"]["prompt"]
 
 
+def reference(problems: list) -> dict:
+    """rlve-gym's own answers and verifier scores for ``[[name, seed, parameter], ...]``, computed
+    in a separate process (REFERENCE)."""
+    return json.loads(subprocess.run([sys.executable, "-c", REFERENCE, json.dumps(problems)], capture_output=True,
+                                     text=True, timeout=120, check=True,
+                                     env={**os.environ, "PYTHONHASHSEED": "0"}).stdout)
+
+
+class CutOff:
+    """A policy whose reply hits its token limit (what EnginePolicy raises on finish reason length)."""
+
+    def __init__(self, response: str | None):
+        self.response = response
+
+    async def __call__(self, messages):
+        from spade.envs.runner import StopEpisode
+
+        raise StopEpisode("the reply ended without end-of-turn (length)", response=self.response)
+
+
+def test_a_cut_off_reply_scores_as_rlves_verifier_scores_it(workers):
+    """RLVE verifies a truncated response like any other: a box closed before the cut is scored,
+    a reply without one gets the no-answer score (-1 for Multiplication), never the 0 of an
+    unterminated episode."""
+    from spade.envs.runner import EndReason, play_episode
+
+    mult = sample(workers, "Multiplication", max_difficulty=0, choice_seed=3, problem_seed=13)
+    ref = reference([["Multiplication", 13, mult["parameter"]]])["Multiplication"]
+    right, wrong = ref["answers"]["right"], ref["answers"]["wrong"]
+    assert ref["scores"] == {"right": 1.0, "wrong": 0.0, "none": -1.0}
+    spec = spec_of(mult, "Multiplication", 13)
+    sandbox = RLVESandbox(workers)
+    cases = [(f"The product is \\boxed{{{right}}}. Let me double-check the carr", ref["scores"]["right"]),
+             (f"First \\boxed{{{wrong}}}, no wait, it is \\boxed{{{right}", ref["scores"]["wrong"]),
+             (f"So the product is \\boxed{{{right}", ref["scores"]["none"]),  # the box never closed
+             ("Let me multiply digit by digit: 3 times", ref["scores"]["none"]),
+             (None, ref["scores"]["none"])]  # cut before any token (context budget): an empty reply
+    for response, expected in cases:
+        instance = run(sandbox.open(spec.to_source()))
+        episode = run(play_episode(instance, CutOff(response), seed=1, max_turns=25))
+        assert episode.episode_return == expected, response
+        assert episode.end_reason is EndReason.TERMINATED and "without end-of-turn" in episode.stop_detail
+        assert len(episode.turns) == 1 and episode.turns[0].response == (response or "")
+        assert [m.role for m in episode.messages] == ["user"] + (["assistant"] if response is not None else [])
+
+
 def test_box_to_answer_markers():
     assert to_rlve_output("\\boxed{1 2\n3 4}") == "<answer>1 2\n3 4</answer>"
     assert to_rlve_output("\\boxed{\\frac{1}{2}}") == "<answer>\\frac{1}{2}</answer>"

@@ -25,7 +25,43 @@ def controller(**overrides) -> DifficultyController:
 def test_the_defaults_are_rlves_released_settings():
     s = RLVESettings()
     assert (s.initial_difficulty, s.difficulty_window, s.accuracy_samples, s.accuracy_threshold) == (0, 4, 128, 0.9)
-    assert s.environments is None  # all of rlve-gym's
+    assert s.environments == "official16"  # the released baseline launcher's default set
+
+
+# The released launcher's official16 set (cmd/games/train_fixed_rlve_*.sh), which is RLVE's own
+# 16-environment list (scripts/training/*/rlve/num-environment=16.sh), copied from there.
+RELEASED_OFFICIAL16 = ("Division EuclidGame GCDOne_Counting HamiltonianPath LampChanging LargestConvexPolygon "
+                       "Multiplication PCPPermutation Path_NoGoingBack_Counting SAT ShortestPath Sorting SpiralMatrix "
+                       "SubsequenceReversalLNDS UndamagedSubmatrixCounting WYRLevelingGround").split()
+
+
+def test_named_environment_sets():
+    known = ["Zeta", *RELEASED_OFFICIAL16, "Alpha"]  # what rlve-gym lists (400 of them in 0.0.1)
+    assert RLVESettings().environment_names(known) == RELEASED_OFFICIAL16
+    assert RLVESettings(environments="all").environment_names(known) == known
+    assert RLVESettings(environments=None).environments == "all"  # an older run's snapshot: null meant all
+    assert RLVESettings(environments=("Sudoku",)).environment_names(known) == ["Sudoku"]
+    loaded = from_mapping(SelfPlaySettings, {"env_source": "rlve", "rlve": {"environments": "all"}}, where="selfplay")
+    assert loaded.rlve.environments == "all"
+    with pytest.raises(ConfigError, match=r"selfplay\.rlve\.environments: 'official' is not allowed; "
+                                          r"choose one of: official16, all"):
+        from_mapping(SelfPlaySettings, {"env_source": "rlve", "rlve": {"environments": "official"}},
+                     where="selfplay")
+
+
+def test_slots_get_every_environment_of_a_small_set_and_a_sample_of_a_large_one():
+    """The released sliding-window controller: all environments when they do not outnumber the
+    slots (16 environments, 16 slots: each once a step), else a sample without replacement."""
+    import random
+
+    from spade.selfplay.rlve_source import slot_environments
+
+    assert slot_environments(RELEASED_OFFICIAL16, 16, random.Random(0)) == RELEASED_OFFICIAL16
+    assert slot_environments(["A", "B", "C"], 7, random.Random(0)) == ["A", "B", "C", "A", "B", "C", "A"]
+    many = [f"E{i}" for i in range(400)]
+    for seed in range(5):
+        chosen = slot_environments(many, 16, random.Random(seed))
+        assert len(chosen) == len(set(chosen)) == 16 and set(chosen) <= set(many)
 
 
 def test_window_fills_then_raises_at_exactly_the_threshold_and_restarts():
@@ -87,6 +123,7 @@ def test_accuracy_is_rlves_passing_threshold():
     ("accuracy_threshold", 1.5, "selfplay.rlve.accuracy_threshold: must be in (0, 1]"),
     ("difficulty_window", 0, "selfplay.rlve.difficulty_window: must be an integer >= 1"),
     ("environments", [], "selfplay.rlve.environments: must be a non-empty list"),
+    ("environments", "every", "selfplay.rlve.environments: 'every' is not allowed; choose one of: official16, all"),
     ("environments", ["Sudoku", "Sudoku"], "selfplay.rlve.environments: lists an environment twice"),
     ("request_timeout_s", 5.0, "selfplay.rlve.request_timeout_s: must exceed generation_timeout_s"),
 ])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spade.selfplay.rlve_settings import RLVESettings
+from spade.selfplay.rlve_settings import OFFICIAL16, RLVESettings
 from spade.train_config import load_train_config
 
 RECIPES = Path(__file__).resolve().parent.parent / "examples" / "recipes"
@@ -37,7 +37,11 @@ def test_rlve_recipe_has_the_released_settings(name):
     assert (sp.k, sp.envs_per_set, sp.g_nohint, sp.g_hint) == (1, 16, 16, 0)
     assert sp.envs_per_set * sp.g_nohint == 256  # the global batch
     assert sp.agent_temperature == 1.0 and config.loss.kl_coef == 0.0 and config.run.steps == 400
-    assert sp.rlve == RLVESettings()  # window 4, 0.9 over 128 plays, all 400 environments
+    assert sp.rlve == RLVESettings()  # window 4, 0.9 over 128 plays
+    # the released launcher's default set (RLVE_ENV_SET=official16), written out in the recipe
+    assert sp.rlve.environments == "official16"
+    assert yaml.safe_load((RECIPES / name).read_text())["selfplay"]["rlve"]["environments"] == "official16"
+    assert sp.envs_per_set == len(OFFICIAL16)  # 16 slots, 16 environments: each once a step
     # the engine, the layout, the model (8B: thinking) and the optimizer of the run it compares with
     assert (config.engine, config.parallel, config.model, config.optimizer) == \
         (spade.engine, spade.parallel, spade.model, spade.optimizer)

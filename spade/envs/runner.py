@@ -39,7 +39,10 @@ class StopEpisode(Exception):
     """Raised by a policy that cannot go on (context budget spent, response cut off without EOS).
 
     The episode ends unterminated, so its return is 0. ``response`` is the cut-off reply, if any:
-    it is recorded in the conversation but not played.
+    it is recorded in the conversation but not played, unless the environment says it scores
+    cut-off replies itself (``scores_cut_off_replies = True``, RLVE's problems, whose verifier
+    reads whatever the reply holds): then it is played like any reply (an empty one when there is
+    none) and the episode ends as the environment says.
     """
 
     def __init__(self, reason: str, response: str | None = None):
@@ -120,8 +123,14 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
             if stop.response is not None:
                 messages.append(Message("assistant", stop.response))
             episode.end_reason, episode.stop_detail = EndReason.POLICY_STOPPED, str(stop)
-            return episode
-        messages.append(Message("assistant", response))
+            if not getattr(env, "scores_cut_off_replies", False):
+                return episode
+            # an environment whose verifier scores a cut-off reply as it stands (RLVE): played as the
+            # reply it is (none: an empty one); the episode then ends as the environment says
+            response, cut_off = stop.response or "", True
+        else:
+            messages.append(Message("assistant", response))
+            cut_off = False
         action = parse_action(response)
         try:
             result = await env.step(action)
@@ -134,6 +143,9 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
                                   result.terminated, result.truncated))
         if result.terminated or result.truncated:
             episode.end_reason = EndReason.TERMINATED if result.terminated else EndReason.TRUNCATED
+            return episode
+        if cut_off:  # a scored cut-off reply the environment did not end on: nothing can follow
+            episode.end_reason = EndReason.POLICY_STOPPED
             return episode
         messages.append(Message("user", later_user_message(result.observation)))
     episode.end_reason = EndReason.TURN_BUDGET

@@ -10,6 +10,14 @@ samples), the difficulty goes up by one if their accuracy is at least ``accuracy
 (0.9), and the count starts again either way. A play is accurate when its return reaches the
 problem's ``passing_reward_threshold`` (1.0 in all but four of rlve-gym's 400 environments).
 
+Which environments (``environments``): a named set or a list of rlve-gym identifiers.
+``official16`` (the default) is the set the paper's released baseline launcher
+(``cmd/games/train_fixed_rlve_*.sh``, ``RLVE_ENV_SET=official16``) trains on: the 16 environments of
+RLVE's own 16-environment runs (its ``scripts/training/*/rlve/num-environment=16.sh``). rlve-gym
+0.0.1 ships no such list, so it is written out here (:data:`OFFICIAL16`). ``all`` is every one
+of rlve-gym's 400 (the launcher's ``RLVE_ENV_SET=all``); ``null``, which meant all of them before
+issue 20 (an older run's config snapshot has it), is read as ``all``.
+
 The rest are this project's: how many worker processes run rlve-gym (it reseeds the global random
 generators, so it never runs in the trainer), and how long they may take.
 """
@@ -17,18 +25,29 @@ generators, so it never runs in the trainer), and how long they may take.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ..config import require
 
 _WHERE = "selfplay.rlve"
+
+# RLVE's 16-environment set, in the order of its scripts and of the released launcher
+OFFICIAL16: tuple[str, ...] = (
+    "Division", "EuclidGame", "GCDOne_Counting", "HamiltonianPath", "LampChanging", "LargestConvexPolygon",
+    "Multiplication", "PCPPermutation", "Path_NoGoingBack_Counting", "SAT", "ShortestPath", "Sorting",
+    "SpiralMatrix", "SubsequenceReversalLNDS", "UndamagedSubmatrixCounting", "WYRLevelingGround",
+)
+EnvironmentSetName = Literal["official16", "all"]
+ENVIRONMENT_SETS: tuple[str, ...] = ("official16", "all")
 
 
 @dataclass(frozen=True)
 class RLVESettings:
     """``selfplay.rlve``: RLVE's adaptive difficulty and its worker processes."""
 
-    # rlve-gym environment identifiers to draw from (uniformly, per problem); null: all 400
-    environments: tuple[str, ...] | None = None
+    # a named set ("official16": the released baseline's 16, "all": rlve-gym's 400) or a list of
+    # rlve-gym environment identifiers
+    environments: EnvironmentSetName | tuple[str, ...] | None = "official16"
     initial_difficulty: int = 0
     difficulty_window: int = 4         # levels a problem is drawn from, ending at the current one
     accuracy_samples: int = 128        # plays at the current level counted before each check
@@ -40,14 +59,28 @@ class RLVESettings:
     startup_timeout_s: float = 120.0   # a worker importing rlve-gym
     cache_size: int = 256              # generated problems each worker keeps
 
+    def environment_names(self, known: list[str]) -> list[str]:
+        """The configured environments, given every identifier rlve-gym has (``known``)."""
+        if self.environments == "all":
+            return list(known)
+        if self.environments == "official16":
+            return list(OFFICIAL16)
+        return list(self.environments)
+
     def __post_init__(self) -> None:
         def key(name: str) -> str:
             return f"{_WHERE}.{name}"
 
-        if self.environments is not None:
+        if self.environments is None:  # before issue 20 null meant all of them
+            object.__setattr__(self, "environments", "all")
+        if isinstance(self.environments, str):
+            require(self.environments in ENVIRONMENT_SETS, key("environments"),
+                    f"{self.environments!r} is not allowed; choose one of: {', '.join(ENVIRONMENT_SETS)}, "
+                    "or a list of rlve-gym environment identifiers")
+        else:
             require(len(self.environments) > 0 and all(isinstance(e, str) and e for e in self.environments),
                     key("environments"), "must be a non-empty list of rlve-gym environment identifiers, "
-                    "or null for all of them")
+                    f"or one of: {', '.join(ENVIRONMENT_SETS)}")
             require(len(set(self.environments)) == len(self.environments), key("environments"),
                     "lists an environment twice")
         for name, low in (("initial_difficulty", 0), ("difficulty_window", 1), ("accuracy_samples", 1),

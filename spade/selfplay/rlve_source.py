@@ -1,11 +1,15 @@
 """The Fixed-env RLVE baseline's source (``selfplay.env_source: rlve``): rlve-gym's procedural
 problems at a difficulty that adapts to the agent, per environment (:mod:`.rlve_settings`).
 
-At each regeneration every slot of the set gets one problem: an environment drawn uniformly from
-``selfplay.rlve.environments`` (all of rlve-gym's when null), a level of its difficulty window,
-a parameter of that level and a problem seed, all from seeds derived from ``(seed, step, slot,
-attempt)``; the problem is generated in a worker process (:mod:`spade.envs.rlve`). A problem
-that fails to generate is recorded as a rejection and the slot draws again, up to
+At each regeneration the slots get their environments from ``selfplay.rlve.environments`` (the
+released baseline's ``official16`` by default) as the released sliding-window controller chooses
+them: every environment of the set once when the set has no more environments than slots (16
+and 16 in the released runs; with fewer environments than slots they go round again), else a
+sample without replacement (:func:`slot_environments`). Each slot then gets one problem: a level
+of its environment's difficulty window, a parameter of that level and a problem seed, all from
+seeds derived from ``(seed, step, slot, attempt)``; the problem is generated in a worker process
+(:mod:`spade.envs.rlve`). A problem that fails to generate is recorded as a rejection and the
+slot draws again for the same environment (as the released adapter does), up to
 ``max_generation_attempts`` times. Each problem is one :class:`EnvSpec` (skill = the rlve-gym
 environment identifier, no hint), played ``g_nohint`` times: one problem per GRPO group.
 
@@ -34,6 +38,14 @@ from .settings import SelfPlaySettings
 STATE_VERSION = 1
 # rlve-gym's verifier calls a reward accurate when it is within this of the passing threshold
 ACCURACY_TOLERANCE = 1e-6
+
+
+def slot_environments(environments: list[str], n_slots: int, rng: random.Random) -> list[str]:
+    """The environment of each slot of one set: all of them, in order, when they do not outnumber
+    the slots (round again for the slots left), else ``n_slots`` of them without replacement."""
+    if len(environments) <= n_slots:
+        return [environments[i % len(environments)] for i in range(n_slots)]
+    return rng.sample(environments, n_slots)
 
 
 def accurate(episode_return: float, threshold: float) -> bool:
@@ -121,30 +133,31 @@ class RLVESource:
         if self.environments is None:
             answer = await self._ask(0, {"op": "list"}, self.config.startup_timeout_s)
             known = list(answer["environments"])
-            wanted = list(self.config.environments) if self.config.environments is not None else known
-            unknown = sorted(set(wanted) - set(known))
+            wanted = self.config.environment_names(known)
+            unknown = [name for name in wanted if name not in set(known)]
             if unknown:
                 raise ConfigError(f"selfplay.rlve.environments: rlve-gym has no environment {unknown[0]!r}"
                                   f"{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}; "
-                                  f"it has {len(known)}, e.g. {', '.join(known[:5])}; null means all of them")
+                                  f"it has {len(known)}, e.g. {', '.join(known[:5])}; 'all' means all of them")
             self.environments = wanted
         return self.environments
 
     async def next_set(self, step: int) -> RegenerationResult:
         environments = await self.environment_list()
         result = RegenerationResult()
-        slots = await asyncio.gather(*(self._fill_slot(step, slot, environments, result)
-                                       for slot in range(self.settings.envs_per_set)))
+        chosen = slot_environments(environments, self.settings.envs_per_set,
+                                   random.Random(derive_seed(self.seed, "rlve-set", step)))
+        slots = await asyncio.gather(*(self._fill_slot(step, slot, environment, result)
+                                       for slot, environment in enumerate(chosen)))
         result.envs = [env for env in slots if env is not None]
         save_set(self.run_dir, step, result.envs)
         return result
 
-    async def _fill_slot(self, step: int, slot: int, environments: list[str],
+    async def _fill_slot(self, step: int, slot: int, environment: str,
                          result: RegenerationResult) -> EnvSpec | None:
         for attempt in range(self.config.max_generation_attempts):
             result.attempts += 1
             rng = random.Random(derive_seed(self.seed, "rlve", step, slot, attempt))
-            environment = rng.choice(environments)
             problem_seed = derive_seed(self.seed, "rlve-problem", step, slot, attempt)
             request = {"op": "sample", "environment": environment, "max_difficulty": self.controller.level(environment),
                        "window": self.config.difficulty_window, "choice_seed": rng.getrandbits(31),

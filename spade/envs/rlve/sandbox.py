@@ -11,6 +11,11 @@ prompt against the digest. The instance is single-turn:
 * ``step`` turns the agent's ``\boxed{X}`` action into RLVE's ``<answer>X</answer>``, scores it
   with the problem's own verifier, and returns its reward (in [-1, 1]) with ``terminated=True``;
   an action without a box is scored as an output without an answer (RLVE's format penalty).
+* a reply cut off at its token limit is scored too (``scores_cut_off_replies``): RLVE scores a
+  truncated response with the same verifier as any other, so a box closed before the cut counts
+  and a reply without one gets the environment's no-answer reward (-1 in most of rlve-gym), not
+  the 0 the episode rule gives other cut-off episodes. (The paper's released adapter instead
+  scored every play 1 if accurate else 0, and a cut-off 0.)
 
 Failures: a problem that does not generate, an unknown environment, a verification past its
 timeout or a prompt that came out different are :class:`EnvFault`; a worker that died is an
@@ -87,6 +92,7 @@ class RLVEInstance:
     """One play of one problem (single-turn; see the module docstring)."""
 
     max_turns: Optional[int] = 1
+    scores_cut_off_replies = True  # RLVE's verifier scores a truncated response as it stands
 
     def __init__(self, sandbox: "RLVESandbox", spec: ProblemSpec, prompt: str):
         self.sandbox = sandbox
