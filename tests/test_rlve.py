@@ -177,6 +177,14 @@ def test_a_cut_off_reply_scores_as_rlves_verifier_scores_it(workers):
         assert episode.end_reason is EndReason.TERMINATED and "without end-of-turn" in episode.stop_detail
         assert len(episode.turns) == 1 and episode.turns[0].response == (response or "")
         assert [m.role for m in episode.messages] == ["user"] + (["assistant"] if response is not None else [])
+    # reward "accuracy" (the paper's released adapter): 1 when the verifier's reward passes, else 0
+    accuracy = RLVESandbox(workers, reward="accuracy")
+    for response, expected in [(f"\\boxed{{{right}}}", 1.0), (f"\\boxed{{{wrong}}}", 0.0), ("no box", 0.0)]:
+        instance = run(accuracy.open(spec.to_source()))
+        run(instance.reset(seed=1))
+        assert run(instance.step(parse_action(response))).reward == expected
+    with pytest.raises(ValueError, match="reward: 'binary' is not allowed; choose one of: verifier, accuracy"):
+        RLVESandbox(workers, reward="binary")
 
 
 def test_box_to_answer_markers():

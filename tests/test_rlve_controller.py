@@ -26,6 +26,7 @@ def test_the_defaults_are_rlves_released_settings():
     s = RLVESettings()
     assert (s.initial_difficulty, s.difficulty_window, s.accuracy_samples, s.accuracy_threshold) == (0, 4, 128, 0.9)
     assert s.environments == "official16"  # the released baseline launcher's default set
+    assert s.reward == "verifier"  # RLVE's own reward (the released adapter's 0/1: reward accuracy)
 
 
 # The released launcher's official16 set (cmd/games/train_fixed_rlve_*.sh), which is RLVE's own
@@ -124,6 +125,7 @@ def test_accuracy_is_rlves_passing_threshold():
     ("difficulty_window", 0, "selfplay.rlve.difficulty_window: must be an integer >= 1"),
     ("environments", [], "selfplay.rlve.environments: must be a non-empty list"),
     ("environments", "every", "selfplay.rlve.environments: 'every' is not allowed; choose one of: official16, all"),
+    ("reward", "binary", "selfplay.rlve.reward: 'binary' is not allowed; choose one of: verifier, accuracy"),
     ("environments", ["Sudoku", "Sudoku"], "selfplay.rlve.environments: lists an environment twice"),
     ("request_timeout_s", 5.0, "selfplay.rlve.request_timeout_s: must exceed generation_timeout_s"),
 ])

@@ -18,6 +18,12 @@ RLVE's own 16-environment runs (its ``scripts/training/*/rlve/num-environment=16
 of rlve-gym's 400 (the launcher's ``RLVE_ENV_SET=all``); ``null``, which meant all of them before
 issue 20 (an older run's config snapshot has it), is read as ``all``.
 
+The return of a play (``reward``): ``verifier`` (default) is the problem's verifier reward in
+[-1, 1] (partial credit, -1 for no answer), RLVE's own training reward; ``accuracy`` is 1 when
+that reward reaches the passing threshold, else 0, which is what the paper's released adapter
+(``spade/core/envs/rlve_adapter.py``) trained its baseline on. Either way a reply cut at its token
+limit is verified as it stands (:mod:`spade.envs.rlve.sandbox`).
+
 The rest are this project's: how many worker processes run rlve-gym (it reseeds the global random
 generators, so it never runs in the trainer), and how long they may take.
 """
@@ -48,6 +54,9 @@ class RLVESettings:
     # a named set ("official16": the released baseline's 16, "all": rlve-gym's 400) or a list of
     # rlve-gym environment identifiers
     environments: EnvironmentSetName | tuple[str, ...] | None = "official16"
+    # a play's return: the verifier's reward in [-1, 1] (RLVE's), or its 0/1 accuracy (the paper's
+    # released adapter; see the module docstring)
+    reward: Literal["verifier", "accuracy"] = "verifier"
     initial_difficulty: int = 0
     difficulty_window: int = 4         # levels a problem is drawn from, ending at the current one
     accuracy_samples: int = 128        # plays at the current level counted before each check
@@ -83,6 +92,8 @@ class RLVESettings:
                     f"or one of: {', '.join(ENVIRONMENT_SETS)}")
             require(len(set(self.environments)) == len(self.environments), key("environments"),
                     "lists an environment twice")
+        require(self.reward in ("verifier", "accuracy"), key("reward"),
+                f"{self.reward!r} is not allowed; choose one of: verifier, accuracy")
         for name, low in (("initial_difficulty", 0), ("difficulty_window", 1), ("accuracy_samples", 1),
                           ("max_generation_attempts", 1), ("workers", 1), ("cache_size", 1)):
             value = getattr(self, name)

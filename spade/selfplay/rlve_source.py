@@ -123,7 +123,7 @@ class RLVESource:
                                   startup_timeout_s=self.config.startup_timeout_s, log_dir=self.run_dir / "logs")
         self.workers = workers
         self.sandbox = RLVESandbox(self.workers, generation_timeout_s=self.config.generation_timeout_s,
-                                   request_timeout_s=self.config.request_timeout_s)
+                                   request_timeout_s=self.config.request_timeout_s, reward=self.config.reward)
         self.environments: list[str] | None = None
 
     # ------------------------------------------------------------------ the set

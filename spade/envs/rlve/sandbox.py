@@ -9,7 +9,9 @@ prompt against the digest. The instance is single-turn:
 * ``reset`` ignores its seed (one problem per GRPO group: every play of a spec sees the same
   problem) and returns the problem's prompt with an instruction to answer in ``\boxed{}``;
 * ``step`` turns the agent's ``\boxed{X}`` action into RLVE's ``<answer>X</answer>``, scores it
-  with the problem's own verifier, and returns its reward (in [-1, 1]) with ``terminated=True``;
+  with the problem's own verifier, and returns its reward with ``terminated=True``: by default
+  the verifier's ``reward`` (in [-1, 1], RLVE's training reward), with ``reward="accuracy"`` its
+  0/1 ``accuracy`` (what the paper's released adapter trained on);
   an action without a box is scored as an output without an answer (RLVE's format penalty).
 * a reply cut off at its token limit is scored too (``scores_cut_off_replies``): RLVE scores a
   truncated response with the same verifier as any other, so a box closed before the cut counts
@@ -35,6 +37,7 @@ from .workers import RLVEWorkers, WorkerDied, WorkerTimeout
 __all__ = ["ANSWER_INSTRUCTION", "ProblemSpec", "RLVEInstance", "RLVESandbox", "prompt_digest", "to_rlve_output"]
 
 ANSWER_INSTRUCTION = "Put your final answer inside \\boxed{...}; only the last box in your reply counts."
+REWARDS = ("verifier", "accuracy")  # the verifier's reward in [-1, 1], or its 0/1 accuracy
 ANSWER_MARKERS = ("<answer>", "</answer>")  # rlve-gym's default markers, which its verifiers read
 _BOX = "\\boxed{"
 
@@ -111,7 +114,7 @@ class RLVEInstance:
             raise EnvFault(EnvError(ErrorKind.STEP_ERROR, Stage.STEP, "the problem was already answered"))
         verdict = await self.sandbox.verify(self.spec, to_rlve_output(action))
         self.done = True
-        reward = float(verdict["reward"])
+        reward = float(verdict["reward"] if self.sandbox.reward == "verifier" else verdict.get("accuracy", 0.0))
         info = {"accuracy": verdict.get("accuracy", 0.0), "format_score": verdict.get("format_score", 0.0)}
         return StepResult("", reward, True, False, info)
 
@@ -122,8 +125,12 @@ class RLVEInstance:
 class RLVESandbox:
     """Where rlve-gym problems are played (a :class:`~spade.envs.protocol.Sandbox`)."""
 
-    def __init__(self, workers: RLVEWorkers, *, generation_timeout_s: float = 10.0, request_timeout_s: float = 60.0):
+    def __init__(self, workers: RLVEWorkers, *, generation_timeout_s: float = 10.0, request_timeout_s: float = 60.0,
+                 reward: str = "verifier"):
+        if reward not in REWARDS:
+            raise ValueError(f"reward: {reward!r} is not allowed; choose one of: {', '.join(REWARDS)}")
         self.workers = workers
+        self.reward = reward
         self.generation_timeout_s = generation_timeout_s
         self.request_timeout_s = request_timeout_s
 
