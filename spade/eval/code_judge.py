@@ -40,12 +40,14 @@ HARNESS = Path(__file__).with_name("code_judge_harness.py")
 # modules programs import beyond the environment allow-list (LiveCodeBench's header needs io and
 # builtins; the harness itself needs ast); LiveCodeBench's worker imports anything installed, the
 # sandbox's zygote (python -I -S) only the standard library
-EXTRA_IMPORTS = ("io", "queue", "copy", "string", "builtins", "ast", "os")
+EXTRA_IMPORTS = ("io", "queue", "copy", "string", "builtins", "ast", "os", "threading", "gc")
 LCB_TIME_LIMIT_S = 6.0  # lcb_runner/runner/parser.py --timeout
 DEFAULT_MEMORY_LIMIT_MB = 4096
 CPU_LIMIT_S = 3600
 INFRA_RETRIES = 2
-TEST_TEXT_LIMIT = 64 << 20
+# the largest test input or output the judge hands to the sandbox; escaped twice on its way it stays
+# under the sandboxed child's request limit (64 MiB); a larger test leaves the problem unjudged
+TEST_TEXT_LIMIT = 16 << 20
 
 
 class JudgeService(Protocol):

@@ -34,7 +34,7 @@ class BenchmarkOptions:
     lcb_start_date: Optional[str] = None
     lcb_end_date: Optional[str] = None
     lcb_time_limit_s: float = 6.0
-    lcb_memory_limit_mb: int = 1024
+    lcb_memory_limit_mb: int = 4096
     sandbox: Any = None  # a SandboxConfig whose isolation and limits the LCB judge starts from
     tau2: Any = None  # a tau2_bench.Tau2Settings (None: its defaults)
     acebench: Any = None  # an acebench.AceBenchSettings (None: its defaults)
