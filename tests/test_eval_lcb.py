@@ -81,6 +81,9 @@ LCB_CASES = {
                                       "b = int(stdin.readline())\nprint(a + b)\n", ["1\n2\n"], ["3\n"]), None, True),
     "input_alias_readline": (*_stdin("import sys\ninput = sys.stdin.readline\nprint(int(input()) + int(input()))\n",
                                      ["1\n2\n"], ["3\n"]), None, True),
+    "main_in_a_thread": (*_stdin("import threading\ndef main():\n    print(int(input()) + 1)\n"
+                                 "threading.stack_size(1 << 26)\nt = threading.Thread(target=main)\nt.start()\n"
+                                 "t.join()\n", ["1\n"], ["2\n"]), None, True),
     "main_guard": (*_stdin("def main():\n    print(int(input()) * 2)\nif __name__ == \"__main__\":\n    main()\n",
                            ["2\n"], ["4\n"]), None, True),
     # stdout is a StringIO: write works, buffer does not

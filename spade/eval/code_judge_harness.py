@@ -12,7 +12,8 @@ The execution model is that of ``lcb_runner/evaluation/testing_util.py`` at Live
   modules, typing and builtins included, plain imports of sixteen, recursion limit 50,000); the
   process allows integers of up to 50,000 digits as text (``compute_code_generation_metrics``);
 * the process is guarded as ``reliability_guard`` guards it: ``quit`` is None (``exit`` is kept),
-  and the ``os`` functions it clears are None;
+  and the ``os`` functions it clears are None; as the sandbox forbids new threads,
+  ``threading.Thread.start`` runs the target at once (see ``_InlineThread``);
 * stdin problems (``grade_stdio``): a last top-level ``if __name__ == '__main__':`` is inlined
   (``clean_if_name``), the top-level imports are kept at module level after the header and every
   other statement becomes the body of a function (``make_function``) that is called once per
@@ -35,6 +36,7 @@ import builtins
 import io
 import json
 import sys
+import threading
 import types
 
 # LiveCodeBench's header (testing_util.import_string), reproduced as data
@@ -61,7 +63,32 @@ def _exit(code=None):
     raise SystemExit(code)
 
 
+class _InlineThread:
+    """``threading.Thread`` in the judge: the sandbox forbids new threads, so ``start`` runs the
+    target at once in the calling thread. Competitive programs start one thread (with a larger
+    stack) to run ``main``; LiveCodeBench's worker runs it as a thread and waits for it."""
+
+    def __init__(self, group=None, target=None, name=None, args=(), kwargs=None, *, daemon=None):
+        self._target, self._args, self._kwargs = target, tuple(args), dict(kwargs or {})
+        self.name, self.daemon = name or "Thread", bool(daemon)
+
+    def start(self):
+        self.run()
+
+    def run(self):
+        if self._target is not None:
+            self._target(*self._args, **self._kwargs)
+
+    def join(self, timeout=None):
+        pass
+
+    def is_alive(self):
+        return False
+
+
 def _guard_process():
+    threading.Thread = _InlineThread
+    threading.stack_size = lambda size=0: 0
     builtins.exit = _exit
     builtins.quit = None
     if hasattr(sys, "set_int_max_str_digits"):
