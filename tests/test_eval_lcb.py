@@ -132,6 +132,14 @@ def test_verdicts_match_livecodebench(judge_service, case):
     assert not verdict.infrastructure
 
 
+def test_stdio_comparison_edges():
+    from spade.eval.code_judge import stdio_outputs_match
+
+    assert stdio_outputs_match("1 2\n", "\n 1 2 \n\n")
+    assert not stdio_outputs_match("sNaN", "1") and not stdio_outputs_match("1", "sNaN")
+    assert not stdio_outputs_match("nan", "NaN")  # Decimal NaNs are never equal; the texts differ
+
+
 def test_failure_kinds(judge_service):
     wrong = _judge(judge_service, *_stdin("print(int(input()) * 2)\n", ["1\n", "2\n"], ["2\n", "5\n"]))
     assert (wrong.status, wrong.tests_run, wrong.detail["failed_test"]) == ("wrong_answer", 2, 1)
