@@ -342,3 +342,28 @@ def test_served_tiny_model_as_agent_and_user(tiny_chat_model, tmp_path):
     calls = tiny_chat_model.engine.calls
     again = asyncio.run(run_suite([bench], tiny_chat_model, seed=2, limit=1, out_dir=tmp_path))["acebench_agent"]
     assert again.groups == score.groups and tiny_chat_model.engine.calls == calls
+
+
+def test_without_a_user_endpoint_the_score_is_labelled_self_simulated(tmp_path):
+    """The released tool_use.yaml runs ACEBench's user simulator on an external model (gpt-4o);
+    a run whose user is the model under test is marked off-protocol."""
+    from spade.eval.acebench import category_score
+    from spade.eval.tau2_bench import user_simulator
+
+    report = {"trials": {"0": {c: {"accuracy": 0.5, "process_accuracy": 0.5, "items": [], "result_file": "r",
+                                   "score_file": "s"} for c in ("multi_step", "multi_turn")}}}
+    records = {"multi_step": [], "multi_turn": []}
+    own = category_score("acebench_agent", report, records, tmp_path, None,
+                         user_simulator(AceBenchSettings(), "acebench"))
+    assert own.score == 50.0 and own.off_protocol.startswith("self-simulated user")
+    external = AceBenchSettings(user_url="https://api.example/v1", user_model="gpt-4o")
+    paper = category_score("acebench_agent", report, records, tmp_path, None, user_simulator(external, "acebench"))
+    assert paper.off_protocol is None and "gpt-4o" in paper.notes["user_simulator"]
+
+
+def test_user_and_dialogue_settings_are_the_released_ones():
+    """tool_use.yaml: 40 dialogue turns, agent T 0.7, top_p 1.0; the user's sampling is ACEBench's
+    own APIUSER default (the released suite does not set it)."""
+    s = AceBenchSettings()
+    assert s.max_dialog_turns == 40 and (ACEBENCH_SAMPLING.temperature, ACEBENCH_SAMPLING.top_p) == (0.7, 1.0)
+    assert (s.user_temperature, s.user_top_p) == (0.001, 1.0)

@@ -270,3 +270,38 @@ def test_user_on_another_endpoint_and_a_resumed_run(tiny_chat_model, scripted_us
     other = Tau2Bench(dataclasses.replace(settings, max_steps=11), sampling=bench.sampling)
     with pytest.raises(EvalError, match="max_steps"):
         _run(other, tiny_chat_model, tmp_path)
+
+
+# ---------------------------------------------------------------------------- the user simulator's label
+
+
+def _tau2_report(domain: str, pass1: float) -> dict:
+    """What the driver reports for one domain (the fields domain_score reads)."""
+    return {"pass_hat_ks": {"1": pass1}, "avg_reward": pass1, "simulations": [], "tasks": [],
+            "results_file": f"/x/{domain}.json"}
+
+
+def test_without_a_user_endpoint_the_score_is_labelled_self_simulated():
+    """The paper's tau2 runs use an external user model (released _tool_use_tau2.yaml: gpt-4.1 at
+    T 0, 2,048 tokens); a run whose user is the model under test is marked off-protocol, in the
+    record and in summary.json."""
+    from spade.eval.tau2_bench import domain_score, user_simulator
+    from spade.eval.types import BenchmarkScore
+
+    results = {d: _tau2_report(d, 0.5) for d in ("retail", "airline", "telecom")}
+    own = domain_score("tau2", results, {}, "26.3", user_simulator(Tau2Settings(), "tau2"))
+    assert own.score == 50.0 and own.off_protocol and own.off_protocol.startswith("self-simulated user")
+    assert "model under test" in own.notes["user_simulator"]
+    assert BenchmarkScore.from_json(own.to_json()).off_protocol == own.off_protocol
+    external = Tau2Settings(user_url="https://api.example/v1", user_model="gpt-4.1", user_api_key_env="K")
+    paper = domain_score("tau2", results, {}, "26.3", user_simulator(external, "tau2"))
+    assert paper.off_protocol is None and "gpt-4.1" in paper.notes["user_simulator"]
+    # the agent's own endpoint named as the user endpoint is still the model under test
+    same = Tau2Settings(agent_url="http://h:1/v1", agent_model="m", user_url="http://h:1/v1", user_model="m")
+    assert domain_score("tau2", results, {}, "26.3", user_simulator(same, "tau2")).off_protocol
+
+
+def test_user_simulator_settings_are_the_released_configs():
+    """eval_offline/configs/_tool_use_tau2.yaml: user_temperature 0.0, user_max_tokens 2048, max_steps 200."""
+    s = Tau2Settings()
+    assert (s.user_temperature, s.user_max_tokens, s.max_steps) == (0.0, 2048, 200)

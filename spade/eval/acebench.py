@@ -10,8 +10,9 @@ trainer's, so it runs in ``.venv-acebench`` (``make acebench``, pinned by
 
 1. The agent endpoint: the evaluated model served over HTTP in this process by ``spade serve``'s
    application (as for tau2), or an already running endpoint (``agent_url``). The user simulator
-   of the multi-turn category talks to ``user_url`` (any OpenAI-compatible endpoint) or, by
-   default, to the agent's endpoint.
+   of the multi-turn category talks to ``user_url`` (any OpenAI-compatible endpoint; the paper's is
+   an external model, gpt-4o in the released config) or, by default, to the agent's endpoint: a
+   self-simulated run, labelled so (``off_protocol``) and kept out of the paper's column.
 2. A driver script (``DRIVER``) imports ACEBench from the checkout and, per item, calls its
    ``CommonInference.multi_step_inference`` / ``multi_turn_inference`` (ACEBench's dialogue loop
    for locally served models: its prompts, its ``Scene``, its ``EXECUTION`` roles running the
@@ -444,7 +445,10 @@ class AceBenchAgent(Benchmark):
                 write_records(Path(out_dir) / f"{self.name}.jsonl", records)
             if progress:
                 progress(self.name, len(records), len(self.settings.categories))
-            return category_score(self.name, report, records, root, commit)
+            from .tau2_bench import user_simulator
+
+            return category_score(self.name, report, records, root, commit,
+                                  user_simulator(self.settings, "acebench"))
 
     @contextlib.asynccontextmanager
     async def _agent_endpoint(self, model: Any) -> AsyncIterator[str]:
@@ -585,12 +589,13 @@ def category_records(report: Mapping[str, Any], seed: int, weight_version: int =
 
 
 def category_score(name: str, report: Mapping[str, Any], records: Mapping[str, Sequence[ItemRecord]],
-                   root: Path, commit: Optional[str]) -> BenchmarkScore:
+                   root: Path, commit: Optional[str], user: Any) -> BenchmarkScore:
     """Per category: ACEBench's end-to-end accuracy in percent (mean over trials); the score is the
-    mean over categories (ACEBench's agent_summary). Process accuracy and failed runs in the notes."""
+    mean over categories (ACEBench's agent_summary). Process accuracy and failed runs in the notes;
+    labelled off-protocol when ``user`` (a tau2_bench.UserSimulator) is the model under test."""
     trials = list(report["trials"].values())
     groups: dict[str, float] = {}
-    notes = {"acebench": f"{root}" + (f" at {commit}" if commit else "")}
+    notes = {"acebench": f"{root}" + (f" at {commit}" if commit else ""), "user_simulator": user.note}
     for category in records:
         results = [t[category] for t in trials]
         groups[category] = 100.0 * sum(r["accuracy"] for r in results) / len(results)
@@ -601,4 +606,4 @@ def category_score(name: str, report: Mapping[str, Any], records: Mapping[str, S
     score = sum(groups.values()) / len(groups) if groups else None
     return BenchmarkScore(name, score, sum(len(r) for r in records.values()),
                           sum(len(x.samples) for r in records.values() for x in r), groups,
-                          metric="accuracy", notes=notes)
+                          metric="accuracy", notes=notes, off_protocol=user.off_protocol)

@@ -232,6 +232,8 @@ def format_table(scores: Mapping[str, BenchmarkScore]) -> str:
     rows = [("benchmark", "score", "items", "samples", "groups")]
     for name, s in scores.items():
         value = f"{s.score:.1f}" if s.score is not None else f"skipped: {s.skipped}"
+        if s.off_protocol:
+            value += f" ({s.off_protocol.split(':')[0]}: not a paper number)"
         groups = " ".join(f"{g}={v:.0f}" for g, v in list(s.groups.items())[:6])
         rows.append((name, value, str(s.items), str(s.samples), groups))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]

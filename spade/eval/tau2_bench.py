@@ -8,7 +8,9 @@ venv's Python. A run:
 1. The agent endpoint: the evaluated model served over HTTP in this process by ``spade serve``'s
    own application (``ModelService`` on a free 127.0.0.1 port, on the evaluation's engine), or an
    already running endpoint (``agent_url``). The user simulator talks to ``user_url`` (any
-   OpenAI-compatible endpoint, e.g. a frontier model) or, by default, to the agent's endpoint.
+   OpenAI-compatible endpoint, e.g. a frontier model, as the paper does) or, by default, to the
+   agent's endpoint: a self-simulated run, labelled so (``off_protocol``) and kept out of the
+   paper's column by ``spade eval report``.
 2. A driver script (``DRIVER``, run in the tau2 venv) calls tau2's ``run_domain`` once per domain
    with litellm's OpenAI-compatible provider (``openai/<model>`` plus ``api_base``) for agent and
    user, then scores the saved results with tau2's own ``compute_metrics`` and
@@ -51,6 +53,30 @@ SERVED_NAME = "spade-agent"
 # The paper's offline tau2 config: 4 trials, agent T 0.0, top_p 0.8, top_k 20, 16,384 tokens.
 TAU2_SAMPLING = SamplingSettings(n=4, temperature=0.0, top_p=0.8, top_k=20, max_new_tokens=16384)
 IMPORT_FAILED = 3  # the driver's exit status when tau2 does not import
+
+
+SELF_SIMULATED = "self-simulated user"
+
+
+@dataclass(frozen=True)
+class UserSimulator:
+    """Who plays the user: ``note`` for the summary's notes; ``off_protocol`` set (the reason) when
+    it is the model under test, which the paper never does (its user is an external model)."""
+
+    note: str
+    off_protocol: Optional[str] = None
+
+
+def user_simulator(settings: Any, prefix: str) -> UserSimulator:
+    """The user simulator of a tau2 or ACEBench run from its settings (``user_url``, ``user_model``,
+    ``agent_url``, ``agent_model``); ``prefix`` names the settings (``tau2``, ``acebench``)."""
+    if settings.user_url is None or (settings.user_url == settings.agent_url
+                                     and (settings.user_model or settings.agent_model) == settings.agent_model):
+        return UserSimulator("self: the model under test plays the user",
+                             f"{SELF_SIMULATED}: the model under test plays the user, where the paper uses an "
+                             f"external user model; kept out of the paper's column (set {prefix}.user_url and "
+                             f"{prefix}.user_model)")
+    return UserSimulator(f"{settings.user_model} at {settings.user_url}")
 
 
 class Tau2Error(RuntimeError):
@@ -288,7 +314,8 @@ class Tau2Bench(Benchmark):
                 write_records(Path(out_dir) / f"{self.name}.jsonl", records)
             if progress:
                 progress(self.name, len(records), len(self.settings.domains))
-            return domain_score(self.name, report["domains"], records, version)
+            return domain_score(self.name, report["domains"], records, version,
+                                user_simulator(self.settings, "tau2"))
 
     @contextlib.asynccontextmanager
     async def _agent_endpoint(self, model: Any) -> AsyncIterator[str]:
@@ -434,10 +461,11 @@ def write_records(path: Path, records: Mapping[str, Sequence[ItemRecord]]) -> No
 
 
 def domain_score(name: str, results: Mapping[str, Mapping[str, Any]], records: Mapping[str, Sequence[ItemRecord]],
-                 version: str) -> BenchmarkScore:
-    """Per-domain pass^1 as tau2's ``compute_metrics`` gave it (in %), their mean as the score."""
+                 version: str, user: UserSimulator) -> BenchmarkScore:
+    """Per-domain pass^1 as tau2's ``compute_metrics`` gave it (in %), their mean as the score;
+    labelled off-protocol when the user simulator is the model under test."""
     groups = {d: 100.0 * r["pass_hat_ks"]["1"] for d, r in results.items()}
-    notes = {"package": f"{PACKAGE}=={version}"}
+    notes = {"package": f"{PACKAGE}=={version}", "user_simulator": user.note}
     for domain, result in results.items():
         failed = sum(1 for s in result["simulations"] if s["skipped"])
         ks = ", ".join(f"pass^{k} {v:.4f}" for k, v in result["pass_hat_ks"].items())
@@ -446,4 +474,4 @@ def domain_score(name: str, results: Mapping[str, Mapping[str, Any]], records: M
     score = sum(groups.values()) / len(groups) if groups else None
     return BenchmarkScore(name, score, sum(len(r) for r in records.values()),
                           sum(len(x.samples) for r in records.values() for x in r), groups,
-                          metric="pass^1", notes=notes)
+                          metric="pass^1", notes=notes, off_protocol=user.off_protocol)

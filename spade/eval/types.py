@@ -114,7 +114,9 @@ class ItemRecord:
 @dataclass(frozen=True)
 class BenchmarkScore:
     """A benchmark's result: ``score`` in percent (None when skipped, with ``skipped`` the reason),
-    sub-scores per group, and counts."""
+    sub-scores per group, and counts. ``off_protocol``: why the run departs from the paper's
+    protocol (e.g. a self-simulated user in tau2/ACEBench); such a score is reported but never
+    fills a paper column."""
 
     name: str
     score: Optional[float]
@@ -124,17 +126,18 @@ class BenchmarkScore:
     skipped: Optional[str] = None
     metric: str = "accuracy"
     notes: Mapping[str, str] = field(default_factory=dict)
+    off_protocol: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "score": self.score, "metric": self.metric, "items": self.items,
                 "samples": self.samples, "groups": dict(self.groups), "skipped": self.skipped,
-                "notes": dict(self.notes)}
+                "notes": dict(self.notes), "off_protocol": self.off_protocol}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "BenchmarkScore":
         return cls(str(data["name"]), data.get("score"), int(data.get("items", 0)),
                    int(data.get("samples", 0)), dict(data.get("groups") or {}), data.get("skipped"),
-                   str(data.get("metric", "accuracy")), dict(data.get("notes") or {}))
+                   str(data.get("metric", "accuracy")), dict(data.get("notes") or {}), data.get("off_protocol"))
 
 
 class Benchmark(abc.ABC):
