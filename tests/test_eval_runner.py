@@ -106,13 +106,88 @@ def test_report_tables_deltas_best_checkpoint_and_plot(tmp_path):
     assert rows["runA@32"]["Avg"] == 48.0 and rows["runA@32"]["Δ base"] == 8.0
     assert rows["runB@16"]["Avg"] is None  # 7 of 8 columns: no average
     assert report["best_checkpoint"] == {"runA": "runA@32"}
-    assert rows["paper: SPADE (30B-A3B)"]["Avg"] == 58.3
+    paper = {r["key"]: r for r in report["paper_tables"]["table1"] if r["source"] == "paper"}
+    assert paper["t1/30b/spade"]["Avg"] == 58.3
     plot = tmp_path / "scaling.png"
     markdown = build_report([tmp_path / "runs"], base=base, fmt="md", paper=True, plot=plot, sizes={"runA": 0.135})
     assert "| runA@32 (best) |" in markdown and "Table 2: tool use" in markdown
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     csv_text = build_report([tmp_path / "runs"], fmt="csv")
     assert csv_text.splitlines()[0].startswith("table,model,AIME'25")
+
+
+def _write_scores(directory: Path, label: str, step, scores) -> Path:
+    from spade.eval.runner import write_summary
+
+    directory.mkdir(parents=True, exist_ok=True)
+    write_summary(directory, {s.name: s for s in scores}, {"label": label, "step": step})
+    return directory
+
+
+def test_report_renders_every_paper_row_with_per_column_cells(tmp_path):
+    """Tables 1-3 row by row from result files: the paper's known cells (SPEC.md's headline numbers)
+    beside ours, per column; a self-simulated tau2 run and a skipped benchmark fill no paper cell."""
+    from spade.eval.paper_tables import PAPER_ROWS, TABLE_COLUMNS
+    from spade.eval.report import parse_assignments
+    from spade.eval.tau2_bench import Tau2Settings, domain_score, user_simulator
+    from spade.eval.types import BenchmarkScore
+
+    games = lambda values: [BenchmarkScore(n, v) for n, v in zip(GAMES, values)]  # noqa: E731
+    base_scores = [40.0, 30.0, 50.0, 20.0, 60.0, 45.0, 35.0, 55.0]
+    spade_scores = [48.0, 36.0, 54.0, 26.0, 66.0, 50.0, 41.0, 59.0]
+    _write_scores(tmp_path / "base30", "base30", None, games(base_scores))
+    _write_scores(tmp_path / "spade30" / "step_16", "spade30", 16, games([v - 5 for v in spade_scores]))
+    _write_scores(tmp_path / "spade30" / "step_32", "spade30", 32, games(spade_scores))
+    bfcl = BenchmarkScore("bfcl_multi_turn", 50.0, groups={"base": 60.0, "miss_func": 50.0, "miss_param": 40.0,
+                                                             "long_context": 50.0})
+    tau_results = {d: {"pass_hat_ks": {"1": p}, "avg_reward": p, "simulations": [], "tasks": [],
+                       "results_file": "x"} for d, p in (("retail", 0.6), ("airline", 0.4), ("telecom", 0.5))}
+    tau_self = domain_score("tau2", tau_results, {}, "26.3", user_simulator(Tau2Settings(), "tau2"))
+    ace = BenchmarkScore("acebench_agent", 65.0, groups={"multi_step": 70.0, "multi_turn": 60.0})
+    _write_scores(tmp_path / "tool30", "tool30", None, [bfcl, tau_self, ace])
+    skipped = games(spade_scores)
+    skipped[2] = BenchmarkScore("gpqa_diamond", None, skipped="no gpqa_diamond.csv")
+    _write_scores(tmp_path / "nomem", "nomem", None, skipped)
+    from spade.eval.runner import write_summary
+
+    _write_scores(tmp_path / "limited", "limited", None, [])
+    write_summary(tmp_path / "limited", {s.name: s for s in games(spade_scores)}, {"label": "limited", "limit": 3})
+
+    assigned = parse_assignments([f"t1/30b/base={tmp_path / 'base30'}", f"t1/30b/spade={tmp_path / 'spade30'}",
+                                  f"t2/30b/base={tmp_path / 'tool30'}", f"t3/no_memory={tmp_path / 'nomem'}",
+                                  f"t3/two_skill={tmp_path / 'limited'}"])
+    report = json.loads(build_report([], rows=assigned, fmt="json"))["paper_tables"]
+    for table in ("table1", "table2", "table3"):
+        keys = [r.key for r in PAPER_ROWS if r.table == table]
+        assert [r["key"] for r in report[table]] == [k for k in keys for _ in ("paper", "ours")]
+        assert all(set(TABLE_COLUMNS[table]) <= set(r) for r in report[table])
+    cells = {(r["key"], r["source"]): r for t in report.values() for r in t}
+
+    paper = cells["t1/30b/spade", "paper"]
+    assert paper["Avg"] == 58.3 and paper["Δ base"] == pytest.approx(58.3 - 50.2) and paper["AIME'25"] is None
+    assert cells["t1/4b/spade", "paper"]["Δ base"] == 5.2 and cells["t1/4b/spade", "paper"]["Avg"] is None
+    assert cells["t2/30b/spade", "paper"]["ACEBench"] == 75.9 and cells["t3/no_memory", "paper"]["Avg"] == 53.2
+    assert cells["t3/solve_rate", "paper"]["Avg"] is None  # not published in our sources
+
+    ours = cells["t1/30b/spade", "ours"]
+    assert [ours[c] for c in TABLE_COLUMNS["table1"][:8]] == spade_scores  # the best checkpoint: step 32
+    assert ours["Avg"] == pytest.approx(sum(spade_scores) / 8)
+    assert ours["Δ base"] == pytest.approx((sum(spade_scores) - sum(base_scores)) / 8)
+    tool = cells["t2/30b/base", "ours"]
+    assert tool["BFCL-base"] == 60.0 and tool["BFCL"] == 50.0 and tool["ACEBench"] == 65.0
+    assert tool["tau2"] is None and tool["tau2-retail"] is None and tool["Avg"] is None
+    assert tool["excluded"]["tau2"].startswith("self-simulated user")
+    ablation = cells["t3/no_memory", "ours"]
+    assert ablation["GPQA-D"] is None and ablation["Avg"] is None and "skipped" in ablation["excluded"]["gpqa_diamond"]
+    limited = cells["t3/two_skill", "ours"]  # a --limit run is a subset: no paper cell
+    assert limited["Avg"] is None and limited["AIME'25"] is None and "--limit 3" in limited["excluded"]["all benchmarks"]
+    assert cells["t3/learning_potential", "ours"]["Avg"] is None and cells["t3/learning_potential", "ours"]["run"] is None
+
+    markdown = build_report([], rows=assigned)
+    assert "Table 3: ablations" in markdown and "| ? |" in markdown
+    assert "self-simulated user" in markdown and "(score 50.0)" in markdown
+    with pytest.raises(Exception, match="unknown row"):
+        parse_assignments(["t9/x=dir"])
 
 
 @pytest.fixture(scope="module")

@@ -46,15 +46,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                              "max_dialog_turns, ...; docs/evaluation.md)")
     parser.set_defaults(handler=run_eval)
     sub = parser.add_subparsers(dest="eval_command", metavar="report", required=False)
-    add_report_parser(sub.add_parser("report", help="Table 1 / Table 2 from result directories",
-                                     description="Table 1 / Table 2 from spade eval result directories."))
+    add_report_parser(sub.add_parser("report", help="Tables 1-3 from result directories",
+                                     description="The paper's Tables 1-3 row by row (--row KEY=DIR, --paper) and "
+                                                 "Table 1 / Table 2 of any spade eval result directories."))
 
 
 def add_report_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("dirs", nargs="+", metavar="DIR", help="result directories (or parents of several)")
+    parser.add_argument("dirs", nargs="*", metavar="DIR", help="result directories (or parents of several)")
+    parser.add_argument("--row", action="append", default=[], metavar="KEY=DIR",
+                        help="results for a paper row, repeatable: t1/{4b,8b,30b}/{base,grpo,rlve,spade}, "
+                             "t2/{4b,8b,30b}/{base,spade}, t3/{spade,grpo,no_corpus,no_memory,"
+                             "frozen_designer_no_memory,two_skill,learning_potential,solve_rate}; DIR may hold "
+                             "a run's checkpoints (the best on the table's average is taken)")
     parser.add_argument("--base", default=None, metavar="DIR", help="the base model's results (deltas)")
     parser.add_argument("--format", choices=("md", "csv", "json"), default="md")
-    parser.add_argument("--paper", action="store_true", help="add the paper's published rows")
+    parser.add_argument("--paper", action="store_true", help="render the paper's Tables 1-3 row by row")
     parser.add_argument("--plot", default=None, metavar="PNG", help="gain-vs-size figure (default DIR0/scaling.png)")
     parser.add_argument("--size", action="append", default=[], metavar="LABEL=B",
                         help="model size in billions for a run label (the figure's x axis), repeatable")
@@ -151,7 +157,7 @@ async def _evaluate(args: argparse.Namespace, names: list[str], options) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ..eval.report import ReportError, build_report
+    from ..eval.report import ReportError, build_report, parse_assignments
 
     sizes = {}
     for item in args.size:
@@ -163,7 +169,7 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         text = build_report([Path(d) for d in args.dirs], base=Path(args.base) if args.base else None,
                             fmt=args.format, paper=args.paper, plot=Path(args.plot) if args.plot else None,
-                            sizes=sizes)
+                            sizes=sizes, rows=parse_assignments(args.row))
     except ReportError as exc:
         raise UsageError(str(exc)) from None
     print(text)
