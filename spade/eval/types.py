@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .runner import ChatModel
+
+class ChatModelLike(Protocol):
+    """What a benchmark asks of the model (``runner.ChatModel`` is the implementation)."""
+
+    async def complete(self, messages: Sequence[Mapping[str, Any]], sampling: "SamplingSettings", seed: int,
+                       tools: Optional[list] = None) -> Any: ...
 
 
 class BenchmarkUnavailable(RuntimeError):
@@ -160,7 +164,7 @@ class Benchmark(abc.ABC):
     async def score(self, item: EvalItem, text: str) -> SampleRecord:
         raise NotImplementedError
 
-    async def play(self, item: EvalItem, model: "ChatModel", seed: int) -> SampleRecord:
+    async def play(self, item: EvalItem, model: ChatModelLike, seed: int) -> SampleRecord:
         completion = await model.complete(item.messages, self.sampling, seed)
         record = await self.score(item, completion.text)
         return SampleRecord(completion.text, record.answer, record.score, record.correct,
