@@ -1,9 +1,13 @@
-"""The fixed pool's draws: without replacement pass after pass, skills balanced by slot as in a SPADE
-set, the draw state resumed exactly, and a set admitted from a real sandbox."""
+"""The fixed pool's draws. By default as the released trainer draws (``selfplay.pool.draw: shuffle``):
+one seeded shuffle of the sorted names per pass, the next sets taken in that order, a fresh shuffle
+when a pass runs out. The variant ``balanced`` (skills balanced by slot as in a SPADE set). Both
+resume exactly from the checkpointed state; a set admitted from a real sandbox; the baseline
+recipe refuses to start without a pool."""
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -11,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from spade.designer.skills import GAME_SKILLS, SkillSettings
+from spade.config import ConfigError
 from spade.selfplay.pool import FixedPool, append_manifest, read_manifest, read_pool
+from spade.selfplay.pool_settings import PoolSettings
 from spade.selfplay.settings import SelfPlaySettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,10 +50,87 @@ def write_pool(directory: Path, skills: list[str | None], *, manifest: bool = Tr
     return names
 
 
+BALANCED = PoolSettings(draw="balanced", seed=None)  # the variant, seeded from the run seed
+
+
 def pool(directory: Path, seed: int = 5, **overrides) -> FixedPool:
-    values = dict(envs_per_set=4, k=2, env_source="fixed_pool", fixed_env_dir=str(directory))
+    """The skill-balanced variant (most tests below); ``pool=PoolSettings()`` for the released draw."""
+    values = dict(envs_per_set=4, k=2, env_source="fixed_pool", fixed_env_dir=str(directory), pool=BALANCED)
     values.update(overrides)
     return FixedPool(SelfPlaySettings(**values), sandbox=None, run_dir=directory.parent / "run", seed=seed)
+
+
+def released_sets(names: list[str], per_set: int, n_sets: int, seed: int) -> list[list[str]]:
+    """The released trainer's rule, written out (spade-rl/spade, spade/slime/spade_rollout.py,
+    _select_static_games_without_replacement): one Random(seed) shuffles the sorted names; each set is
+    the next per_set of that order; when fewer are left, they are taken, the same Random shuffles the
+    whole pool afresh, the ones just taken are struck from it, and the set is filled from its front."""
+    rng = random.Random(seed)
+    everything = sorted(names)
+    left = list(everything)
+    rng.shuffle(left)
+    sets = []
+    for _ in range(n_sets):
+        chosen, left = left[:per_set], left[per_set:]
+        if len(chosen) < per_set:
+            fresh = list(everything)
+            rng.shuffle(fresh)
+            fresh = [name for name in fresh if name not in chosen]
+            need = per_set - len(chosen)
+            chosen, left = chosen + fresh[:need], fresh[need:]
+        sets.append(chosen)
+    return sets
+
+
+@pytest.mark.parametrize("size, per_set", [(10, 4), (8, 4), (3, 4), (30, 24), (7, 7)])
+def test_the_default_draw_is_the_released_seeded_shuffle(tmp_path, size, per_set):
+    skills = [SKILLS[i % 6] for i in range(size)]
+    names = write_pool(tmp_path / "pool", skills)
+    settings = SelfPlaySettings(envs_per_set=per_set, k=1, env_source="fixed_pool", fixed_env_dir=str(tmp_path / "pool"))
+    assert settings.pool == PoolSettings(draw="shuffle", seed=42)  # --spade-fixed-pool-seed's default
+    source = FixedPool(settings, sandbox=None, run_dir=tmp_path / "run", seed=1234)  # the run seed plays no part
+    drawn = [source.draw(step) for step in range(9)]
+    assert [names_of(d) for d in drawn] == released_sets(names, per_set, 9, seed=42)
+    # the manifest's skill labels each draw; no slot asks for a skill, so nothing falls back
+    assert all(d.skill == skills[names.index(d.entry.name)] and not d.fallback for s in drawn for d in s)
+
+
+def test_the_released_draw_without_a_manifest_and_under_another_seed(tmp_path):
+    names = write_pool(tmp_path / "pool", [None] * 10, manifest=False)
+    settings = SelfPlaySettings(envs_per_set=4, k=1, env_source="fixed_pool", fixed_env_dir=str(tmp_path / "pool"),
+                                pool=PoolSettings(seed=7))
+    source = FixedPool(settings, sandbox=None, run_dir=tmp_path / "run", seed=0)
+    drawn = [source.draw(step) for step in range(6)]
+    assert [names_of(d) for d in drawn] == released_sets(names, 4, 6, seed=7)
+    assert {d.skill for s in drawn for d in s} == {"unknown"}  # as the released trainer labels them
+    # null: the run seed
+    follows = FixedPool(SelfPlaySettings(envs_per_set=4, k=1, env_source="fixed_pool",
+                                         fixed_env_dir=str(tmp_path / "pool"), pool=PoolSettings(seed=None)),
+                        sandbox=None, run_dir=tmp_path / "run2", seed=7)
+    assert [names_of(follows.draw(step)) for step in range(6)] == released_sets(names, 4, 6, seed=7)
+
+
+@pytest.mark.parametrize("stop", [1, 2, 3, 5])
+def test_the_released_draw_resumes_exactly(tmp_path, stop):
+    names = write_pool(tmp_path / "pool", [SKILLS[i % 6] for i in range(10)])
+    settings = SelfPlaySettings(envs_per_set=4, k=1, env_source="fixed_pool", fixed_env_dir=str(tmp_path / "pool"))
+    first = FixedPool(settings, sandbox=None, run_dir=tmp_path / "a", seed=0)
+    for step in range(stop):
+        first.draw(step)
+    state = json.loads(json.dumps(first.state_dict()))  # as the checkpoint stores it
+    resumed = FixedPool(settings, sandbox=None, run_dir=tmp_path / "b", seed=0)
+    resumed.load_state_dict(state)
+    assert [names_of(resumed.draw(step)) for step in range(stop, 8)] == released_sets(names, 4, 8, seed=42)[stop:]
+    # a checkpoint of the other draw is refused, naming the key
+    other = FixedPool(dataclass_replace(settings, pool=BALANCED), sandbox=None, run_dir=tmp_path / "c", seed=0)
+    with pytest.raises(ValueError, match="selfplay.pool.draw"):
+        other.load_state_dict(state)
+
+
+def dataclass_replace(settings, **changes):
+    import dataclasses
+
+    return dataclasses.replace(settings, **changes)
 
 
 def names_of(draws) -> list[str]:
@@ -170,7 +253,7 @@ def test_a_drawn_set_is_admitted_saved_and_recorded(sandbox, tmp_path):
     (directory / "broken.py").write_text("class BrokenEnv(:\n")
     append_manifest(directory, {"name": "broken", "skill": "Causal Inference"})
     settings = SelfPlaySettings(envs_per_set=3, k=1, env_source="fixed_pool", fixed_env_dir=str(directory),
-                                skills=SkillSettings(window=3), max_turns=5)
+                                skills=SkillSettings(window=3), max_turns=5, pool=BALANCED)
     run = tmp_path / "run"
     source = FixedPool(settings, sandbox=sandbox.service, run_dir=run, seed=0)
     first, second, third = (sandbox.run(source.next_set(step), timeout=120) for step in (0, 1, 2))
@@ -212,7 +295,32 @@ def test_the_baseline_recipe_draws_24_environments_every_step_actor_only():
     sp = config.selfplay
     assert (sp.env_source, sp.envs_per_set, sp.k, sp.g_hint) == ("fixed_pool", 24, 1, 0)
     assert not (sp.designer_enabled or sp.train_designer or sp.use_corpus or sp.use_memory)
-    assert Path(sp.fixed_env_dir) == ROOT / "examples" / "envs"  # the stand-in the header says to replace
+    assert sp.pool == PoolSettings(draw="shuffle", seed=42)  # _train_fixed_gpt55.sh: --spade-no-replacement, seed 42
+    assert Path(sp.fixed_env_dir) != ROOT / "examples" / "envs"  # never the six example games by default
+
+
+def test_the_baseline_recipe_refuses_to_start_without_a_pool(tmp_path):
+    from spade.run.preflight import preflight
+    from spade.run.run_dir import RunDirError
+    from spade.train_config import load_train_config
+
+    recipe = ROOT / "examples" / "recipes" / "baseline_fixed_pool.yaml"
+    config = load_train_config(recipe, ["model.hf_dir=embedded"])
+    assert not Path(config.selfplay.fixed_env_dir).exists()
+    with pytest.raises(RunDirError) as refused:
+        preflight(config)
+    message = str(refused.value)
+    for needed in ("selfplay.fixed_env_dir=", "spade pool import", "spade pool generate", "spade pool assemble"):
+        assert needed in message, message
+    # the same words when the source is built directly (no preflight in between)
+    with pytest.raises(ConfigError, match="spade pool import"):
+        FixedPool(config.selfplay, sandbox=None, run_dir=tmp_path / "run", seed=0)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RunDirError, match="spade pool import"):
+        preflight(load_train_config(recipe, ["model.hf_dir=embedded", f"selfplay.fixed_env_dir={empty}"]))
+    # the example games, asked for by name (a smoke test), are accepted
+    preflight(load_train_config(recipe, ["model.hf_dir=embedded", "selfplay.fixed_env_dir=examples/envs"]))
 
 
 def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(sandbox, tmp_path):
@@ -262,4 +370,6 @@ def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(
     flat = [env_id for s in sets for env_id in s]
     assert sorted(flat[:5]) == [f"fixed-env_{i:02d}" for i in range(5)]  # the first pass: every one once
     assert all(len(set(s)) == 2 for s in sets)
-    assert state["env_source"]["pass"] == 0 and len(state["env_source"]["drawn"]) == 4
+    # the released draw's state: one pass of 5 by sets of 2 taken to its 4th name, nothing carried over
+    assert (state["env_source"]["draw"], state["env_source"]["pass"], state["env_source"]["taken"],
+            state["env_source"]["carried"]) == ("shuffle", 0, 4, [])

@@ -47,7 +47,9 @@ def preflight(config: TrainConfig) -> None:
     if sp.env_source == "fixed_pool":
         pool = Path(sp.fixed_env_dir or "")
         if not pool.is_dir() or not any(pool.glob("*.py")):
-            raise RunDirError(f"selfplay.fixed_env_dir: {pool} is not a directory of environment .py files")
+            from ..selfplay.pool import missing_pool_message
+
+            raise RunDirError(missing_pool_message(pool))
     if sp.env_source == "rlve":
         import importlib.util
 

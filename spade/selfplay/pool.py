@@ -20,24 +20,36 @@ document's key), ``attempt`` (the generation attempt that produced it), ``timing
 ``NAME.py`` is ignored, a ``NAME.py`` without a line has no known skill. A line cut short by a crash
 (the last one) is ignored. A plain directory of ``.py`` files without a manifest is a pool too.
 
-**Drawing.** Every regeneration takes ``envs_per_set`` environments that were not drawn yet in the
-current *pass* over the pool; a pass visits the pool in an order shuffled under a seed derived from
-``(run seed, pass number)``, and when it runs out the next pass starts (newly shuffled) for the
-rest of the set, never repeating an environment within one set. Skills are balanced as in a SPADE
-set: slot ``i`` wants the curriculum's ``slot_skills(active, envs_per_set)[i]`` and gets the first
-undrawn environment of that skill in the pass's order; when the pass has none of that skill left (or
-the manifest does not name it) the slot takes the first undrawn environment of any skill, a
-*fallback*, counted in the set's draw record. Without a manifest every slot takes the next undrawn
-environment and is labelled with its slot's skill (no fallbacks). A pool of at most ``envs_per_set``
-environments is played whole at every regeneration, in file-name order.
+**Drawing** (``selfplay.pool``, :mod:`.pool_settings`). Every regeneration (the baseline recipe:
+every step, ``k: 1``) takes ``envs_per_set`` environments.
+
+* ``draw: shuffle`` (default; the released trainer's rule, :class:`ShuffleSampler`): one
+  ``random.Random(selfplay.pool.seed)`` shuffles the sorted names, and each set is the next
+  ``envs_per_set`` names of that order. When fewer are left, the set takes them, the same generator
+  shuffles the whole pool again (the next *pass*), the names just taken are struck from that pass,
+  and the set is filled from its front. Skills play no part: each draw is labelled with its manifest
+  skill, or ``unknown``. A pool smaller than a set gives the whole pool, newly shuffled, every time.
+* ``draw: balanced`` (this project's variant, :class:`PoolSampler`): a pass visits the pool in an
+  order shuffled under a seed derived from ``(seed, pass number)``; slot ``i`` wants the
+  curriculum's ``slot_skills(active, envs_per_set)[i]`` and gets the first undrawn environment of
+  that skill in the pass's order; when the pass has none of that skill left (or the manifest does
+  not name it) the slot takes the first undrawn environment of any skill, a *fallback*, counted in
+  the set's draw record. Without a manifest every slot takes the next undrawn environment and is
+  labelled with its slot's skill. A pool of at most ``envs_per_set`` environments is played whole
+  at every regeneration, in file-name order.
 
 Each drawn file goes through the same admission as a designed environment (the verdict is cached
 per file for the life of the process); a rejected one leaves its slot empty and is written under
 ``rejected/`` like a designer attempt. The set is saved as ``envs/step_S/fixed-NAME.*`` and the draw
 as ``pool_draws/step_S.json`` (slot, name, wanted and given skill, fallback, pass), and the step's
 metrics get ``pool/fallbacks``, ``pool/pass``, ``pool/drawn_in_pass`` and ``pool/size``. The draw state
-(pass number and the names drawn in it) is in :meth:`FixedPool.state_dict`, so a resumed run draws
-exactly what the straight run would; resuming on a pool whose file names changed is refused.
+(the pass number and how far into it, per sampler) is in :meth:`FixedPool.state_dict`, so a resumed
+run draws exactly what the straight run would; resuming on a pool whose file names changed, or under
+another ``selfplay.pool`` draw or seed, is refused.
+
+A pool directory that is missing or holds no ``.py`` file is refused with :func:`missing_pool_message`,
+which names the key and the commands that make a pool: the baseline never falls back to the example
+games.
 """
 
 from __future__ import annotations
@@ -67,7 +79,8 @@ Screen = Callable[[str, list[dict[str, Any]]], Awaitable[bool | None]]
 MANIFEST = "pool.jsonl"
 HINT_SUFFIX = ".hint.txt"
 GENERATION_DIR = "generation"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: the balanced draw only (no "draw" key)
+UNKNOWN_SKILL = "unknown"  # the label of a drawn environment no manifest line names a skill for
 
 
 # ---------------------------------------------------------------------------- the directory
@@ -161,6 +174,19 @@ def pool_fingerprint(entries: list[PoolEntry]) -> str:
     return hashlib.sha256("\n".join(e.name for e in entries).encode()).hexdigest()[:16]
 
 
+def missing_pool_message(directory: Path | str) -> str:
+    """Why ``directory`` cannot be the Fixed-env GRPO pool, and how to make one."""
+    return (f"selfplay.fixed_env_dir: {directory} is not a pool (a directory of environment .py files). "
+            "The Fixed-env GRPO baseline trains on a pool made beforehand: pass selfplay.fixed_env_dir=DIR "
+            "with DIR made by one of\n"
+            "  spade pool import --from RELEASED_POOL_DIR --out DIR   (the paper's 7,872 games: "
+            "hf download spare-rl/spare-gpt55-static-corpus --repo-type dataset --local-dir RELEASED_POOL_DIR)\n"
+            "  spade pool generate --designer (MODEL_DIR | URL) --n 7872 --out DIR [--config YAML]\n"
+            "  spade pool assemble --from RUN_DIR [RUN_DIR ...] --out DIR\n"
+            "(docs/pool.md). The six example games are a pool only when asked for by name "
+            "(selfplay.fixed_env_dir=examples/envs, a smoke test).")
+
+
 # ---------------------------------------------------------------------------- drawing
 
 
@@ -168,14 +194,86 @@ def pool_fingerprint(entries: list[PoolEntry]) -> str:
 class Draw:
     slot: int
     entry: PoolEntry
-    wanted: str   # the slot's curriculum skill
-    skill: str    # the skill the environment is labelled with
+    wanted: str | None  # the slot's curriculum skill (the balanced draw; None: the released draw)
+    skill: str          # the skill the environment is labelled with
     fallback: bool
     pass_number: int
 
 
+class ShuffleSampler:
+    """The released trainer's draw (module docstring, ``draw: shuffle``).
+
+    State: the pass number ``p``, how many names of pass ``p``'s order were taken (``taken``), and the
+    names struck from that order because the set that opened it had already taken them (``carried``).
+    Pass ``p``'s order is the ``p + 1``-th shuffle of the sorted names by one ``Random(seed)``, so the
+    state rebuilds the generator and the order exactly.
+    """
+
+    draw_name = "shuffle"
+
+    def __init__(self, entries: list[PoolEntry], seed: int):
+        if not entries:
+            raise ValueError("the pool is empty")
+        self.entries = {e.name: e for e in entries}
+        # the released trainer sorts the files' paths (one directory): by file name, not by stem
+        self.names = [e.name for e in sorted(entries, key=lambda e: e.path.name)]
+        self.seed = seed
+        self.pass_number = 0
+        self.taken = 0
+        self.carried: list[str] = []
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._rng = random.Random(self.seed)
+        for _ in range(self.pass_number + 1):
+            order = list(self.names)
+            self._rng.shuffle(order)
+        carried = set(self.carried)
+        self._order = [name for name in order if name not in carried]
+
+    @property
+    def drawn_in_pass(self) -> int:
+        return min(self.taken, len(self._order))
+
+    def draw(self, n: int) -> list[Draw]:
+        chosen = self._order[self.taken:self.taken + n]
+        passes = [self.pass_number] * len(chosen)
+        self.taken += len(chosen)
+        if len(chosen) < n:  # the pass ran out: the next one, less what this set already took
+            fresh = list(self.names)
+            self._rng.shuffle(fresh)
+            self.pass_number += 1
+            self.carried = list(chosen)
+            taken = set(chosen)
+            self._order = [name for name in fresh if name not in taken]
+            need = n - len(chosen)
+            added = self._order[:need]
+            chosen += added
+            passes += [self.pass_number] * len(added)
+            self.taken = need
+        out = []
+        for slot, (name, pass_number) in enumerate(zip(chosen, passes)):
+            entry = self.entries[name]
+            out.append(Draw(slot, entry, None, entry.skill or UNKNOWN_SKILL, False, pass_number))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"draw": self.draw_name, "seed": self.seed, "pass": self.pass_number, "taken": self.taken,
+                "carried": list(self.carried)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = [name for name in state["carried"] if name not in self.entries]
+        if missing:
+            raise ValueError(f"the pool has no environment {missing[0]!r} any more, which the checkpoint drew")
+        self.pass_number = int(state["pass"])
+        self.taken = int(state["taken"])
+        self.carried = list(state["carried"])
+        self._rebuild()
+
+
 class PoolSampler:
-    """Draws sets from a pool without replacement, pass after pass (see the module docstring).
+    """Draws sets from a pool without replacement, pass after pass, skills balanced by slot (the
+    ``draw: balanced`` variant; see the module docstring).
 
     Deterministic given ``seed`` and the state (``pass_number`` and the names drawn in that pass):
     the order of pass ``p`` is the sorted names shuffled by ``Random(derive_seed(seed, "pool", p))``.
@@ -231,8 +329,14 @@ class PoolSampler:
                 return entry, False
         return free[0], True
 
+    draw_name = "balanced"
+
+    @property
+    def drawn_in_pass(self) -> int:
+        return len(self.drawn)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"pass": self.pass_number, "drawn": list(self.drawn)}
+        return {"draw": self.draw_name, "seed": self.seed, "pass": self.pass_number, "drawn": list(self.drawn)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         names = {e.name for e in self.entries}
@@ -258,11 +362,14 @@ class FixedPool:
         self.seed = seed
         self.directory = Path(settings.fixed_env_dir)
         self.screen = screen
-        self.entries = read_pool(self.directory)
+        self.entries = read_pool(self.directory) if self.directory.is_dir() else []
         if not self.entries:
-            raise ConfigError(f"selfplay.fixed_env_dir: {self.directory} holds no environment .py files")
-        self.whole = len(self.entries) <= settings.envs_per_set
-        self.sampler = PoolSampler(self.entries, seed)
+            raise ConfigError(missing_pool_message(self.directory))
+        self.draw_mode = settings.pool.draw
+        pool_seed = seed if settings.pool.seed is None else settings.pool.seed
+        self.whole = self.draw_mode == "balanced" and len(self.entries) <= settings.envs_per_set
+        self.sampler: ShuffleSampler | PoolSampler = (
+            ShuffleSampler(self.entries, pool_seed) if self.draw_mode == "shuffle" else PoolSampler(self.entries, pool_seed))
         self._verdicts: dict[str, AdmissionVerdict] = {}
         self._draw_metrics: tuple[int, dict[str, float]] | None = None  # (regeneration step, its metrics)
         self._observed: int | None = None
@@ -270,6 +377,8 @@ class FixedPool:
     def draw(self, step: int) -> list[Draw]:
         """The environments of the set of regeneration ``step`` (advances the draw state)."""
         s = self.settings
+        if isinstance(self.sampler, ShuffleSampler):
+            return self.sampler.draw(s.envs_per_set)
         active = [skill.name for skill in s.skills.active(s.domain, step // s.k)]
         if self.whole:
             wanted = slot_skills(active, len(self.entries))
@@ -300,7 +409,7 @@ class FixedPool:
         self._write_draw_record(step, draws, verdicts)
         self._draw_metrics = (step, {"pool/fallbacks": float(sum(d.fallback for d in draws)),
                                      "pool/pass": float(self.sampler.pass_number),
-                                     "pool/drawn_in_pass": float(len(self.sampler.drawn)),
+                                     "pool/drawn_in_pass": float(self.sampler.drawn_in_pass),
                                      "pool/size": float(len(self.entries))})
         return result
 
@@ -320,7 +429,7 @@ class FixedPool:
         directory.mkdir(parents=True, exist_ok=True)
         data = {
             "step": step, "pool": str(self.directory), "pool_size": len(self.entries), "whole_pool": self.whole,
-            "pass": self.sampler.pass_number, "fallbacks": sum(d.fallback for d in draws),
+            "draw": self.draw_mode, "pass": self.sampler.pass_number, "fallbacks": sum(d.fallback for d in draws),
             "draws": [{"slot": d.slot, "name": d.entry.name, "wanted": d.wanted, "skill": d.skill,
                        "fallback": d.fallback, "pass": d.pass_number,
                        "admitted": bool(v is not None and v.admitted)} for d, v in zip(draws, verdicts)],
@@ -351,4 +460,11 @@ class FixedPool:
             raise ValueError(f"selfplay.fixed_env_dir: the pool {self.directory} changed since the checkpoint "
                              f"({state.get('pool_size')} environments then, {len(self.entries)} now, or other "
                              "names): resuming would not draw what the interrupted run would have")
+        drawn_by = state.get("draw", "balanced")  # version 1 had the balanced draw only
+        if drawn_by != self.draw_mode:
+            raise ValueError(f"selfplay.pool.draw: the checkpoint drew with {drawn_by!r}, the config says "
+                             f"{self.draw_mode!r}: resuming would not draw what the interrupted run would have")
+        if "seed" in state and state["seed"] != self.sampler.seed:
+            raise ValueError(f"selfplay.pool.seed: the checkpoint drew under seed {state['seed']}, the config "
+                             f"gives {self.sampler.seed}: resuming would not draw what the interrupted run would have")
         self.sampler.load_state_dict(state)

@@ -23,6 +23,7 @@ from ..designer.skills import DOMAINS, Domain, SkillSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .rewards import RewardSettings
+from .pool_settings import PoolSettings
 from .rlve_settings import RLVESettings
 
 Difficulty = Literal["easy", "medium", "hard"]
@@ -87,6 +88,7 @@ class SelfPlaySettings:
     env_source: EnvSourceName = "designer"
     designer_enabled: bool = True
     fixed_env_dir: str | None = None
+    pool: PoolSettings = field(default_factory=PoolSettings)  # env_source fixed_pool: how sets are drawn
     rlve: RLVESettings = field(default_factory=RLVESettings)  # env_source rlve: its difficulty controller
     # Stabilisers (off in the paper's games recipes): leave out the agent samples of an environment
     # whose no-hint returns are all equal (zero advantage, nothing to learn), and give a sample
