@@ -3,6 +3,7 @@
     spade pool generate --designer (MODEL_DIR | URL) --n N --out DIR [--skills A,B] [--config YAML]
                         [--model NAME] [--concurrency C] [--max-attempts M] [key.sub=value ...]
     spade pool assemble --from RUN_DIR [RUN_DIR ...] --out DIR [--steps a:b]
+    spade pool import --from RELEASED_DIR --out DIR [--expect N]
 
 ``generate`` writes ``N`` admitted environments through the training's designer prompts, admission
 and hint calls (:mod:`spade.selfplay.pool_build`). The settings are those of ``--config`` (a train
@@ -34,7 +35,7 @@ ISOLATION_VARIABLE = "SPADE_SANDBOX_ISOLATION"
 
 
 def add_parser(subparsers: Any) -> None:
-    pool = subparsers.add_parser("pool", help="generate or assemble a static environment pool (Fixed-env GRPO)")
+    pool = subparsers.add_parser("pool", help="generate, assemble or import a static environment pool (Fixed-env GRPO)")
     commands = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True)
 
     generate = commands.add_parser(
@@ -61,6 +62,18 @@ def add_parser(subparsers: Any) -> None:
     assemble.add_argument("--out", required=True, metavar="DIR")
     assemble.add_argument("--steps", metavar="a:b", help="only environments generated at steps a <= step < b")
     assemble.set_defaults(handler=run_assemble)
+
+    imported = commands.add_parser(
+        "import", help="copy the released pool (a local copy of its files) into a new pool directory",
+        description="Import the paper's released pool (spare-rl/spare-gpt55-static-corpus: games/game_*.py, "
+                    "manifest.jsonl, checksums.sha256) into a new pool directory; checksums and manifest "
+                    "hashes are verified, and nothing is left behind when a file is missing or malformed.")
+    imported.add_argument("--from", dest="source", required=True, metavar="RELEASED_DIR",
+                          help="the directory the data set was downloaded to, or its games/ directory")
+    imported.add_argument("--out", required=True, metavar="DIR", help="the pool directory to create (must not exist)")
+    imported.add_argument("--expect", type=int, metavar="N",
+                          help="refuse unless the copy holds exactly N games (the paper's pool: 7872)")
+    imported.set_defaults(handler=run_import)
 
 
 # ---------------------------------------------------------------------------- generate
@@ -218,4 +231,26 @@ def run_assemble(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(f"spade pool assemble: {summary.added} environments added to {args.out} from {summary.runs} run(s) "
           f"({summary.skipped_duplicates} duplicate sources skipped)", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------- import
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from ..selfplay.pool_import import PAPER_POOL_SIZE, PoolImportError, import_released_pool
+
+    if args.expect is not None and args.expect < 1:
+        raise UsageError(f"--expect: must be >= 1, got {args.expect}")
+    try:
+        summary = import_released_pool(Path(args.source), Path(args.out), expect=args.expect,
+                                       report=lambda line: print(line, file=sys.stderr, flush=True))
+    except (PoolImportError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    skills = ", ".join(f"{skill} {count}" for skill, count in sorted(summary.per_skill.items()))
+    print(f"spade pool import: {summary.total} environments into {summary.out} ({skills}); "
+          f"{summary.checksums_verified} checksums verified, {summary.manifest_records} manifest records",
+          file=sys.stderr)
+    if summary.total != PAPER_POOL_SIZE:
+        print(f"spade pool import: note: the paper's pool holds {PAPER_POOL_SIZE} environments", file=sys.stderr)
     return 0
