@@ -165,6 +165,23 @@ def _section(cls: type, data: Mapping[str, Any], name: str) -> Any:
         raise ConfigError(message) from None
 
 
+# Keys earlier versions took and this one refuses, each with the reason (a config that still sets
+# one would otherwise mean something the run no longer does).
+REMOVED_KEYS = {
+    ("loss", "temperature"): "removed: the trainer computes old, new and reference log-probs at the temperature each "
+                             "sample was drawn with (selfplay.agent_temperature, selfplay.designer_temperature; 1 for "
+                             "greedy), as the rollout engine's log-probs are, so a separate value could only make the "
+                             "importance weights and the KL term disagree with the sampler; delete the key",
+}
+
+
+def _refuse_removed_keys(data: Mapping[str, Any]) -> None:
+    for (section, key), reason in REMOVED_KEYS.items():
+        values = data.get(section)
+        if isinstance(values, Mapping) and key in values:
+            raise ConfigError(f"{section}.{key}: {reason}")
+
+
 def from_dict(data: Mapping[str, Any]) -> TrainConfig:
     """Validate a whole config mapping (after includes and overrides)."""
     if not isinstance(data, Mapping):
@@ -172,6 +189,7 @@ def from_dict(data: Mapping[str, Any]) -> TrainConfig:
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section; allowed sections: {', '.join(SECTIONS)}")
+    _refuse_removed_keys(data)
     data = _resolve_paths(data)
     return TrainConfig(
         model=_section(ModelSection, data, "model"),

@@ -9,6 +9,11 @@ at most one chunk of logits is alive at a time.
 Layout follows Megatron: ``hidden`` is sequence-first ``[T, B, H]``, ``targets`` (labels) are
 ``[B, T]`` and the result is ``[B, T]``.
 
+Temperature: the log-probs are those of ``softmax(logits / T)``. ``T`` is one number for every
+token, or a tensor broadcastable to ``[B, T]`` (e.g. ``[B, 1]``: one temperature per sequence, the
+one its tokens were sampled with; ``[B, T]``: one per token, e.g. a packed row holding several
+sequences). Each token's logits are divided by its own ``T`` in the forward and in the backward.
+
 Tensor parallelism: ``output_weight`` may be this rank's vocabulary shard ``[V / tp, H]``, rank
 ``r`` owning ids ``[r * V/tp, (r + 1) * V/tp)`` (Megatron's vocab-parallel layout). The max and
 the sum of exponentials are all-reduced over ``tp_group``, and the target logit comes from the
@@ -22,7 +27,7 @@ take no probability mass and no gradient, and the result matches a model without
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import torch
 import torch.distributed as dist
@@ -43,12 +48,13 @@ def token_logprobs(
     targets: Tensor,
     *,
     chunk_size: int = 1024,
-    temperature: float = 1.0,
+    temperature: Union[float, Tensor] = 1.0,
     tp_group: Any = None,
     reduce_hidden_grad: bool = True,
     vocab_size: int | None = None,
 ) -> Tensor:
-    """Log-probs ``[B, T]`` of ``targets`` under ``softmax(hidden @ output_weight.T / temperature)``.
+    """Log-probs ``[B, T]`` of ``targets`` under ``softmax(hidden @ output_weight.T / temperature)``
+    (``temperature``: a number, or a tensor broadcastable to ``[B, T]``; see the module docstring).
 
     ``hidden`` is ``[T, B, H]``, ``output_weight`` ``[V_local, H]``, ``targets`` ``[B, T]`` with
     global vocabulary ids. ``chunk_size`` counts tokens (rows of the flattened ``[T * B, H]``).
@@ -70,8 +76,7 @@ def token_logprobs(
         raise ValueError(f"output_weight must be [V, {hidden_size}], got shape {tuple(output_weight.shape)}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    temperature = _token_temperatures(temperature, batch, seq_len, hidden.device)
     if tp_group is not None and dist.get_world_size(group=tp_group) == 1:
         tp_group = None
 
@@ -92,7 +97,7 @@ def token_logprobs(
         output_weight,
         flat_targets,
         chunk_size,
-        float(temperature),
+        temperature,
         vocab_start,
         real_local,
         tp_group,
@@ -101,13 +106,36 @@ def token_logprobs(
     return flat.view(seq_len, batch).transpose(0, 1)
 
 
+def _token_temperatures(temperature: Union[float, Tensor], batch: int, seq_len: int,
+                        device: torch.device) -> Union[float, Tensor]:
+    """A float, or the flattened per-token temperatures ``[T * B]`` in the ``hidden`` row order."""
+    if not isinstance(temperature, Tensor):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        return float(temperature)
+    try:
+        per_token = torch.broadcast_to(temperature.detach(), (batch, seq_len))
+    except RuntimeError:
+        raise ValueError(f"temperature must broadcast to [B, T] = {(batch, seq_len)}, got shape "
+                         f"{tuple(temperature.shape)}") from None
+    if per_token.numel() and not bool((per_token > 0).all()):
+        raise ValueError("every temperature must be > 0")
+    return per_token.transpose(0, 1).reshape(-1).to(device=device, dtype=torch.float64)
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float, real_local: int) -> Tensor:
+def _chunk_temperature(temperature: Union[float, Tensor], start: int, stop: int) -> Union[float, Tensor]:
+    return temperature if isinstance(temperature, float) else temperature[start:stop]
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: Union[float, Tensor], real_local: int) -> Tensor:
     logits = torch.matmul(hidden, weight.t()).to(_compute_dtype(hidden.dtype))
-    if temperature != 1.0:
+    if isinstance(temperature, Tensor):
+        logits.div_(temperature.to(logits.dtype).unsqueeze(1))
+    elif temperature != 1.0:
         logits.div_(temperature)
     if real_local < logits.shape[1]:
         logits[:, real_local:] = float("-inf")  # padded vocabulary rows
@@ -125,7 +153,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         weight: Tensor,
         targets: Tensor,
         chunk_size: int,
-        temperature: float,
+        temperature: Union[float, Tensor],
         vocab_start: int,
         real_local: int,
         tp_group: Any,
@@ -138,7 +166,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         logsumexp = torch.empty(num_tokens, dtype=dtype, device=hidden.device)
         for start in range(0, num_tokens, chunk_size):
             stop = min(start + chunk_size, num_tokens)
-            logits = _chunk_logits(hidden[start:stop], weight, temperature, real_local)
+            logits = _chunk_logits(hidden[start:stop], weight, _chunk_temperature(temperature, start, stop),
+                                   real_local)
             local_ids = targets[start:stop] - vocab_start
             owned = (local_ids >= 0) & (local_ids < vocab_local)
             picked = logits.gather(1, local_ids.clamp(0, vocab_local - 1).unsqueeze(1)).squeeze(1)
@@ -174,12 +203,16 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         # Accumulate the weight gradient over chunks in at least fp32, cast once at the end.
         grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
-        scale = grad_output.to(dtype) / ctx.temperature
+        temperature = ctx.temperature
+        if isinstance(temperature, Tensor):
+            scale = grad_output.to(dtype) / temperature.to(dtype)
+        else:
+            scale = grad_output.to(dtype) / temperature
         for start in range(0, num_tokens, ctx.chunk_size):
             stop = min(start + ctx.chunk_size, num_tokens)
             h = hidden[start:stop]
             # d logp / d raw_logits = (onehot(target) - softmax) / temperature, times grad_output.
-            grad_logits = _chunk_logits(h, weight, ctx.temperature, ctx.real_local)
+            grad_logits = _chunk_logits(h, weight, _chunk_temperature(temperature, start, stop), ctx.real_local)
             grad_logits.sub_(logsumexp[start:stop].unsqueeze(1)).exp_()
             grad_logits.mul_(-scale[start:stop].unsqueeze(1))
             local_ids = targets[start:stop] - ctx.vocab_start

@@ -34,6 +34,12 @@ class LossMetrics:
     - ``tis_clip_frac``: share of masked tokens whose raw weight exceeds ``tis_cap``.
     - ``kl_mean``: mean of the clamped low-variance KL estimate (0.0 without ref log-probs; it
       is reported whenever ``ref_logprobs`` is given, even with ``kl_coef == 0``).
+    - ``rollout_logprob_abs_diff``: mean of ``|old_logprobs - rollout_logprobs|`` (slime's
+      ``train_rollout_logprob_abs_diff``); 0.0 without rollout log-probs.
+    - ``rollout_kl``: the k3 estimate of KL(behaviour || training) from the tokens the behaviour
+      policy drew, mean of ``exp(d) - d - 1`` with ``d = old_logprobs - rollout_logprobs`` (verl's
+      ``rollout_corr/k3_kl``); 0.0 without rollout log-probs. Both are ~0 when the engine and the
+      trainer hold the same weights and compute the same distribution.
     - ``pg_loss``: the policy-gradient part of the loss (no KL), aggregated like the loss.
     - ``loss``: the value returned as the loss.
     - ``num_tokens``: number of masked tokens.
@@ -48,6 +54,8 @@ class LossMetrics:
     pg_loss: float
     loss: float
     num_tokens: float
+    rollout_logprob_abs_diff: float = 0.0
+    rollout_kl: float = 0.0
 
     @property
     def clip_frac(self) -> float:
@@ -106,11 +114,12 @@ def policy_loss(
     pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
 
     if rollout_logprobs is not None:
-        raw_weight = torch.exp(old - rollout_logprobs.detach().to(dtype))
+        behaviour_gap = old - rollout_logprobs.detach().to(dtype)
+        raw_weight = torch.exp(behaviour_gap)
         tis_weight = torch.clamp(raw_weight, max=tis_cap)
         pg = pg * tis_weight
     else:
-        raw_weight = tis_weight = None
+        behaviour_gap = raw_weight = tis_weight = None
 
     kl = None
     if ref_logprobs is not None:
@@ -124,8 +133,8 @@ def policy_loss(
         n = mask.sum()
         denom = n.clamp(min=1.0)
 
-        def masked_mean(x: Tensor) -> float:
-            return float((x * mask).sum() / denom)
+        def masked_mean(x: Tensor) -> float:  # where, not a product: inf * 0 off the mask is nan
+            return float(torch.where(mask > 0, x, x.new_zeros(())).sum() / denom)
 
         clip_low = ((adv < 0) & (ratio < 1.0 - eps_low)).to(dtype)
         clip_high = ((adv > 0) & (ratio > 1.0 + eps_high)).to(dtype)
@@ -139,6 +148,8 @@ def policy_loss(
             pg_loss=float(_aggregate(pg, mask, aggregation)),
             loss=float(loss),
             num_tokens=float(n),
+            rollout_logprob_abs_diff=masked_mean(behaviour_gap.abs()) if behaviour_gap is not None else 0.0,
+            rollout_kl=masked_mean(raw_weight - behaviour_gap - 1.0) if behaviour_gap is not None else 0.0,
         )
     return loss, metrics
 

@@ -3,8 +3,10 @@
 A **Trajectory** is what one rollout produced, in plain Python values (JSON round-trip exact, so
 the delay buffer's designer samples survive a checkpoint): the token ids of the whole sequence,
 the target-aligned loss mask (1 where the policy wrote the token), the engine's log-probs of
-those tokens, the engine weight version that generated them, and who and what it was: the role
-(agent or designer), the environment, its skill, the reward and, once computed, the advantage.
+those tokens and the temperature they are taken at (``logprob_temperature``: the sampling
+temperature, 1 for a greedy call, see ``spade.rollout.engine.SamplingParams.logprob_temperature``),
+the engine weight version that generated them, and who and what it was: the role (agent or
+designer), the environment, its skill, the reward and, once computed, the advantage.
 Self-play builds trajectories; the trainer turns each into a ``TrainSample`` with
 :meth:`Trajectory.to_train_sample`.
 
@@ -12,7 +14,10 @@ A **TrainSample** is one token sequence as tensors. Everything per token in it i
 *targets*: entry ``i`` of ``loss_mask``, of a per-token ``advantages`` array and of the log-prob
 arrays describes ``token_ids[i + 1]`` (the token predicted at position ``i``), so those arrays are
 one shorter than ``token_ids``. ``TrainSample.from_token_mask`` converts a mask over the tokens
-themselves (1 = the policy produced this token) to that convention.
+themselves (1 = the policy produced this token) to that convention. Its ``temperature`` is the one
+the trainer computes every log-prob of the sample at (old, new and reference), so that they
+describe the distribution the tokens were drawn from, like the rollout log-probs they are compared
+with.
 """
 
 from __future__ import annotations
@@ -41,12 +46,16 @@ class Trajectory:
     (designer); None until known. ``advantage``: one value for the whole sequence, None until the
     step computes it. ``generated_step``: the step whose policy wrote it (designer samples are
     trained ``k`` steps later). ``index``: the play's number among its environment's plays.
+    ``logprob_temperature``: the ``T`` of the distribution the tokens were drawn from and the
+    rollout log-probs describe; None only for a record written before the field existed (read
+    it with ``from_json(..., default_logprob_temperature=...)``).
     """
 
     token_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     rollout_logprobs: Optional[tuple[float, ...]] = None
     weight_version: Optional[int] = None
+    logprob_temperature: Optional[float] = None
     role: Role = Role.AGENT
     env_id: str = ""
     skill: str = ""
@@ -61,6 +70,10 @@ class Trajectory:
         if self.rollout_logprobs is not None:
             object.__setattr__(self, "rollout_logprobs", tuple(float(x) for x in self.rollout_logprobs))
         object.__setattr__(self, "role", Role(self.role))
+        if self.logprob_temperature is not None:
+            if not float(self.logprob_temperature) > 0:
+                raise ValueError(f"logprob_temperature must be > 0, got {self.logprob_temperature}")
+            object.__setattr__(self, "logprob_temperature", float(self.logprob_temperature))
         if len(self.token_ids) and len(self.loss_mask) != len(self.token_ids) - 1:
             raise ValueError(f"loss_mask has {len(self.loss_mask)} entries, expected one per target "
                              f"({len(self.token_ids) - 1})")
@@ -80,10 +93,15 @@ class Trajectory:
     def to_train_sample(self) -> "TrainSample":
         if self.advantage is None:
             raise ValueError(f"trajectory of {self.env_id or 'an environment'} has no advantage yet")
+        if self.logprob_temperature is None:
+            raise ValueError(f"{self.role.value} trajectory of {self.env_id or 'an environment'} has no "
+                             "logprob_temperature: the trainer would not know which distribution its tokens came "
+                             "from (a record of an older version: load it with Trajectory.from_json(..., "
+                             "default_logprob_temperature=<the role's sampling temperature>))")
         return TrainSample(token_ids=list(self.token_ids), loss_mask=list(self.loss_mask),
                            advantages=float(self.advantage),
                            rollout_logprobs=None if self.rollout_logprobs is None else list(self.rollout_logprobs),
-                           weight_version=self.weight_version)
+                           weight_version=self.weight_version, temperature=self.logprob_temperature)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -94,9 +112,16 @@ class Trajectory:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Trajectory":
+    def from_json(cls, data: Mapping[str, Any], *,
+                  default_logprob_temperature: Optional[float] = None) -> "Trajectory":
+        """The trajectory of ``to_json``. A record written before ``logprob_temperature`` existed
+        lacks it: it gets ``default_logprob_temperature`` (the caller passes the configured
+        sampling temperature of the record's role, which is what those versions sampled with)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        fields = {key: value for key, value in data.items() if key in known}
+        if fields.get("logprob_temperature") is None:
+            fields["logprob_temperature"] = default_logprob_temperature
+        return cls(**fields)
 
 
 ArrayLike = Union[Sequence[float], Sequence[int], Tensor]
@@ -119,7 +144,9 @@ class TrainSample:
     truncated importance sampling) and ``ref_logprobs`` (reference policy, for the KL term) are
     optional per-target arrays. Arrays are stored as CPU tensors. ``weight_version`` is the
     oldest rollout-engine weight version that generated any of its tokens (None: unknown); the
-    trainer reports how far behind the updated policy the samples are.
+    trainer reports how far behind the updated policy the samples are. ``temperature`` (> 0) is
+    the ``T`` of ``softmax(logits / T)`` every trainer log-prob of the sample is computed at: the
+    temperature its tokens were sampled with (1 for greedy), as in its ``rollout_logprobs``.
     """
 
     token_ids: ArrayLike
@@ -129,8 +156,12 @@ class TrainSample:
     rollout_logprobs: Optional[ArrayLike] = None
     ref_logprobs: Optional[ArrayLike] = None
     weight_version: Optional[int] = None
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        if not float(self.temperature) > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        object.__setattr__(self, "temperature", float(self.temperature))
         tokens = _as_1d(self.token_ids, torch.long, "token_ids")
         if tokens.numel() < 2:
             raise ValueError(f"a sample needs at least 2 tokens (one target), got {tokens.numel()}")

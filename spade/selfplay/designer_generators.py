@@ -115,7 +115,8 @@ class LocalGenerator:
             raise GenerationFailed(ErrorKind.NO_OUTPUT, f"the engine returned nothing ({generated.finish_reason})")
         text = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason,
                                              generated.weight_version)
-        return GeneratedText(text, generated.finish_reason, trajectory_of(conversation))
+        return GeneratedText(text, generated.finish_reason,
+                             trajectory_of(conversation, logprob_temperature=params.logprob_temperature))
 
 
 class ExternalGenerator:

@@ -56,6 +56,7 @@ from .designer_round import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
 from .plays import Play, Player, PlayRequest
 from .rewards import agent_advantages, designer_advantage_weight, designer_advantages, hint_regret
+from .samples import role_logprob_temperature
 from .settings import SelfPlaySettings
 from .trajectory_log import TrajectoryLog
 
@@ -351,7 +352,9 @@ class Orchestrator:
         self.last_step = state.get("last_step")
         self.trajectory_log.drop_after(self.last_step)
         self.envs = [EnvSpec.from_json(env) for env in state["envs"]]
-        self.pending_samples = {key: Trajectory.from_json(value) for key, value in state["pending_samples"].items()}
+        designer_t = role_logprob_temperature(self.settings, Role.DESIGNER)  # records older than the field
+        self.pending_samples = {key: Trajectory.from_json(value, default_logprob_temperature=designer_t)
+                                for key, value in state["pending_samples"].items()}
         self.player.infrastructure_failures = int(state.get("infrastructure_failures", 0))
         self.source.load_state_dict(state.get("env_source", {}))
 

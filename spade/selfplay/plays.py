@@ -96,7 +96,8 @@ class Player:
                 result = await self._episode(request, policy, env_seed)
             except InfrastructureFault:
                 continue
-            trajectory = None if policy.conversation is None else trajectory_of(policy.conversation)
+            trajectory = None if policy.conversation is None else trajectory_of(
+                policy.conversation, logprob_temperature=sampling.logprob_temperature)
             opening = next((m.content for m in result.messages if m.role == "user"), "")
             return Play(request.env.env_id, request.hinted, request.index, result.episode_return, len(result.turns),
                         result.end_reason.value, trajectory, seed=env_seed, opening=opening,

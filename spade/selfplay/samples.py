@@ -11,6 +11,11 @@ Designer trajectories: one per admitted environment, the designer call's prompt 
 response (loss on the response tokens), held in their JSON form until the delay buffer releases
 them ``k`` steps later. Their rollout log-probs are stored exactly as generated, never recomputed
 (the trainer's truncated importance sampling corrects the staleness, see ``delay_buffer``).
+
+Every trajectory carries the temperature its log-probs are taken at (the role's sampling
+temperature, 1 for greedy): the trainer computes its own log-probs of the sample at that
+temperature. A pending designer trajectory checkpointed by a version without the field gets its
+role's configured temperature when it is read back (:func:`role_logprob_temperature`).
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ..rl.samples import Trajectory
+from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import Conversation
+from ..rollout.engine import SamplingParams
 
 
 def derive_seed(*parts: Any) -> int:
@@ -28,10 +34,20 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF
 
 
-def trajectory_of(conversation: Conversation) -> Trajectory:
+def trajectory_of(conversation: Conversation, *, logprob_temperature: float) -> Trajectory:
     """The conversation's sequence: token ids, target-aligned loss mask, rollout log-probs (None
-    when a turn came without them) and the oldest engine weight version that generated any of its
-    tokens (None when unknown). Role, environment and scores are added by the step."""
+    when a turn came without them), the temperature they are taken at (``SamplingParams.
+    logprob_temperature`` of the calls that wrote it) and the oldest engine weight version that
+    generated any of its tokens (None when unknown). Role, environment and scores are added by the
+    step."""
     fields = conversation.train_fields()
     return Trajectory(token_ids=fields["token_ids"], loss_mask=fields["loss_mask"],
-                      rollout_logprobs=fields["rollout_logprobs"], weight_version=fields["weight_version"])
+                      rollout_logprobs=fields["rollout_logprobs"], weight_version=fields["weight_version"],
+                      logprob_temperature=logprob_temperature)
+
+
+def role_logprob_temperature(settings: Any, role: Role) -> float:
+    """The log-prob temperature of ``role``'s samples under ``settings`` (a ``SelfPlaySettings``):
+    its sampling temperature, 1 when that is 0 (greedy)."""
+    temperature = settings.agent_temperature if Role(role) is Role.AGENT else settings.designer_temperature
+    return SamplingParams(temperature=temperature).logprob_temperature

@@ -21,6 +21,13 @@ Either way the loss-side tensors (mask, advantages, log-probs) are laid out ``[B
 ``t`` belonging to the target at position ``t``; for packed micro-batches ``unpack_index`` maps
 that layout into the packed token axis. The loss therefore does not depend on the form.
 
+Temperatures: ``temperatures`` holds, in the model-side layout of ``targets``, the temperature of
+the sample each target belongs to (``TrainSample.temperature``, the one its tokens were drawn
+with), so one micro-batch may mix samples of different roles and temperatures and
+each gets the log-probs of its own ``softmax(logits / T)``. Padding positions carry the
+temperature of the sequence they pad (they take no loss), so a micro-batch whose samples share one
+temperature holds a single value.
+
 ``data_parallel_shard`` splits a batch's samples over data-parallel ranks, balancing tokens.
 """
 
@@ -44,7 +51,8 @@ class MicroBatch:
     (packed, with ``packed_seq_params``). Loss side, always ``[B, S]``: ``loss_mask``,
     ``advantages`` (``[B]`` or ``[B, S]``) and the optional log-prob tensors. ``lengths`` are the
     sequence lengths, ``sample_indices`` the positions of the samples in the list given to
-    ``make_micro_batches`` (empty for a filler micro-batch).
+    ``make_micro_batches`` (empty for a filler micro-batch). ``temperatures`` (shaped like
+    ``targets``): the log-prob temperature of each target's sample; None means 1.0 everywhere.
     """
 
     input_ids: Tensor
@@ -59,6 +67,7 @@ class MicroBatch:
     ref_logprobs: Optional[Tensor] = None
     packed_seq_params: Optional[object] = None  # megatron.core.packed_seq_params.PackedSeqParams
     unpack_index: Optional[Tensor] = None  # [B, S] -> position in the packed token axis
+    temperatures: Optional[Tensor] = None  # like targets: each target's sampling temperature
 
     @property
     def is_packed(self) -> bool:
@@ -192,13 +201,16 @@ def _padded_micro_batch(
     width = _ceil_to(int(lengths.max()), multiple)
     input_ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
     targets = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
+    temperatures = torch.ones((len(samples), width), dtype=torch.float64)
     for row, sample in enumerate(samples):
         input_ids[row, : sample.length] = sample.token_ids
         targets[row, : sample.num_targets] = sample.token_ids[1:]
+        temperatures[row] = sample.temperature  # the padding too: it takes no loss
     return MicroBatch(
         input_ids=input_ids,
         position_ids=torch.arange(width).expand(len(samples), width).contiguous(),
         targets=targets,
+        temperatures=temperatures,
         lengths=lengths,
         sample_indices=tuple(indices),
         **_loss_side(samples, width),
@@ -217,12 +229,14 @@ def _packed_micro_batch(
     input_ids = torch.full((1, total), pad_token_id, dtype=torch.long)
     targets = torch.full((1, total), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((1, total), dtype=torch.long)
+    temperatures = torch.ones((1, total), dtype=torch.float64)
     unpack_index = torch.zeros((len(samples), width), dtype=torch.long)
     starts = [0]
     for row, sample in enumerate(samples):
         start = starts[-1]
         input_ids[0, start : start + sample.length] = sample.token_ids
         targets[0, start : start + sample.num_targets] = sample.token_ids[1:]
+        temperatures[0, start : start + padded[row]] = sample.temperature  # its padding too
         position_ids[0, start : start + padded[row]] = torch.arange(padded[row])
         unpack_index[row, : padded[row]] = torch.arange(start, start + padded[row])
         starts.append(start + padded[row])
@@ -242,6 +256,7 @@ def _packed_micro_batch(
         input_ids=input_ids,
         position_ids=position_ids,
         targets=targets,
+        temperatures=temperatures,
         lengths=lengths,
         sample_indices=tuple(indices),
         packed_seq_params=params,

@@ -8,7 +8,8 @@ with its scheduler. Then, once per step:
   ranks (every rank passes the same list). ``old_logprobs`` stay None (ratio 1 against the
   detached current log-probs); the samples' rollout log-probs give truncated importance sampling;
   with the KL term, the reference model scores the samples first (brought to the device only for
-  that when offloading). An empty list trains nothing and says so in the metrics.
+  that when offloading). Every log-prob is taken at the temperature the sample was drawn with
+  (``TrainSample.temperature``). An empty list trains nothing and says so in the metrics.
 * ``weight_stream()`` yields every Hugging Face tensor of the current policy on every rank (TP and
   EP shards gathered, other pipeline stages broadcast), for the rollout engine.
 
@@ -114,8 +115,7 @@ class Learner:
             if self.ref_memory is not None:
                 self.ref_memory.onload()
             loss = self.options.loss
-            ref = compute_logprobs(self.ref_model.chunks, micro_batches, temperature=loss.temperature,
-                                   chunk_size=loss.logprob_chunk_size)
+            ref = compute_logprobs(self.ref_model.chunks, micro_batches, chunk_size=loss.logprob_chunk_size)
             if self.ref_memory is not None:
                 self.ref_memory.offload()
             mine = [dataclasses.replace(s, ref_logprobs=lp) for s, lp in zip(mine, ref)]

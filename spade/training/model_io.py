@@ -22,12 +22,15 @@ and the tensor-parallel group. Two details:
   otherwise add ``exp(0)`` to the normaliser). ``token_logprobs(..., vocab_size=...)`` gives them
   a logit of -inf, so their softmax weight and gradients are exactly 0.
   Targets are real token ids and never point at a padded row.
+
+Temperature: every target's log-prob is taken at the temperature of its sample
+(``MicroBatch.temperatures``, the one its tokens were sampled with), never at a separate setting.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Union
 
 import torch
 from torch import Tensor
@@ -93,10 +96,11 @@ def hidden_to_logprobs(
     hidden: Tensor,
     targets: Tensor,
     *,
-    temperature: float = 1.0,
+    temperature: Union[float, Tensor] = 1.0,
     chunk_size: int = 1024,
 ) -> Tensor:
-    """Log-probs ``[B, S]`` of ``targets`` (``[B, S]``) from last-stage ``hidden`` ``[S(/tp), B, H]``."""
+    """Log-probs ``[B, S]`` of ``targets`` (``[B, S]``) from last-stage ``hidden`` ``[S(/tp), B, H]``
+    at ``temperature`` (a number or a tensor broadcastable to ``[B, S]``)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import (
         copy_to_tensor_model_parallel_region,
@@ -132,13 +136,26 @@ def micro_batch_logprobs(
     hidden: Tensor,
     micro_batch: MicroBatch,
     *,
-    temperature: float = 1.0,
     chunk_size: int = 1024,
 ) -> Tensor:
-    """Target log-probs in the loss-side ``[B, S]`` layout (unpacked for packed micro-batches)."""
+    """Target log-probs in the loss-side ``[B, S]`` layout (unpacked for packed micro-batches),
+    each at the temperature of its sample."""
     logprobs = hidden_to_logprobs(
-        model, hidden, micro_batch.targets, temperature=temperature, chunk_size=chunk_size
+        model, hidden, micro_batch.targets, temperature=batch_temperature(micro_batch), chunk_size=chunk_size
     )
     if micro_batch.unpack_index is not None:
         logprobs = logprobs[0][micro_batch.unpack_index]
     return logprobs
+
+
+def batch_temperature(micro_batch: MicroBatch) -> Union[float, Tensor]:
+    """The micro-batch's temperatures for ``token_logprobs``: one number when every target shares
+    it (the common case, and the same arithmetic as before per-token temperatures), else the
+    per-target tensor on the targets' device."""
+    temperatures = micro_batch.temperatures
+    if temperatures is None:
+        return 1.0
+    first = temperatures.reshape(-1)[:1]
+    if temperatures.numel() == 0 or bool((temperatures == first).all()):
+        return float(first.item()) if temperatures.numel() else 1.0
+    return temperatures.to(micro_batch.targets.device)

@@ -14,6 +14,13 @@ sums, all-reduced over data-parallel ranks, broadcast from the last pipeline sta
 
 A micro-batch without ``old_logprobs`` uses the current log-probs, detached (ratio 1: the
 on-policy case of a single update per batch).
+
+Temperature. Every log-prob here (the current policy's, the no-grad pass's for old or reference
+log-probs) is taken at the temperature each sample was drawn with (``TrainSample.temperature``,
+carried per target by ``MicroBatch.temperatures``), the distribution the engine's rollout
+log-probs describe. There is no separate loss temperature that could disagree with the sampler.
+Beside the truncated importance weights the step reports how far the two policies are apart:
+``rollout_logprob_abs_diff`` and ``rollout_kl`` (``spade.rl.loss.LossMetrics``).
 """
 
 from __future__ import annotations
@@ -39,14 +46,14 @@ from .schedule import run_schedule
 
 @dataclass(frozen=True)
 class LossSettings:
-    """GRPO loss knobs (SPEC section 1 step 5) and the log-prob computation."""
+    """GRPO loss knobs (SPEC section 1 step 5) and the log-prob computation. The log-prob
+    temperature is no knob: each sample's own sampling temperature (module docstring)."""
 
     eps_low: float = 0.2
     eps_high: float = 0.28
     tis_cap: float = 2.0
     kl_coef: float = 0.0
     aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-    temperature: float = 1.0
     logprob_chunk_size: int = 1024
 
     def __post_init__(self) -> None:
@@ -56,7 +63,6 @@ class LossSettings:
         require(self.eps_high >= 0.0, "eps_high", f"must be >= 0, got {self.eps_high}")
         require(self.tis_cap > 0.0, "tis_cap", f"must be > 0, got {self.tis_cap}")
         require(self.kl_coef >= 0.0, "kl_coef", f"must be >= 0, got {self.kl_coef}")
-        require(self.temperature > 0.0, "temperature", f"must be > 0, got {self.temperature}")
         require(self.logprob_chunk_size >= 1, "logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
 
 
@@ -72,6 +78,8 @@ class LossSummary:
     tis_weight_mean: float
     tis_clip_frac: float
     kl_mean: float
+    rollout_logprob_abs_diff: float
+    rollout_kl: float
     loss_tokens: int
     tokens: int
     samples: int
@@ -96,7 +104,8 @@ class TrainStepMetrics(LossSummary):
         return out
 
 
-_TOKEN_WEIGHTED = ("clip_frac_low", "clip_frac_high", "ratio_mean", "tis_weight_mean", "tis_clip_frac", "kl_mean")
+_TOKEN_WEIGHTED = ("clip_frac_low", "clip_frac_high", "ratio_mean", "tis_weight_mean", "tis_clip_frac", "kl_mean",
+                   "rollout_logprob_abs_diff", "rollout_kl")
 _FIELDS = ("loss", "pg_loss", *_TOKEN_WEIGHTED, "count", "loss_tokens", "tokens", "samples")
 
 
@@ -174,9 +183,7 @@ def _train_step_fn(settings: LossSettings, totals: _Totals, model: torch.nn.Modu
     output = stage_forward(model, micro_batch)
     if not is_last_stage(model):
         return output, None
-    logprobs = micro_batch_logprobs(
-        model, output, micro_batch, temperature=settings.temperature, chunk_size=settings.logprob_chunk_size
-    )
+    logprobs = micro_batch_logprobs(model, output, micro_batch, chunk_size=settings.logprob_chunk_size)
     return logprobs, partial(_loss_func, micro_batch, settings, totals)
 
 
@@ -237,13 +244,11 @@ def train_step(
     )
 
 
-def _logprob_step_fn(
-    temperature: float, chunk_size: int, store: dict, model: torch.nn.Module, micro_batch: MicroBatch
-):
+def _logprob_step_fn(chunk_size: int, store: dict, model: torch.nn.Module, micro_batch: MicroBatch):
     output = stage_forward(model, micro_batch)
     if not is_last_stage(model):
         return output, None
-    logprobs = micro_batch_logprobs(model, output, micro_batch, temperature=temperature, chunk_size=chunk_size)
+    logprobs = micro_batch_logprobs(model, output, micro_batch, chunk_size=chunk_size)
     for row, index in enumerate(micro_batch.sample_indices):
         length = int(micro_batch.lengths[row]) - 1
         store[index] = logprobs[row, :length].detach().float().cpu()
@@ -260,11 +265,11 @@ def compute_logprobs(
     model_chunks: Sequence[torch.nn.Module],
     micro_batches: Sequence[MicroBatch],
     *,
-    temperature: float = 1.0,
     chunk_size: int = 1024,
 ) -> list[Tensor]:
     """Log-probs of every sample's targets under the current weights, without gradients (old
-    log-probs before an update, or reference log-probs with the reference weights loaded).
+    log-probs before an update, or reference log-probs with the reference weights loaded), each
+    at its sample's temperature (``MicroBatch.temperatures``).
 
     Returns one fp32 CPU tensor of ``len(token_ids) - 1`` values per sample, indexed like the
     sample list the micro-batches were made from; identical on every rank of a data-parallel
@@ -273,7 +278,7 @@ def compute_logprobs(
     from megatron.core import parallel_state as ps
 
     store: dict[int, Tensor] = {}
-    run_schedule(model_chunks, micro_batches, partial(_logprob_step_fn, temperature, chunk_size, store),
+    run_schedule(model_chunks, micro_batches, partial(_logprob_step_fn, chunk_size, store),
                  forward_only=True)
     lengths: dict[int, int] = {}
     for micro_batch in micro_batches:
