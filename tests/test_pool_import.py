@@ -136,6 +136,29 @@ def test_a_missing_or_malformed_file_is_named_and_nothing_is_written(tmp_path, c
     assert not out.exists() and list(tmp_path.iterdir()) == [source]  # no pool, no temporary directory
 
 
+def test_games_that_lean_on_the_released_loaders_injected_names_are_reported(tmp_path, capsys):
+    source = released_copy(tmp_path / "released")
+    (source / "games" / "game_000005.py").write_text(
+        "class QueueEnv:\n"
+        "    def reset(self, seed=None) -> Tuple[str, dict]:\n"
+        "        self.q = deque(range(3))\n"
+        "        return str(list(self.q)), {}\n"
+        "\n"
+        "    def step(self, action):\n"
+        "        try:\n"
+        "            value = int(action)\n"
+        "        except ValueError as error:\n"
+        "            return str(error), 0.0, True, False, {}\n"
+        "        return 'done', float(value == self.q[0]), True, False, {}\n")
+    manifest = source / "manifest.jsonl"
+    manifest.unlink()
+    (source / "checksums.sha256").unlink()
+    assert main(["pool", "import", "--from", str(source), "--out", str(tmp_path / "pool")]) == 0
+    err = capsys.readouterr().err
+    assert "1 games use names they neither import nor define (Tuple 1, deque 1)" in err
+    assert (tmp_path / "pool" / "game_000005.py").is_file()  # kept: the pool stays the released one
+
+
 def test_an_existing_pool_is_never_merged_into(tmp_path):
     source = released_copy(tmp_path / "released")
     out = tmp_path / "pool"

@@ -27,6 +27,8 @@ released metadata files under ``released/`` (not read by training). The released
 
 from __future__ import annotations
 
+import ast
+import builtins
 import hashlib
 import json
 import os
@@ -69,6 +71,7 @@ class ImportSummary:
     manifest_records: int = 0
     not_in_manifest: list[str] = field(default_factory=list)
     uncompilable: list[str] = field(default_factory=list)
+    unbound: dict[str, list[str]] = field(default_factory=dict)  # game -> names it uses but never binds
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,32 @@ def skill_from_file_name(file_name: str) -> str | None:
     """The skill part of a released file name (``game_00048_001_mathematical_reasoning.py``)."""
     match = _SKILL_SLUG.fullmatch(Path(file_name).stem)
     return skill_name(match.group(1)) if match else None
+
+
+def unbound_names(tree: ast.AST) -> list[str]:
+    """Names the code reads that nothing in it binds (assignment, import, def, class, argument) and
+    that are not builtins. The released loader supplies common standard-library names (and numpy)
+    to every game, so a released game may use them without importing them; spade's sandbox does not."""
+    bound: set[str] = set(dir(builtins))
+    read: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
+            return []  # a star import binds names the code does not show
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, ast.MatchAs) and node.name:
+            bound.add(node.name)
+    return sorted(read - bound)
 
 
 def _record_file(record: dict[str, Any]) -> str | None:
@@ -204,9 +233,12 @@ def import_released_pool(source: Path | str, out: Path | str, *, expect: int | N
             skill = (skill_name(record.get("skill")) or (skill_from_file_name(original) if isinstance(original, str) else None)
                      or skill_from_file_name(path.name))
             try:
-                compile(text, str(path), "exec")
+                unbound = unbound_names(ast.parse(text, str(path)))
             except (SyntaxError, ValueError):
                 summary.uncompilable.append(path.name)
+            else:
+                if unbound:
+                    summary.unbound[path.name] = unbound
             (work / path.name).write_bytes(data)
             line = {"name": path.stem, "skill": skill,
                     "source": {"released": str(released.root.resolve()), "file": relative, "sha256": digest}}
@@ -227,6 +259,15 @@ def import_released_pool(source: Path | str, out: Path | str, *, expect: int | N
         raise
     for name in summary.uncompilable:
         report(f"  warning: {name} does not compile here; training's admission will reject it when drawn")
+    if summary.unbound:
+        counts: dict[str, int] = {}
+        for names in summary.unbound.values():
+            for name in names:
+                counts[name] = counts.get(name, 0) + 1
+        common = ", ".join(f"{name} {count}" for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:8])
+        report(f"  warning: {len(summary.unbound)} games use names they neither import nor define ({common}); "
+               "the released loader supplies common standard-library names (and numpy) to every game, spade's "
+               "sandbox does not, so admission will reject these games when they are drawn")
     for name in summary.not_in_manifest:
         report(f"  warning: {name} has no record in {manifest_path}")
     return summary
