@@ -262,3 +262,18 @@ def test_old_records_without_the_field_take_the_roles_temperature():
     # a record that has the field keeps it, whatever the default
     kept = Trajectory.from_json({**old, "logprob_temperature": 0.9}, default_logprob_temperature=0.6)
     assert kept.logprob_temperature == 0.9
+
+
+# ------------------------------------------------------------------ SGLang: the default log-probs, never the T = 1 ones
+
+
+def test_sglang_servers_never_return_temperature_one_logprobs():
+    from spade.rollout.sglang_deployment import server_environment
+    from spade.rollout.sglang_settings import SGLangSection
+
+    for value in ("1", "true", "True"):
+        with pytest.raises(ConfigError, match=r"engine\.sglang\.server_env.*SGLANG_RETURN_ORIGINAL_LOGPROB"):
+            SGLangSection(server_env={"SGLANG_RETURN_ORIGINAL_LOGPROB": value})
+    # inherited from the trainer's environment: switched off for the servers
+    env = server_environment(SGLangSection(), base={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PATH": "/usr/bin"})
+    assert env["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "0" and env["PATH"] == "/usr/bin"

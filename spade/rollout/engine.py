@@ -10,10 +10,31 @@ Which distribution the log-probs come from
 the model's full-vocabulary logits at that position under the weights of ``weight_version`` and
 ``T`` is ``SamplingParams.temperature``. The log-softmax is taken over the whole vocabulary, *before*
 top-k / top-p truncation, so a sampled token's log-prob does not depend on the truncation
-settings. This is exactly what the trainer computes with
-``spade.rl.logprobs.token_logprobs(hidden, weight, targets, temperature=T)``, which makes the
+settings. With ``temperature == 0`` (greedy) the log-probs are taken at ``T = 1``
+(``SamplingParams.logprob_temperature``).
+
+This is what SGLang returns by default, read in the source of the pinned release (``sglang==0.5.23``,
+``srt/layers/sampler.py``, ``Sampler.forward``): on the standard sampling path it divides the
+logits by the request temperatures in place, takes ``softmax`` into ``probs``, samples with the
+top-k / top-p / min-p filters applied to *copies* (``_sample_from_probs``: flashinfer's
+``top_k_top_p_sampling_from_probs`` / ``top_k_renorm_prob`` / ``top_p_renorm_prob`` return new
+tensors; the torch fallback ``top_k_top_p_min_p_sampling_from_probs_torch`` filters a sorted copy),
+and returns ``log(probs)``: tempered, untruncated. A greedy batch (``is_all_greedy``; SGLang maps a
+temperature below 1e-6 to ``top_k = 1, T = 1``) returns ``log_softmax(logits)``. With the
+environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` set ("1"/"true") it would return
+``log_softmax(logits)`` at ``T = 1`` instead; spade's launcher sets it to "0" for every server and
+``engine.sglang.server_env`` refuses it (``spade.rollout.sglang_settings``). (An older SGLang,
+``sampler.py`` at commit 584f55d, returned the log of the top-p-renormalised probabilities: not
+this contract, one more reason the release is pinned.) The hf
+engine computes the same quantity directly (``hf_engine.py``: ``log_softmax(logits / T)`` over the
+whole vocabulary, before its own truncation).
+
+The trainer takes its log-probs of a sample (old, new and reference) at the same ``T``: each
+trajectory carries ``logprob_temperature`` (``spade.rl.samples``), the train sample its
+``temperature``, and ``spade.rl.logprobs.token_logprobs(hidden, weight, targets, temperature=T)``
+(``T`` per sequence or per token) computes ``log_softmax(logits / T)``, which makes the
 truncated-importance-sampling ratio ``exp(logp_train - logp_rollout)`` compare like with like.
-With ``temperature == 0`` (greedy) the log-probs are taken at ``T = 1``.
+There is no separate trainer temperature that could disagree with the sampler.
 
 Tokens are *sampled* from that same tempered distribution after top-k then top-p truncation and
 renormalisation (the order SGLang uses).

@@ -55,7 +55,9 @@ log = logging.getLogger("spade.sglang")
 PYTHON_VARIABLE = "SPADE_SGLANG_PYTHON"
 # Defaults of the servers' environment (``engine.sglang.server_env`` wins): ``/health`` as a plain
 # liveness check, not a one-token generation (which times out while generation is paused).
-SERVER_ENV_DEFAULTS = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+# SGLANG_RETURN_ORIGINAL_LOGPROB off whatever the trainer's environment says: the log-probs must
+# be those of the sampled, tempered distribution (engine.py; sglang_settings refuses it in server_env).
+SERVER_ENV_DEFAULTS = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0", "SGLANG_RETURN_ORIGINAL_LOGPROB": "0"}
 # What torchrun sets for its workers: a server launched from a training rank must not take itself
 # for rank RANK of the trainer's world (SGLang builds its own process groups).
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",

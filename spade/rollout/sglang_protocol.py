@@ -60,11 +60,12 @@ Weight updates need a session in 0.5.23: ``/update_weights_from_tensor`` and
 (``srt/managers/scheduler_components/weight_updater.py``). ``/init_weights_update_group``,
 ``/update_weights_from_*`` refuse servers started with ``--dp-size > 1`` (an assertion: HTTP 500).
 
-Which log-probs SGLang returns (``srt/layers/sampler.py``): on the default path the log of
-``softmax(logits / T)`` over the full vocabulary, taken before top-k/top-p filtering, the
-distribution ``engine.py`` specifies. The server must not run with
-``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (that returns ``T = 1`` log-probs). A GPU check against
-``spade.rl.logprobs`` still has to confirm the numbers.
+Which log-probs SGLang returns (``srt/layers/sampler.py``, ``Sampler.forward``): on the default
+path the log of ``softmax(logits / T)`` over the full vocabulary, taken before top-k/top-p
+filtering (the filters work on copies), the distribution ``engine.py`` specifies (details there).
+``SGLANG_RETURN_ORIGINAL_LOGPROB`` ("1"/"true") would make them ``T = 1`` log-probs: the launcher
+sets it to "0" (``sglang_deployment.SERVER_ENV_DEFAULTS``) and ``engine.sglang.server_env`` refuses
+it. A GPU check against ``spade.rl.logprobs`` still has to confirm the numbers on real hardware.
 """
 
 from __future__ import annotations

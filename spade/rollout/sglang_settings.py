@@ -11,6 +11,10 @@ from typing import Literal, Optional
 
 from ..config import require
 
+# SGLang reads it (``get_bool_env_var``: "1" or "true") in ``srt/layers/sampler.py``: set, the returned
+# log-probs are those of softmax(logits) at T = 1 instead of softmax(logits / T) (see engine.py).
+ORIGINAL_LOGPROB_VARIABLE = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+
 
 @dataclass(frozen=True)
 class SGLangSection:
@@ -61,6 +65,11 @@ class SGLangSection:
             value = getattr(self, name)
             require(isinstance(value, dict) and all(isinstance(k, str) for k in value), key + name,
                     f"must be a mapping with string keys, got {value!r}")
+        original = str(self.server_env.get(ORIGINAL_LOGPROB_VARIABLE, "")).strip().lower()
+        require(original not in ("1", "true"), key + "server_env",
+                f"{ORIGINAL_LOGPROB_VARIABLE}={self.server_env.get(ORIGINAL_LOGPROB_VARIABLE)!r} makes SGLang return "
+                "log-probs at temperature 1 (srt/layers/sampler.py, Sampler.forward) while the trainer computes them "
+                "at the sampling temperature, which would bias every importance weight; leave it unset")
         require(self.weight_sync != "ipc" or not self.urls, key + "weight_sync",
                 "ipc needs colocated servers (urls must be empty); use broadcast or auto with urls")
         reserved = {"model_path", "model-path", "tp_size", "tp-size", "ep_size", "ep-size", "dp_size", "dp-size",
