@@ -166,8 +166,8 @@ def test_vocab_parallel_two_ranks_match_single_rank():
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     # The two ranks share one stdout pipe, so their lines may interleave: count, don't split.
-    assert result.stdout.count("OK rank 0 ") == 3, output  # 3 cases per rank
-    assert result.stdout.count("OK rank 1 ") == 3, output
+    assert result.stdout.count("OK rank 0 ") == 4, output  # 4 cases per rank (one with per-token temperatures)
+    assert result.stdout.count("OK rank 1 ") == 4, output
 
 
 def test_vocab_size_keeps_padded_rows_out_of_the_softmax():

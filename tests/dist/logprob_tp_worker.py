@@ -25,7 +25,8 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def check_case(rank: int, world: int, *, seq_len: int, batch: int, hidden_size: int, vocab: int,
-               chunk_size: int, temperature: float, reduce_hidden_grad: bool, seed: int) -> None:
+               chunk_size: int, temperature, reduce_hidden_grad: bool, seed: int) -> None:
+    """``temperature``: a float, or "per-token" for a random ``[B, T]`` tensor (each token at its own T)."""
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(seq_len, batch, hidden_size, dtype=torch.float64, generator=gen)
     weight = torch.randn(vocab, hidden_size, dtype=torch.float64, generator=gen)
@@ -33,13 +34,16 @@ def check_case(rank: int, world: int, *, seq_len: int, batch: int, hidden_size: 
     upstream = torch.randn(batch, seq_len, dtype=torch.float64, generator=gen)
     # Make sure both shards own some targets.
     targets[0, 0], targets[-1, -1] = 0, vocab - 1
+    if temperature == "per-token":
+        temperature = torch.rand(batch, seq_len, dtype=torch.float64, generator=gen) + 0.3
+    divisor = temperature.t().unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
 
     # TP=1 reference, on this rank alone, checked against the plain log_softmax path.
     ref_hidden = hidden.clone().requires_grad_()
     ref_weight = weight.clone().requires_grad_()
     ref = token_logprobs(ref_hidden, ref_weight, targets, chunk_size=chunk_size, temperature=temperature)
     (ref * upstream).sum().backward()
-    plain = logprobs_from_logits((hidden @ weight.t() / temperature).transpose(0, 1), targets)
+    plain = logprobs_from_logits((hidden @ weight.t() / divisor).transpose(0, 1), targets)
     assert max_diff(ref.detach(), plain) < TOL, "TP=1 chunked path disagrees with log_softmax"
 
     shard = vocab // world
@@ -52,7 +56,8 @@ def check_case(rank: int, world: int, *, seq_len: int, batch: int, hidden_size: 
     if not reduce_hidden_grad:
         dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM)
 
-    label = f"rank {rank} chunk={chunk_size} temperature={temperature} reduce={reduce_hidden_grad}"
+    shown = "per-token" if isinstance(temperature, torch.Tensor) else temperature
+    label = f"rank {rank} chunk={chunk_size} temperature={shown} reduce={reduce_hidden_grad}"
     d_out = max_diff(out.detach(), ref.detach())
     d_hidden = max_diff(grad_hidden, ref_hidden.grad)
     d_weight = max_diff(tp_weight.grad, ref_weight.grad[rank * shard:(rank + 1) * shard])
@@ -74,6 +79,8 @@ def main() -> None:
                    temperature=0.6, reduce_hidden_grad=True, seed=1)
         check_case(rank, world, seq_len=6, batch=1, hidden_size=4, vocab=10, chunk_size=1024,
                    temperature=1.3, reduce_hidden_grad=False, seed=2)
+        check_case(rank, world, seq_len=11, batch=3, hidden_size=8, vocab=18, chunk_size=4,
+                   temperature="per-token", reduce_hidden_grad=True, seed=3)
     finally:
         dist.destroy_process_group()
 
