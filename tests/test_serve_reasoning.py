@@ -328,3 +328,31 @@ def test_any_chunking_adds_up_to_the_whole_split(inside):
     assert (split("<think><think>x</think>y", inside=False).reasoning, split("a</think>b", inside=False).answer,
             split("a</think>b", inside=True).reasoning, split("x<think>y</think>z", inside=False).reasoning,
             split("<think>cut </thi", inside=False).answer) == ("x", "a</think>b", "a", None, "")
+
+
+def test_the_benchmark_endpoint_passes_the_models_template_keywords_and_separates_reasoning():
+    """tau2-bench and ACEBench reach the evaluated model through ``serve_chat_model``: the model's own
+    chat-template keywords (``model.thinking`` off here) must shape every prompt the harness sends,
+    and a thinking reply must reach the harness as its answer only."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from spade.eval.tau2_bench import SERVED_NAME, serve_chat_model
+
+    tokenizer = bpe_tokenizer(HYBRID)
+    engine = ReplyEngine(tokenizer, FULL)
+    model = SimpleNamespace(engine=engine, tokenizer=tokenizer, stop_token_ids=(), max_context_tokens=4096,
+                            template_kwargs={"enable_thinking": False})
+
+    async def ask() -> dict:
+        async with serve_chat_model(model) as url:
+            client = openai.AsyncOpenAI(base_url=url, api_key="none")
+            reply = await client.chat.completions.create(
+                model=SERVED_NAME, messages=[{"role": "user", "content": "2+2?"}], max_tokens=200)
+            await client.close()
+            return reply.choices[0].message.model_dump()
+
+    message = asyncio.run(ask())
+    assert engine.prompt_text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert message["content"] == ANSWER
+    assert message["reasoning_content"] == REASONING

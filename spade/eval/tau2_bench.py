@@ -243,7 +243,9 @@ for domain in cfg["domains"]:
 @contextlib.asynccontextmanager
 async def serve_chat_model(model: Any) -> AsyncIterator[str]:
     """Serve a ``ChatModel``'s engine and tokenizer with ``spade serve``'s application on a free
-    127.0.0.1 port for as long as the context lasts; yields the base URL (``.../v1``)."""
+    127.0.0.1 port for as long as the context lasts; yields the base URL (``.../v1``). The model's
+    chat-template keywords (``model.thinking``) reach every prompt the harness sends, and a thinking
+    model's reasoning is kept out of ``content`` (``spade serve``'s default reasoning parser)."""
     from ..serve.http import HTTPServer
     from ..serve.service import ModelService
 
@@ -252,7 +254,7 @@ async def serve_chat_model(model: Any) -> AsyncIterator[str]:
         eos.add(int(model.tokenizer.eos_token_id))
     context = model.max_context_tokens or getattr(model.engine, "max_context_tokens", None) or 32768
     service = ModelService(model.engine, model.tokenizer, SERVED_NAME, max_context_tokens=context,
-                           eos_token_ids=eos)
+                           eos_token_ids=eos, template_kwargs=getattr(model, "template_kwargs", None))
     server = HTTPServer(service.handle, "127.0.0.1", 0)
     await server.start()
     try:
