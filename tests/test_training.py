@@ -62,9 +62,10 @@ def random_samples(lengths, *, seed=0, per_token_advantages=False, logprobs=Fals
 
 
 def hf_logprobs(hf_model, sample: TrainSample) -> torch.Tensor:
+    """log_softmax(logits / T) at the sample's temperature, gathered at its targets."""
     with torch.no_grad():
         logits = hf_model(sample.token_ids.unsqueeze(0)).logits[0, :-1]
-    return logprobs_from_logits(logits, sample.token_ids[1:])
+    return logprobs_from_logits(logits / sample.temperature, sample.token_ids[1:])
 
 
 def megatron_model(name: str, **kwargs):
@@ -284,6 +285,8 @@ def test_loss_is_policy_loss_of_the_whole_batch(aggregation):
     batch, computed here from the transformers model's log-probs."""
     hf_model, _, model = megatron_model("llama-tied")
     samples = random_samples([9, 4, 13, 7, 10], seed=2, logprobs=True)
+    # each sample at the temperature it was drawn with, mixed within micro-batches
+    samples = [dataclasses.replace(s, temperature=t) for s, t in zip(samples, (0.6, 1.0, 0.3, 0.6, 1.7))]
     settings = LossSettings(aggregation=aggregation, kl_coef=0.1)
     summary = forward_backward(model.chunks, make_micro_batches(samples, 24, packed=False), settings)
 
@@ -300,7 +303,8 @@ def test_loss_is_policy_loss_of_the_whole_batch(aggregation):
         ref_logprobs=stack([s.ref_logprobs for s in samples]), kl_coef=0.1, aggregation=aggregation,
     )
     assert summary.loss == pytest.approx(float(expected), abs=1e-5)
-    for key in ("pg_loss", "clip_frac_low", "clip_frac_high", "ratio_mean", "tis_weight_mean", "tis_clip_frac", "kl_mean"):
+    for key in ("pg_loss", "clip_frac_low", "clip_frac_high", "ratio_mean", "tis_weight_mean", "tis_clip_frac", "kl_mean",
+                "rollout_logprob_abs_diff", "rollout_kl"):
         assert getattr(summary, key) == pytest.approx(getattr(metrics, key), abs=1e-5), key
     assert summary.loss_tokens == metrics.num_tokens == sum(s.num_loss_tokens for s in samples)
     assert summary.tokens == sum(s.length for s in samples) and summary.samples == len(samples)
@@ -320,7 +324,7 @@ def test_micro_batch_split_does_not_change_loss_or_gradients(aggregation):
     many = forward_backward(model.chunks, split, settings)
     grads_many = main_grads(model)
     assert many.loss == pytest.approx(one.loss, abs=1e-6)
-    for key in ("pg_loss", "ratio_mean", "tis_weight_mean", "kl_mean"):
+    for key in ("pg_loss", "ratio_mean", "tis_weight_mean", "kl_mean", "rollout_logprob_abs_diff", "rollout_kl"):
         assert getattr(many, key) == pytest.approx(getattr(one, key), abs=1e-6), key
     assert (many.loss_tokens, many.tokens, many.samples) == (one.loss_tokens, one.tokens, one.samples)
     for key, grad in grads_one.items():
@@ -373,7 +377,8 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch():
     assert first.ratio_mean == pytest.approx(1.0) and first.clip_frac == 0.0  # old = current at step 0
     assert first.lr == 2e-4 and not first.skipped and first.grad_norm > 0
     assert first.micro_batches == len(batches) and first.loss_tokens == sum(s.num_loss_tokens for s in samples)
-    assert set(first.to_dict()) >= {"loss", "pg_loss", "clip_frac", "grad_norm", "lr", "loss_tokens", "skipped"}
+    assert set(first.to_dict()) >= {"loss", "pg_loss", "clip_frac", "grad_norm", "lr", "loss_tokens", "skipped",
+                                     "tis_weight_mean", "tis_clip_frac", "rollout_logprob_abs_diff", "rollout_kl"}
 
 
 @pytest.mark.usefixtures("megatron_world")
