@@ -31,15 +31,16 @@ def test_last_boxed_balances_braces():
     assert extract.last_boxed(r"so \boxed{\frac{1}{2}} and \boxed{3}") == "3"
     assert extract.last_boxed(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"
     assert extract.last_boxed(r"\boxed{unclosed") is None
+    assert extract.last_boxed(r"\boxed{1} then \boxed{unclosed") is None  # an earlier box does not stand in
     assert extract.last_boxed("nothing") is None
 
 
-def test_choice_letter_and_code_block():
-    assert extract.choice_letter(r"I think \boxed{C}") == "C"
-    assert extract.choice_letter(r"\boxed{\text{B}}") == "B"
-    assert extract.choice_letter("The answer is (D).") == "D"
-    assert extract.choice_letter(r"\boxed{E}") is None
-    assert extract.choice_letter("Answer: Because") is None
+def test_boxed_choice_and_code_block():
+    assert extract.boxed_choice(r"I think \boxed{C}") == "C"
+    assert extract.boxed_choice(r"\boxed{\text{B}}") == "B"
+    assert extract.boxed_choice("The answer is (D).") is None  # prose never counts
+    assert extract.boxed_choice(r"\boxed{E}") is None
+    assert extract.boxed_choice("Answer: Because") is None
     text = "```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```"
     assert extract.code_block(text) == "print(2)\n"
     assert extract.code_block("```js\nx\n```") is None
@@ -71,21 +72,21 @@ def test_missing_data_is_unavailable_not_zero(tmp_path):
         GPQADiamond(data_dir=tmp_path).load(seed=0)
 
 
-def test_gpqa_shuffle_is_seeded_and_tracks_the_correct_option():
-    options, letter = shuffled_options("right", ["w1", "w2", "w3"], seed=3, record_id="q")
+def test_gpqa_shuffle_tracks_the_correct_option():
+    options, letter = shuffled_options("right", ["w1", "w2", "w3"], row=3)
     assert options["ABCD".index(letter)] == "right" and sorted(options) == ["right", "w1", "w2", "w3"]
-    assert shuffled_options("right", ["w1", "w2", "w3"], 3, "q") == (options, letter)
-    letters = Counter(shuffled_options("r", ["a", "b", "c"], 0, str(i))[1] for i in range(400))
+    assert shuffled_options("right", ["w1", "w2", "w3"], 3) == (options, letter)
+    letters = Counter(shuffled_options("r", ["a", "b", "c"], i)[1] for i in range(400))
     assert set(letters) == set("ABCD") and min(letters.values()) > 60
     bench = GPQADiamond(data_dir=FIXTURES)
     items = bench.load(seed=5)
     item = items[0]
     right = asyncio.run(bench.score(item, f"... \\boxed{{{item.reference}}}"))
     wrong_letter = "ABCD"[("ABCD".index(item.reference) + 1) % 4]
-    wrong = asyncio.run(bench.score(item, f"Answer: {wrong_letter}"))
+    wrong = asyncio.run(bench.score(item, f"\\boxed{{{wrong_letter}}}"))
     assert right.correct and not wrong.correct
     body = item.messages[0]["content"]
-    assert f"{item.reference}) Carbon dioxide" in body
+    assert f"{item.reference}: Carbon dioxide" in body
 
 
 def test_hard_settings_cover_the_hundred_tasks_in_four_categories():

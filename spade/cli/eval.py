@@ -35,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--samples", type=int, default=None, help="override samples per item")
     parser.add_argument("--temperature", type=float, default=None, help="override the sampling temperature")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="override the completion budget")
-    parser.add_argument("--rg-episodes", type=int, default=8, help="Reasoning-Gym episodes per task")
+    parser.add_argument("--rg-episodes", type=int, default=4,
+                        help="Reasoning-Gym episodes per task (default 4, the released in-loop evaluator)")
     parser.add_argument("--isolation", default=None, help="sandbox isolation for LCB (bubblewrap, unsafe-local)")
     parser.add_argument("--config", default=None, help="YAML whose sandbox: section the LCB judge uses")
     parser.add_argument("--tau2", action="append", default=[], metavar="KEY=VALUE",

@@ -1,5 +1,10 @@
 """AIME 2025 / 2026: Avg@32 of ``\\boxed{}`` answers checked with ``math-verify``.
 
+Protocol (the released ``eval_configs/eval_aime_avg32.yaml`` and ``cmd/eval/prepare_aime_datasets.py``):
+32 samples per problem at T 0.7, top-p 0.8, top-k 20, 32,768 tokens; the prompt is the problem with
+"\\nPlease reason step by step, and put your final answer within \\boxed{}." appended; the answer is
+the last ``\\boxed{}`` of the text after any reasoning (a reply cut inside ``<think>`` has none).
+
 Data: ``aime2025.jsonl`` / ``aime2026.jsonl`` (or .json/.csv/.parquet) in the data directory, one
 problem per row with ``problem`` (or ``question``), ``answer`` and an id (``id``, ``problem_idx``
 or ``ID``; the row number when absent). This is the layout of the published AIME sets
@@ -55,7 +60,7 @@ class AIME(Benchmark):
             if problem is None or answer is None:
                 raise BenchmarkUnavailable(f"{path}: row {index + 1} has no 'problem'/'answer' field")
             item_id = str(field(row, ["id", "problem_idx", "ID"], index))
-            items.append(EvalItem(item_id, ({"role": "user", "content": f"{problem}\n\n{INSTRUCTION}"},),
+            items.append(EvalItem(item_id, ({"role": "user", "content": f"{problem}\n{INSTRUCTION}"},),
                                   reference=str(answer)))
         return items[:limit] if limit is not None else items
 

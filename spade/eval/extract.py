@@ -1,7 +1,10 @@
 """Answer extraction from completions: ``<answer>`` tags, ``\\boxed{}``, choice letters, code.
 
-Thinking models put reasoning in ``<think>...</think>``; everything up to the last ``</think>`` is
-dropped before extraction, so an answer "tried" while thinking does not count.
+Only the answer counts, never the reasoning (:func:`strip_thinking`): the text after the last
+``</think>``; a reply inside a ``<think>`` block that never closes (cut at its token limit, or a
+prompt that opened the block, ``inside``) has no answer at all, whatever its reasoning tried.
+Extraction is strict, as the released evaluator's: the last ``\\boxed{...}`` only (no fallback to an
+earlier box, no prose), the last complete ``<answer>...</answer>`` pair only.
 """
 
 from __future__ import annotations
@@ -9,15 +12,24 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+OPEN, CLOSE = "<think>", "</think>"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
-_CHOICE_LINE = re.compile(r"(?:answer|option|choice)\s*(?:is)?\s*[:=]?\s*\(?\**\s*([A-Z])\b\)?", re.IGNORECASE)
+_BOX = re.compile(r"\\(?:boxed|fbox)\b")
+# LaTeX wrappers a model puts around a boxed choice letter (\text{C}, \mathbf{C}, ...)
+_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mathit|bf|rm)\s*")
 
 
-def strip_thinking(text: str) -> str:
-    """The text after the last ``</think>`` (the whole text when there is none)."""
-    index = text.rfind("</think>")
-    return text[index + len("</think>"):] if index >= 0 else text
+def strip_thinking(text: str, *, inside: bool = False) -> str:
+    """The answer part of a reply: the text after the last ``</think>``; "" when the reply is in
+    reasoning that never closes (it has ``<think>`` and no ``</think>`` after it, or ``inside``:
+    the prompt left ``<think>`` open); the whole text when it never reasons."""
+    index = text.rfind(CLOSE)
+    if index >= 0:
+        return text[index + len(CLOSE):]
+    if inside or OPEN in text:
+        return ""
+    return text
 
 
 def answer_tag(text: str) -> Optional[str]:
@@ -28,35 +40,42 @@ def answer_tag(text: str) -> Optional[str]:
 
 
 def last_boxed(text: str) -> Optional[str]:
-    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None if none
-    or unbalanced."""
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None when
+    there is none or the last one is not a complete ``{...}`` (an earlier box does not stand in)."""
     text = strip_thinking(text)
-    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
-    for start in reversed(starts):
-        depth, index = 1, start
-        while index < len(text):
-            char = text[index]
-            if char == "{":
-                depth += 1
-            elif char == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:index].strip()
-            index += 1
+    found = list(_BOX.finditer(text))
+    if not found:
+        return None
+    index = found[-1].end()
+    while index < len(text) and text[index] in " \t":
+        index += 1
+    if index >= len(text) or text[index] != "{":
+        return None
+    start, depth = index + 1, 1
+    for index in range(start, len(text)):
+        if text[index] == "{":
+            depth += 1
+        elif text[index] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:index].strip()
     return None
 
 
-def choice_letter(text: str, letters: str = "ABCD") -> Optional[str]:
-    """A multiple-choice answer: ``<answer>`` tags, then ``\\boxed{}``, then the last
-    "Answer: X" phrase; the letter must be one of ``letters``."""
-    for candidate in (answer_tag(text), last_boxed(text)):
-        if candidate is not None:
-            cleaned = re.sub(r"\\text\{([^}]*)\}", r"\1", candidate).strip().strip("().*$ ")
-            if len(cleaned) >= 1 and cleaned[0].upper() in letters and (len(cleaned) == 1 or not cleaned[1].isalpha()):
-                return cleaned[0].upper()
-    matches = [m.group(1).upper() for m in _CHOICE_LINE.finditer(strip_thinking(text))]
-    matches = [m for m in matches if m in letters]
-    return matches[-1] if matches else None
+def boxed_choice(text: str, letters: str = "ABCD") -> Optional[str]:
+    """A multiple-choice letter from the last ``\\boxed{}`` only (no ``<answer>`` tags, no prose):
+    the box holds one of ``letters`` (either case), bare or wrapped (``\\text{C}``, ``(C)``,
+    ``$C$``), optionally followed by the option's text after a non-letter (``C: 2.4``, ``C) ...``)."""
+    content = last_boxed(text)
+    if content is None:
+        return None
+    cleaned = _TEXT_WRAPPERS.sub("", content).replace("{", "").replace("}", "")
+    cleaned = cleaned.strip().lstrip("($*").strip()
+    if not cleaned or cleaned[0].upper() not in letters:
+        return None
+    if len(cleaned) > 1 and cleaned[1].isalnum():
+        return None
+    return cleaned[0].upper()
 
 
 def code_block(text: str, languages: tuple[str, ...] = ("python", "py", "python3", "")) -> Optional[str]:

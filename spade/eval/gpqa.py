@@ -1,47 +1,60 @@
-"""GPQA-Diamond: multiple-choice accuracy, options shuffled under the seed.
+"""GPQA-Diamond: multiple-choice accuracy, as the released in-loop evaluator plays it.
 
 Data: ``gpqa_diamond.csv`` (the CSV of the published GPQA release; .jsonl/.json/.parquet with the
 same keys also work) in the data directory, with ``Question``, ``Correct Answer``, ``Incorrect
-Answer 1``..``3`` and ``Record ID`` (the row number when absent). The options of each item are
-shuffled by a generator seeded from the run seed and the record id, so the correct letter is
-reproducible and spread evenly. The items are never copied into results: the jsonl keeps the
-model's text and the scores only (GPQA's licence asks that items are not republished).
+Answer 1``..``3`` and ``Record ID`` (the row number when absent). The items are never copied into
+results: the jsonl keeps the model's text and the scores only (GPQA's licence asks that items are
+not republished).
+
+Protocol (the released ``mcq:GPQA-Diamond-official`` task, ``eval_configs/gem_eval_inloop.yaml``:
+396 episodes = 2 passes over the 198 items, T 0.7, top-p 0.8, top-k 20, 16,384 tokens):
+- options: ``[correct, incorrect 1, incorrect 2, incorrect 3]`` shuffled by ``random.Random(42 + i)``
+  with ``i`` the item's row in the file, so the letters are the released ones whatever the run seed;
+- prompt: the General-Reasoner GPQA template the released code uses (question, ``A: ...`` lines,
+  step-by-step with the letter alone in ``\\boxed{}``);
+- answer: the letter in the last ``\\boxed{}`` of the answer (after any reasoning), nothing else.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from pathlib import Path
 from typing import Optional
 
 from .data_files import field, find_file, read_rows
-from .extract import choice_letter
+from .extract import boxed_choice
 from .types import Benchmark, EvalItem, SampleRecord, SamplingSettings, BenchmarkUnavailable
 
 LETTERS = "ABCD"
-GPQA_SAMPLING = SamplingSettings(n=2, temperature=0.7, top_p=1.0, top_k=None, max_new_tokens=16384)
-INSTRUCTION = ("Answer the multiple-choice question below. Think it through, then give the letter of "
-               "the correct option as \\boxed{X} (X one of A, B, C, D).")
+SHUFFLE_SEED = 42  # the released GpqaOfficialMcqEnv's shuffle_seed
+GPQA_SAMPLING = SamplingSettings(n=2, temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=16384)
+# General-Reasoner's GPQA query template (the benchmark prompt the paper's numbers were measured with)
+TEMPLATE = ("{question}\n\nA: {a}\nB: {b}\nC: {c}\nD: {d}\n\n"
+            "Please reason step by step, and put your final answer within \\boxed{{}}.\n"
+            "Please only provide the letter of the answer in the box.")
 
 
-def shuffled_options(correct: str, incorrect: list[str], seed: int, record_id: str) -> tuple[list[str], str]:
-    """The four options in a seeded order and the letter of the correct one."""
-    digest = hashlib.sha256(f"{seed}\0{record_id}".encode()).digest()
-    rng = random.Random(int.from_bytes(digest[:8], "big"))
+def shuffled_options(correct: str, incorrect: list[str], row: int,
+                     shuffle_seed: int = SHUFFLE_SEED) -> tuple[list[str], str]:
+    """The four options in the released order for the item at ``row`` and the correct letter."""
     options = [correct, *incorrect]
-    order = list(range(4))
-    rng.shuffle(order)
-    shuffled = [options[i] for i in order]
-    return shuffled, LETTERS[order.index(0)]
+    random.Random(shuffle_seed + row).shuffle(options)
+    return options, LETTERS[options.index(correct)]
+
+
+def gpqa_prompt(question: str, options: list[str]) -> str:
+    a, b, c, d = options
+    return TEMPLATE.format(question=question, a=a, b=b, c=c, d=d)
 
 
 class GPQADiamond(Benchmark):
     name = "gpqa_diamond"
 
-    def __init__(self, *, data_dir: Optional[Path] = None, sampling: SamplingSettings = GPQA_SAMPLING):
+    def __init__(self, *, data_dir: Optional[Path] = None, sampling: SamplingSettings = GPQA_SAMPLING,
+                 shuffle_seed: int = SHUFFLE_SEED):
         self.data_dir = data_dir
         self.sampling = sampling
+        self.shuffle_seed = shuffle_seed
 
     def load(self, seed: int, limit: Optional[int] = None) -> list[EvalItem]:
         path = find_file(self.data_dir, ["gpqa_diamond", "gpqa-diamond"], "GPQA-Diamond")
@@ -54,13 +67,13 @@ class GPQADiamond(Benchmark):
                 raise BenchmarkUnavailable(f"{path}: row {index + 1} lacks Question / Correct Answer / "
                                            "Incorrect Answer 1-3")
             record_id = str(field(row, ["Record ID", "record_id", "id"], index))
-            options, letter = shuffled_options(str(correct).strip(), [str(w).strip() for w in wrong], seed, record_id)
-            body = "\n".join(f"{LETTERS[i]}) {text}" for i, text in enumerate(options))
-            prompt = f"{INSTRUCTION}\n\n{str(question).strip()}\n\n{body}"
+            options, letter = shuffled_options(str(correct).strip(), [str(w).strip() for w in wrong], index,
+                                               self.shuffle_seed)
+            prompt = gpqa_prompt(str(question).strip(), options)
             items.append(EvalItem(record_id, ({"role": "user", "content": prompt},), reference=letter))
         return items[:limit] if limit is not None else items
 
     async def score(self, item: EvalItem, text: str) -> SampleRecord:
-        answer = choice_letter(text, LETTERS)
+        answer = boxed_choice(text, LETTERS)
         correct = answer == item.reference
         return SampleRecord(text, answer, 1.0 if correct else 0.0, correct, detail={"gold": item.reference})

@@ -3,9 +3,15 @@
 Items: each task of a category (``data/rg_hard.json``: the 100 tasks of the Reasoning-Gym paper's
 hard configurations, parameters from that repository's ``eval/yaml/hard``, grouped as arXiv
 2601.22975 Table 3 does) is instantiated with ``reasoning_gym.create_dataset(task, seed=S,
-size=N, **hard_params)``; ``episodes`` items per task. A success is ``score_answer(...) == 1.0`` on
-the strict ``<answer>`` extraction (no tag: failure). Category score = pooled win rate over all
-episodes of the category's tasks.
+size=N, **hard_params)``; ``episodes`` items per task (the released in-loop evaluator,
+``eval_configs/gem_eval_inloop.yaml``: 4 per task, T 0.6, top-p 0.8, top-k 20, 8,192 tokens).
+The prompt is Reasoning-Gym's own default instruction (``reasoning_gym.utils.SYSTEM_PROMPTS``)
+around the question, as the released evaluator's ``rg`` prompt puts it; the answer is read by
+the package's ``extract_answer`` (the last ``<answer>...</answer>``; none: failure) from the text
+after any reasoning, and scored by the dataset's ``score_answer``; a success is a score of 1.
+Category score = pooled win rate over all episodes of the category's tasks. A category with a task
+that could not be built (dataset or items) gets no score: it is reported skipped with the reason,
+never scored over the tasks that did build.
 
 Known scorer defects of reasoning-gym 0.1.25, and what we do instead:
 - ``game_of_life_halting``: its scorer returns 1.0 for any non-empty answer. We do not call it;
@@ -14,8 +20,8 @@ Known scorer defects of reasoning-gym 0.1.25, and what we do instead:
   (this or any other task) counts as a failure, with the error recorded in the sample's detail.
 - ``knight_swap`` (and any task): generation may fail at hard settings. An index that fails to
   generate is replaced by the next index of the same dataset (at most ``episodes`` extra tries);
-  replacements are recorded in the item's meta; a task that yields nothing is left out of its
-  category and named in the summary's ``groups`` as absent.
+  replacements are recorded in the item's meta; a task that still yields fewer than ``episodes``
+  items has failed to build, and its category is not scored.
 """
 
 from __future__ import annotations
@@ -27,14 +33,32 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .extract import answer_tag
+from .extract import strip_thinking
 from .types import Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
 
 log = logging.getLogger("spade.eval")
 DATA_FILE = Path(__file__).parent / "data" / "rg_hard.json"
 CATEGORIES = ("math", "algorithmic", "cognition", "logic")
-INSTRUCTION = ("Solve the problem below. Reason as much as you need, then give only your final answer "
-               "between <answer> and </answer> tags, in the format the problem asks for.")
+# the released in-loop settings (eval_configs/gem_eval_inloop.yaml; top-p/top-k from gem_evaluator.py)
+RG_EPISODES = 4
+RG_SAMPLING = SamplingSettings(n=1, temperature=0.6, top_p=0.8, top_k=20, max_new_tokens=8192)
+WIN = 1.0 - 1e-9  # the released evaluator's win: a full-credit score
+
+
+def rg_prompt(question: str) -> str:
+    """Reasoning-Gym's default instruction with the problem after its first sentence (the released
+    evaluator's ``rg`` prompt, a user message)."""
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    first, rest = SYSTEM_PROMPTS["default"].split("\n", 1)
+    return f"{first}\nProblem: {question}\n{rest.rstrip()}"
+
+
+def rg_answer(text: str) -> Optional[str]:
+    """The package's ``extract_answer`` on the text after any reasoning."""
+    from reasoning_gym.utils import extract_answer
+
+    return extract_answer(strip_thinking(text))
 
 
 @lru_cache(maxsize=1)
@@ -68,9 +92,7 @@ class _Task:
 class ReasoningGymHard(Benchmark):
     metric = "win rate"
 
-    def __init__(self, category: str, *, episodes: int = 8,
-                 sampling: SamplingSettings = SamplingSettings(n=1, temperature=0.6, top_p=0.95, top_k=20,
-                                                               max_new_tokens=8192),
+    def __init__(self, category: str, *, episodes: int = RG_EPISODES, sampling: SamplingSettings = RG_SAMPLING,
                  tasks: Optional[Sequence[str]] = None):
         if category not in CATEGORIES:
             raise ValueError(f"unknown Reasoning-Gym category {category!r}; one of {CATEGORIES}")
@@ -116,26 +138,32 @@ class ReasoningGymHard(Benchmark):
                     index += 1
                     continue
                 holder.entries[index] = entry
-                prompt = f"{INSTRUCTION}\n\n{entry['question']}"
+                prompt = rg_prompt(entry["question"])
                 items.append(EvalItem(f"{task}/{index}", ({"role": "user", "content": prompt},),
                                       reference=index, group=task,
                                       meta={"replaced_failures": failures}))
                 kept += 1
                 index += 1
-            if kept == 0:
-                self.absent[task] = f"no item generated ({failures} failures)"
+            if kept < episodes:
+                self.absent[task] = f"{kept} of {episodes} items generated ({failures} failures)"
         return items
 
     async def score(self, item: EvalItem, text: str) -> SampleRecord:
         task = item.group
         holder = self._loaded[task]
         entry = holder.entries[item.reference]
-        answer = answer_tag(text)
+        answer = rg_answer(text)
         score, detail = score_rg_answer(task, holder.dataset, entry, answer)
-        return SampleRecord(text, answer, score, score == 1.0, detail=detail)
+        return SampleRecord(text, answer, score, score >= WIN, detail=detail)
 
     def summarize(self, records: Sequence[ItemRecord]) -> BenchmarkScore:
         result = super().summarize(records)
-        notes = {f"absent {task}": why for task, why in getattr(self, "absent", {}).items()}
+        absent = getattr(self, "absent", {})
+        notes = {f"absent {task}": why for task, why in absent.items()}
+        if absent:
+            reason = (f"not scored: {len(absent)} of {len(self.tasks)} tasks failed to build "
+                      f"({', '.join(sorted(absent))}); a category score needs every task")
+            return BenchmarkScore(result.name, None, result.items, result.samples, result.groups, skipped=reason,
+                                  metric=self.metric, notes=notes)
         return BenchmarkScore(result.name, result.score, result.items, result.samples, result.groups,
                               metric=self.metric, notes=notes)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
+from ..serve.reasoning import prompt_opens_reasoning
 from .types import Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
 
 SUMMARY_FILE = "summary.json"
@@ -42,6 +43,7 @@ class Completion:
     tokens: int
     prompt_tokens: int
     weight_version: int
+    reasoning_open: bool = False  # the prompt left <think> open: the reply starts inside reasoning
 
 
 class ChatModel:
@@ -71,28 +73,33 @@ class ChatModel:
         return self._slots
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Optional[list] = None) -> list[int]:
+        return list(self.tokenizer(self._render_text(messages, tools), add_special_tokens=False)["input_ids"])
+
+    def _render_text(self, messages: Sequence[Mapping[str, Any]], tools: Optional[list] = None) -> str:
         kwargs = dict(self.template_kwargs)
         if tools:
             kwargs["tools"] = tools
-        text = self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
+        return self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
                                                   add_generation_prompt=True, **kwargs)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def complete(self, messages: Sequence[Mapping[str, Any]], sampling: SamplingSettings, seed: int,
                        tools: Optional[list] = None) -> Completion:
-        prompt = self.render(messages, tools)
+        rendered = self._render_text(messages, tools)
+        prompt = list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        opens = prompt_opens_reasoning(rendered)
         budget = sampling.max_new_tokens
         if self.max_context_tokens is not None:
             budget = min(budget, self.max_context_tokens - len(prompt))
         if budget < 1:
-            return Completion("", "length", 0, len(prompt), self.engine.weight_version)
+            return Completion("", "length", 0, len(prompt), self.engine.weight_version, opens)
         params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 max_new_tokens=budget, stop_token_ids=self.stop_token_ids, seed=seed)
         async with self._semaphore():
             result = await self.engine.generate(GenerationRequest(tuple(prompt), params))
         self.generated_tokens += len(result.token_ids)
         text = self.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
-        return Completion(text, result.finish_reason, len(result.token_ids), len(prompt), result.weight_version)
+        return Completion(text, result.finish_reason, len(result.token_ids), len(prompt), result.weight_version,
+                          opens)
 
 
 # ---------------------------------------------------------------------------- results files

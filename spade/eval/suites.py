@@ -29,7 +29,7 @@ class BenchmarkOptions:
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     max_new_tokens: Optional[int] = None
-    rg_episodes: int = 8
+    rg_episodes: int = 4  # the released in-loop evaluator's episodes per task (its offline config: 8)
     rg_tasks: Optional[Mapping[str, Sequence[str]]] = None
     lcb_start_date: Optional[str] = None
     lcb_end_date: Optional[str] = None
@@ -46,11 +46,10 @@ class BenchmarkOptions:
 
 def _rg(category: str) -> Callable[[BenchmarkOptions], Benchmark]:
     def build(options: BenchmarkOptions) -> Benchmark:
-        from .reasoning_gym_bench import ReasoningGymHard
+        from .reasoning_gym_bench import RG_SAMPLING, ReasoningGymHard
 
-        probe = ReasoningGymHard(category)
         tasks = (options.rg_tasks or {}).get(category)
-        return ReasoningGymHard(category, episodes=options.rg_episodes, sampling=options.sampling(probe.sampling),
+        return ReasoningGymHard(category, episodes=options.rg_episodes, sampling=options.sampling(RG_SAMPLING),
                                 tasks=tasks)
     return build
 

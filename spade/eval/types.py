@@ -13,6 +13,8 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
+from .extract import strip_thinking
+
 
 class ChatModelLike(Protocol):
     """What a benchmark asks of the model (``runner.ChatModel`` is the implementation)."""
@@ -148,7 +150,8 @@ class Benchmark(abc.ABC):
     """One held-out benchmark: its items, its sampling settings and its scorer.
 
     ``play`` is one sample of one item; the default sends the item's chat once and scores the
-    completion with ``score``. Multi-turn benchmarks (BFCL) override ``play``.
+    completion's answer (the text after any reasoning; none when the reply never left a ``<think>``
+    block) with ``score``. Multi-turn benchmarks (BFCL) override ``play``.
     """
 
     name: str = ""
@@ -166,7 +169,8 @@ class Benchmark(abc.ABC):
 
     async def play(self, item: EvalItem, model: ChatModelLike, seed: int) -> SampleRecord:
         completion = await model.complete(item.messages, self.sampling, seed)
-        record = await self.score(item, completion.text)
+        inside = bool(getattr(completion, "reasoning_open", False))
+        record = await self.score(item, strip_thinking(completion.text, inside=inside))
         return SampleRecord(completion.text, record.answer, record.score, record.correct,
                             completion.finish_reason, completion.tokens, record.detail)
 
