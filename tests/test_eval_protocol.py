@@ -224,3 +224,12 @@ def test_reasoning_gym_prompt_is_the_package_instruction_around_the_problem():
     question = bench._loaded["syllogism"].entries[0]["question"]
     first, rest = SYSTEM_PROMPTS["default"].split("\n", 1)
     assert item.messages[0]["content"] == f"{first}\nProblem: {question}\n{rest.strip()}"
+
+
+def test_reasoning_gym_answer_inside_unclosed_think_does_not_count():
+    bench = ReasoningGymHard("logic", episodes=1, tasks=["syllogism"])
+    item = bench.load(seed=0)[0]
+    gold = bench._loaded["syllogism"].entries[0]["answer"]
+    cut = asyncio.run(bench.score(item, f"<think>I would write <answer>{gold}</answer> but first"))
+    done = asyncio.run(bench.score(item, f"<think>hmm</think>\n<answer>{gold}</answer>"))
+    assert (cut.correct, cut.answer, done.correct) == (False, None, True)
