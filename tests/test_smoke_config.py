@@ -36,12 +36,15 @@ def test_recipes_keep_the_paper_settings_and_do_not_seed_the_memory(recipe: Path
     assert config.optimizer.lr == 1e-6
     assert config.corpus.max_words == (4000 if sp.domain == "tool_use" else 6000)  # SPEC 2
     assert sp.skills.window is None  # the curriculum's own window (games: 3)
+    assert sp.rewards.advantage_agent_samples == 192  # the released global batch in the designer weight
 
 
 def test_the_smoke_run_seeds_the_memory_with_graded_examples():
     smoke = load_train_config(SMOKE)
     sp = smoke.selfplay
     assert sp.memory_seed_dir is not None and sp.use_memory
+    # 16 x 8 agent samples, not the paper's 192: the weight counts them, as the released formula does
+    assert sp.rewards.advantage_agent_samples is None
     from spade.selfplay.designer_round import resolve_seed_dir
 
     seeds = load_seed_records(resolve_seed_dir(sp.memory_seed_dir), ["Mathematical Reasoning"])
