@@ -150,13 +150,28 @@ def test_games_that_lean_on_the_released_loaders_injected_names_are_reported(tmp
         "        except ValueError as error:\n"
         "            return str(error), 0.0, True, False, {}\n"
         "        return 'done', float(value == self.q[0]), True, False, {}\n")
+    # numpy, which the released loader also binds, and a name no loader binds
+    (source / "games" / "game_000006.py").write_text(
+        "class ArrayEnv:\n    def reset(self, seed=None):\n        return str(np.zeros(2)), {}\n"
+        "    def step(self, action):\n        return 'done', float(math.pi > 3), True, False, {}\n")
+    (source / "games" / "game_000007.py").write_text(
+        "class TypoEnv:\n    def reset(self, seed=None):\n        return str(undefined_helper()), {}\n"
+        "    def step(self, action):\n        return 'done', 0.0, True, False, {}\n")
     manifest = source / "manifest.jsonl"
     manifest.unlink()
     (source / "checksums.sha256").unlink()
     assert main(["pool", "import", "--from", str(source), "--out", str(tmp_path / "pool")]) == 0
-    err = capsys.readouterr().err
-    assert "1 games use names they neither import nor define (Tuple 1, deque 1)" in err
-    assert (tmp_path / "pool" / "game_000005.py").is_file()  # kept: the pool stays the released one
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("3 games use names they neither import nor define "
+            "(Tuple 1, deque 1, math 1, np 1, undefined_helper 1)") in err
+    # the switch binds deque, Tuple and math, not numpy, and nothing binds undefined_helper
+    assert "selfplay.pool.released_loader_names" in err
+    assert ("With it, 1 load; 1 still fail because they use numpy (np), which the sandbox cannot import; "
+            "1 still fail because they use names no loader binds") in err
+    assert "game_000006.py uses numpy, not importable in the sandbox (np)" in err
+    assert "game_000007.py uses names no loader binds (undefined_helper)" in err
+    for name in ("game_000005.py", "game_000006.py", "game_000007.py"):
+        assert (tmp_path / "pool" / name).is_file()  # kept: the pool stays the released one
 
 
 def test_an_existing_pool_is_never_merged_into(tmp_path):

@@ -295,7 +295,10 @@ def test_the_baseline_recipe_draws_24_environments_every_step_actor_only():
     sp = config.selfplay
     assert (sp.env_source, sp.envs_per_set, sp.k, sp.g_hint) == ("fixed_pool", 24, 1, 0)
     assert not (sp.designer_enabled or sp.train_designer or sp.use_corpus or sp.use_memory)
-    assert sp.pool == PoolSettings(draw="shuffle", seed=42)  # _train_fixed_gpt55.sh: --spade-no-replacement, seed 42
+    assert sp.pool.draw == "shuffle" and sp.pool.seed == 42  # _train_fixed_gpt55.sh: --spade-no-replacement, seed 42
+    # the released loader binds its standard-library names in every game (synthetic_game_env.py)
+    assert sp.pool.released_loader_names is True
+    assert PoolSettings().released_loader_names is False  # designed environments import what they use
     assert Path(sp.fixed_env_dir) != ROOT / "examples" / "envs"  # never the six example games by default
 
 

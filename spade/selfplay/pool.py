@@ -39,7 +39,9 @@ every step, ``k: 1``) takes ``envs_per_set`` environments.
   at every regeneration, in file-name order.
 
 Each drawn file goes through the same admission as a designed environment (the verdict is cached
-per file for the life of the process); a rejected one leaves its slot empty and is written under
+per file for the life of the process; with ``selfplay.pool.released_loader_names`` the game is
+loaded, at admission and in its plays, with the names the released loader binds, through
+:class:`ReleasedLoaderSandbox`); a rejected one leaves its slot empty and is written under
 ``rejected/`` like a designer attempt. The set is saved as ``envs/step_S/fixed-NAME.*`` and the draw
 as ``pool_draws/step_S.json`` (slot, name, wanted and given skill, fallback, pass), and the step's
 metrics get ``pool/fallbacks``, ``pool/pass``, ``pool/drawn_in_pass`` and ``pool/size``. The draw state
@@ -350,6 +352,20 @@ class PoolSampler:
 # ---------------------------------------------------------------------------- the source
 
 
+class ReleasedLoaderSandbox:
+    """A sandbox whose every ``open`` asks the sandboxed child to bind the released loader's
+    standard-library names in the game's module before running it (the ``released_loader_names``
+    field of the load request; the names are :mod:`spade.envs.sandbox.runtime.loader_names`'s fixed
+    table, filtered by the sandbox's import allow-list). Admission's load stage and the plays both
+    open through it, so a pool game is admitted and played under the same names."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    async def open(self, source: str, *, max_turns: int | None = None) -> Any:
+        return await self.inner.open(source, max_turns=max_turns, released_loader_names=True)
+
+
 class FixedPool:
     """An :class:`~spade.selfplay.env_source.EnvSource` over a pool directory (module docstring)."""
 
@@ -370,6 +386,9 @@ class FixedPool:
         self.whole = self.draw_mode == "balanced" and len(self.entries) <= settings.envs_per_set
         self.sampler: ShuffleSampler | PoolSampler = (
             ShuffleSampler(self.entries, pool_seed) if self.draw_mode == "shuffle" else PoolSampler(self.entries, pool_seed))
+        # Where pool games are admitted and played: the run's sandbox, or its view that binds the
+        # released loader's names in each game's module (selfplay.pool.released_loader_names).
+        self.load_sandbox: Sandbox = ReleasedLoaderSandbox(sandbox) if settings.pool.released_loader_names else sandbox
         self._verdicts: dict[str, AdmissionVerdict] = {}
         self._draw_metrics: tuple[int, dict[str, float]] | None = None  # (regeneration step, its metrics)
         self._observed: int | None = None
@@ -418,7 +437,7 @@ class FixedPool:
         if cached is not None:
             return cached
         s = self.settings
-        verdict = await admit_candidate(self.sandbox, s, entry.path.read_text(),
+        verdict = await admit_candidate(self.load_sandbox, s, entry.path.read_text(),
                                         screen=self.screen if s.domain == "tool_use" else None)
         if verdict is not None:  # an infrastructure failure is tried again next time
             self._verdicts[entry.name] = verdict
@@ -447,7 +466,7 @@ class FixedPool:
         return dict(self._draw_metrics[1])
 
     def play_sandbox(self) -> Sandbox | None:
-        return None
+        return self.load_sandbox if self.load_sandbox is not self.sandbox else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "pool_size": len(self.entries),

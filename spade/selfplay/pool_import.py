@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..designer.skills import ALL_SKILLS
+from ..envs.sandbox.runtime.limits import DEFAULT_ALLOWED_IMPORTS
+from ..envs.sandbox.runtime.loader_names import RELEASED_LOADER_NAMES, offered
 from .pool import MANIFEST
 
 GAMES_DIR = "games"
@@ -72,6 +74,28 @@ class ImportSummary:
     not_in_manifest: list[str] = field(default_factory=list)
     uncompilable: list[str] = field(default_factory=list)
     unbound: dict[str, list[str]] = field(default_factory=dict)  # game -> names it uses but never binds
+
+    def unbound_by_outcome(self) -> dict[str, list[str]]:
+        """The games of :attr:`unbound` by what happens to them at load under
+        ``selfplay.pool.released_loader_names``: ``covered`` (the switch binds every such name),
+        ``numpy`` (uses ``np``/``numpy``, which the released loader binds and the sandbox cannot
+        offer), ``other`` (uses a name no loader binds: it fails at load either way)."""
+        groups: dict[str, list[str]] = {"covered": [], "numpy": [], "other": []}
+        for game, names in self.unbound.items():
+            missing = set(names) - SWITCH_NAMES
+            if not missing:
+                groups["covered"].append(game)
+            elif missing & NUMPY_NAMES:
+                groups["numpy"].append(game)
+            else:
+                groups["other"].append(game)
+        return groups
+
+
+# The names selfplay.pool.released_loader_names binds under the default import allow-list, and the
+# released loader's names for numpy, which it does not.
+SWITCH_NAMES = frozenset(name for name, _, _ in offered(DEFAULT_ALLOWED_IMPORTS))
+NUMPY_NAMES = frozenset(name for name, module, _ in RELEASED_LOADER_NAMES if module == "numpy")
 
 
 @dataclass(frozen=True)
@@ -110,7 +134,8 @@ def skill_from_file_name(file_name: str) -> str | None:
 def unbound_names(tree: ast.AST) -> list[str]:
     """Names the code reads that nothing in it binds (assignment, import, def, class, argument) and
     that are not builtins. The released loader supplies common standard-library names (and numpy)
-    to every game, so a released game may use them without importing them; spade's sandbox does not."""
+    to every game, so a released game may use them without importing them; spade's sandbox binds
+    them only with ``selfplay.pool.released_loader_names``, and never numpy."""
     bound: set[str] = set(dir(builtins))
     read: set[str] = set()
     for node in ast.walk(tree):
@@ -265,9 +290,19 @@ def import_released_pool(source: Path | str, out: Path | str, *, expect: int | N
             for name in names:
                 counts[name] = counts.get(name, 0) + 1
         common = ", ".join(f"{name} {count}" for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:8])
-        report(f"  warning: {len(summary.unbound)} games use names they neither import nor define ({common}); "
-               "the released loader supplies common standard-library names (and numpy) to every game, spade's "
-               "sandbox does not, so admission will reject these games when they are drawn")
+        groups = summary.unbound_by_outcome()
+        report(f"  warning: {len(summary.unbound)} games use names they neither import nor define ({common}). "
+               "The released loader binds common standard-library names (and numpy) in every game; spade's "
+               "sandbox does so only with selfplay.pool.released_loader_names (on in "
+               "baseline_fixed_pool.yaml), and admission rejects these games when drawn without it. With it, "
+               f"{len(groups['covered'])} load; {len(groups['numpy'])} still fail because they use numpy "
+               f"(np), which the sandbox cannot import; {len(groups['other'])} still fail because they use "
+               "names no loader binds")
+        for outcome, why in (("numpy", "uses numpy, not importable in the sandbox"),
+                             ("other", "uses names no loader binds")):
+            for game in groups[outcome]:
+                names = ", ".join(n for n in summary.unbound[game] if n not in SWITCH_NAMES)
+                report(f"  warning: {game} {why} ({names}); admission will reject it when drawn")
     for name in summary.not_in_manifest:
         report(f"  warning: {name} has no record in {manifest_path}")
     return summary

@@ -10,6 +10,13 @@
 
 ``seed``: the released ``--spade-fixed-pool-seed`` default 42, fixed whatever the run's seed;
 null takes ``run.seed`` instead.
+
+``released_loader_names`` (default false; the baseline recipe turns it on): load each pool game as
+the released trainer loads it, with the common standard-library names its loader binds in every
+game's module (``deque``, ``math``, ``random``, ``Counter``, the typing names, ...) bound before the
+game runs, by the sandboxed child itself (:mod:`spade.envs.sandbox.runtime.loader_names`). Off, a
+pool game loads as a designed environment does: it must import what it uses (the paper's rule for
+designed games). numpy, also in the released table, is not importable in the sandbox.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ RELEASED_POOL_SEED = 42
 class PoolSettings:
     draw: PoolDraw = "shuffle"
     seed: int | None = RELEASED_POOL_SEED
+    released_loader_names: bool = False
 
     def __post_init__(self) -> None:
         require(self.draw in POOL_DRAWS, "selfplay.pool.draw",
                 f"{self.draw!r} is not allowed; choose one of: {', '.join(POOL_DRAWS)}")
         require(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
                 "selfplay.pool.seed", f"must be an integer or null (the run seed), got {self.seed!r}")
+        require(isinstance(self.released_loader_names, bool), "selfplay.pool.released_loader_names",
+                f"must be true or false, got {self.released_loader_names!r}")

@@ -148,15 +148,20 @@ class SandboxService:
                 self._kill_process()
                 await self._launch()
 
-    async def open(self, source: str, *, max_turns: int | None = None) -> "SandboxedEnv":
-        """Load ``source`` in a fresh sandboxed process and instantiate its environment class."""
+    async def open(self, source: str, *, max_turns: int | None = None,
+                   released_loader_names: bool = False) -> "SandboxedEnv":
+        """Load ``source`` in a fresh sandboxed process and instantiate its environment class.
+
+        ``released_loader_names``: the child binds the released loader's standard-library names
+        in the module before running it (:mod:`.runtime.loader_names`; pool games only)."""
         size = len(source.encode("utf-8", "surrogatepass"))
         if size > self.config.max_source_bytes:
             raise_for(EnvError(ErrorKind.SOURCE_TOO_LARGE, Stage.LOAD,
                                f"source is {size} bytes, limit {self.config.max_source_bytes}"))
         await self._ensure_running()
         generation = self.generation
-        result = await self._request("open", generation=generation, source=source, max_turns=max_turns)
+        options = {"released_loader_names": True} if released_loader_names else {}
+        result = await self._request("open", generation=generation, source=source, max_turns=max_turns, **options)
         return SandboxedEnv(self, generation, result["env"], result["class_name"], result["max_turns"],
                             tool_use=result.get("tool_use") is True)
 

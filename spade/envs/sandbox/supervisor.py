@@ -173,7 +173,7 @@ class Supervisor:
 
     # -- environments ---------------------------------------------------------------------------
 
-    async def open_env(self, source: str, max_turns: int | None) -> dict[str, Any]:
+    async def open_env(self, source: str, max_turns: int | None, released_loader_names: bool = False) -> dict[str, Any]:
         size = len(source.encode("utf-8", "surrogatepass"))
         if size > self.config.max_source_bytes:
             raise fault(ErrorKind.SOURCE_TOO_LARGE, Stage.LOAD,
@@ -197,7 +197,10 @@ class Supervisor:
         sandbox.live_envs += 1
         self.envs[env.env_id] = env
         self.counters["opened"] += 1
-        reply = await self.call(env, "load", {"source": source, "max_turns": max_turns},
+        load = {"source": source, "max_turns": max_turns}
+        if released_loader_names:
+            load["released_loader_names"] = True
+        reply = await self.call(env, "load", load,
                                 self.config.load_timeout_s, Stage.LOAD)
         result = reply["result"]
         return {"env": env.env_id, "class_name": result["class_name"], "max_turns": result["max_turns"],
@@ -324,9 +327,12 @@ class Supervisor:
         op = request.get("op")
         if op == "open":
             source, max_turns = request.get("source"), request.get("max_turns")
+            released_names = request.get("released_loader_names", False)
             if not isinstance(source, str) or not (max_turns is None or _is_int(max_turns)):
                 raise fault(ErrorKind.PROTOCOL_ERROR, Stage.LOAD, "open needs a string 'source'")
-            return await self.open_env(source, max_turns)
+            if not isinstance(released_names, bool):
+                raise fault(ErrorKind.PROTOCOL_ERROR, Stage.LOAD, "released_loader_names must be true or false")
+            return await self.open_env(source, max_turns, released_names)
         if op == "reset":
             env = self.get_env(request.get("env"), Stage.RESET)
             seed = request.get("seed")

@@ -1,7 +1,8 @@
 """The hardened child: one per environment, forked by the zygote, talking to the supervisor.
 
 After fork the child locks itself down (``harden``) before it sees any generated code, then
-serves requests on its socket: ``load`` (compile, execute, pick and instantiate the class),
+serves requests on its socket: ``load`` (compile, execute, pick and instantiate the class; with
+``released_loader_names`` the released loader's standard-library names are bound first),
 ``reset``, ``step``, ``close``, and the two self-test probes. Everything the environment returns
 is checked here first, so the common mistakes come back with a precise kind; the supervisor
 checks again, because code running here can forge anything this process would send.
@@ -22,7 +23,7 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-from . import framing, landlock, seccomp, tool_base
+from . import framing, landlock, loader_names, seccomp, tool_base
 from .limits import ChildLimits
 
 EXIT_HARDENING_FAILED = 70
@@ -218,9 +219,14 @@ class EnvHost:
             code = compile(source, FILENAME, "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as exc:
             raise Rejected("syntax_error", _describe_syntax_error(exc)) from None
+        released_names = request.get("released_loader_names", False)
+        if not isinstance(released_names, bool):
+            raise Rejected("protocol_error", "released_loader_names must be true or false")
         module = types.ModuleType(MODULE_NAME)
         module.__dict__["__builtins__"] = _guarded_builtins(frozenset(self.limits.allowed_imports))
         module.__dict__[TOOL_BASE_NAME] = tool_base.ToolUseBaseEnv
+        if released_names:  # a fixed table of allowed modules, imported here (loader_names)
+            loader_names.bind(module.__dict__, self.limits.allowed_imports)
         sys.modules[MODULE_NAME] = module
         try:
             exec(code, module.__dict__)
