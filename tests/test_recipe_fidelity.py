@@ -78,3 +78,35 @@ def test_a_hint_within_its_token_budget_is_not_cut(name):
 def test_corpus_seed_is_the_released_one(name):
     # --spade-corpus-seed 42 in every released games and tool-use script
     assert _load(name).corpus.seed == 42
+
+
+@pytest.mark.parametrize("name", ["games_base.yaml", "tool_use_base.yaml", *GAMES_SGLANG, *TOOL_SGLANG])
+def test_hints_have_no_character_cap(name):
+    # spade/core/hint_generator.py returns the parsed reply whole: no cap beside the token budget
+    assert _load(name).selfplay.hint_max_chars is None
+
+
+@pytest.mark.parametrize("name", ["tool_use_base.yaml", *TOOL_SGLANG])
+def test_the_model_screen_gets_the_released_validator_budget(name):
+    # cmd/tool_use/_train_spade_blend.sh passes --spade-use-env-validator and no
+    # --spade-env-validator-max-tokens, whose default is 16384 (spade/slime/arguments.py)
+    sp = _load(name).selfplay
+    assert (sp.screen_max_tokens, sp.hint_max_tokens) == (16384, 2048)
+
+
+@pytest.mark.parametrize("name", [*GAMES_SGLANG, *TOOL_SGLANG])
+def test_only_the_designer_and_the_agent_think_in_the_8b_runs(name):
+    # cmd/games/train_spade_8b.sh and cmd/tool_use/_train_spade_blend.sh (8B): every call renders
+    # with --apply-chat-template-kwargs '{"enable_thinking":false}' except the designer's
+    # (--spade-env-enable-thinking) and the agent's (--spade-actor-enable-thinking); the hint and
+    # validator calls pass no override (spade/core/hint_generator.py, spade/core/env_validator.py).
+    # The 4B and 30B-A3B Instruct-2507 templates have no switch: every role follows model.thinking.
+    config = _load(name)
+    roles = (config.model.thinking, config.selfplay.hint_thinking, config.selfplay.screen_thinking)
+    assert roles == (("on", "off", "off") if "8b" in name else ("auto", "auto", "auto"))
+
+
+@pytest.mark.parametrize("name", ["games_base.yaml", "tool_use_base.yaml", *GAMES_SGLANG, *TOOL_SGLANG])
+def test_admission_keeps_the_determinism_stage(name):
+    # beyond the paper (SPEC 3.5), kept on in the recipes; false restores the paper's admission
+    assert _load(name).selfplay.admission_determinism is True

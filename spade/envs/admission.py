@@ -1,7 +1,8 @@
 """Admitting a generated environment (SPEC section 3), stage by stage.
 
-extract -> syntax -> load -> smoke -> determinism. The first failing stage rejects the candidate
-and is named in the verdict with the error kind. Everything past ``syntax`` runs in the sandbox.
+extract -> syntax -> load -> smoke -> determinism (``admit(determinism=False)`` leaves the last one
+out). The first failing stage rejects the candidate and is named in the verdict with the error
+kind. Everything past ``syntax`` runs in the sandbox.
 """
 
 from __future__ import annotations
@@ -99,12 +100,14 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 seed: int = SMOKE_SEED, probe_actions: tuple[str, ...] = PROBE_ACTIONS,
                 max_repair_passes: int = 20, require_tool_env: bool = False,
                 tool_settings: ToolAdmissionSettings | None = None,
-                screen: ModelScreen | None = None) -> AdmissionVerdict:
+                screen: ModelScreen | None = None, determinism: bool = True) -> AdmissionVerdict:
     """Run every admission stage on a designer response (or plain source).
 
     A tool environment (its class subclasses ``ToolUseBaseEnv``) also goes through the tool-use
     stages (:mod:`spade.envs.tool_use.admission`); ``require_tool_env`` (the tool-use domain)
     rejects any other class at ``load``. ``screen`` is the model screen (None: not asked).
+    ``determinism`` False leaves out the determinism stage, this project's addition (SPEC 3.5):
+    the paper's admission exactly (``selfplay.admission_determinism``).
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
     """
@@ -136,11 +139,13 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                                           "tool-use environment must"))
         with timer.stage(Stage.SMOKE):
             first_observation = await _smoke_test(env, seed, probe_actions)
-        with timer.stage(Stage.DETERMINISM):
-            again = await _staged(env.reset(seed=seed), Stage.DETERMINISM)
-            if again.observation != first_observation:
-                raise _Rejection(EnvError(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
-                                          f"reset(seed={seed}) gave a different first observation the second time"))
+        if determinism:
+            with timer.stage(Stage.DETERMINISM):
+                again = await _staged(env.reset(seed=seed), Stage.DETERMINISM)
+                if again.observation != first_observation:
+                    raise _Rejection(EnvError(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
+                                              f"reset(seed={seed}) gave a different first observation the second "
+                                              "time"))
         if getattr(env, "tool_use", False):
             current = [Stage.TOOL_SCHEMA]
 

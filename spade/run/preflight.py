@@ -24,11 +24,13 @@ def preflight(config: TrainConfig) -> None:
         path = Path(config.model.hf_dir)
         if not (path / "config.json").is_file():
             raise RunDirError(f"model.hf_dir: {path} is not a Hugging Face model directory (no config.json)")
-        if config.model.thinking != "auto":
-            from ..rollout.conversation import TemplateError, thinking_template_kwargs
+        from ..rollout.conversation import TemplateError, thinking_template_kwargs
 
+        for key, thinking in (("model.thinking", config.model.thinking),
+                              ("selfplay.hint_thinking", config.selfplay.hint_thinking),
+                              ("selfplay.screen_thinking", config.selfplay.screen_thinking)):
             try:
-                thinking_template_kwargs(_chat_template(path), config.model.thinking)
+                thinking_template_kwargs(_chat_template(path), thinking, key)
             except TemplateError as exc:
                 raise RunDirError(str(exc)) from None
     sp = config.selfplay

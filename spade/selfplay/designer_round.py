@@ -47,6 +47,7 @@ from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
 from ..rl.samples import Trajectory
 from .designer_generators import GenerationFailed, TextGenerator, TextSampling, text_generator
+from .role_thinking import role_chat_format
 from .samples import derive_seed
 from .settings import SelfPlaySettings
 
@@ -135,6 +136,19 @@ class DesignerRound:
         # The designer's text calls (designer, hint, screen): our engine, or selfplay.designer_endpoint.
         self.generator: TextGenerator = text_generator(settings, engine=engine, tokenizer=tokenizer,
                                                        chat_format=chat_format, stop_token_ids=stop_token_ids)
+        # The hint and screen calls: the designer's generator, or one rendering with the role's own
+        # thinking switch (selfplay.hint_thinking / screen_thinking, spade.selfplay.role_thinking).
+        self.hint_generator = self._role_generator(settings.hint_thinking, "selfplay.hint_thinking")
+        self.screen_generator = self._role_generator(settings.screen_thinking, "selfplay.screen_thinking")
+
+    def _role_generator(self, thinking: str, key: str) -> TextGenerator:
+        if self.settings.designer_endpoint is not None:
+            return self.generator  # the endpoint's own settings (extra_body) decide its thinking
+        role_format = role_chat_format(self.tokenizer, self.chat_format, thinking, key)
+        if role_format is self.chat_format:
+            return self.generator
+        return text_generator(self.settings, engine=self.engine, tokenizer=self.tokenizer, chat_format=role_format,
+                              stop_token_ids=self.stop_token_ids)
 
     # ------------------------------------------------------------------ designer set
 
@@ -227,30 +241,33 @@ class DesignerRound:
 
     async def model_screen(self, source: str, tools: list[dict[str, Any]]) -> bool | None:
         """SPEC 3.6: the policy judges whether every criterion can be met with the tools (hint
-        temperature, hint budget); None (no verdict) when the prompt does not fit, the call times
-        out or the reply names no verdict: admission counts that as accept."""
+        temperature and timeout, ``screen_max_tokens``, ``screen_thinking``); None (no verdict) when
+        the prompt does not fit, the call times out or the reply names no verdict: admission counts
+        that as accept."""
         s = self.settings
         sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
-                                max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s,
+                                max_tokens=s.screen_max_tokens, timeout_s=s.hint_timeout_s,
                                 seed=derive_seed(self.seed, "screen", source))
         try:
-            generated = await self.generator.generate(screen_messages(source, json.dumps(tools)), sampling)
+            generated = await self.screen_generator.generate(screen_messages(source, json.dumps(tools)), sampling)
         except GenerationFailed:
             return None
         return parse_screen_verdict(generated.text)
 
     async def make_hint(self, source: str, step: int, slot: int) -> str:
-        """One hint call (hint temperature) on the admitted source; "" when it fails or times out."""
+        """One hint call (hint temperature, ``hint_thinking``) on the admitted source; "" when it
+        fails or times out."""
         s = self.settings
         messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source)
         sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
                                 max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s,
                                 seed=derive_seed(self.seed, "hint", step, slot))
         try:
-            generated = await self.generator.generate(messages, sampling)
+            generated = await self.hint_generator.generate(messages, sampling)
         except GenerationFailed:
             return ""
-        return clean_hint(generated.text, s.hint_max_chars)
+        # hint_max_chars null: no cap (the token budget binds)
+        return clean_hint(generated.text, s.hint_max_chars or len(generated.text))
 
     # ------------------------------------------------------------------ disk
 
@@ -284,7 +301,8 @@ async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response
             return await asyncio.wait_for(
                 admit(sandbox, response, max_turns=settings.max_turns,
                       require_tool_env=settings.domain == "tool_use",
-                      tool_settings=settings.tool_admission, screen=screen),
+                      tool_settings=settings.tool_admission, screen=screen,
+                      determinism=settings.admission_determinism),
                 settings.admission_timeout_s)
         except (InfrastructureFault, asyncio.TimeoutError):
             continue

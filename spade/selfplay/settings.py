@@ -28,6 +28,8 @@ from .rlve_settings import RLVESettings
 
 Difficulty = Literal["easy", "medium", "hard"]
 EnvSourceName = Literal["designer", "fixed_pool", "rlve"]
+Thinking = Literal["auto", "on", "off"]
+THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve")
 
 _WHERE = "selfplay"
@@ -67,7 +69,22 @@ class SelfPlaySettings:
     designer_timeout_s: float = 300.0  # one designer generation
     admission_timeout_s: float = 60.0  # validation of one candidate
     hint_timeout_s: float = 120.0      # one hint generation
-    hint_max_chars: int = 1000
+    # A cap on the hint's characters after cleaning; None (the released code: the parsed reply is
+    # kept whole, core/hint_generator.py) lets the token budget hint_max_tokens bind alone.
+    hint_max_chars: int | None = None
+    # The tool-use model screen's token budget (SPEC 3.6); the released validator's 16,384
+    # (--spade-env-validator-max-tokens, spade/slime/arguments.py), not the hint's.
+    screen_max_tokens: int = 16384
+    # Thinking of the hint and the model-screen calls: auto follows model.thinking (the template
+    # keywords every role gets); on / off pass enable_thinking=True / False to the chat template for
+    # that role alone and need a template with that switch. The released 8B runs: off for both
+    # (their calls keep --apply-chat-template-kwargs enable_thinking false; only the designer and
+    # the agent are switched on). With selfplay.designer_endpoint the endpoint decides (its extra_body).
+    hint_thinking: Thinking | bool = "auto"
+    screen_thinking: Thinking | bool = "auto"
+    # Admission's determinism stage (two resets with one seed give one first observation): this
+    # project's addition to the paper's checks (SPEC 3.5). false runs the paper's stages alone.
+    admission_determinism: bool = True
     keep_trajectories: int = 4        # episodes kept on disk per arm per env per step (0: returns only)
     memory_capacity: int = 200
     use_corpus: bool = True
@@ -117,10 +134,22 @@ class SelfPlaySettings:
                 f"{', '.join(DOMAINS)}")
         for name in ("k", "envs_per_set", "g_nohint", "max_attempts", "designer_max_tokens",
                      "agent_max_tokens", "hint_max_tokens", "max_turns", "max_context_tokens",
-                     "max_concurrent_episodes", "hint_max_chars", "memory_capacity"):
+                     "max_concurrent_episodes", "screen_max_tokens", "memory_capacity"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key(name),
                     f"must be an integer >= 1, got {value!r}")
+        require(self.hint_max_chars is None or (isinstance(self.hint_max_chars, int)
+                and not isinstance(self.hint_max_chars, bool) and self.hint_max_chars >= 1), key("hint_max_chars"),
+                f"must be an integer >= 1 or null (no cap), got {self.hint_max_chars!r}")
+        for name in ("hint_thinking", "screen_thinking"):
+            value = getattr(self, name)
+            if isinstance(value, bool):  # YAML 1.1 reads an unquoted on / off as a boolean
+                value = "on" if value else "off"
+                object.__setattr__(self, name, value)
+            require(value in THINKING_CHOICES, key(name),
+                    f"{value!r} is not allowed; choose one of: {', '.join(THINKING_CHOICES)}")
+        require(isinstance(self.admission_determinism, bool), key("admission_determinism"),
+                f"must be true or false, got {self.admission_determinism!r}")
         require(isinstance(self.g_hint, int) and not isinstance(self.g_hint, bool) and self.g_hint >= 0,
                 key("g_hint"), f"must be an integer >= 0, got {self.g_hint!r}")
         require(isinstance(self.keep_trajectories, int) and not isinstance(self.keep_trajectories, bool)
