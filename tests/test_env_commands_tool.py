@@ -27,7 +27,7 @@ def spade(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[s
 
 
 def call(name: str, arguments: dict) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def solution_responses(path: Path, seed: int) -> list[str]:
@@ -116,18 +116,18 @@ def test_run_reads_raw_responses_as_training_does():
         # a thought, then two calls in one turn: the first completes request 1, the second does not
         "<think>start with the transfer</think>Sure." + call(*transfer) + call(*balance),
         "I will pay now.",                                     # no call, no answer: format error
-        '<tool_call>{"name": "pay", "arguments": {"payee": </tool_call>',  # malformed JSON
+        '<tool_call>\n{"name": "pay", "arguments": {"payee": \n</tool_call>',  # malformed JSON
         # the XML parameter form; the schema types the amount as an integer
         f"<tool_call>\n<function=pay>\n<parameter=payee>\nlandlord\n</parameter>\n"
         f"<parameter=amount>\n{pay[1]['amount']}\n</parameter>\n</function>\n</tool_call>",
         "<answer>done</answer>",                              # too early: request 3 is open
-        call("no_such_tool", {}),
+        call("no_such_tool", {}),  # SGLang drops a name not among the tools: no call, a format error
         call(*decline),
         "<answer>done</answer>",
     ]
     report = run_json(BANKING, seed, responses)
     steps = report["steps"]
-    assert [s["kind"] for s in steps] == ["calls", "format_error", "format_error", "calls", "answer", "calls",
+    assert [s["kind"] for s in steps] == ["calls", "format_error", "format_error", "calls", "answer", "format_error",
                                           "calls", "answer"]
     first = steps[0]
     assert [c["name"] for c in first["calls"]] == ["transfer", "get_balance"]
@@ -139,7 +139,7 @@ def test_run_reads_raw_responses_as_training_does():
     assert steps[3]["calls"][0]["arguments"] == {"payee": "landlord", "amount": pay[1]["amount"]}
     assert steps[3]["calls"][0]["output"] == f"paid {pay[1]['amount']} to landlord"
     assert steps[4]["reward"] == 0.0 and not steps[4]["terminated"]
-    assert steps[5]["calls"][0]["returncode"] == 1 and "no_such_tool" in steps[5]["calls"][0]["output"]
+    assert steps[5]["reward"] == -0.1 and "not one of the tools" in steps[5]["observation"]
     assert steps[7]["reward"] == 1.0 and report["return"] == 1.0 and report["end_reason"] == "terminated"
 
     text = spade("env", "run", str(BANKING), "--seed", str(seed), "--actions", *responses)
@@ -180,7 +180,9 @@ def test_play_lets_a_person_call_tools_by_typing():
     typed = "\n".join([
         f"transfer {json.dumps(transfer[1])}",           # TOOL {json}
         "what now?",                                      # neither: a format error
-        call(*pay),                                       # raw, as the model writes it
+        # raw, as the model writes it (the XML form fits on one typed line)
+        f"<tool_call><function=pay><parameter=payee>landlord</parameter>"
+        f"<parameter=amount>{pay[1]['amount']}</parameter></function></tool_call>",
         'decline_request {"reason": "not a banking request"}',
         "answer done",
     ]) + "\n"

@@ -1,4 +1,5 @@
-"""The tool-call parser: Qwen3's JSON form, the XML parameter form, several calls, malformed
+"""The tool-call parser (SGLang's qwen25 / qwen3_coder rules; tests/test_tool_call_parity.py has the
+case table against the detectors): Qwen3's JSON form, the XML parameter form, several calls, malformed
 blocks reported as errors (never raised), and text without calls."""
 
 from __future__ import annotations
@@ -29,16 +30,18 @@ def test_json_form_with_surrounding_content():
     assert json.loads(calls[0].arguments_json()) == {"city": "Paris", "days": 3}
 
 
-def test_json_form_accepts_string_arguments_and_parameters_key():
-    double = '<tool_call>{"name": "f", "arguments": "{\\"x\\": [1, 2]}"}</tool_call>'
-    assert parse(double).calls == (ToolCall("f", {"x": [1, 2]}),)
-    alias = '<tool_call>{"name": "g", "parameters": {"y": null}}</tool_call>'
+def test_json_form_keeps_arguments_as_written_and_prefers_parameters():
+    # Qwen25Detector hands parse_base_json the body; it JSON-encodes `parameters or arguments`
+    # as it stands, so a double-encoded string stays a string (not decoded into an object)
+    double = '<tool_call>\n{"name": "f", "arguments": "{\\"x\\": [1, 2]}"}\n</tool_call>'
+    assert parse(double).calls == (ToolCall("f", '{"x": [1, 2]}'),)
+    alias = '<tool_call>\n{"name": "g", "parameters": {"y": null}}\n</tool_call>'
     assert parse(alias).calls == (ToolCall("g", {"y": None}),)
-    bare = '<tool_call>{"name": "h"}</tool_call>'
+    bare = '<tool_call>\n{"name": "h"}\n</tool_call>'
     assert parse(bare).calls == (ToolCall("h", {}),)
 
 
-def test_xml_form_typed_by_schema_and_by_json():
+def test_xml_form_typed_by_schema():
     text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
             "<parameter=days>\n2\n</parameter>\n<parameter=zip>\n10001\n</parameter>\n"
             "</function>\n</tool_call>")
@@ -46,17 +49,17 @@ def test_xml_form_typed_by_schema_and_by_json():
     assert with_schema.errors == ()
     assert with_schema.calls == (ToolCall("get_weather", {"city": "New York", "days": 2, "zip": "10001"}),)
     assert with_schema.content == ""
-    # without a schema, values that are JSON are read as JSON, others stay text
-    assert parse(text).calls[0].arguments == {"city": "New York", "days": 2, "zip": 10001}
+    # without a schema every value stays text (Qwen3CoderDetector._convert_param_value)
+    assert parse(text).calls[0].arguments == {"city": "New York", "days": "2", "zip": "10001"}
     multiline = "<tool_call><function=write><parameter=body>\nline 1\nline 2\n</parameter></function></tool_call>"
     assert parse(multiline).calls == (ToolCall("write", {"body": "line 1\nline 2"}),)
 
 
 def test_several_calls_in_order_mixed_forms():
-    text = ('<tool_call>{"name": "a", "arguments": {"i": 1}}</tool_call>\n'
+    text = ('<tool_call>\n{"name": "a", "arguments": {"i": 1}}\n</tool_call>\n'
             "between\n"
             "<tool_call><function=b><parameter=j>two</parameter></function></tool_call>"
-            '<tool_call>{"name": "c", "arguments": {}}</tool_call>')
+            '<tool_call>\n{"name": "c", "arguments": {}}\n</tool_call>')
     result = parse(text)
     assert [c.name for c in result.calls] == ["a", "b", "c"]
     assert result.calls[1].arguments == {"j": "two"}
@@ -66,14 +69,13 @@ def test_several_calls_in_order_mixed_forms():
 
 def test_malformed_blocks_are_errors_and_stay_in_content():
     cases = {
-        '<tool_call>{"name": "f", "arguments": {"x": 1}</tool_call>': "not valid JSON",
-        '<tool_call>{"arguments": {}}</tool_call>': "no \"name\"",
-        '<tool_call>["f"]</tool_call>': "must be an object",
-        '<tool_call>{"name": "f", "arguments": [1]}</tool_call>': "must be an object",
-        "<tool_call>   </tool_call>": "empty",
-        "<tool_call><function=f><parameter=x>1</function></tool_call>": "never closed by </parameter>",
-        "<tool_call><function=f><parameter=x>1</parameter></tool_call>": "never closed by </function>",
-        '<tool_call>{"name": "f", "arguments": {"x": ': "never closed",
+        '<tool_call>\n{"name": "f", "arguments": {"x": 1}\n</tool_call>': "not valid JSON",
+        '<tool_call>\n{"arguments": {}}\n</tool_call>': "no \"name\"",
+        '<tool_call>\n["f"]\n</tool_call>': "must be an object",
+        "<tool_call>\n   \n</tool_call>": "not valid JSON",
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>': "followed by a newline",
+        "<tool_call><function=f</function></tool_call>": "no <function=NAME>",
+        '<tool_call>\n{"name": "f", "arguments": {"x": ': "never closed",
     }
     for text, reason in cases.items():
         result = parse("before " + text)
@@ -85,11 +87,11 @@ def test_malformed_blocks_are_errors_and_stay_in_content():
 
 
 def test_good_calls_survive_a_bad_neighbour():
-    text = ('<tool_call>{"name": "ok", "arguments": {}}</tool_call>'
-            "<tool_call>{broken}</tool_call>")
+    text = ('<tool_call>\n{"name": "ok", "arguments": {}}\n</tool_call>'
+            "<tool_call>\n{broken}\n</tool_call>")
     result = parse(text)
     assert result.calls == (ToolCall("ok", {}),)
-    assert len(result.errors) == 1 and result.content == "<tool_call>{broken}</tool_call>"
+    assert len(result.errors) == 1 and result.content == "<tool_call>\n{broken}\n</tool_call>"
 
 
 def test_no_call():

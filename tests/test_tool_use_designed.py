@@ -328,8 +328,8 @@ def test_an_admitted_environment_turning_hostile_in_play_is_a_failed_play(sandbo
     verdict = sandbox.run(admit(sandbox.service, source, max_turns=5, require_tool_env=True))
     assert verdict.admitted and verdict.tool_use, verdict.error
 
-    replies = iter(['<tool_call>{"name": "ping", "arguments": {}}</tool_call>',
-                    '<tool_call>{"name": "set_mode", "arguments": {"mode": "b"}}</tool_call>'])
+    replies = iter(['<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>',
+                    '<tool_call>\n{"name": "set_mode", "arguments": {"mode": "b"}}\n</tool_call>'])
 
     async def policy(messages, tools=None):
         return next(replies)

@@ -1,11 +1,24 @@
 """Tool calls in a model's own output syntax, parsed into typed records (pure functions).
 
-Two forms are recognised inside ``<tool_call>...</tool_call>`` blocks (Qwen3's native markers):
+The rules are those of SGLang 0.5.23's Qwen tool-call detectors (``sglang/srt/function_call/``),
+restated here; the released SPADE launchers serve with ``--tool-call-parser qwen``, which is
+``Qwen25Detector``. Two forms are recognised inside ``<tool_call>`` blocks (Qwen3's markers):
 
-* JSON (Qwen3, Hermes-style): ``<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>``.
-  ``arguments`` may also be a JSON string holding an object (some models double-encode), or
-  be called ``parameters``; a missing ``arguments`` means no arguments.
-* XML parameters (Qwen3-Coder style)::
+* JSON (``qwen25_detector.py``, ``Qwen25Detector.detect_and_parse``)::
+
+      <tool_call>
+      {"name": "f", "arguments": {"x": 1}}
+      </tool_call>
+
+  A block opens with ``<tool_call>`` followed by a newline and ends at the first newline followed
+  by ``</tool_call>`` (so ``</tool_call>`` inside a JSON string, where a newline is always escaped,
+  does not end it; a block written without those newlines is not a call). The body is one JSON
+  object or an array of them (``base_format_detector.py``, ``parse_base_json``). Each needs a
+  non-empty ``name`` that is one of the request's tools (when ``tools`` is given; SGLang drops any
+  other name unless ``SGLANG_FORWARD_UNKNOWN_TOOLS`` is set); its arguments are
+  ``parameters`` when that is truthy, else ``arguments``, else ``{}``, kept as written: a list or
+  a string is passed on as such (SGLang JSON-encodes whatever value is there), not decoded.
+* XML parameters (``qwen3_coder_detector.py``, ``Qwen3CoderDetector.detect_and_parse``)::
 
       <tool_call>
       <function=f>
@@ -15,19 +28,22 @@ Two forms are recognised inside ``<tool_call>...</tool_call>`` blocks (Qwen3's n
       </function>
       </tool_call>
 
-  A parameter value loses one leading and one trailing newline. It is converted with the tool's
-  JSON schema when ``tools`` is given (``"string"`` stays text; other types are read as JSON,
-  falling back to the text), and without a schema it is read as JSON when it is valid JSON (so
-  ``1`` is a number and ``"1"`` a string) and kept as text otherwise.
+  A block runs to the first ``</tool_call>``; one left open runs to the end of the text when the
+  text has no closed block. A block may hold several functions; a function missing
+  ``</function>`` runs to the end of the block, a parameter missing ``</parameter>`` runs to the
+  next ``<parameter=``, ``</function>`` or the end. Text between parameters is ignored. A value
+  loses one leading and one trailing newline and is typed by ``_xml_value`` (the rules of
+  ``Qwen3CoderDetector._convert_param_value``). Function names are not checked against the tools.
 
-``parse(text)`` never raises on model output. It returns the text outside the well-formed blocks
-(``content``, stripped), the calls in order, and one ``ToolCallError`` per malformed block (bad
-JSON, no name, unclosed ``<tool_call>`` at the end of a truncated completion, ...). A malformed
-block's text is left in ``content`` so that nothing the model wrote is lost.
+``parse(text)`` never raises on model output. It returns the text outside the calls
+(``content``, stripped), the calls in order, and one ``ToolCallError`` per block (or array item)
+that SGLang would not return as a call: bad JSON, no or unknown name, a block without the newline
+layout, an unclosed block. A block that yields no call is left in ``content``.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -35,17 +51,23 @@ from typing import Any, Mapping, Optional, Sequence
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+JSON_OPEN = OPEN + "\n"   # Qwen25Detector.bot_token
+JSON_CLOSE = "\n" + CLOSE  # Qwen25Detector.eot_token
+FUNCTION = "<function="
 
-_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+_FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|$)", re.DOTALL)
+_STRING_TYPES = ("string", "str", "text", "varchar", "char", "enum")
+_INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call: the function's name and its arguments (a JSON object)."""
+    """One call: the function's name and its arguments (a JSON object, or whatever JSON value
+    the model wrote there: SGLang passes a list or string on unchanged)."""
 
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: Any = field(default_factory=dict)
 
     def arguments_json(self) -> str:
         """The arguments as the JSON string the OpenAI format carries."""
@@ -54,7 +76,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolCallError:
-    """A block that looked like a tool call but could not be read; ``raw`` is its whole text."""
+    """A block that looked like a tool call but gave no call; ``raw`` is its whole text."""
 
     message: str
     raw: str
@@ -81,13 +103,16 @@ def has_tool_call(text: str) -> bool:
 def parse(text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None) -> ParsedOutput:
     """Split model output into content and tool calls (see the module docstring).
 
-    ``tools``: the request's tool definitions (OpenAI function format or bare function objects);
-    used only to type XML parameter values.
+    ``tools``: the request's tool definitions (OpenAI function format or bare function objects):
+    the names a JSON call may use, and the types of XML parameter values. Without it any name is
+    accepted and XML values stay text (except ``null``).
     """
-    schemas = _parameter_types(tools or ())
+    schemas = _parameter_schemas(tools or ())
+    known = set(schemas) if tools is not None else None
     kept: list[str] = []
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
+    any_closed = CLOSE in text
     position = 0
     while True:
         start = text.find(OPEN, position)
@@ -95,117 +120,198 @@ def parse(text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None) -> Par
             kept.append(text[position:])
             break
         kept.append(text[position:start])
-        end = text.find(CLOSE, start + len(OPEN))
-        if end < 0:
-            raw = text[start:]
-            errors.append(ToolCallError(f"{OPEN} is never closed by {CLOSE}", raw))
-            kept.append(raw)
-            break
-        raw = text[start:end + len(CLOSE)]
-        body = text[start + len(OPEN):end]
-        result = _parse_body(body, schemas)
-        if isinstance(result, ToolCall):
-            calls.append(result)
+        inner = start + len(OPEN)
+        if text[inner:].lstrip().startswith(FUNCTION):
+            end = text.find(CLOSE, inner)
+            if end < 0 and any_closed:
+                errors.append(ToolCallError(f"{OPEN} is never closed by {CLOSE}", text[start:]))
+                kept.append(text[start:])
+                break
+            stop = len(text) if end < 0 else end + len(CLOSE)
+            found, problems = _parse_xml(text[inner:len(text) if end < 0 else end], schemas)
+        elif text.startswith(JSON_OPEN, start):
+            end = text.find(JSON_CLOSE, start + len(JSON_OPEN))
+            if end < 0:
+                errors.append(ToolCallError(f"{OPEN} is never closed by a line {CLOSE}", text[start:]))
+                kept.append(text[start:])
+                break
+            stop = end + len(JSON_CLOSE)
+            found, problems = _parse_json(text[start + len(JSON_OPEN):end], known)
         else:
-            errors.append(ToolCallError(result, raw))
+            end = text.find(CLOSE, inner)
+            stop = len(text) if end < 0 else end + len(CLOSE)
+            found, problems = [], [f"{OPEN} must be followed by a newline and {CLOSE} start its own line"]
+        raw = text[start:stop]
+        calls.extend(found)
+        errors.extend(ToolCallError(message, raw) for message in problems)
+        if not found:
             kept.append(raw)
-        position = end + len(CLOSE)
+        position = stop
     return ParsedOutput("".join(kept).strip(), tuple(calls), tuple(errors))
 
 
-def _parse_body(body: str, schemas: Mapping[str, Mapping[str, str]]) -> ToolCall | str:
-    """A call, or the reason the block is malformed."""
-    stripped = body.strip()
-    if not stripped:
-        return "empty tool call"
-    if stripped.startswith("<function="):
-        return _parse_xml(stripped, schemas)
-    return _parse_json(stripped)
-
-
-def _parse_json(body: str) -> ToolCall | str:
+def _parse_json(body: str, known: Optional[set[str]]) -> tuple[list[ToolCall], list[str]]:
+    """The calls of one JSON block and the reasons for the items that give none."""
     try:
-        value = json.loads(body)
+        value = json.loads(body.strip())
     except json.JSONDecodeError as exc:
-        return f"tool call is not valid JSON: {exc.msg} at position {exc.pos}"
-    if not isinstance(value, dict):
-        return f"tool call JSON must be an object, got {type(value).__name__}"
-    name = value.get("name")
-    if not isinstance(name, str) or not name.strip():
-        return "tool call has no \"name\" string"
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):
+        return [], [f"tool call is not valid JSON: {exc.msg} at position {exc.pos}"]
+    calls: list[ToolCall] = []
+    problems: list[str] = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, dict):
+            # SGLang's parse_base_json fails on this (AttributeError) and returns no call at all
+            problems.append(f"tool call JSON must be an object, got {type(item).__name__}")
+            continue
+        name = item.get("name")
+        if not name or not isinstance(name, str):
+            problems.append("tool call has no \"name\" string")
+            continue
+        if known is not None and name not in known:
+            problems.append(f"tool call names {name!r}, which is not one of the tools")
+            continue
+        calls.append(ToolCall(name, item.get("parameters") or item.get("arguments", {})))
+    return calls, problems
+
+
+def _parse_xml(block: str, schemas: Mapping[str, Mapping[str, Any]]) -> tuple[list[ToolCall], list[str]]:
+    """The calls of one XML block (every ``<function=NAME>`` in it)."""
+    calls: list[ToolCall] = []
+    for match in _FUNCTION.finditer(block):
+        body = match.group(1) if match.group(1) is not None else match.group(2)
+        if ">" not in body:
+            continue
+        name, _, params = body.partition(">")
+        properties = schemas.get(name, {})
+        arguments: dict[str, Any] = {}
+        for parameter in _PARAMETER.finditer(params):
+            if ">" not in parameter.group(1):
+                continue
+            key, _, raw = parameter.group(1).partition(">")
+            raw = raw[1:] if raw.startswith("\n") else raw
+            raw = raw[:-1] if raw.endswith("\n") else raw
+            arguments[key] = _xml_value(raw, properties[key] if key in properties else _MISSING)
+        calls.append(ToolCall(name, arguments))
+    return calls, ([] if calls else ["no <function=NAME> in the tool call"])
+
+
+_MISSING = object()
+
+
+def _xml_value(raw: str, schema: Any) -> Any:
+    """One parameter's value typed by its schema (``Qwen3CoderDetector._convert_param_value``):
+    ``null`` in any case is None; a parameter the schema does not name stays text; string types
+    stay text; integer types go through ``int``, number types through ``float`` (kept an int when
+    written without ``.`` or ``e``), booleans are ``true`` in any case (anything else is False);
+    objects and arrays are read as JSON, then (like every other type) as a Python literal, else
+    stay text. A failed conversion keeps the text."""
+    if raw.lower() == "null":
+        return None
+    if schema is _MISSING:
+        return raw
+    kind = str(_schema_type(schema) or "string").strip().lower()
+    if kind in _STRING_TYPES:
+        return raw
+    if kind.startswith(_INT_PREFIXES):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return f"tool call {name!r}: \"arguments\" is a string that is not JSON"
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        return f"tool call {name!r}: \"arguments\" must be an object, got {type(arguments).__name__}"
-    return ToolCall(name.strip(), arguments)
-
-
-def _parse_xml(body: str, schemas: Mapping[str, Mapping[str, str]]) -> ToolCall | str:
-    match = _FUNCTION.fullmatch(body)
-    if match is None:
-        if "</function>" not in body:
-            return "<function=...> is never closed by </function>"
-        return "text outside <function=...>...</function> in the tool call"
-    name = match.group(1).strip()
-    if not name:
-        return "<function=> has no name"
-    inner = match.group(2)
-    types = schemas.get(name, {})
-    arguments: dict[str, Any] = {}
-    position = 0
-    for parameter in _PARAMETER.finditer(inner):
-        between = inner[position:parameter.start()]
-        if between.strip():
-            return f"tool call {name!r}: unexpected text {between.strip()[:40]!r} between parameters"
-        key = parameter.group(1).strip()
-        if not key:
-            return f"tool call {name!r}: <parameter=> has no name"
-        arguments[key] = _xml_value(parameter.group(2), types.get(key))
-        position = parameter.end()
-    rest = inner[position:]
-    if rest.strip():
-        if "<parameter=" in rest:
-            return f"tool call {name!r}: <parameter=...> is never closed by </parameter>"
-        return f"tool call {name!r}: unexpected text {rest.strip()[:40]!r} after the parameters"
-    return ToolCall(name, arguments)
-
-
-def _xml_value(raw: str, json_type: Optional[str]) -> Any:
-    if raw.startswith("\n"):
-        raw = raw[1:]
-    if raw.endswith("\n"):
-        raw = raw[:-1]
-    if json_type == "string":
-        return raw
+            return int(raw)
+        except ValueError:
+            return raw
+    if kind.startswith(("num", "float")):
+        try:
+            number = float(raw)
+        except ValueError:
+            return raw
+        whole = "." not in raw and "e" not in raw.lower()
+        return int(number) if whole and number.is_integer() else number
+    if kind in ("boolean", "bool", "binary"):
+        return raw.lower() == "true"
+    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return raw
 
 
-def _parameter_types(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
-    """function name -> parameter name -> JSON schema type (only simple string types)."""
-    types: dict[str, dict[str, str]] = {}
+def _schema_type(schema: Any) -> Optional[str]:
+    """A parameter schema's main type (``function_call/utils.py``, ``infer_type_from_json_schema``)."""
+    if not isinstance(schema, Mapping):
+        return None
+    if "type" in schema:
+        kind = schema["type"]
+        if isinstance(kind, str):
+            return kind
+        if isinstance(kind, list) and kind:
+            rest = [k for k in kind if k != "null"]
+            return rest[0] if rest else "string"
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(options, list):
+        kinds = [k for k in (_schema_type(o) for o in options) if k]
+        if kinds:
+            distinct = set(kinds)
+            if len(distinct) == 1:
+                return kinds[0]
+            if len(distinct) == 2 and "null" in distinct:
+                return [k for k in kinds if k != "null"][0]
+            return "string" if "string" in distinct else kinds[0]
+    if isinstance(schema.get("enum"), list):
+        kinds = {_value_type(v) for v in schema["enum"]}
+        return kinds.pop() if len(kinds) == 1 else "string"
+    if isinstance(schema.get("allOf"), list):
+        for part in schema["allOf"]:
+            kind = _schema_type(part)
+            if kind and kind != "string":
+                return kind
+        return "string"
+    if "properties" in schema:
+        return "object"
+    if "items" in schema:
+        return "array"
+    return None
+
+
+def _value_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    for kind, name in ((int, "integer"), (float, "number"), (list, "array"), (dict, "object")):
+        if isinstance(value, kind):
+            return name
+    return "string"
+
+
+def _schema_properties(schema: Any) -> dict[str, Any]:
+    """A ``parameters`` schema's top-level properties, merged from its ``anyOf``/``oneOf``/``allOf``
+    branches when it names none (``function_call/utils.py``, ``get_schema_properties``)."""
+    if not isinstance(schema, Mapping):
+        return {}
+    if isinstance(schema.get("properties"), Mapping):
+        return dict(schema["properties"])
+    merged: dict[str, Any] = {}
+    for keyword in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(keyword), list):
+            for branch in schema[keyword]:
+                for key, value in _schema_properties(branch).items():
+                    merged.setdefault(key, value)
+    return merged
+
+
+def _parameter_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """function name -> parameter name -> that parameter's schema."""
+    schemas: dict[str, dict[str, Any]] = {}
     for tool in tools:
         if not isinstance(tool, Mapping):
             continue
         function = tool.get("function", tool)
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             continue
-        properties = (function.get("parameters") or {}).get("properties") or {}
-        if not isinstance(properties, Mapping):
-            continue
-        types[function["name"]] = {
-            key: spec["type"] for key, spec in properties.items()
-            if isinstance(spec, Mapping) and isinstance(spec.get("type"), str)
-        }
-    return types
+        schemas.setdefault(function["name"], _schema_properties(function.get("parameters")))
+    return schemas
 
 
 # -- the agent's side: one parser per model family's tool-call syntax, chosen by chat format --------

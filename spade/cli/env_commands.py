@@ -407,7 +407,7 @@ def typed_response(line: str, tool_names: list[str]) -> str:
         return f"<answer>{rest.strip()}</answer>"
     if head in tool_names:
         arguments = rest.strip() or "{}"
-        return f'{OPEN}{{"name": {json.dumps(head)}, "arguments": {arguments}}}{CLOSE}'
+        return f'{OPEN}\n{{"name": {json.dumps(head)}, "arguments": {arguments}}}\n{CLOSE}'
     return text
 
 
