@@ -13,7 +13,7 @@ import pytest
 
 from chat_templates import CHATML, bpe_tokenizer
 from conftest import make_harness
-from spade.agent.tool_actions import read_tool_turn
+from spade.envs.tool_use.replies import read_tool_turn
 from spade.agent.tool_calls import Qwen3ToolCallParser, UnknownToolFormat, parser_for_template
 from spade.envs.runner import EndReason, play_tool_episode
 from spade.envs.tool_use import FORMAT_ERROR_REWARD

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..agent.actions import parse_action
 from ..agent.prompts import TOOL_INSTRUCTIONS, first_tool_message, first_user_message, later_user_message
-from ..agent.tool_actions import read_tool_turn
+from .tool_use.replies import read_tool_turn
 from .sandbox.runtime.tool_base import FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD
 from .protocol import EnvError, EnvFault, EnvInstance, InfrastructureFault, episode_return
 
