@@ -45,3 +45,73 @@ def test_calls_and_answers_inside_reasoning_are_not_read():
     prefilled = "plan: " + GOOD + "\n</think>\n\n<answer>done</answer>"
     assert read_tool_turn(prefilled, PARSER, TOOLS, inside_reasoning=True).kind == "answer"
     assert read_tool_turn("plan: " + GOOD, PARSER, TOOLS, inside_reasoning=True).kind == "format_error"
+
+
+class _Env:
+    """A tool environment stand-in: one tool, answers accepted."""
+
+    max_turns = 4
+
+    def __init__(self):
+        self.called: list[str] = []
+
+    async def reset(self, seed=None):
+        return _Obs("do it")
+
+    async def tools(self):
+        from spade.envs.tool_use import Progress, ToolSchemas
+        return ToolSchemas(TOOLS, Progress(0, 1, "do it", False))
+
+    async def call_tool(self, name, arguments):
+        from spade.envs.tool_use import Progress, ToolResult
+        self.called.append(name)
+        return ToolResult("ok", 0, Progress(0, 1, "do it", False))
+
+
+class _Obs:
+    def __init__(self, observation):
+        self.observation = observation
+
+
+class _Policy:
+    def __init__(self, replies, opened):
+        self.replies, self.prompt_opened_reasoning = list(replies), opened
+        self.masked = 0
+
+    async def __call__(self, messages, tools=None):
+        if not self.replies:
+            from spade.envs.runner import StopEpisode
+            raise StopEpisode("done")
+        return self.replies.pop(0)
+
+    def mask_last_turn(self):
+        self.masked += 1
+
+
+def test_the_runner_reads_a_prefilled_think_as_reasoning():
+    import asyncio
+
+    from spade.envs.runner import play_tool_episode
+    for opened, calls in ((False, ["lookup"]), (True, [])):
+        env, policy = _Env(), _Policy(["plan: " + GOOD], opened)
+        episode = asyncio.run(play_tool_episode(env, policy, parser=PARSER, seed=0, max_turns=4))
+        assert env.called == calls
+        assert policy.masked == (1 if opened else 0)
+        assert episode.turns[0].reward == (-0.1 if opened else 0.0)
+
+
+def test_the_engine_policy_knows_when_its_template_prefills_think():
+    import asyncio
+
+    from chat_templates import bpe_tokenizer
+    from test_tool_agent import TEMPLATES, ScriptedEngine
+
+    from spade.envs.runner import Message
+    from spade.rollout.engine import SamplingParams
+    from spade.selfplay.policy import EnginePolicy
+    for name, opened in (("qwen3_thinking_2507", True), ("qwen3_hybrid", False)):
+        tokenizer = bpe_tokenizer(TEMPLATES[name])
+        policy = EnginePolicy(ScriptedEngine(tokenizer, ["plan</think>\n\nhi"]), tokenizer,
+                              SamplingParams(max_new_tokens=64), max_context_tokens=4096)
+        asyncio.run(policy([Message("user", "go")], tools=TOOLS))
+        assert policy.prompt_opened_reasoning is opened, name

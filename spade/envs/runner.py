@@ -162,7 +162,9 @@ async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | N
     """Play a tool environment with native tool calls.
 
     The policy is called as ``policy(messages, tools=schemas)``. Each reply is read with
-    ``parser`` (chosen by the chat format): tool calls run through ``env.call_tool`` and come back
+    ``parser`` (chosen by the chat format) after its reasoning is set aside
+    (``spade.envs.tool_use.replies``; a policy whose ``prompt_opened_reasoning`` is true had its
+    template pre-fill ``<think>``): an answer is checked first, then the valid tool calls run through ``env.call_tool`` and come back
     as ``tool`` messages, all results of one turn together (plus the next instruction as a user
     message when a call completed the current one); ``<answer>..</answer>`` goes to the
     environment's ``step`` (1.0 and terminated when accepted); anything else is a format error
@@ -191,7 +193,9 @@ async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | N
             episode.end_reason, episode.stop_detail = EndReason.POLICY_STOPPED, str(stop)
             return episode
         messages.append(Message("assistant", response))
-        turn = read_tool_turn(response, parser, tools)
+        # a policy that knows its rendered prompt says whether the template left <think> open
+        opened = bool(getattr(policy, "prompt_opened_reasoning", False))
+        turn = read_tool_turn(response, parser, tools, inside_reasoning=opened)
         try:
             if turn.kind == "calls":
                 log, replies = [], []

@@ -20,6 +20,7 @@ from typing import Any
 from ..envs.runner import Message, StopEpisode
 from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
 from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
+from ..serve.reasoning import prompt_opens_reasoning
 
 
 class EnginePolicy:
@@ -36,6 +37,7 @@ class EnginePolicy:
         self.weight_versions: list[int] = []
         self.affinity = uuid.uuid4().hex  # every turn of the episode on one server (prefix cache)
         self._consumed = 0  # runner messages already in the conversation
+        self.prompt_opened_reasoning = False
 
     async def __call__(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
         """The next reply. ``tools`` (tool episodes, OpenAI format) go into the chat template's
@@ -55,6 +57,10 @@ class EnginePolicy:
             raise StopEpisode(f"{exceeded.reason} budget spent") from None
         self._consumed = len(messages) + 1  # the runner appends our reply next
         conversation = self.conversation
+        # whether the template's generation prompt left <think> open (Qwen3-Thinking-2507): the
+        # reply then starts inside the reasoning (read by spade.envs.tool_use.replies)
+        tail = self.tokenizer.decode(conversation.token_ids[-8:])
+        self.prompt_opened_reasoning = prompt_opens_reasoning(tail)
         seed = None if self.sampling.seed is None else self.sampling.seed + conversation.turns
         sampling = replace(self.sampling, max_new_tokens=conversation.max_new_tokens(self.sampling.max_new_tokens),
                            seed=seed)
