@@ -416,7 +416,8 @@ async def _play_tool(args: argparse.Namespace, source: str, parser: Any) -> int:
         try:
             env = await service.open(source, max_turns=args.max_turns)
             print(f"{env.class_name} (tool environment, {parser.name} tool-call parser). Type a response: "
-                  f"<tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>, or TOOL {{json arguments}}; "
+                  f"<tool_call>\\n{{\"name\": ..., \"arguments\": {{...}}}}\\n</tool_call> (\\n: a new line), "
+                  f"or TOOL {{json arguments}}; "
                   f"answer TEXT (or <answer>TEXT</answer>) to finish; 'quit' or Ctrl-D ends.\ntools:")
             episode = await play_tool_episode(env, _Typed([]), parser=parser, seed=args.seed,
                                               max_turns=args.max_turns)

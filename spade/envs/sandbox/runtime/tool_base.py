@@ -17,7 +17,7 @@ What the base provides: ``get_tools()`` (the OpenAI function-calling list, in ``
 tool, bad arguments or a raising tool; every success goes to ``_call_history``), the instruction
 bookkeeping ``_advance_if_done()`` / ``all_instructions_done()``, a default ``_check_answer``, and
 ``step(action)`` for the plain-text protocol (``<answer>..</answer>`` or one
-``<tool_call>{"name", "arguments"}</tool_call>``; anything else is a format error, -0.1).
+``<tool_call>`` + new line + ``{"name", "arguments"}`` + new line + ``</tool_call>``; anything else is a format error, -0.1).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 
 FORMAT_ERROR_REWARD = -0.1
 FORMAT_ERROR_MESSAGE = (
-    "Format error: call a tool as <tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call>, "
+    "Format error: call a tool as <tool_call>, a new line, {\"name\": \"TOOL\", \"arguments\": {...}}, "
+    "a new line and </tool_call>; "
     "or, once every request is complete, reply <answer>done</answer>."
 )
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
