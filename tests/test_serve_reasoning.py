@@ -265,7 +265,7 @@ def test_server_switches(serve):
 def test_auto_parser_follows_the_chat_template():
     from test_serve import TOOLS_TEMPLATE
 
-    from spade.serve.reasoning import resolve_parser
+    from spade.agent.reasoning import resolve_parser
 
     assert resolve_parser("auto", HYBRID) == "qwen3"
     assert resolve_parser("auto", OPENS_THINK) == "qwen3"
@@ -309,7 +309,7 @@ def test_command_line_options(model_dir):  # noqa: F811 - test_serve's tiny mode
 def test_any_chunking_adds_up_to_the_whole_split(inside):
     import random
 
-    from spade.serve.reasoning import ReasoningStream, split
+    from spade.agent.reasoning import ReasoningStream, split
 
     texts = [FULL, INSIDE, CALL_REPLY, "", "<think>", "<thi", "<think><think>x</think>y", "a</think>b",
              "no tags at all", "<think>cut while thinking </thi", "x<think>y</think>z", "</think>",

@@ -1,7 +1,7 @@
 """How one agent reply is read in a tool-use episode (issue 29, "Reading a reply"): the valid calls
 of a reply run even beside a malformed block, an answer is checked before calls (the released
 ``ToolUseBaseEnv.step`` searches ``<answer>`` first), and calls inside the reasoning are not calls
-(SGLang's qwen3 reasoning rules, ``spade.serve.reasoning``)."""
+(SGLang's qwen3 reasoning rules, ``spade.agent.reasoning``)."""
 
 from __future__ import annotations
 

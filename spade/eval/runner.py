@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
-from ..serve.reasoning import prompt_opens_reasoning
+from ..agent.reasoning import prompt_opens_reasoning
 from .types import Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
 
 SUMMARY_FILE = "summary.json"

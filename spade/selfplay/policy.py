@@ -20,7 +20,7 @@ from typing import Any
 from ..envs.runner import Message, StopEpisode
 from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
 from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
-from ..serve.reasoning import prompt_opens_reasoning
+from ..agent.reasoning import prompt_opens_reasoning
 
 
 class EnginePolicy:

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from spade.agent import tool_calls as tool_parser
 
-from .reasoning import ReasoningSplit
+from ..agent.reasoning import ReasoningSplit
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64

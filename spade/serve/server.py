@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 from spade.rollout.conversation import thinking_template_kwargs
 
 from .http import HTTPServer
-from .reasoning import resolve_parser
+from ..agent.reasoning import resolve_parser
 from .service import ModelService
 
 EMBEDDED = "embedded"
@@ -36,7 +36,7 @@ class ServeOptions:
     max_batch_size: int = 8
     max_context_tokens: Optional[int] = None
     default_max_tokens: Optional[int] = None
-    reasoning_parser: str = "auto"  # auto | qwen3 | deepseek-r1 | none (spade.serve.reasoning)
+    reasoning_parser: str = "auto"  # auto | qwen3 | deepseek-r1 | none (spade.agent.reasoning)
     thinking: str = "auto"  # auto | on | off: enable_thinking for prompts, as model.thinking
 
 

@@ -1,6 +1,6 @@
 """What one agent reply means in a tool-use episode (SPEC 4, "Tool use").
 
-A reply is read after its reasoning is set aside (``spade.serve.reasoning.split``, SGLang's
+A reply is read after its reasoning is set aside (``spade.agent.reasoning.split``, SGLang's
 ``qwen3`` reasoning rules: a reply that opens ``<think>``, or whose prompt left one open, is
 reasoning up to ``</think>``, and all of it when ``</think>`` never comes), so a tool call or an
 answer inside the reasoning is not one. What is left is, in this order (the released
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ...agent.tool_calls import ToolCall, ToolCallError
-from ...serve.reasoning import split
+from ...agent.reasoning import split
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -42,7 +42,7 @@ class ToolTurn:
 def read_tool_turn(response: str, parser: Any, tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
                    inside_reasoning: bool = False) -> ToolTurn:
     """Read one reply (module docstring). ``inside_reasoning``: the prompt left ``<think>`` open,
-    so the reply starts inside the reasoning (``spade.serve.reasoning.prompt_opens_reasoning``)."""
+    so the reply starts inside the reasoning (``spade.agent.reasoning.prompt_opens_reasoning``)."""
     body = split(response, inside=inside_reasoning).answer
     answer = _ANSWER.search(body)
     if answer:
