@@ -44,7 +44,8 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Optional, Sequence
 from spade.rollout.conversation import thinking_template_kwargs
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
 
-from . import protocol, reasoning
+from ..agent import reasoning
+from . import protocol
 from .http import Request, Response, StreamResponse
 from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
 from .streaming import ChoiceText, Delta, TokenLogprob, ToolCallStream
