@@ -96,6 +96,14 @@ def describe(procs) -> list[str]:
     return out
 
 
+def _cmdline(process: psutil.Process) -> str:
+    """The command line of a process that may exit (or linger as a zombie) while it is read."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return ""
+
+
 def test_sigkill_of_spade_train_leaves_no_process(tiny_config, tmp_path):
     run = tmp_path / "run"
     latest = run / "checkpoints" / "latest"
@@ -117,7 +125,7 @@ def test_sigkill_of_spade_train_leaves_no_process(tiny_config, tmp_path):
             except psutil.TimeoutExpired:
                 pass
         tree = main.children(recursive=True)
-        names = " ".join(" ".join(p.cmdline()) for p in tree if p.is_running())
+        names = " ".join(_cmdline(p) for p in tree)
         assert "spade.envs.sandbox.supervisor" in names, names  # the kill below is not vacuous
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -214,7 +222,7 @@ def test_sigkill_of_torchrun_leaves_no_rank(tiny_config, tmp_path):
                 pass
         tree = main.children(recursive=True)
         ranks = [p for p in tree if "spade" in " ".join(p.cmdline()) and "train" in p.cmdline()]
-        names = " ".join(" ".join(p.cmdline()) for p in tree if p.is_running())
+        names = " ".join(_cmdline(p) for p in tree)
         assert len(ranks) == 2 and "spade.envs.sandbox.supervisor" in names, names  # not a vacuous kill
         assert all(os.getsid(p.pid) != os.getsid(proc.pid) for p in ranks)  # out of reach of torchrun's group
         for rank in ranks:  # stopped ranks notice nothing (a lost store, a broken collective): only the
