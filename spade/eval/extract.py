@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-OPEN, CLOSE = "<think>", "</think>"
+from ..agent.reasoning import CLOSE, OPEN
+
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _BOX = re.compile(r"\\(?:boxed|fbox)\b")
