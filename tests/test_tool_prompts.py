@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from spade.designer.prompts import (TOOL_APP_DOMAINS, DesignerRequest, draw_tool_variant, parse_screen_verdict,
-                                    tool_designer_messages, tool_hint_messages)
+from spade.designer.prompts import DesignerRequest
+from spade.designer.tool_prompts import (TOOL_APP_DOMAINS, draw_tool_variant, parse_screen_verdict,
+                                         tool_designer_messages, tool_hint_messages)
 from spade.designer.skills import TOOL_USE_SKILLS, SkillSettings
 
 

@@ -30,8 +30,8 @@ import pytest
 
 import test_external_designer
 from chat_templates import bpe_tokenizer
-from spade.designer.prompts import (TOOL_DESIGNER_SYSTEM, TOOL_HINT_SYSTEM, TOOL_SCREEN_SYSTEM, clean_hint,
-                                    parse_screen_verdict)
+from spade.designer.prompts import clean_hint
+from spade.designer.tool_prompts import TOOL_DESIGNER_SYSTEM, TOOL_HINT_SYSTEM, TOOL_SCREEN_SYSTEM, parse_screen_verdict
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
 from test_external_designer import MODEL, CannedEndpoint
 from test_train_loop import metrics, run_spade

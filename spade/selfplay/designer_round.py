@@ -37,9 +37,9 @@ from typing import Any
 
 from ..designer.corpus import Corpus, attempt_rng
 from ..designer.memory import Memory, format_memory_block, load_seed_records
-from ..designer.prompts import (DesignerRequest, TOOL_APP_DOMAINS, clean_hint, designer_messages, draw_tool_variant,
-                                hint_messages, parse_screen_verdict, screen_messages, tool_designer_messages,
-                                tool_hint_messages)
+from ..designer.prompts import DesignerRequest, clean_hint, designer_messages, hint_messages
+from ..designer.tool_prompts import (TOOL_APP_DOMAINS, draw_tool_variant, parse_screen_verdict, screen_messages,
+                                     tool_designer_messages, tool_hint_messages)
 from ..designer.skills import Skill, slot_skills
 from ..envs.admission import AdmissionVerdict, admit
 from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
