@@ -64,17 +64,20 @@ def shared_prefix_attention(module: Any, query: Tensor, key: Tensor, value: Tens
         row_out, row_lse = _attend(query, key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1),
                                    attention_mask, scale)
     sees_a_row_token = (attention_mask > float("-inf")).any(dim=-1)  # [batch, 1, q]: padding queries see none
-    row_lse = row_lse.masked_fill(~sees_a_row_token, float("-inf"))
+    # The merge runs in fp32 whatever the model's dtype: log-sum-exps of scores near 100 are 0.5
+    # apart in bf16, enough to shift the weight between prefix and row by up to 28%.
+    prefix_lse = prefix_lse.float()
+    row_lse = row_lse.float().masked_fill(~sees_a_row_token, float("-inf"))
     total = torch.logaddexp(prefix_lse, row_lse)
-    out = prefix_out * (prefix_lse - total).exp().unsqueeze(-1)
-    out = out + row_out.nan_to_num() * (row_lse - total).exp().unsqueeze(-1)
-    return out.transpose(1, 2).contiguous(), None
+    out = prefix_out.float() * (prefix_lse - total).exp().unsqueeze(-1)
+    out = out + row_out.float().nan_to_num() * (row_lse - total).exp().unsqueeze(-1)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 def _attend(query: Tensor, key: Tensor, value: Tensor, bias: Optional[Tensor], scale: float) -> tuple[Tensor, Tensor]:
-    """Softmax attention and the log-sum-exp of each query's scores: ``[b, h, q, d]``, ``[b, h, q]``
-    (query and key heads equal). On CPU the flash kernel does it without materialising the
-    scores; elsewhere an explicit softmax."""
+    """Softmax attention and the fp32 log-sum-exp of each query's scores: ``[b, h, q, d]``,
+    ``[b, h, q]`` (query and key heads equal). On CPU the flash kernel does it without
+    materialising the scores; elsewhere an explicit softmax in fp32."""
     if query.device.type == "cpu":
         return _attend_flash_cpu(query, key, value, bias, scale)
     return _attend_explicit(query, key, value, bias, scale)
@@ -84,17 +87,18 @@ def _attend_flash_cpu(query: Tensor, key: Tensor, value: Tensor, bias: Optional[
                       scale: float) -> tuple[Tensor, Tensor]:
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, False, attn_mask=bias, scale=scale)
-    return out, lse.to(query.dtype)
+    return out, lse.float()
 
 
 def _attend_explicit(query: Tensor, key: Tensor, value: Tensor, bias: Optional[Tensor],
                      scale: float) -> tuple[Tensor, Tensor]:
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    # fp32 scores as fused kernels keep them: a bf16 score near 100 is already up to 0.25 off
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
     if bias is not None:
         scores = scores + bias
     lse = torch.logsumexp(scores, dim=-1)
     weights = (scores - lse.unsqueeze(-1)).exp().nan_to_num()
-    return torch.matmul(weights, value), lse
+    return torch.matmul(weights, value.float()), lse
 
 
 def enable_shared_prefix_attention(model: Any) -> bool:
