@@ -161,16 +161,19 @@ def test_positives_are_shown_highest_regret_first(memory: Memory) -> None:
         assert regret[first.env_id] >= regret[second.env_id]
 
 
-def test_negative_is_extreme_and_same_skill_first(memory: Memory) -> None:
+def test_negative_is_extreme_and_of_the_same_skill_only(memory: Memory) -> None:
+    """The released code draws the negative among the skill's own extreme records
+    (``core/env_memory.py`` ``low_quality_examples(skill=...)``): a skill without one gets none,
+    even when other skills have some."""
     build_selection_memory(memory)
     negatives = {memory.select_examples(SKILL, random.Random(seed)).negative.env_id for seed in range(100)}
     assert negatives == {"too_easy", "too_hard"}
-    # a skill with no extreme records of its own borrows one from any skill
     memory.add(record("lonely", skill="Spatial Reasoning", win=0.5, regret=0.3))
-    picked = {memory.select_examples("Spatial Reasoning", random.Random(seed)).negative.env_id for seed in range(100)}
-    assert picked == {"too_easy", "too_hard", "other_easy"}
-    selection = memory.select_examples("Spatial Reasoning", random.Random(0))
-    assert ids(selection.positives) == ["lonely"]  # fewer than two eligible: what there is
+    for seed in range(20):
+        selection = memory.select_examples("Spatial Reasoning", random.Random(seed))
+        assert selection.negative is None  # "other_easy" and SKILL's extremes belong to other skills
+        assert ids(selection.positives) == ["lonely"]  # fewer than two eligible: what there is
+    assert "Do not write" not in format_memory_block(memory.select_examples("Spatial Reasoning", random.Random(0)))
 
 
 def test_selection_is_a_function_of_the_rng(memory: Memory) -> None:
@@ -208,16 +211,23 @@ def test_ties_in_regret_prefer_newer_records(memory: Memory) -> None:
 # The prompt block
 
 
-def test_block_labels_positives_and_negative() -> None:
+def test_block_labels_positives_and_names_the_negative_in_one_line() -> None:
+    """The released block: each positive with its skill, win rate, regret and code; the negative as
+    ONE line naming its class, with its win rate and why, and none of its code."""
     positive = record("p", win=0.45, regret=0.31, source="class PEnv:\n    '''uses ``` inside'''\n")
-    easy = record("e", win=0.95, regret=0.02)
-    hard = record("h", win=0.0, regret=-0.05)
+    easy = record("e", win=0.95, regret=0.02, source="class EEnv:\n    SECRET_BODY = 1\n")
+    hard = record("h", win=0.0, regret=-0.05, source="class HEnv:\n    SECRET_BODY = 2\n")
     block = format_memory_block(MemorySelection(SKILL, (positive,), easy))
-    assert "Well-calibrated example 1" in block and "won 45%" in block and "+0.31" in block
-    assert "too easy" in block and "won 95%" in block and "too hard" not in block
+    assert f"### Example 1 (skill: {SKILL}, win rate 0.45, regret 0.31)" in block
     assert "````python\nclass PEnv:" in block  # a longer fence than the backticks inside
-    assert "too hard" in format_memory_block(MemorySelection(SKILL, (), hard))
-    assert "regret -0.05" in format_memory_block(MemorySelection(SKILL, (), hard))
+    negative_lines = [line for line in block.splitlines() if "EEnv" in line]
+    assert negative_lines == ["- too easy (win rate 0.95): class EEnv"]
+    assert "SECRET_BODY" not in block and "too hard" not in block
+    assert block.rstrip("\n").endswith("- too easy (win rate 0.95): class EEnv")  # the negative comes last
+    alone = format_memory_block(MemorySelection(SKILL, (), hard))
+    assert alone == "Do not write environments like this one:\n- too hard (win rate 0.00): class HEnv\n"
+    unnamed = MemoryRecord(env_id="env-7", skill=SKILL, step=0, win_rate=0.02, regret=0.0, source="x = 1\n")
+    assert "class env-7" in format_memory_block(MemorySelection(SKILL, (), unnamed))
 
 
 def test_block_shows_only_the_excerpt() -> None:

@@ -8,11 +8,14 @@ and free metadata. The designer prompt then shows up to three of them (:meth:`Me
 * two **positives**, drawn with the caller's rng from the 10 same-skill records with the highest
   regret among those whose win rate lies in [0.15, 0.85] (ties: newer first), shown in that
   order (highest regret first) whichever two are drawn;
-* one **negative**, a record the agent found too easy (win rate > 0.9) or too hard (< 0.1). The
-  SPEC does not say whether it must share the skill; here it is drawn from same-skill negatives when
-  there are any, else from all negatives, so a new skill still gets a warning example.
+* one **negative**, a same-skill record the agent found too easy (win rate > 0.9) or too hard
+  (< 0.1), as the released code draws it (``core/env_memory.py``, ``low_quality_examples`` with the
+  skill): a skill with no negative of its own gets none.
 
-An empty memory (or one with nothing that qualifies) gives no block.
+The block (:func:`format_memory_block`) ends the designer prompt. It shows the positives with
+their skill, win rate, regret and code excerpt, then names the negative in one line (too easy or
+too hard, its win rate, its class), without its code, as the released prompt does. An empty memory
+(or one with nothing that qualifies) gives no block.
 
 **Seeding** (``selfplay.memory_seed_dir``; off in the paper recipes). :func:`load_seed_records`
 reads a directory of example environments (``NAME.py``, with an optional ``NAME.json`` giving
@@ -368,13 +371,10 @@ class Memory:
         low, high = POSITIVE_WIN_RATE
         pool = self._live("skill = ? AND win_rate >= ? AND win_rate <= ?", (skill, low, high),
                           order="regret DESC, seq DESC")[:POSITIVE_POOL]
-        # which positives is random; their order is the pool's (highest regret first), so prompts
-        # drawing the same records start alike (a shared prefix the engines compute once)
+        # which positives is random; they are shown in the pool's order (highest regret first)
         chosen = sorted(rng.sample(range(len(pool)), min(N_POSITIVES, len(pool)))) if pool else []
         positives = tuple(pool[i] for i in chosen)
-        extreme = "(win_rate > ? OR win_rate < ?)"
-        negatives = (self._live(f"skill = ? AND {extreme}", (skill, TOO_EASY, TOO_HARD))
-                     or self._live(extreme, (TOO_EASY, TOO_HARD)))
+        negatives = self._live("skill = ? AND (win_rate > ? OR win_rate < ?)", (skill, TOO_EASY, TOO_HARD))
         negative = rng.choice(negatives) if negatives else None
         return MemorySelection(skill=skill, positives=positives, negative=negative)
 
@@ -465,28 +465,24 @@ def _code_block(record: MemoryRecord) -> str:
 
 
 def format_memory_block(selection: MemorySelection) -> str:
-    """The memory section of the designer prompt; ``""`` when nothing was selected."""
+    """The memory section that ends the designer prompt; ``""`` when nothing was selected.
+
+    The positives with their code, then the negative as one line naming its class (no code)."""
     if selection.empty:
         return ""
-    parts = [
-        "## Environments from your memory",
-        "These are environments you wrote in earlier rounds, with how the agent did on them. Use them "
-        "to judge difficulty; do not copy them. The new environment must be a different game.",
-    ]
-    for number, record in enumerate(selection.positives, start=1):
-        parts.append(
-            f"### Well-calibrated example {number} (skill: {record.skill})\n"
-            f"Without the hint the agent won {record.win_rate:.0%} of its plays; the hint raised its "
-            f"mean return by {record.regret:+.2f} (regret). Neither trivial nor hopeless, and the hint "
-            f"helps: aim for this kind of challenge.\n{_code_block(record)}")
+    parts = []
+    if selection.positives:
+        parts += [
+            "## Environments from your memory",
+            "Environments you wrote earlier that trained the agent well: neither trivial nor hopeless. Take "
+            "their structure and level of challenge as a guide, but write a different game.",
+        ]
+        for number, record in enumerate(selection.positives, start=1):
+            parts.append(f"### Example {number} (skill: {record.skill}, win rate {record.win_rate:.2f}, "
+                         f"regret {record.regret:.2f})\n{_code_block(record)}")
     negative = selection.negative
     if negative is not None:
-        if negative.win_rate > TOO_EASY:
-            label, advice = "too easy", "the agent needs no insight to win. Do not make it this easy."
-        else:
-            label, advice = "too hard", "the agent almost never wins. Do not make it this hard."
-        parts.append(
-            f"### Example to avoid: {label} (skill: {negative.skill})\n"
-            f"Without the hint the agent won {negative.win_rate:.0%} of its plays (regret "
-            f"{negative.regret:+.2f}): {advice}\n{_code_block(negative)}")
+        label = "too easy" if negative.win_rate > TOO_EASY else "too hard"
+        parts.append("Do not write environments like this one:\n"
+                     f"- {label} (win rate {negative.win_rate:.2f}): class {negative.class_name or negative.env_id}")
     return "\n\n".join(parts) + "\n"
