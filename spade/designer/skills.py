@@ -88,35 +88,36 @@ GAME_SKILLS: tuple[Skill, ...] = (
 )
 
 TOOL_USE_SKILLS: tuple[Skill, ...] = (
+    # The meaning of each follows the released skill table (tool_use_template.py, TOOL_USE_SKILLS);
+    # the category and example task shapes the designer also sees are in tool_prompts.TOOL_SKILL_FOCUS.
     Skill(
         "API Orchestration",
-        "Several tools must be called in the right order, with the output of one call supplying "
-        "the arguments of the next.",
+        "Several calls that change the state are chained one after another, each one building on "
+        "the state the call before it left behind.",
     ),
     Skill(
         "Data Retrieval",
-        "The agent looks up, filters and combines records through query tools to obtain exactly "
-        "the information a request needs before acting on it.",
+        "The agent first finds out what a request needs through query tools (looking up, filtering "
+        "and combining records) and then acts on exactly that.",
     ),
     Skill(
         "State Modification",
-        "Records in the backend have to be created, changed or removed precisely as asked, "
-        "without disturbing anything else.",
+        "A sequence of operations that change the backend, each depending on the state the earlier "
+        "ones produced; records are created, changed or removed precisely as asked.",
     ),
     Skill(
         "Error Recovery",
-        "Some calls fail or are rejected; the agent reads the error, fixes its arguments or picks "
-        "another route, and still completes the task.",
+        "Some calls fail or are refused; the agent checks the state before it acts, reads the error, "
+        "and retries with corrected arguments or by another route.",
     ),
     Skill(
         "Tool Selection",
-        "Look-alike and distractor tools are on offer; the agent must choose the one that fits "
-        "each request and fill in its required parameters.",
+        "Look-alike and distractor tools are on offer; the agent picks the one that fits the current "
+        "state and request and fills in its required parameters.",
     ),
     Skill(
         "Multi-Step Workflows",
-        "Dependent instructions arrive one at a time; the agent finishes each before the next and "
-        "carries earlier results forward.",
+        "Ordered sequences of steps in which the later steps need the results of the earlier ones.",
     ),
 )
 
