@@ -36,8 +36,13 @@ def load_hf_state(
     naming: MegatronNaming = MegatronNaming(),
 ) -> None:
     """Copy HF checkpoint tensors into this rank's model; every parameter must be covered."""
+    load_rank_state(model, hf_to_megatron(hf_state, spec, layout, coords, naming))
+
+
+@torch.no_grad()
+def load_rank_state(model: torch.nn.Module, shards: Mapping[str, Tensor]) -> None:
+    """Copy this rank's Megatron-named shards into its model; every parameter must be covered."""
     model = _unwrap(model)
-    shards = hf_to_megatron(hf_state, spec, layout, coords, naming)
     params = dict(model.named_parameters())
     uncovered = sorted(params.keys() - shards.keys())
     unknown = sorted(shards.keys() - params.keys())

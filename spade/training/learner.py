@@ -72,23 +72,24 @@ class Learner:
 
     @classmethod
     def build(cls, hf_dir: Path, hf_config: dict, layout: Any, ctx: Any, options: LearnerOptions) -> "Learner":
-        from ..models import read_model_spec
-        from ..models.builder import BuildOptions
-        from .checkpoint import read_hf_tensors
+        from ..models import RankCoords, read_model_spec
+        from ..models.builder import BuildOptions, naming_for
         from .model_provider import build_model
         from .optimizer import build_optimizer
+        from .rank_weights import read_rank_state
 
         spec = read_model_spec(dict(hf_config))
         build_options = BuildOptions(params_dtype=options.dtype, recompute=options.recompute)
-        hf_state = read_hf_tensors(hf_dir, spec)
+        # only this rank's stage, experts and tensor-parallel block leave the disk
+        rank_state = read_rank_state(hf_dir, spec, layout, RankCoords.current(), naming_for(build_options))
         distributed = options.optimizer.use_distributed_optimizer
-        model = build_model(spec, layout, options=build_options, hf_state=hf_state,
+        model = build_model(spec, layout, options=build_options, rank_state=rank_state,
                             use_distributed_optimizer=distributed)
         ref_model = None  # the frozen reference policy of the KL term: the initial weights
         if options.loss.kl_coef > 0:
-            ref_model = build_model(spec, layout, options=build_options, hf_state=hf_state,
+            ref_model = build_model(spec, layout, options=build_options, rank_state=rank_state,
                                     use_distributed_optimizer=distributed)
-        del hf_state
+        del rank_state
         optimizer, scheduler = build_optimizer(model.chunks, options.optimizer)
         return cls(spec=spec, layout=layout, ctx=ctx, options=options, model=model, ref_model=ref_model,
                    optimizer=optimizer, scheduler=scheduler, build_options=build_options)

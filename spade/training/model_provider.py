@@ -30,7 +30,7 @@ from torch import Tensor
 
 from spade.models import ModelSpec, ParallelLayout, RankCoords
 from spade.models.builder import BuildOptions, build_gpt_model, naming_for
-from spade.models.loading import load_hf_state
+from spade.models.loading import load_hf_state, load_rank_state
 
 VOCAB_SIZE_ATTR = "spade_vocab_size"
 
@@ -89,6 +89,7 @@ def build_model(
     *,
     options: BuildOptions = BuildOptions(),
     hf_state: Optional[Mapping[str, Tensor]] = None,
+    rank_state: Optional[Mapping[str, Tensor]] = None,
     use_distributed_optimizer: bool = False,
     grad_reduce_in_fp32: bool = True,
 ) -> TrainModel:
@@ -97,6 +98,8 @@ def build_model(
     ``hf_state``: HF checkpoint-named tensors (``spade.models.transformers_state`` converts a
     transformers model's state dict), copied over the random initialisation. The initialisation
     is not skipped: it is also where Megatron tags tensor-parallel weights.
+    ``rank_state``: instead of ``hf_state``, this rank's Megatron-named shards as
+    ``spade.training.rank_weights.read_rank_state`` reads them (only this rank's part of a checkpoint).
     ``use_distributed_optimizer`` must match the optimizer built on these chunks.
     """
     import megatron_patches
@@ -105,6 +108,8 @@ def build_model(
     from megatron.core.transformer.module import Float16Module
 
     _check_parallel_state(layout)
+    if hf_state is not None and rank_state is not None:
+        raise ValueError("pass hf_state or rank_state, not both")
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=grad_reduce_in_fp32,
         overlap_grad_reduce=False,
@@ -117,6 +122,8 @@ def build_model(
             set_defaults_if_not_set_tensor_model_parallel_attributes(param)
         if hf_state is not None:
             load_hf_state(gpt, hf_state, spec, layout, RankCoords.current(), naming_for(options))
+        elif rank_state is not None:
+            load_rank_state(gpt, rank_state)
         config = gpt.config
         _prepare_config(config)
         module = Float16Module(config, gpt) if (config.bf16 or config.fp16) else gpt
