@@ -1,36 +1,99 @@
-"""Designer and hint prompts carry every demand of SPEC section 5 and their inputs."""
+"""The games designer and hint prompts: the released code's layout and contract (issue 29), every
+demand of SPEC section 5, and their inputs.
+
+Reference: the released ``spade/core/prompts/corpus_template.py`` (document, then the interactive
+specification, then skill and difficulty), ``core/orchestrator.py`` (the memory block appended last;
+the system message is the short role of ``template.py``) and ``template.py``'s multi-turn prompt for
+the no-corpus ablation."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from spade.designer.prompts import DesignerRequest, clean_hint, designer_messages, hint_messages
-from spade.designer.skills import GAME_SKILLS
+from spade.designer.prompts import (
+    DESIGNER_SYSTEM,
+    DIFFICULTIES,
+    GAME_SPEC,
+    GAME_SPEC_NO_DOCUMENT,
+    DesignerRequest,
+    clean_hint,
+    designer_messages,
+    hint_messages,
+)
+from spade.designer.skills import GAME_SKILLS, Skill
 
 SKILL = GAME_SKILLS[0]
+MEMORY = "## Environments from your memory\nan example"
 
 
-def test_system_prompt_states_every_demand():
-    system = designer_messages(DesignerRequest(SKILL, "doc"))[0]["content"]
-    for demand in ("hidden state", "several turns", "random.Random(seed)", "standard library",
-                   "[0, 1]", "1.0 only for full", "never the answer", "derivable from the interaction",
-                   "ending in `Env`", "reset(self, seed=None)", "\\boxed{...}", "```python"):
-        assert demand in system, demand
+def user_of(request: DesignerRequest, **kwargs) -> str:
+    messages = designer_messages(request, **kwargs)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    return messages[1]["content"]
 
 
-def test_user_prompt_includes_skill_document_memory_and_difficulty():
-    request = DesignerRequest(SKILL, "Euclid's algorithm finds the gcd.", memory_block="## Memory\nan example",
-                              difficulty="hard", max_turns=12)
-    user = designer_messages(request)[1]["content"]
-    assert SKILL.name in user and SKILL.description in user
-    assert "<document>\nEuclid's algorithm finds the gcd.\n</document>" in user
-    assert "## Memory\nan example" in user
-    assert "occasionally" in user and "12 turns" in user
+def test_specification_states_the_released_class_contract():
+    """solution() and close() in the interface, partial rewards, termination only at the goal, the
+    boxed action as a state-changing command, a per-turn reminder of the action syntax."""
+    for demand in ("def solution(self)", "def close(self)", "def reset(self, seed=None)", "def step(self, action)",
+                   "partial reward", "1.0 is paid only for full success",
+                   "`terminated=True` only when the goal is reached", "`truncated=True`",
+                   "command that changes the environment", "It is not a final answer to be graded once",
+                   "reminds the agent of the reply format", "Reply with your next action as \\boxed{<action>}",
+                   "No single action reaches the goal", "Hidden state", "random.Random(seed)",
+                   "standard library", "never state the answer", "worked out from the interaction alone",
+                   "must end in `Env`", "```python"):
+        assert demand in GAME_SPEC, demand
+    assert GAME_SPEC_NO_DOCUMENT == GAME_SPEC.replace(GAME_SPEC[GAME_SPEC.index("\n\n## Grounding"):
+                                                                GAME_SPEC.index("\n\n## Interface")], "")
+
+
+def test_system_message_is_the_role_only_and_shared():
+    """The released system message names the role; the contract is in the user message."""
+    prompts = [designer_messages(DesignerRequest(skill, doc, memory_block=MEMORY, difficulty=level), **kwargs)
+               for skill in GAME_SKILLS[:2] for doc in ("one", None) for level in DIFFICULTIES
+               for kwargs in ({}, {"no_corpus": "concepts", "rng": random.Random(1)})]
+    assert {p[0]["content"] for p in prompts} == {DESIGNER_SYSTEM}
+    assert len(DESIGNER_SYSTEM) < 300 and "def solution" not in DESIGNER_SYSTEM
+
+
+def test_sections_come_in_the_released_order():
+    """Document first, then the specification, then skill and difficulty, the memory block last."""
+    request = DesignerRequest(SKILL, "Euclid's algorithm finds the gcd.", memory_block=MEMORY, difficulty="hard")
+    user = user_of(request)
+    positions = [user.index(marker) for marker in (
+        "<document>\nEuclid's algorithm finds the gcd.\n</document>", "## How the agent acts", "## Grounding",
+        "## Interface", f"Skill to train: {SKILL.name} ({SKILL.description})", "Difficulty: hard",
+        "```python block", MEMORY)]
+    assert positions == sorted(positions)
+    assert user.startswith("You are given a reference document.")
+    assert user.endswith(MEMORY)
+
+
+def test_difficulty_line_is_the_interaction_step_count_without_win_rates():
+    assert set(DIFFICULTIES) == {"easy", "medium", "hard"}
+    for level, steps in (("easy", 2), ("medium", 3), ("hard", 3)):
+        user = user_of(DesignerRequest(SKILL, "doc", difficulty=level))
+        assert f"Difficulty: {level}: the goal should need {steps}+ interaction steps." in user
+    for text in (*DIFFICULTIES.values(), user_of(DesignerRequest(SKILL, "doc"))):
+        assert "%" not in text and "half the time" not in text and "occasionally" not in text
+
+
+def test_turns_are_the_environments_own_default_not_the_run_budget():
+    """The example class defaults to 12 turns (the released example); the run's budget is not
+    quoted and no 'won in roughly 4 to N actions' range is given."""
+    for budget in (10, 25, 40):
+        user = user_of(DesignerRequest(SKILL, "doc", max_turns=budget))
+        assert "def __init__(self, max_turns=12, **kwargs):" in user and "self.max_turns = max_turns" in user
+        assert "roughly 4 to" not in user and f"{budget} turns" not in user
 
 
 def test_no_corpus_and_no_memory_leave_their_sections_out():
-    user = designer_messages(DesignerRequest(SKILL, None))[1]["content"]
-    assert "<document>" not in user and "Memory" not in user
+    user = user_of(DesignerRequest(SKILL, None))
+    assert "<document>" not in user and "Memory" not in user and "## Grounding" not in user
+    assert GAME_SPEC_NO_DOCUMENT in user
 
 
 def test_unknown_difficulty_is_refused():
@@ -104,7 +167,7 @@ def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tm
     assert len(prompts) == 4 and len(seeded) == 2 * 6  # both examples for each of the six game skills
     for prompt in prompts:
         assert prompt.count("## Environments from your memory") == 1
-        assert prompt.count("### Well-calibrated example") == 2 and "Example to avoid" not in prompt
+        assert prompt.count("### Example ") == 2 and "Do not write" not in prompt
         for example in examples:
             assert example.rstrip("\n") in prompt
     # the block is the ordinary memory block of those records
@@ -120,33 +183,50 @@ def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tm
     assert none == [] and not any("## Environments from your memory" in p for p in unseeded)
 
 
-# ------------------------------------------------------------------ the no-corpus prompt (issue 15)
+# ------------------------------------------------------------------ the no-corpus prompt (issue 15, 29)
 
 
-def test_concepts_prompt_has_concepts_and_a_binary_reward_and_no_document():
-    from spade.designer.prompts import CONCEPTS_DESIGNER_SYSTEM, DESIGNER_SYSTEM, GAME_CONCEPTS
+def test_concepts_prompt_samples_three_concepts_of_the_skill():
+    """The released no-corpus prompt draws 3 of the 4 concepts written for the skill."""
+    from spade.designer.prompts import GAME_CONCEPTS, SKILL_CONCEPTS
 
-    request = DesignerRequest(SKILL, "a document that must not appear", memory_block="## Memory\nan example",
-                              difficulty="easy", max_turns=10)
-    system, user = (m["content"] for m in designer_messages(request, no_corpus="concepts"))
-    assert system == CONCEPTS_DESIGNER_SYSTEM != DESIGNER_SYSTEM
-    # the same contract, except the reward: binary instead of partial
-    assert "binary win/lose reward" in system and "partial rewards for real progress" not in system
-    assert "partial rewards for real progress" in DESIGNER_SYSTEM
-    for demand in ("hidden state", "random.Random(seed)", "standard library", "ending in `Env`", "```python"):
-        assert demand in system, demand
-    assert "## Example concepts" in user and all(f"- {concept}" in user for concept in GAME_CONCEPTS)
-    assert len(GAME_CONCEPTS) >= 5
+    assert {s.name for s in GAME_SKILLS} <= set(SKILL_CONCEPTS)
+    assert all(len(ideas) == 4 for ideas in SKILL_CONCEPTS.values())
+    for skill in GAME_SKILLS:
+        seen = set()
+        for seed in range(30):
+            user = user_of(DesignerRequest(skill, None), no_corpus="concepts", rng=random.Random(seed))
+            shown = [idea for idea in SKILL_CONCEPTS[skill.name] if f"- {idea}" in user]
+            assert len(shown) == 3, skill.name
+            others = [idea for name, ideas in SKILL_CONCEPTS.items() if name != skill.name for idea in ideas]
+            assert not any(f"- {idea}" in user for idea in [*others, *GAME_CONCEPTS])
+            seen.update(shown)
+        assert seen == set(SKILL_CONCEPTS[skill.name])  # every concept of the skill comes up
+    again = [user_of(DesignerRequest(SKILL, None), no_corpus="concepts", rng=random.Random(5)) for _ in range(2)]
+    assert again[0] == again[1]  # a function of the rng
+    custom = Skill("Juggling", "Keep several things going at once.")
+    user = user_of(DesignerRequest(custom, None), no_corpus="concepts", rng=random.Random(0))
+    assert sum(f"- {idea}" in user for idea in GAME_CONCEPTS) == 3  # another skill: the generic ideas
+
+
+def test_concepts_prompt_has_a_binary_reward_the_run_budget_and_no_document():
+    request = DesignerRequest(SKILL, "a document that must not appear", memory_block=MEMORY, difficulty="easy",
+                              max_turns=20)
+    user = user_of(request, no_corpus="concepts", rng=random.Random(0))
+    assert "Binary reward" in user and "no partial rewards" in user and "Partial rewards:" not in user
+    assert "def __init__(self, max_turns=20, **kwargs):" in user  # the released prompt passes the budget
+    assert "at most 20 turns" in user and "roughly 10 to 15 turns" in user
+    assert "def close(self)" in user and "def solution(self)" not in user  # the released multi-turn interface
     assert "<document>" not in user and "a document that must not appear" not in user
-    assert SKILL.name in user and "## Memory\nan example" in user and "10 turns" in user
-    assert "1.0 when the agent wins, 0.0 otherwise" in user
+    assert "Difficulty:" not in user  # the released multi-turn prompt has no difficulty line
+    assert SKILL.name in user and user.endswith(MEMORY)
 
 
 def test_corpus_without_document_is_the_corpus_prompt_minus_its_document():
     request = DesignerRequest(SKILL, None, memory_block="## Memory\nm")
     assert designer_messages(request, no_corpus="corpus_without_document") == designer_messages(request)
-    user = designer_messages(request, no_corpus="corpus_without_document")[1]["content"]
-    assert "<document>" not in user and "## Example concepts" not in user
+    user = user_of(request, no_corpus="corpus_without_document")
+    assert "<document>" not in user and "## Concept ideas" not in user
 
 
 def test_unknown_no_corpus_prompt_is_refused():
@@ -171,7 +251,6 @@ def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
 
     from chat_templates import bpe_tokenizer
     from spade.designer.corpus import Corpus, CorpusSettings
-    from spade.designer.prompts import CONCEPTS_DESIGNER_SYSTEM, DESIGNER_SYSTEM
     from spade.rollout.conversation import ChatFormat
     from spade.rollout.engine import GenerationResult, RolloutEngine
     from spade.selfplay.designer_round import DesignerRound
@@ -212,24 +291,27 @@ def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
 
     with_corpus = prompts_of("a", use_corpus=True, no_corpus_prompt="concepts")
     assert with_corpus == prompts_of("b", use_corpus=True, no_corpus_prompt="corpus_without_document")
-    assert "<document>" in with_corpus and DESIGNER_SYSTEM in with_corpus
+    assert "<document>" in with_corpus and DESIGNER_SYSTEM in with_corpus and GAME_SPEC in with_corpus
     concepts = prompts_of("c", use_corpus=False)  # the default: the paper's variant
-    assert CONCEPTS_DESIGNER_SYSTEM in concepts and "## Example concepts" in concepts and "<document>" not in concepts
+    assert DESIGNER_SYSTEM in concepts and "## Concept ideas for" in concepts and "<document>" not in concepts
+    assert concepts == prompts_of("c2", use_corpus=False)  # concepts drawn from the run's seed
     plain = prompts_of("d", use_corpus=False, no_corpus_prompt="corpus_without_document")
-    assert DESIGNER_SYSTEM in plain and "<document>" not in plain and "## Example concepts" not in plain
-    # corpus_without_document is the corpus prompt with its document section cut out
-    start, end = with_corpus.index("## Source document"), with_corpus.index("</document>") + len("</document>\n\n")
-    assert with_corpus[:start] + with_corpus[end:] == plain
+    assert DESIGNER_SYSTEM in plain and "<document>" not in plain and "## Concept ideas" not in plain
+    assert GAME_SPEC_NO_DOCUMENT in plain and GAME_SPEC not in plain
+    # the document opens the user message, right after the shared system message
+    assert with_corpus.index(DESIGNER_SYSTEM) < with_corpus.index("<document>") < with_corpus.index(GAME_SPEC)
 
 
-def test_prompts_of_one_regeneration_differ_only_at_their_end():
-    """The document comes after the instructions, skill, memory block and difficulty: two slots of
-    a regeneration (same skill and memory, different documents) share all but the last part."""
+def test_prompts_of_one_regeneration_share_the_system_message_and_differ_at_the_document():
+    """Two slots of a regeneration (same skill and memory, different documents) now differ from the
+    document on, which opens the user message: what the engines can share is the system message and
+    the sentence before the document (the content order is the released one)."""
     skill = GAME_SKILLS[0]
-    a, b = (designer_messages(DesignerRequest(skill=skill, document=doc, memory_block="## Environments from your "
-                                              "memory\nexample code", difficulty="medium", max_turns=10))
+    a, b = (designer_messages(DesignerRequest(skill=skill, document=doc, memory_block=MEMORY, difficulty="medium"))
             for doc in ("first document", "second document"))
+    assert a[0] == b[0]
     text_a, text_b = a[1]["content"], b[1]["content"]
     common = next(i for i, (x, y) in enumerate(zip(text_a, text_b)) if x != y)
-    assert text_a[:common].endswith("<document>\n") and "## Difficulty" in text_a[:common]
-    assert "example code" in text_a[:common] and a[0] == b[0]
+    assert text_a[:common].endswith("<document>\n") and "## How the agent acts" not in text_a[:common]
+    assert skill.description not in text_a[:common] and MEMORY not in text_a[:common]
+    assert text_a[text_a.index("</document>"):] == text_b[text_b.index("</document>"):]
