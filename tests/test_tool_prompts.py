@@ -229,6 +229,8 @@ def test_screen_verdicts():
     assert parse_screen_verdict("criterion 2 is never reached\n\\boxed{no}") is False
     assert parse_screen_verdict("\\boxed{ Yes }") is True and parse_screen_verdict("\\boxed{true}") is True
     assert parse_screen_verdict("\\boxed{unclear}") is False  # released: any other boxed word rejects
+    assert parse_screen_verdict("\\boxed{\\text{yes}}") is True
+    assert parse_screen_verdict("\\boxed{\\textbf{no}}") is False
     assert parse_screen_verdict("<think>maybe \\boxed{no}</think>\nAll fine. \\boxed{yes}") is True
     assert parse_screen_verdict("I would answer \\boxed{no} if... but it is fine: \\boxed{yes}") is True
     # the older line form still reads

@@ -13,6 +13,7 @@ corpus document as optional flavour, and the memory block last.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from .prompts import DesignerRequest, Message
@@ -174,6 +175,7 @@ class ParcelDeskEnv(ToolUseBaseEnv):
         return self._user_messages[0], {}
 
     def tool_find_parcels(self, owner):
+        owner = owner.strip().lower()
         self._state["looked_up"] = owner
         found = [i for i, p in self._state["parcels"].items() if p["owner"] == owner and p["where"] == "shelf"]
         return f"waiting for {owner}: {found}" + self._advance_if_done()
@@ -182,12 +184,13 @@ class ParcelDeskEnv(ToolUseBaseEnv):
         parcel = self._state["parcels"].get(parcel_id)
         if parcel is None or parcel["where"] != "shelf":
             return f"Error: no parcel {parcel_id} on the shelf" + self._advance_if_done()
-        if self._state["lockers"].get(locker, "x") is not None:
+        if locker not in self._state["lockers"] or self._state["lockers"][locker] is not None:
             return f"Error: locker {locker} is not free" + self._advance_if_done()
         parcel["where"], self._state["lockers"][locker] = locker, parcel_id
         return f"{parcel_id} is in {locker}" + self._advance_if_done()
 
     def tool_text_resident(self, owner):
+        owner = owner.strip().lower()
         self._state["texted"].append(owner)
         return f"texted {owner}" + self._advance_if_done()
 
@@ -399,7 +402,8 @@ def parse_screen_verdict(text: str) -> bool | None:
         return None  # the reasoning never ended
     boxed = _last_boxed(text)
     if boxed is not None:
-        return boxed.strip().strip(".*").strip().lower() in ("yes", "y", "true")
+        word = re.sub(r"^\\text\w*\{(.*)\}$", r"\1", boxed.strip())  # \boxed{\text{yes}}
+        return word.strip().strip(".*").strip().lower() in ("yes", "y", "true")
     verdict = None
     for line in text.splitlines():
         lowered = line.strip().lower()
