@@ -198,7 +198,7 @@ def test_hint_prompt_asks_for_tool_roles_without_values():
     concrete values or a filled-in call sequence (ours listed up to six named calls in order)."""
     hint = TOOL_HINT_SYSTEM.lower()
     assert "role" in hint and "placeholder" in hint and "phase" in hint
-    assert "never" in hint and "value" in hint and "copied" in hint
+    assert "never" in hint and "value" in hint and "copying" in hint
     assert "naming which tools" not in hint and "six steps" not in hint
     assert "2 or 3 sentences" in hint and "100 words" in hint
     assert "<answer>done</answer>" in hint and "decline" in hint

@@ -65,18 +65,19 @@ TOOL_VARIANTS: tuple[ToolVariant, ...] = (
                 "the fitting tools in order. Every criterion checks the state those calls leave behind."),
     ToolVariant("read_then_write", 2,
                 "At least one instruction makes the agent look at the state with a read tool first, pick out what "
-                "meets a condition over what it read (say, every order above 100 dollars, or every line past its "
-                "data cap), and only then make the writes that depend on it. That instruction's criterion checks "
-                "the state after those condition-dependent writes, not only that some tool was called."),
+                "meets a condition over what it read (say, every ticket still open after a week, or every "
+                "account below its minimum balance), and only then make the writes that depend on it. That "
+                "instruction's criterion checks the state after those condition-dependent writes, not only that "
+                "some tool was called."),
     ToolVariant("missing_value", 1,
-                "At least one instruction leaves out a value the write needs (say, 'cancel my latest order' "
-                "without its order id, or 'pay the overdue invoice' without its number). The agent has to find "
+                "At least one instruction leaves out a value the write needs (say, 'refund my last purchase' "
+                "without the order number, or 'pay the bill that is due' without its id). The agent has to find "
                 "that value with a read tool before it writes. The write tool answers with an error when it gets "
                 "a wrong or guessed value, so an invented argument can never meet the criterion."),
     ToolVariant("decline", 1,
-                "Exactly one instruction asks for something that none of the domain's tools can do (say, "
-                "tomorrow's weather in a retail backend). Add a tool `decline_request` with one required string "
-                "parameter `reason`; its method records the refusal in the state and ends like every other "
+                "Exactly one instruction asks for something that none of the domain's tools can do (say, a "
+                "restaurant recommendation in a banking backend). Add a tool `decline_request` with one required "
+                "string parameter `reason`; its method records the refusal in the state and ends like every other "
                 "tool. That instruction's criterion holds only once `decline_request` was called, and no other "
                 "tool may look able to serve the out-of-scope request."),
 )
@@ -321,13 +322,13 @@ cannot see. It gets one user instruction at a time, calls tools, reads their res
 reply <answer>done</answer> only after every instruction is complete. Your hint is added to its \
 first observation.
 
-The hint should get the assistant unstuck without doing the task for it: a lossy plan, never the \
-answer. Finding the concrete values by calling tools is the skill being trained, so a hint that \
-can simply be copied is worthless.
+The hint is a rough plan that helps a stuck assistant but leaves the task to it; it never gives \
+the answer. Looking up the concrete values through the tools is what the assistant is learning, \
+and a hint it could win with by copying teaches it nothing.
 
 Write 2 or 3 sentences, under 100 words, specific to this environment but free of values:
-- describe the phases of the work in terms of tool roles (for example: first look up the record \
-the user means, then change it, then file the result), and which tools are distractors or out of \
+- describe the phases of the work in terms of tool roles (for example: find the account in \
+question, then change it, then confirm the change), and which tools are distractors or out of \
 scope; not a filled-in sequence of calls;
 - tell the assistant to take one instruction at a time, to get the exact arguments from tool \
 results and the instructions instead of assuming them, and to reply <answer>done</answer> only \
@@ -349,8 +350,8 @@ def tool_hint_messages(source: str) -> list[Message]:
 
 TOOL_SCREEN_SYSTEM = """You audit generated multi-turn tool environments for solvability. Reject \
 an environment only when no sequence of tool calls can meet its success criteria; keep one that \
-is merely hard, where the assistant has to discover hidden values by calling tools. Difficulty is \
-good training material; impossibility is fatal. Follow every criterion back to the tool that can \
+is merely hard, where the assistant has to discover hidden values by calling tools. A hard \
+environment is useful training; an impossible one is useless. Follow every criterion back to the tool that can \
 make it true."""
 
 _SCREEN_CHECKS = """Check it criterion by criterion.
