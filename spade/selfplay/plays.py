@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from ..envs.protocol import EnvFault, InfrastructureFault, Sandbox
+from ..envs.protocol import EnvFault, ErrorKind, InfrastructureFault, Sandbox
 from ..agent.tool_calls import parser_for_template
 from ..envs.runner import EndReason, EpisodeResult, Turn, play_episode, play_tool_episode
 from ..rollout.conversation import ChatFormat
@@ -40,6 +40,19 @@ class Play:
     seed: int | None = None  # the reset seed
     opening: str = ""  # the first user message, as the agent saw it
     turn_log: tuple[Turn, ...] = ()
+
+
+async def open_game(sandbox: Sandbox, source: str, budget: int) -> Any:
+    """Open a game for a play as the released loader does (``SyntheticGameEnv`` with
+    ``respect_game_max_turns=True``): built with its own ``max_turns`` default, which the runner caps
+    at the run's ``budget`` (``selfplay.max_turns``, :func:`spade.envs.runner.turn_budget`); a class
+    that cannot be built without the argument is built with ``max_turns=budget``."""
+    try:
+        return await sandbox.open(source)
+    except EnvFault as fault:
+        if fault.error.kind is not ErrorKind.INIT_ERROR or "max_turns" not in fault.error.message:
+            raise
+    return await sandbox.open(source, max_turns=budget)
 
 
 @dataclass
@@ -107,7 +120,10 @@ class Player:
 
     async def _episode(self, request: PlayRequest, policy: EnginePolicy, env_seed: int) -> EpisodeResult:
         try:
-            env = await self.sandbox.open(request.env.source, max_turns=self.settings.max_turns)
+            if self.tool_parser is not None:
+                env = await self.sandbox.open(request.env.source, max_turns=self.settings.max_turns)
+            else:
+                env = await open_game(self.sandbox, request.env.source, self.settings.max_turns)
         except InfrastructureFault:
             raise
         except EnvFault as fault:  # an admitted environment that no longer loads: scored as a failed play
