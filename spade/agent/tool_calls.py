@@ -15,7 +15,8 @@ restated here; the released SPADE launchers serve with ``--tool-call-parser qwen
   does not end it; a block written without those newlines is not a call). The body is one JSON
   object or an array of them (``base_format_detector.py``, ``parse_base_json``). Each needs a
   non-empty ``name`` that is one of the request's tools (when ``tools`` is given; SGLang drops any
-  other name unless ``SGLANG_FORWARD_UNKNOWN_TOOLS`` is set); its arguments are
+  other name unless ``SGLANG_FORWARD_UNKNOWN_TOOLS`` is set; ``drop_unknown_names=False`` keeps
+  them, for training, where the released orchestrator runs them); its arguments are
   ``parameters`` when that is truthy, else ``arguments``, else ``{}``, kept as written: a list or
   a string is passed on as such (SGLang JSON-encodes whatever value is there), not decoded.
 * XML parameters (``qwen3_coder_detector.py``, ``Qwen3CoderDetector.detect_and_parse``)::
@@ -100,15 +101,18 @@ def has_tool_call(text: str) -> bool:
     return OPEN in text
 
 
-def parse(text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None) -> ParsedOutput:
+def parse(text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
+          drop_unknown_names: bool = True) -> ParsedOutput:
     """Split model output into content and tool calls (see the module docstring).
 
     ``tools``: the request's tool definitions (OpenAI function format or bare function objects):
     the names a JSON call may use, and the types of XML parameter values. Without it any name is
-    accepted and XML values stay text (except ``null``).
+    accepted and XML values stay text (except ``null``). ``drop_unknown_names=False`` keeps a JSON
+    call whose name is not among ``tools`` (like SGLang's ``SGLANG_FORWARD_UNKNOWN_TOOLS``, except
+    that a call without a name is still none).
     """
     schemas = _parameter_schemas(tools or ())
-    known = set(schemas) if tools is not None else None
+    known = set(schemas) if tools is not None and drop_unknown_names else None
     kept: list[str] = []
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
@@ -324,8 +328,9 @@ class Qwen3ToolCallParser:
 
     name = "qwen3"
 
-    def parse(self, text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None) -> ParsedOutput:
-        return parse(text, tools)
+    def parse(self, text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
+              drop_unknown_names: bool = True) -> ParsedOutput:
+        return parse(text, tools, drop_unknown_names=drop_unknown_names)
 
 
 PARSERS = {"qwen3": Qwen3ToolCallParser}

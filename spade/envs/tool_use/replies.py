@@ -13,6 +13,17 @@ answer inside the reasoning is not one. What is left is, in this order (the rele
   released orchestrator runs the calls SGLang's parser returns and skips the rest);
 * a format error when there is neither (no block parses, or there is no block and no answer),
   which the environment answers with the format-error observation (-0.1, not terminal).
+
+A JSON call whose name is not one of the episode's tools (``unknown_tool_names``):
+
+* ``"execute"`` (the default, the released training loop): it is a call like any other; the
+  environment answers it with its unknown-tool error as the tool result, and the turn's reward is
+  0, not a format error. The released parser does not check names
+  (``spare/core/utils/tool_call_parser.py``) and ``ToolUseBaseEnv.execute_tool`` answers
+  ``Unknown tool '<name>'`` (``spare/core/envs/tool_use_base_env.py``).
+* ``"drop"``: SGLang's ``qwen25`` detector, which ``spade serve`` and the BFCL harness follow: the
+  call is dropped (reported in ``errors``), so a turn whose only call names an unknown tool is a
+  format error.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from ...agent.tool_calls import ToolCall, ToolCallError
 from ...agent.reasoning import split
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+UNKNOWN_TOOL_NAMES = ("execute", "drop")  # the values of ``unknown_tool_names``, default first
 
 
 @dataclass(frozen=True)
@@ -40,14 +53,19 @@ class ToolTurn:
 
 
 def read_tool_turn(response: str, parser: Any, tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
-                   inside_reasoning: bool = False) -> ToolTurn:
+                   inside_reasoning: bool = False,
+                   unknown_tool_names: str = UNKNOWN_TOOL_NAMES[0]) -> ToolTurn:
     """Read one reply (module docstring). ``inside_reasoning``: the prompt left ``<think>`` open,
-    so the reply starts inside the reasoning (``spade.agent.reasoning.prompt_opens_reasoning``)."""
+    so the reply starts inside the reasoning (``spade.agent.reasoning.prompt_opens_reasoning``).
+    ``unknown_tool_names``: ``"execute"`` or ``"drop"`` (module docstring)."""
+    if unknown_tool_names not in UNKNOWN_TOOL_NAMES:
+        raise ValueError(f"unknown_tool_names: {unknown_tool_names!r} is not allowed; choose one of: "
+                         f"{', '.join(UNKNOWN_TOOL_NAMES)}")
     body = split(response, inside=inside_reasoning).answer
     answer = _ANSWER.search(body)
     if answer:
         return ToolTurn("answer", answer=answer.group(1).strip())
-    parsed = parser.parse(body, tools)
+    parsed = parser.parse(body, tools, drop_unknown_names=unknown_tool_names == "drop")
     if parsed.calls:
         return ToolTurn("calls", calls=parsed.calls, errors=parsed.errors)
     return ToolTurn("format_error", errors=parsed.errors)
