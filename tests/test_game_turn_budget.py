@@ -30,8 +30,8 @@ def counting_game(signature: str) -> str:
     ''')
 
 
-def play(sandbox, source: str, budget: int):
-    player = Player(SelfPlaySettings(max_turns=budget), sandbox=sandbox.service, engine=None, tokenizer=None,
+def play(sandbox, source: str, budget: int, **settings):
+    player = Player(SelfPlaySettings(max_turns=budget, **settings), sandbox=sandbox.service, engine=None, tokenizer=None,
                     chat_format=None, seed=0)
     spec = EnvSpec(env_id="e", slot=0, skill="Optimization", source=source, hint="", class_name="CountEnv",
                    max_turns=budget, generated_step=0)
@@ -64,3 +64,11 @@ def test_other_load_errors_are_not_retried(sandbox):
     broken = counting_game("max_turns=12").replace("self.max_turns = max_turns", "raise ValueError('broken')")
     result = play(sandbox, broken, budget=25)
     assert result.end_reason is EndReason.ENV_ERROR and "broken" in result.error.message
+
+
+def test_fixed_pool_games_are_built_with_the_budget(sandbox, tmp_path):
+    """The released fixed-pool adapter builds its games with a forced budget (``make_synthetic_env``
+    without ``respect_game_max_turns``); the pool baseline keeps building them with the run's."""
+    result = play(sandbox, counting_game("max_turns=12"), budget=25, env_source="fixed_pool",
+                  fixed_env_dir=str(tmp_path))
+    assert "built with max_turns=25" in result.messages[0].content and len(result.turns) == 25

@@ -43,8 +43,8 @@ class Play:
 
 
 async def open_game(sandbox: Sandbox, source: str, budget: int) -> Any:
-    """Open a game for a play as the released loader does (``SyntheticGameEnv`` with
-    ``respect_game_max_turns=True``): built with its own ``max_turns`` default, which the runner caps
+    """Open a designed game for a play as the released loader does (``SyntheticGameEnv`` with
+    ``respect_game_max_turns=True``, ``core/orchestrator.py``): built with its own ``max_turns`` default, which the runner caps
     at the run's ``budget`` (``selfplay.max_turns``, :func:`spade.envs.runner.turn_budget`); a class
     that cannot be built without the argument is built with ``max_turns=budget``."""
     try:
@@ -120,10 +120,10 @@ class Player:
 
     async def _episode(self, request: PlayRequest, policy: EnginePolicy, env_seed: int) -> EpisodeResult:
         try:
-            if self.tool_parser is not None:
-                env = await self.sandbox.open(request.env.source, max_turns=self.settings.max_turns)
-            else:
+            if self.tool_parser is None and self.settings.env_source == "designer":
                 env = await open_game(self.sandbox, request.env.source, self.settings.max_turns)
+            else:  # tool use, and the baselines' pools, are built with the run's budget
+                env = await self.sandbox.open(request.env.source, max_turns=self.settings.max_turns)
         except InfrastructureFault:
             raise
         except EnvFault as fault:  # an admitted environment that no longer loads: scored as a failed play
