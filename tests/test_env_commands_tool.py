@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from spade.envs.tool_use.local import example_paths, scripted_calls
+from spade.envs.tool_use.local import example_paths, load_trusted, scripted_calls
 
 TIMEOUT = 120
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -137,7 +137,17 @@ def test_run_reads_raw_responses_as_training_does():
     assert steps[1]["observation"].startswith("Format error")
     assert steps[2]["reward"] == -0.1 and "not valid JSON" in steps[2]["observation"]
     assert steps[3]["calls"][0]["arguments"] == {"payee": "landlord", "amount": pay[1]["amount"]}
-    assert steps[3]["calls"][0]["output"] == f"paid {pay[1]['amount']} to landlord"
+    # the call that completes a request ends its result with the next one (the released notice)
+    instructions = load_trusted(BANKING.read_text())()
+    instructions.reset(seed=seed)
+    assert first["calls"][0]["output"].endswith(
+        f"\n\n[STEP 1 COMPLETE — NEW INSTRUCTION] {instructions._user_messages[1]}")
+    assert "[STEP" not in first["calls"][1]["output"]
+    assert steps[3]["calls"][0]["output"] == (f"paid {pay[1]['amount']} to landlord"
+                                              f"\n\n[STEP 2 COMPLETE — NEW INSTRUCTION] {instructions._user_messages[2]}")
+    assert steps[6]["calls"][0]["output"].endswith("\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>.")
+    # the early answer names the request still open
+    assert f"step 3 of 3" in steps[4]["observation"] and instructions._user_messages[2] in steps[4]["observation"]
     assert steps[4]["reward"] == 0.0 and not steps[4]["terminated"]
     assert steps[5]["reward"] == -0.1 and "not one of the tools" in steps[5]["observation"]
     assert steps[7]["reward"] == 1.0 and report["return"] == 1.0 and report["end_reason"] == "terminated"
@@ -192,6 +202,9 @@ def test_play_lets_a_person_call_tools_by_typing():
     assert "transfer(source: checking|savings, target: checking|savings, amount: integer)" in out
     assert f"user: {'Move'} {transfer[1]['amount']} from savings to checking." in out
     assert f"tool: moved {transfer[1]['amount']} from savings to checking" in out
+    # the next request is told inside the tool result, not as a user turn of its own
+    assert f"[STEP 1 COMPLETE — NEW INSTRUCTION] Then pay my landlord {pay[1]['amount']}." in out
+    assert "user: Then pay" not in out
     assert "user: Format error" in out
     assert f"tool: paid {pay[1]['amount']} to landlord" in out
     assert "Correct!" in out

@@ -17,7 +17,7 @@ from spade.envs.tool_use.replies import read_tool_turn
 from spade.agent.tool_calls import Qwen3ToolCallParser, UnknownToolFormat, parser_for_template
 from spade.envs.runner import EndReason, play_tool_episode
 from spade.envs.tool_use import FORMAT_ERROR_REWARD
-from spade.envs.tool_use.local import EXAMPLES_DIR, scripted_calls
+from spade.envs.tool_use.local import EXAMPLES_DIR, load_trusted, scripted_calls
 from spade.rollout.conversation import ChatFormat
 from spade.rollout.engine import GenerationResult, SamplingParams
 from spade.selfplay.policy import EnginePolicy
@@ -118,10 +118,24 @@ def test_tool_episode_token_exact_through_the_sandbox(harness, mask):
     assert episode.end_reason is EndReason.TERMINATED and episode.episode_return == 1.0
     assert [t.reward for t in episode.turns] == [0.0, FORMAT_ERROR_REWARD, 0.0, 0.0, 0.0, 1.0]
     assert [c["name"] for c in episode.turns[0].tool_calls] == [calls[0][0], calls[1][0]]
+    # the released orchestrator's conversation: no system message, the first instruction as the
+    # only opening user turn; the next instruction ends the result of the call that completed
+    # the current one (no user turn of its own); the only later user turn is the format error's
     roles = [m.role for m in episode.messages]
-    assert roles[:5] == ["system", "user", "assistant", "tool", "tool"]
-    # the instruction that follows a completed one arrives as a user turn after the tool results
-    assert episode.messages[5].role == "user" and "light" in episode.messages[5].content
+    assert roles == ["user", "assistant", "tool", "tool", "assistant", "user"] + ["assistant", "tool"] * 3 + \
+        ["assistant"]
+    env_here = load_trusted(source)()
+    assert episode.messages[0].content == env_here.reset(seed=5)[0]
+    instructions = env_here._user_messages
+    tool_texts = [m.content for m in episode.messages if m.role == "tool"]
+    notices = [f"\n\n[STEP {n} COMPLETE — NEW INSTRUCTION] {instructions[n]}" for n in range(1, len(instructions))]
+    notices.append("\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>.")
+    everything = "".join(m.content for m in episode.messages)
+    for notice in notices:
+        assert everything.count(notice) == 1, notice
+        assert any(text.endswith(notice) for text in tool_texts), notice
+    assert tool_texts[-1].endswith(notices[-1])
+    assert episode.messages[5].content.startswith("Format error")
     conversation = policy.conversation
     # everything before the last reply equals the template's full rendering (the template itself
     # rewrites a final assistant turn, adding an empty think block: that is why deltas are appended)
@@ -145,3 +159,33 @@ async def _tools(harness, source):
         return (await env.tools()).tools
     finally:
         await env.close()
+
+
+def test_early_answer_names_the_open_step_and_hint_opens_the_episode(harness):
+    source = (EXAMPLES_DIR / "smart_home.py").read_text()
+    calls = scripted_calls(source, 2)
+    instructions = load_trusted(source)()
+    instructions.reset(seed=2)
+    steps = instructions._user_messages
+    seen = []
+
+    async def policy(messages, tools=None):
+        seen.append([m.role for m in messages])
+        return replies.pop(0)
+
+    replies = ["<answer>done</answer>", call_text(*calls[0]), call_text(*calls[1]), "<answer>done</answer>"]
+    env = harness.run(harness.service.open(source, max_turns=20))
+    try:
+        episode = harness.run(play_tool_episode(env, policy, parser=Qwen3ToolCallParser(), seed=2, max_turns=4,
+                                                hint="thermostat first"))
+    finally:
+        harness.run(env.close())
+    assert seen[0] == ["user"]  # no system message
+    assert episode.messages[0].content == f"{steps[0]}\n\nHINT: thermostat first"  # released hint_injection_template
+    early, late = episode.turns[0], episode.turns[3]
+    assert (early.reward, early.terminated) == (0.0, False)
+    assert f"step 1 of {len(steps)}" in early.observation and steps[0] in early.observation
+    assert episode.messages[2].role == "user" and episode.messages[2].content == early.observation
+    # calls[1] completed step 1: the answer now names step 2
+    assert f"step 2 of {len(steps)}" in late.observation and steps[1] in late.observation
+    assert episode.end_reason is EndReason.TURN_BUDGET and episode.episode_return == 0.0

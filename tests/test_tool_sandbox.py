@@ -4,6 +4,8 @@ classified fault with the supervisor and the next environment unaffected."""
 
 from __future__ import annotations
 
+import json
+import random
 import textwrap
 
 import pytest
@@ -15,7 +17,8 @@ from spade.envs.tool_use import FORMAT_ERROR_REWARD, ToolUseBaseEnv
 QUICK = dict(load_timeout_s=3.0, reset_timeout_s=2.0, step_timeout_s=2.0, memory_limit_mb=256)
 
 # Written the way the paper's generated environments are: the base class is not imported, the
-# subclass fills everything in reset, has its own _advance_if_done, _check_answer and solution().
+# subclass fills everything in reset, has its own _advance_if_done, _check_answer and solution(), and
+# every tool ends with ``+ self._advance_if_done()`` (the released multi-turn prompt's contract).
 PAPER_STYLE = '''
 import random
 
@@ -52,26 +55,31 @@ class LibraryLoanEnv(ToolUseBaseEnv):
     def tool_find_book(self, title):
         for book_id, book in self._state["books"].items():
             if book["title"].lower() == title.lower():
-                return f"{book_id}: {book['title']} ({book['copies']} copies)"
-        return "no such book"
+                return f"{book_id}: {book['title']} ({book['copies']} copies)" + self._advance_if_done()
+        return "no such book" + self._advance_if_done()
 
     def tool_lend(self, book_id, member, length="week"):
         book = self._state["books"][book_id]
         book["copies"] -= 1
         self._state["loans"].append({"book": book_id, "member": member, "length": length})
-        return f"lent {book_id} to {member} for a {length}"
+        return f"lent {book_id} to {member} for a {length}" + self._advance_if_done()
 
     def tool_place_hold(self, book_id):
         self._state["holds"].append(book_id)
-        return f"hold placed on {book_id}"
+        return f"hold placed on {book_id}" + self._advance_if_done()
 
     def _advance_if_done(self):
-        while self._current_msg < len(self._message_criteria) and \\
-                self._message_criteria[self._current_msg](self._state):
+        if self._current_msg >= len(self._user_messages):
+            return ""
+        if self._message_criteria[self._current_msg](self._state):
             self._current_msg += 1
+            if self._current_msg >= len(self._user_messages):
+                return "\\n\\n[ALL STEPS COMPLETE] Submit <answer>done</answer>."
+            return f"\\n\\n[STEP {self._current_msg} COMPLETE — NEW INSTRUCTION] {self._user_messages[self._current_msg]}"
+        return ""
 
     def _check_answer(self, answer):
-        return self._current_msg >= len(self._user_messages) and answer.strip().lower() == "done"
+        return answer.strip().lower() == "done" and self._current_msg >= len(self._user_messages)
 
     def solution(self):
         return "find_book(Dune) -> lend(B1, M7, month) -> place_hold(B1) -> <answer>done</answer>"
@@ -102,8 +110,21 @@ def harness():
     h.close()
 
 
-def test_paper_style_environment_runs_unchanged(harness):
-    env = harness.run(harness.service.open(PAPER_STYLE, max_turns=12))
+# The same environment whose tools do not append the notice and with no _advance_if_done of its
+# own: the base class's _advance_if_done and execute_tool give the agent the same text.
+BASE_ADVANCING = PAPER_STYLE[:PAPER_STYLE.index("    def _advance_if_done(self):")] + \
+    PAPER_STYLE[PAPER_STYLE.index("    def _check_answer(self, answer):"):]
+BASE_ADVANCING = BASE_ADVANCING.replace(" + self._advance_if_done()", "")
+
+# the released notices (spare/core/prompts/tool_use_template.py, _advance_if_done), written out
+LENT = "lent B1 to M7 for a month"
+LENT_NOTICE = "\n\n[STEP 1 COMPLETE — NEW INSTRUCTION] Now place a hold on the same book."
+HELD_NOTICE = "\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>."
+
+
+@pytest.mark.parametrize("source", [PAPER_STYLE, BASE_ADVANCING], ids=["tools_append_notice", "base_appends"])
+def test_paper_style_environment_runs_unchanged(harness, source):
+    env = harness.run(harness.service.open(source, max_turns=12))
     try:
         assert env.tool_use and env.class_name == "LibraryLoanEnv" and env.max_turns == 12
         first = harness.run(env.reset(seed=3))
@@ -115,17 +136,26 @@ def test_paper_style_environment_runs_unchanged(harness):
         assert (schemas.progress.current, schemas.progress.total) == (0, 2)
         found = harness.run(env.call_tool("find_book", {"title": "dune"}))
         assert found.returncode == 0 and found.output.startswith("B1: Dune") and found.advanced == 0
+        assert "[STEP" not in found.output
         # a wrong call is an observation, not a fault
         bad = harness.run(env.call_tool("lend", {"book": "B1"}))
         assert bad.returncode == 1 and "bad arguments" in bad.output
         unknown = harness.run(env.call_tool("delete_everything", {}))
         assert unknown.returncode == 1 and "unknown tool" in unknown.output
+        # the call that completes instruction 1 brings instruction 2 at the end of its result, once
         lent = harness.run(env.call_tool("lend", {"book_id": "B1", "member": "M7", "length": "month"}))
+        assert lent.output == LENT + LENT_NOTICE
         assert lent.advanced == 1 and lent.progress.instruction == "Now place a hold on the same book."
+        # nothing more completed: no notice
+        again = harness.run(env.call_tool("find_book", {"title": "Dune"}))
+        assert again.advanced == 0 and again.output.startswith("B1: Dune") and "\n\n[" not in again.output
         early = harness.run(env.step("<answer>done</answer>"))
         assert (early.reward, early.terminated) == (0.0, False)
         held = harness.run(env.call_tool("place_hold", {"book_id": "B1"}))
+        assert held.output == "hold placed on B1" + HELD_NOTICE
         assert held.progress.all_done and held.progress.instruction is None
+        after = harness.run(env.call_tool("place_hold", {"book_id": "B1"}))
+        assert after.output == "hold placed on B1" and after.advanced == 0
         criteria = harness.run(env.criteria())
         assert [c.value for c in criteria.criteria] == [True, True]
         done = harness.run(env.step("<answer>done</answer>"))
@@ -135,18 +165,42 @@ def test_paper_style_environment_runs_unchanged(harness):
 
 
 def test_text_protocol_of_the_base_step(harness):
-    env = harness.run(harness.service.open(PAPER_STYLE, max_turns=3))
+    env = harness.run(harness.service.open(BASE_ADVANCING, max_turns=8))
     try:
         harness.run(env.reset(seed=1))
         fmt = harness.run(env.step("I will lend the book"))
         assert (fmt.reward, fmt.terminated, fmt.truncated) == (FORMAT_ERROR_REWARD, False, False)
-        fmt2 = harness.run(env.step("<tool_call>{not json}</tool_call>"))
+        fmt2 = harness.run(env.step("<tool_call>\n{not json}\n</tool_call>"))
         assert fmt2.reward == FORMAT_ERROR_REWARD
-        call = harness.run(env.step('<tool_call>{"name": "lend", "arguments": {"book_id": "B1", '
-                                    '"member": "M7", "length": "month"}}</tool_call>'))
-        assert call.observation.startswith("Tool result:\nlent B1 to M7") and call.reward == 0.0
-        assert "Next request: Now place a hold" in call.observation
-        assert call.truncated  # turn_count reached max_turns = 3
+        lend = {"name": "lend", "arguments": {"book_id": "B1", "member": "M7", "length": "month"}}
+        # SGLang's qwen25 layout needs the new lines; a block without them is not a call
+        inline = harness.run(env.step("<tool_call>" + json.dumps(lend) + "</tool_call>"))
+        assert inline.reward == FORMAT_ERROR_REWARD
+        # a name that is not one of the tools is dropped, as SGLang drops it: no call
+        unknown = harness.run(env.step('<tool_call>\n{"name": "burn", "arguments": {}}\n</tool_call>'))
+        assert unknown.reward == FORMAT_ERROR_REWARD
+        # a call inside the reasoning is not a call
+        thought = harness.run(env.step("<think><tool_call>\n" + json.dumps(lend) + "\n</tool_call>"))
+        assert thought.reward == FORMAT_ERROR_REWARD
+        call = harness.run(env.step("<think>lend it</think>\n<tool_call>\n" + json.dumps(lend) + "\n</tool_call>"))
+        assert call.observation == "Tool result:\n" + LENT + LENT_NOTICE and call.reward == 0.0
+        assert not call.truncated
+        # an array of calls in one block runs each, results in order
+        both = harness.run(env.step("<tool_call>\n" + json.dumps([
+            {"name": "find_book", "arguments": {"title": "Dune"}},
+            {"name": "place_hold", "arguments": {"book_id": "B1"}}]) + "\n</tool_call>"))
+        left = random.Random(1).randint(2, 4) - 1  # reset(seed=1)'s copies, one lent
+        assert both.observation == (f"Tool result:\nB1: Dune ({left} copies)\n\nTool result:\nhold placed on B1"
+                                    + HELD_NOTICE)
+        done = harness.run(env.step("<answer>Done</answer>"))
+        assert done.as_tuple() == ("Correct!", 1.0, True, False, {})
+        truncating = harness.run(harness.service.open(BASE_ADVANCING, max_turns=2))
+        try:
+            harness.run(truncating.reset(seed=1))
+            harness.run(truncating.step("no call"))
+            assert harness.run(truncating.step("no call")).truncated  # turn_count reached max_turns
+        finally:
+            harness.run(truncating.close())
     finally:
         harness.run(env.close())
 
@@ -156,8 +210,8 @@ def test_base_class_in_process_defaults():
         def reset(self, seed=None):
             self._state = {"x": 0}
             self._tools = {"inc": {"description": "add one", "parameters": {"type": "object", "properties": {}}}}
-            self._user_messages = ["Increment x."]
-            self._message_criteria = [lambda s: s["x"] == 1]
+            self._user_messages = ["Increment x.", "Increment x again."]
+            self._message_criteria = [lambda s: s["x"] >= 1, lambda s: s["x"] >= 2]
             self._current_msg = 0
             return "Increment x."
 
@@ -169,12 +223,27 @@ def test_base_class_in_process_defaults():
     assert env.max_turns == 10 and env.turn_count == 0 and env._call_history == []
     assert env.get_tools()[0] == {"type": "function", "function": {
         "name": "inc", "description": "add one", "parameters": {"type": "object", "properties": {}}}}
-    assert env.execute_tool("inc", {}) == {"output": '{"x": 1}', "returncode": 0}
+    with pytest.raises(NotImplementedError):  # the designer writes solution(), as released
+        env.solution()
+    assert env.close() is None
+    # before the work: "done" is not accepted, and the feedback names the open step
+    assert not env._check_answer("done")
+    observation, reward, terminated, truncated, _ = env.step("<answer>done</answer>")
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert "step 1 of 2" in observation and '"Increment x."' in observation
+    assert env.execute_tool("inc", {}) == {
+        "output": '{"x": 1}\n\n[STEP 1 COMPLETE — NEW INSTRUCTION] Increment x again.', "returncode": 0}
     assert env._call_history == [{"name": "inc", "arguments": {}}]
     assert env.execute_tool("inc", "not a dict")["returncode"] == 1
-    assert not env._check_answer("done")
-    env._advance_if_done()
-    assert env._check_answer("anything") and env.all_instructions_done()
+    observation = env.step("<answer>done</answer>")[0]
+    assert "step 2 of 2" in observation and '"Increment x again."' in observation
+    assert env.execute_tool("inc", {})["output"] == '{"x": 2}\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>.'
+    assert env.all_instructions_done() and env._advance_if_done() == ""
+    # after every step: only "done" (case and space aside) is accepted
+    assert not env._check_answer("finished") and not env._check_answer("42")
+    assert env.step("<answer>all finished</answer>")[1:3] == (0.0, False)
+    assert env._check_answer(" Done ")
+    assert env.step("<answer>done</answer>")[1:3] == (1.0, True)
 
 
 HOSTILE_TOOLS = [
@@ -219,9 +288,31 @@ def test_raising_and_non_string_tools_are_observations(harness):
     try:
         harness.run(odd.reset())
         result = harness.run(odd.call_tool("ping", {}))
-        assert (result.output, result.returncode, result.advanced) == ('[1, {"a": null}]', 0, 1)
+        assert (result.output, result.returncode, result.advanced) == (
+            '[1, {"a": null}]\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>.', 0, 1)
     finally:
         harness.run(odd.close())
+
+
+def test_the_sandbox_appends_the_notice_after_an_execute_tool_of_its_own(harness):
+    own = ("\n    def execute_tool(self, name, arguments):\n"
+           "        return {'output': getattr(self, 'tool_' + name)(**arguments), 'returncode': 0}\n")
+    env = harness.run(harness.service.open(tool_env("self._state['n'] = 1\nreturn 'ok'") + own))
+    try:
+        harness.run(env.reset())
+        result = harness.run(env.call_tool("ping", {}))
+        assert result.output == "ok\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>." and result.advanced == 1
+    finally:
+        harness.run(env.close())
+    # an _advance_if_done of an older contract that returns nothing: the step advances, no text added
+    silent = "\n    def _advance_if_done(self):\n        self._current_msg = 1\n"
+    env = harness.run(harness.service.open(tool_env("self._state['n'] = 1\nreturn 'ok'") + silent))
+    try:
+        harness.run(env.reset())
+        result = harness.run(env.call_tool("ping", {}))
+        assert (result.output, result.advanced, result.progress.all_done) == ("ok", 1, True)
+    finally:
+        harness.run(env.close())
 
 
 def test_overridden_execute_tool_with_wrong_shape(harness):

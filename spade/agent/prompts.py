@@ -1,4 +1,4 @@
-"""What the reasoning agent is told (SPEC section 4, games)."""
+"""What the reasoning agent is told (SPEC section 4: games, and the opening of a tool episode)."""
 
 from __future__ import annotations
 
@@ -21,14 +21,12 @@ def later_user_message(observation: str) -> str:
     return observation
 
 
-TOOL_INSTRUCTIONS = (
-    "You are an assistant that carries out a user's requests with the tools provided. Requests "
-    "arrive one at a time. Call tools to look things up and make changes; each result comes back "
-    "to you. Ask nothing you can find out with a tool, and decline what the tools are not meant "
-    "for. When every request has been completed, reply exactly <answer>done</answer>."
-)
+# Tool use has no instructions of its own: the released orchestrator opens a tool episode with the
+# first instruction as the only user message (no system message; the tools go through the chat
+# template's ``tools=``), and the hinted arm appends the hint in its games format.
 
 
 def first_tool_message(instruction: str, hint: str | None = None) -> str:
-    """The opening user turn of a tool episode: the first instruction (and the hint, hinted arm)."""
+    """The opening user turn of a tool episode: the first instruction, and for the hinted arm
+    ``HINT: <hint>`` after a blank line (the released ``hint_injection_template``)."""
     return f"{instruction}\n\nHINT: {hint}" if hint else instruction

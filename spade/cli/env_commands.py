@@ -279,9 +279,10 @@ def _tool_steps(episode: EpisodeResult) -> list[dict[str, Any]]:
                                 "terminated": turn.terminated, "truncated": turn.truncated}
         if kind == "answer":
             step["answer"] = turn.action[len("<answer>"):-len("</answer>")]
-        outputs = "\n".join(c["output"] for c in turn.tool_calls)
-        if turn.tool_calls and len(turn.observation) > len(outputs):  # a call completed the request
-            step["next_instruction"] = turn.observation[len(outputs) + 1:]
+        # a call that completed the request: its result ended with the next one (the notice)
+        advanced = [c for c in turn.tool_calls if c.get("advanced")]
+        if advanced and advanced[-1].get("instruction") is not None:
+            step["next_instruction"] = advanced[-1]["instruction"]
         steps.append(step)
     return steps
 
@@ -342,8 +343,6 @@ def _print_tool_run(report: dict[str, Any]) -> None:
             arguments = json.dumps(call["arguments"], ensure_ascii=False)
             print(f"  call {call['name']}({arguments}) -> returncode {call['returncode']}: {call['output']}"
                   + (f"  [completed {call['advanced']} request(s)]" if call.get("advanced") else ""))
-        if step.get("next_instruction"):
-            print(f"  user: {step['next_instruction']}")
         if step["kind"] != "calls":
             if step["kind"] == "answer":
                 print(f"  answer: {step['answer']}")

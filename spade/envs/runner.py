@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..agent.actions import parse_action
-from ..agent.prompts import TOOL_INSTRUCTIONS, first_tool_message, first_user_message, later_user_message
+from ..agent.prompts import first_tool_message, first_user_message, later_user_message
 from .tool_use.replies import read_tool_turn
 from .sandbox.runtime.tool_base import FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD
 from .protocol import EnvError, EnvFault, EnvInstance, InfrastructureFault, episode_return
@@ -157,20 +157,27 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
 
 async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | None = None,
                             max_turns: int = DEFAULT_MAX_TURNS, hint: str | None = None,
-                            system_prompt: str | None = TOOL_INSTRUCTIONS,
+                            system_prompt: str | None = None,
                             mask_malformed: bool = True) -> EpisodeResult:
-    """Play a tool environment with native tool calls.
+    """Play a tool environment with native tool calls (the released orchestrator's
+    ``_play_game_tool_use_async``).
 
-    The policy is called as ``policy(messages, tools=schemas)``. Each reply is read with
-    ``parser`` (chosen by the chat format) after its reasoning is set aside
-    (``spade.envs.tool_use.replies``; a policy whose ``prompt_opened_reasoning`` is true had its
-    template pre-fill ``<think>``): an answer is checked first, then the valid tool calls run through ``env.call_tool`` and come back
-    as ``tool`` messages, all results of one turn together (plus the next instruction as a user
-    message when a call completed the current one); ``<answer>..</answer>`` goes to the
-    environment's ``step`` (1.0 and terminated when accepted); anything else is a format error
-    (``FORMAT_ERROR_REWARD``, not terminal), and with ``mask_malformed`` the policy is asked to
-    drop that reply's tokens from the loss (``policy.mask_last_turn()``). Return rule and budgets
-    as in :func:`play_episode`.
+    The conversation opens with one user message, the first instruction (with ``HINT: ...`` for
+    the hinted arm, :func:`first_tool_message`), and no system message: the tools reach the model
+    through the chat template's ``tools=``. ``system_prompt`` adds one in front (not the paper's
+    protocol; nothing in training passes it). The policy is called as
+    ``policy(messages, tools=schemas)``. Each reply is read with ``parser`` (chosen by the chat
+    format) after its reasoning is set aside (``spade.envs.tool_use.replies``; a policy whose
+    ``prompt_opened_reasoning`` is true had its template pre-fill ``<think>``): an answer is
+    checked first, then the valid tool calls run through ``env.call_tool`` and come back as
+    ``tool`` messages, all results of one turn together. The next instruction is not a message
+    of its own: it ends the tool result of the call that completed the current one
+    (``[STEP n COMPLETE — NEW INSTRUCTION] ...``, then ``[ALL STEPS COMPLETE] ...``, written by
+    the environment). ``<answer>..</answer>`` goes to the environment's ``step`` (1.0 and
+    terminated when accepted, else its feedback as a user message); anything else is a format
+    error (``FORMAT_ERROR_REWARD``, not terminal), and with ``mask_malformed`` the policy is asked
+    to drop that reply's tokens from the loss (``policy.mask_last_turn()``). Return rule and
+    budgets as in :func:`play_episode`.
     """
     messages = [Message("system", system_prompt)] if system_prompt else []
     episode = EpisodeResult(seed, messages)
@@ -203,10 +210,6 @@ async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | N
                     result = await env.call_tool(call.name, call.arguments)
                     replies.append(Message("tool", result.output))
                     log.append({"name": call.name, "arguments": call.arguments, **result.to_json()})
-                # a call that completed the current request (not only the turn's last call)
-                # brings the next one; the last result's progress names the request now current
-                if any(entry["advanced"] for entry in log) and result.progress.instruction is not None:
-                    replies.append(Message("user", result.progress.instruction))
                 action = json.dumps([{"name": c.name, "arguments": c.arguments} for c in turn.calls])
                 episode.turns.append(Turn(response, action, "\n".join(m.content for m in replies), 0.0,
                                           False, False, tuple(log)))

@@ -4,9 +4,14 @@ A tool environment in the sandbox answers, besides ``reset``/``step``:
 
 * ``tools()``: its tool schemas (OpenAI function-calling format, fixed at reset) and progress;
 * ``call_tool(name, arguments)``: one call with structured arguments -> ``output``, ``returncode``
-  (0 success, 1 unknown tool / bad arguments / the tool raised) and progress after the call
-  (the environment's ``_advance_if_done()`` has run): which instruction is current, how many
-  instructions the call completed (``advanced``), the instruction to give now, all done or not;
+  (0 success, 1 unknown tool / bad arguments / the tool raised) and progress after the call.
+  After a success the environment's ``_advance_if_done()`` has run once (by the tool itself, as
+  the released prompt asks, or else by ``execute_tool``/the sandbox), and ``output`` ends with its
+  notice when the call completed the current instruction: ``[STEP n COMPLETE — NEW INSTRUCTION]
+  <next instruction>``, or ``[ALL STEPS COMPLETE] Submit <answer>done</answer>.`` after the last
+  (``spade.envs.sandbox.runtime.tool_base``). That notice is how the agent learns the next
+  instruction; the progress fields (which instruction is current, how many the call completed,
+  ``advanced``, the current instruction's text, all done or not) are bookkeeping for the host;
 * ``criteria()``: each success criterion evaluated on the current state (admission's probes).
 
 Every operation has the frame checks, wall-clock limit and error kinds of ``step``; a tool that
@@ -50,7 +55,7 @@ class ToolResult:
     def to_json(self) -> dict[str, Any]:
         return {"output": self.output, "returncode": self.returncode, "advanced": self.advanced,
                 "current": self.progress.current, "total": self.progress.total,
-                "all_done": self.progress.all_done}
+                "instruction": self.progress.instruction, "all_done": self.progress.all_done}
 
 
 @dataclass(frozen=True)

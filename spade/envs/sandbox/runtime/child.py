@@ -319,12 +319,14 @@ class EnvHost:
             raise Rejected("bad_return", "execute_tool() must return {\"output\": str, \"returncode\": 0 or 1}, "
                                          f"got {_shape(returned) if not isinstance(returned, dict) else returned!r}"[:500])
         output = returned["output"]
+        if returned["returncode"] == 0 and self._progress()["current"] == before:
+            # an execute_tool of the environment's own that did not advance: the notice still
+            # ends the result (ToolUseBaseEnv.execute_tool already did this, then this is "")
+            notice = self.env.progress_notice()
+            output += notice if isinstance(notice, str) else ""
         if len(output) > MAX_TOOL_OUTPUT_CHARS:
             raise Rejected("output_too_large", f"tool {name!r} returned {len(output)} characters, "
                                                f"limit {MAX_TOOL_OUTPUT_CHARS}")
-        advance = getattr(self.env, "_advance_if_done", None)
-        if callable(advance):
-            advance()
         if self._current_tools() != self.tool_schema:
             raise Rejected("bad_return", f"the tool schemas changed during the episode (after calling {name!r}); "
                                          "tools are fixed at reset")

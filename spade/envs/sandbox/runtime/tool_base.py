@@ -5,19 +5,30 @@ environment subclasses it without importing anything. It is also importable on t
 (``spade.envs.tool_use``) for hand-written environments and tests; it uses the standard library
 only, and runs inside the hardened child like any generated code.
 
-What a subclass provides in ``reset(seed=None)``: ``_state`` (a dict: the simulated backend),
+What a subclass provides: ``reset(seed=None)`` filling ``_state`` (a dict: the simulated backend),
 ``_tools`` (tool name -> ``{"description": str, "parameters": JSON Schema object}``), the
 instructions ``_user_messages`` (3-5, given to the agent one at a time), ``_message_criteria`` (one
-``state -> bool`` per instruction), ``_current_msg = 0`` and optionally ``_expected_answer``; it
-returns the first instruction (``(text, info)`` or just ``text``). Each tool is a method
-``tool_<name>(**arguments) -> str``.
+``state -> bool`` per instruction), ``_current_msg = 0`` and ``_expected_answer = "done"``, and
+returning the first instruction (``(text, info)`` or just ``text``); one method
+``tool_<name>(**arguments) -> str`` per tool; ``solution()`` (the correct tool-call sequence and
+final answer, as text).
+
+The multi-turn protocol (the paper's App. C; the released ``spare/core/prompts/tool_use_template.py``):
+the next instruction arrives inside a tool result. After a successful tool call whose effect meets
+the current instruction's criterion, ``_advance_if_done()`` moves to the next instruction and
+returns the notice that ends that tool's result: ``[STEP n COMPLETE — NEW INSTRUCTION] <next>``, or
+after the last one ``[ALL STEPS COMPLETE] Submit <answer>done</answer>.`` (``""`` when nothing
+advanced). The released prompt has every tool method end with ``return text +
+self._advance_if_done()``; here ``execute_tool`` also appends it after a tool that did not advance
+itself, so a tool written either way shows the notice exactly once. The episode ends with
+``<answer>done</answer>`` once every instruction is complete (``_check_answer``).
 
 What the base provides: ``get_tools()`` (the OpenAI function-calling list, in ``_tools`` order),
 ``execute_tool(name, arguments)`` (``{"output", "returncode"}``: 1 with the message for an unknown
-tool, bad arguments or a raising tool; every success goes to ``_call_history``), the instruction
-bookkeeping ``_advance_if_done()`` / ``all_instructions_done()``, a default ``_check_answer``, and
-``step(action)`` for the plain-text protocol (``<answer>..</answer>`` or one
-``<tool_call>`` + new line + ``{"name", "arguments"}`` + new line + ``</tool_call>``; anything else is a format error, -0.1).
+tool, bad arguments or a raising tool; every success goes to ``_call_history`` and gets the
+progress notice), ``_advance_if_done()``, ``all_instructions_done()``, ``_check_answer``,
+``_incorrect_answer_feedback()``, ``solution()`` (raises until a subclass writes it), ``close()``,
+and ``step(action)`` for agent text (module ``step`` notes below).
 """
 
 from __future__ import annotations
@@ -32,8 +43,14 @@ FORMAT_ERROR_MESSAGE = (
     "a new line and </tool_call>; "
     "or, once every request is complete, reply <answer>done</answer>."
 )
+# the released notices (tool_use_template.py, _advance_if_done), each after a blank line
+STEP_COMPLETE_NOTICE = "\n\n[STEP {step} COMPLETE — NEW INSTRUCTION] {instruction}"
+ALL_STEPS_COMPLETE_NOTICE = "\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>."
+DONE = "done"
+
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 class ToolUseBaseEnv:
@@ -45,7 +62,7 @@ class ToolUseBaseEnv:
         self._tools: dict[str, dict[str, Any]] = {}
         self._state: dict[str, Any] = {}
         self._call_history: list[dict[str, Any]] = []
-        self._expected_answer: Any = None
+        self._expected_answer: Any = DONE
         self._user_messages: list[str] = []
         self._message_criteria: list[Any] = []
         self._current_msg = 0
@@ -59,6 +76,13 @@ class ToolUseBaseEnv:
         self._current_msg = 0
         first = self._user_messages[0] if self._user_messages else ""
         return first, {}
+
+    def solution(self) -> str:
+        """The correct tool-call sequence and final answer, as text (the subclass writes it)."""
+        raise NotImplementedError("a tool environment must implement solution()")
+
+    def close(self) -> None:
+        """Release what the environment holds (nothing, in the base)."""
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -75,7 +99,8 @@ class ToolUseBaseEnv:
         return tools
 
     def execute_tool(self, name: str, arguments: Any = None) -> dict[str, Any]:
-        """Run ``tool_<name>(**arguments)``: ``{"output": str, "returncode": 0 or 1}``."""
+        """Run ``tool_<name>(**arguments)``: ``{"output": str, "returncode": 0 or 1}``; a success
+        ends with the progress notice when the call completed the current instruction."""
         if arguments is None:
             arguments = {}
         if not isinstance(arguments, dict):
@@ -84,6 +109,7 @@ class ToolUseBaseEnv:
         if name not in self._tools or not callable(method):
             known = ", ".join(self._tools) or "none"
             return {"output": f"Error: unknown tool {name!r} (available: {known})", "returncode": 1}
+        before = self._current_msg
         try:
             output = method(**arguments)
         except MemoryError:
@@ -95,7 +121,15 @@ class ToolUseBaseEnv:
         if not isinstance(output, str):
             output = json.dumps(output, default=str) if isinstance(output, (dict, list)) else str(output)
         self._call_history.append({"name": name, "arguments": dict(arguments)})
+        if self._current_msg == before:  # the tool did not run _advance_if_done itself
+            output += self.progress_notice()
         return {"output": output, "returncode": 0}
+
+    def progress_notice(self) -> str:
+        """``_advance_if_done()``'s notice, or "" for anything else it returns (an override from
+        an older contract may return nothing)."""
+        notice = self._advance_if_done()
+        return notice if isinstance(notice, str) else ""
 
     # -- instructions --------------------------------------------------------------------------
 
@@ -105,57 +139,102 @@ class ToolUseBaseEnv:
         except Exception:  # noqa: BLE001 - a raising criterion is simply not met
             return False
 
-    def _advance_if_done(self) -> str | None:
-        """Move past every instruction whose criterion now holds; the next instruction or None."""
-        advanced = False
-        while self._current_msg < len(self._message_criteria) and self._criterion_met(self._current_msg):
-            self._current_msg += 1
-            advanced = True
-        if advanced and self._current_msg < len(self._user_messages):
-            return self._user_messages[self._current_msg]
-        return None
+    def _advance_if_done(self) -> str:
+        """Past the current instruction when its criterion holds (one per call, as released):
+        the notice that ends the tool result, or "" when nothing advanced."""
+        if self._current_msg >= len(self._user_messages) or self._current_msg >= len(self._message_criteria):
+            return ""
+        if not self._criterion_met(self._current_msg):
+            return ""
+        self._current_msg += 1
+        if self._current_msg >= len(self._user_messages):
+            return ALL_STEPS_COMPLETE_NOTICE
+        return STEP_COMPLETE_NOTICE.format(step=self._current_msg, instruction=self._user_messages[self._current_msg])
 
     def all_instructions_done(self) -> bool:
         return bool(self._user_messages) and self._current_msg >= len(self._user_messages)
 
     def _check_answer(self, answer: str) -> bool:
-        """Accepted when every instruction is done (and the answer matches ``_expected_answer``
-        when one is set)."""
-        if not self.all_instructions_done():
-            return False
-        expected = self._expected_answer
-        if expected is None or expected == "":
-            return True
-        return _normalise(answer) == _normalise(str(expected))
+        """Accepted only when every instruction is complete and the answer is ``done`` (case and
+        surrounding space ignored), as the released multi-turn contract's ``_check_answer``."""
+        return self.all_instructions_done() and _normalise(answer) == DONE
 
-    # -- the plain-text protocol ---------------------------------------------------------------
+    def _incorrect_answer_feedback(self) -> str:
+        """What a rejected answer gets back: the step still open, by number and text."""
+        total, current = len(self._user_messages), self._current_msg
+        if isinstance(current, int) and 0 <= current < total:
+            return (f"Not accepted: step {current + 1} of {total} is still open: \"{self._user_messages[current]}\" "
+                    "Carry it out with the tools, then reply <answer>done</answer>.")
+        return "Not accepted: every step is complete, so the answer to submit is <answer>done</answer>."
+
+    # -- agent text ----------------------------------------------------------------------------
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One agent reply as text, read by the rules of the host's native path
+        (``spade.envs.tool_use.replies``) as far as they fit the standard library: reasoning
+        (a reply opening ``<think>``, up to ``</think>``) is set aside; the first
+        ``<answer>..</answer>`` is checked first; else every tool call in SGLang's ``qwen25``
+        JSON layout (``<tool_call>``, a new line, an object or an array of objects with a
+        ``name`` among the tools, a new line, ``</tool_call>``) runs, and the results come back
+        together; no call at all is a format error (-0.1, not terminal)."""
         self.turn_count += 1
         truncated = self.turn_count >= self.max_turns
-        answer = _ANSWER.search(action)
+        body = _answer_part(action if isinstance(action, str) else str(action))
+        answer = _ANSWER.search(body)
         if answer is not None:
             if self._check_answer(answer.group(1).strip()):
                 return "Correct!", 1.0, True, False, {}
-            left = max(0, len(self._user_messages) - self._current_msg)
-            return (f"Not accepted: {left} request(s) are not complete yet.", 0.0, False, truncated, {})
-        call = _TOOL_CALL.search(action)
-        if call is None:
+            return self._incorrect_answer_feedback(), 0.0, False, truncated, {}
+        calls = _json_calls(body, set(self._tools))
+        if not calls:
             return FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD, False, truncated, {}
-        try:
-            payload = json.loads(call.group(1))
-        except ValueError:
-            return FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD, False, truncated, {}
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD, False, truncated, {}
-        result = self.execute_tool(payload["name"], payload.get("arguments", {}))
-        observation = "Tool result:\n" + result["output"]
-        before = self._current_msg
-        self._advance_if_done()  # a subclass's own version may return nothing: read the index
-        if self._current_msg != before and self._current_msg < len(self._user_messages):
-            observation += "\n\nNext request: " + self._user_messages[self._current_msg]
+        results = [self.execute_tool(name, arguments)["output"] for name, arguments in calls]
+        observation = "\n\n".join("Tool result:\n" + output for output in results)
         return observation, 0.0, False, truncated, {}
 
 
 def _normalise(text: str) -> str:
-    return " ".join(text.strip().lower().split())
+    return " ".join(str(text).strip().lower().split())
+
+
+def _answer_part(text: str) -> str:
+    """The reply without its reasoning (``spade.agent.reasoning.split`` for a reply that is not
+    inside reasoning from the start): a reply opening ``<think>`` is reasoning up to the first
+    ``</think>``, all of it when none follows."""
+    if not text.startswith(_THINK_OPEN):
+        return text
+    while text.startswith(_THINK_OPEN):
+        text = text[len(_THINK_OPEN):]
+    _, closed, answer = text.partition(_THINK_CLOSE)
+    return answer if closed else ""
+
+
+def _json_calls(text: str, known: set[str]) -> list[tuple[str, Any]]:
+    """The calls SGLang's ``qwen25`` detector returns (``spade.agent.tool_calls._parse_json``):
+    blocks opened by ``<tool_call>`` and a new line, closed by the first new line followed by
+    ``</tool_call>``; items without a known ``name`` give no call; arguments are ``parameters``
+    when truthy, else ``arguments``, else ``{}``."""
+    calls: list[tuple[str, Any]] = []
+    position = 0
+    while True:
+        start = text.find(_CALL_OPEN, position)
+        if start < 0:
+            return calls
+        if not text.startswith(_CALL_OPEN + "\n", start):
+            end = text.find(_CALL_CLOSE, start + len(_CALL_OPEN))
+            if end < 0:
+                return calls
+            position = end + len(_CALL_CLOSE)
+            continue
+        body_start = start + len(_CALL_OPEN) + 1
+        end = text.find("\n" + _CALL_CLOSE, body_start)
+        if end < 0:
+            return calls
+        position = end + 1 + len(_CALL_CLOSE)
+        try:
+            value = json.loads(text[body_start:end].strip())
+        except ValueError:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"] in known:
+                calls.append((item["name"], item.get("parameters") or item.get("arguments", {})))
