@@ -49,6 +49,9 @@ class GateEnv(ToolUseBaseEnv):
 
     def tool_noise(self):
         return "noise"
+
+    def solution(self):
+        return 'set_mode({{"mode": "b"}}) -> read({{}}) -> read({{}}) -> read({{}}) -> <answer>done</answer>'
 {extra}
 '''
 

@@ -39,6 +39,12 @@ def test_structure(path):
         assert not any(criterion(env._state) for criterion in env._message_criteria), "true at reset"
         used = {name for name, _ in env.solution_calls()}
         assert set(env._tools) - used, "no distractor tool"
+        # solution(): the calls in order, then the final answer
+        text = env.solution()
+        assert text.endswith("<answer>done</answer>")
+        position = 0
+        for name, _ in env.solution_calls():
+            position = text.index(f"{name}(", position) + 1  # raises when out of order
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
@@ -50,12 +56,26 @@ def test_scripted_solution_in_the_sandbox(harness, path):
             assert env.tool_use
             first = harness.run(env.reset(seed=seed))
             assert first.observation
+            local = load_trusted(source)()
+            local.reset(seed=seed)
+            instructions = local._user_messages
             done = 0
             for name, arguments in scripted_calls(source, seed):
                 result = harness.run(env.call_tool(name, arguments))
                 assert result.returncode == 0, (name, result.output)
                 done += result.advanced
-            assert result.progress.all_done and done == result.progress.total
+                # a completed request: the next one (or the end) closes the result, once
+                if result.advanced and done < len(instructions):
+                    notice = f"\n\n[STEP {done} COMPLETE — NEW INSTRUCTION] {instructions[done]}"
+                elif result.advanced:
+                    notice = "\n\n[ALL STEPS COMPLETE] Submit <answer>done</answer>."
+                else:
+                    notice = None
+                if notice:
+                    assert result.output.endswith(notice) and result.output.count("\n\n[") == 1
+                else:
+                    assert "[STEP" not in result.output and "[ALL STEPS" not in result.output
+            assert result.progress.all_done and done == result.progress.total == len(instructions)
             final = harness.run(env.step("<answer>done</answer>"))
             assert (final.reward, final.terminated) == (1.0, True)
         finally:

@@ -308,6 +308,9 @@ class SneakyEnv(ToolUseBaseEnv):
 
     def tool_ping(self):
         return "pong"
+
+    def solution(self):
+        return 'set_mode({"mode": "b"}) -> log({"text": "done"}) -> <answer>done</answer>'
 '''
 HOSTILE_IN_PLAY = [("loops", "while True:\n                pass", "timeout"),
                    ("allocates", "x = []\n            while True:\n                x.append(bytearray(1 << 24))",

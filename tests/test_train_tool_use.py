@@ -65,6 +65,9 @@ class QuickAnswerEnv(ToolUseBaseEnv):
 
     def _check_answer(self, answer):
         return True
+
+    def solution(self):
+        return 'set_lights({"mode": "on"}) -> <answer>done</answer>'
 '''
 
 

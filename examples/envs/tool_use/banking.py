@@ -1,9 +1,12 @@
 """Banking: check balances, move money between own accounts, pay a saved payee, and decline an
 unrelated request through ``decline_request``.
 
-Scripted solution: ``BankingEnv(...).solution_calls()`` after ``reset(seed)``.
+Scripted solution: ``BankingEnv(...).solution_calls()`` after ``reset(seed)`` (``solution()``
+writes it as text). Each call that completes a request ends its result with the next one
+(``ToolUseBaseEnv``'s notice); ``<answer>done</answer>`` ends the episode after the last.
 """
 
+import json
 import random
 
 
@@ -85,4 +88,6 @@ class BankingEnv(ToolUseBaseEnv):
                 ("decline_request", {"reason": "restaurant bookings are outside banking"})]
 
     def solution(self):
-        return "transfer savings->checking -> pay landlord -> decline the restaurant request -> done"
+        """The tool calls of ``solution_calls()`` in order, then the final answer."""
+        calls = [f"{name}({json.dumps(arguments)})" for name, arguments in self.solution_calls()]
+        return " -> ".join(calls + ["<answer>done</answer>"])

@@ -1,8 +1,11 @@
 """Retail orders: look up a customer's order, change its shipping, cancel one item, log a note.
 
-Scripted solution: ``RetailOrdersEnv(...).solution_calls()`` after ``reset(seed)``.
+Scripted solution: ``RetailOrdersEnv(...).solution_calls()`` after ``reset(seed)`` (``solution()``
+writes it as text). Each call that completes a request ends its result with the next one
+(``ToolUseBaseEnv``'s notice); ``<answer>done</answer>`` ends the episode after the last.
 """
 
+import json
 import random
 
 
@@ -97,4 +100,6 @@ class RetailOrdersEnv(ToolUseBaseEnv):
                 ("add_note", {"order_id": o, "text": "gift wrap"})]
 
     def solution(self):
-        return "find_orders -> set_shipping(express) -> get_order -> remove_item -> add_note('gift wrap') -> done"
+        """The tool calls of ``solution_calls()`` in order, then the final answer."""
+        calls = [f"{name}({json.dumps(arguments)})" for name, arguments in self.solution_calls()]
+        return " -> ".join(calls + ["<answer>done</answer>"])

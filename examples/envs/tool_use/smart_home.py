@@ -1,8 +1,11 @@
 """Smart home: find devices by room, set the thermostat, turn lights off, arm a scene.
 
-Scripted solution: ``SmartHomeEnv(...).solution_calls()`` after ``reset(seed)``.
+Scripted solution: ``SmartHomeEnv(...).solution_calls()`` after ``reset(seed)`` (``solution()``
+writes it as text). Each call that completes a request ends its result with the next one
+(``ToolUseBaseEnv``'s notice); ``<answer>done</answer>`` ends the episode after the last.
 """
 
+import json
 import random
 
 
@@ -84,4 +87,6 @@ class SmartHomeEnv(ToolUseBaseEnv):
                 ("set_scene", {"scene": "away"})]
 
     def solution(self):
-        return "list_devices(hall) -> set_temperature -> list_devices(room) -> set_power(off) -> set_scene(away)"
+        """The tool calls of ``solution_calls()`` in order, then the final answer."""
+        calls = [f"{name}({json.dumps(arguments)})" for name, arguments in self.solution_calls()]
+        return " -> ".join(calls + ["<answer>done</answer>"])

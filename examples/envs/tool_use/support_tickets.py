@@ -1,9 +1,12 @@
 """Support tickets: read the newest open ticket, set its priority, assign it, ask for a missing
 order number (the customer never gave one), then close a duplicate.
 
-Scripted solution: ``SupportTicketsEnv(...).solution_calls()`` after ``reset(seed)``.
+Scripted solution: ``SupportTicketsEnv(...).solution_calls()`` after ``reset(seed)`` (``solution()``
+writes it as text). Each call that completes a request ends its result with the next one
+(``ToolUseBaseEnv``'s notice); ``<answer>done</answer>`` ends the episode after the last.
 """
 
+import json
 import random
 
 
@@ -87,4 +90,6 @@ class SupportTicketsEnv(ToolUseBaseEnv):
                 ("update_ticket", {"ticket_id": self._oldest, "status": "closed"})]
 
     def solution(self):
-        return "list_tickets -> priority high -> assign -> ask for the order number -> close the oldest"
+        """The tool calls of ``solution_calls()`` in order, then the final answer."""
+        calls = [f"{name}({json.dumps(arguments)})" for name, arguments in self.solution_calls()]
+        return " -> ".join(calls + ["<answer>done</answer>"])

@@ -1,8 +1,11 @@
 """Travel booking: search flights, book the cheapest one that fits, add a bag, choose a seat.
 
-Scripted solution: ``TravelBookingEnv(...).solution_calls()`` after ``reset(seed)``.
+Scripted solution: ``TravelBookingEnv(...).solution_calls()`` after ``reset(seed)`` (``solution()``
+writes it as text). Each call that completes a request ends its result with the next one
+(``ToolUseBaseEnv``'s notice); ``<answer>done</answer>`` ends the episode after the last.
 """
 
+import json
 import random
 
 
@@ -87,4 +90,6 @@ class TravelBookingEnv(ToolUseBaseEnv):
                 ("choose_seat", {"kind": "window"})]
 
     def solution(self):
-        return "search_flights -> book the cheapest nonstop -> add_bag(1) -> choose_seat(window) -> done"
+        """The tool calls of ``solution_calls()`` in order, then the final answer."""
+        calls = [f"{name}({json.dumps(arguments)})" for name, arguments in self.solution_calls()]
+        return " -> ".join(calls + ["<answer>done</answer>"])
