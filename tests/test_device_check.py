@@ -1,0 +1,107 @@
+"""tools/device_check.sh on the CPU: the GPU check's stage list runs end to end with tiny shapes
+(the code paths the GPU machine runs), so the script is not first run on borrowed minutes.
+
+The whole list runs once in a subprocess under a hard timeout; every stage must end with a
+verdict: ``pass``, or ``skipped`` with a reason where the figure only exists on a GPU (CUDA-IPC,
+time-slicing, the GPU tests). ``$OUT/device_check.jsonl`` must hold one well-formed record per
+stage in plan order and a closing summary. The budget and ``ONLY=`` are checked on cheap stages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+from device_check import PLAN, STAGE_NAMES  # noqa: E402  (tools/ is not a package)
+
+RECORD_KEYS = {"stage", "verdict", "seconds", "reason", "figures", "device", "kind"}
+# stages whose figure needs a GPU, and a word their reason must give
+SKIPPED_ON_CPU = {"ipc": "CUDA-IPC needs a CUDA GPU", "timeslice": "needs CUDA", "gpu_tests": "need CUDA"}
+FIGURES = {  # keys each stage must report
+    "env": {"torch", "packages", "absent", "import_failures"},
+    "matmul": {"bf16_matmul_tflops", "device_copy_gb_s"},
+    "timeslice": {"alone_ms", "with_spinner_ms", "slowdown"},
+    "ipc": {"bucket_mib", "checksums_equal", "receiver_copy_gb_s"},
+    "parity": {"megatron_bf16_mean_abs", "transformers_bf16_mean_abs", "ratio_mean"},
+    "offload": {"moved_gib", "offload_s_1", "onload_s_1", "exact_restore"},
+    "hf_engine": {"batch8_tokens_per_s", "batch32_tokens_per_s", "shared_prefix_tokens_per_s",
+                  "shared_prefix_tokens_saved"},
+    "train_step": {"tokens_per_s", "achieved_tflops", "step_s", "recompute"},
+    "gpu_tests": {"tests", "skipped", "failures", "errors"},
+}
+
+
+def run_check(out: Path, timeout: float, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    environment = {k: v for k, v in os.environ.items() if k not in ("ONLY", "BUDGET_S", "DEVICE")}
+    environment.update(PYTHON=sys.executable, OUT=str(out), DEVICE_WHEELS=str(out / "no-wheels"), **env)
+    proc = subprocess.run(["bash", "tools/device_check.sh", "--device", "cpu"], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=timeout)
+    jsonl = out / "device_check.jsonl"
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    return proc, records
+
+
+def check_records(records: list[dict], stages: list[str]) -> dict[str, dict]:
+    assert [r["stage"] for r in records] == stages + ["summary"]
+    for record in records:
+        assert set(record) == RECORD_KEYS, record
+        assert isinstance(record["seconds"], (int, float)) and record["seconds"] >= 0
+        assert record["device"] == "cpu"
+    assert [r["kind"] for r in records] == ["stage"] * len(stages) + ["summary"]
+    return {r["stage"]: r for r in records[:-1]}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_every_stage_runs_on_cpu_and_reports_a_verdict(tmp_path):
+    proc, records = run_check(tmp_path, timeout=360)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    by_stage = check_records(records, list(STAGE_NAMES))
+    for name, record in by_stage.items():
+        if name in SKIPPED_ON_CPU:
+            assert record["verdict"] == "skipped", record
+            assert SKIPPED_ON_CPU[name] in record["reason"], record
+        else:
+            assert record["verdict"] == "pass", record
+        assert FIGURES[name] <= set(record["figures"]), (name, record["figures"])
+        assert f"== {name}: {record['verdict'].upper()} in" in proc.stdout
+    assert by_stage["env"]["figures"]["import_failures"] == {}
+    assert by_stage["ipc"]["figures"]["checksums_equal"] is True
+    assert by_stage["offload"]["figures"]["exact_restore"] is True
+    assert by_stage["offload"]["figures"]["moved_gib"] > 0
+    # 16 rows after a 20-token common prefix: the prefix is computed once, 15 x 20 tokens saved
+    assert by_stage["hf_engine"]["figures"]["shared_prefix_tokens_saved"] == 15 * 20
+    train = by_stage["train_step"]["figures"]
+    assert train["tokens_per_s"] == pytest.approx(32 * 4 / train["step_s"], rel=0.02)
+    gpu_tests = by_stage["gpu_tests"]["figures"]
+    assert gpu_tests["tests"] > 0 and gpu_tests["skipped"] == gpu_tests["tests"]
+    assert records[-1]["figures"]["counts"] == {"pass": 6, "fail": 0, "skipped": 3, "timeout": 0, "not run": 0}
+
+
+def test_only_runs_the_chosen_stages_and_a_spent_budget_leaves_the_rest_not_run(tmp_path):
+    matmul, timeslice = (next(p for p in PLAN if p.name == n) for n in ("matmul", "timeslice"))
+    budget = matmul.min_s + 1  # matmul may start; after it less than timeslice's minimum is left
+    assert budget < timeslice.min_s
+    proc, records = run_check(tmp_path, timeout=120, ONLY="timeslice,matmul", BUDGET_S=str(budget))
+    by_stage = check_records(records, ["matmul", "timeslice"])  # plan order, whatever ONLY's order
+    assert by_stage["matmul"]["verdict"] in ("pass", "timeout")  # a loaded machine may need longer
+    assert by_stage["timeslice"]["verdict"] == "not run"
+    assert "budget" in by_stage["timeslice"]["reason"]
+    assert "== timeslice: NOT RUN" in proc.stdout
+    assert records[-1]["figures"]["counts"]["not run"] == 1
+    assert proc.returncode == 1  # a stage that did not run fails the check
+
+
+def test_an_unknown_stage_in_only_is_refused_with_the_stage_names(tmp_path):
+    proc, records = run_check(tmp_path, timeout=60, ONLY="matmul,mfu")
+    assert proc.returncode != 0 and records == []
+    assert "unknown stage(s) in ONLY/--only: mfu" in proc.stderr
+    assert ", ".join(STAGE_NAMES) in proc.stderr
