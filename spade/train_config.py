@@ -5,7 +5,7 @@ SPEC numbers)::
 
     include: base.yaml        # optional: a file (or list of files) merged underneath this one
     model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16, recompute: none | full | selective,
-                thinking: auto | on | off}
+                recompute_method: uniform | block, recompute_num_layers: N, memory_check: true, thinking: auto | on | off}
     parallel:  {tp, pp, ep, etp, sequence_parallel}
     optimizer: spade.training.OptimizerSettings
     loss:      spade.training.LossSettings
@@ -61,12 +61,23 @@ class ModelSection:
     hf_dir: str = EMBEDDED  # "embedded" = SmolLM2-135M-Instruct from spade.models.embedded
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 with CUDA, fp32 on CPU
     recompute: Literal["none", "full", "selective"] = "none"  # activation recompute in the backward pass
+    # with recompute: full only (Megatron's --recompute-method / --recompute-num-layers); null = uniform, 1
+    recompute_method: Optional[Literal["uniform", "block"]] = None
+    recompute_num_layers: Optional[int] = None
+    # refuse, before loading, a local-spec (no Transformer Engine) GPU run whose estimated step memory
+    # exceeds the device (spade.training.memory_plan)
+    memory_check: bool = True
     # chat-template thinking switch for every role (enable_thinking of Qwen3's hybrid templates):
     # auto = the template's default, on/off need a template with the switch (YAML's bare on/off
     # arrive as booleans and are read as on/off)
     thinking: Literal["auto", "on", "off"] | bool = "auto"
 
     def __post_init__(self) -> None:
+        for key in ("recompute_method", "recompute_num_layers"):
+            require(getattr(self, key) is None or self.recompute == "full", f"model.{key}",
+                    f"applies to model.recompute: full only (model.recompute is {self.recompute}); remove it")
+        require(self.recompute_num_layers is None or self.recompute_num_layers >= 1, "model.recompute_num_layers",
+                f"must be >= 1 (layers per recomputed group or block), got {self.recompute_num_layers}")
         if isinstance(self.thinking, bool):
             object.__setattr__(self, "thinking", "on" if self.thinking else "off")
 

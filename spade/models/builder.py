@@ -42,9 +42,14 @@ class BuildOptions:
     moe_aux_loss_coeff: float = 0.0  # > 0 turns on the auxiliary load-balancing loss
     moe_router_dtype: Optional[Literal["fp32", "fp64"]] = "fp32"  # None: the activation dtype
     perform_initialization: bool = True  # False skips random init (weights loaded right after)
-    # Activation recompute: "full" recomputes every transformer layer in the backward pass (only
-    # its input is kept), "selective" only the core attention; same results, less memory
+    # Activation recompute: "full" recomputes transformer layers in the backward pass (only their
+    # input is kept), "selective" only the core attention (Megatron's recompute_modules
+    # ["core_attn"]: the local spec's [b*heads, s, s] scores); same results, less memory.
+    # With "full": recompute_method "uniform" recomputes every layer in groups of
+    # recompute_num_layers, "block" only the first recompute_num_layers layers of each stage.
     recompute: Literal["none", "full", "selective"] = "none"
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    recompute_num_layers: int = 1
 
     def resolved_dtype(self) -> torch.dtype:
         if self.params_dtype is not None:
@@ -96,11 +101,7 @@ def build_transformer_config(
             moe_grouped_gemm=False,
             moe_permute_fusion=False,
         )
-    recompute_fields: dict = {}
-    if options.recompute == "full":
-        recompute_fields = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif options.recompute == "selective":
-        recompute_fields = dict(recompute_granularity="selective")
+    recompute_fields = _recompute_fields(options, layout.layers_per_stage(spec.num_layers))
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -138,6 +139,22 @@ def build_transformer_config(
         **recompute_fields,
         **moe_fields,
     )
+
+
+def _recompute_fields(options: BuildOptions, layers_per_stage: int) -> dict:
+    if options.recompute not in ("none", "full", "selective"):
+        raise ValueError(f"recompute {options.recompute!r}: allowed none, full, selective")
+    if options.recompute_method not in ("uniform", "block"):
+        raise ValueError(f"recompute_method {options.recompute_method!r}: allowed uniform, block")
+    if not 1 <= options.recompute_num_layers <= layers_per_stage:
+        raise ValueError(f"recompute_num_layers {options.recompute_num_layers}: must be between 1 and the "
+                         f"layers per pipeline stage ({layers_per_stage})")
+    if options.recompute == "full":
+        return dict(recompute_granularity="full", recompute_method=options.recompute_method,
+                    recompute_num_layers=options.recompute_num_layers)
+    if options.recompute == "selective":
+        return dict(recompute_granularity="selective")
+    return {}
 
 
 def build_layer_spec(spec: ModelSpec, use_transformer_engine: bool):

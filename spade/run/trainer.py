@@ -145,6 +145,9 @@ class Trainer:
         sglang = cfg.engine.sglang
         return LearnerOptions(optimizer=cfg.optimizer, loss=cfg.loss, micro_batch_tokens=cfg.run.micro_batch_tokens,
                               dtype=torch_dtype(cfg), recompute=cfg.model.recompute,
+                              recompute_method=cfg.model.recompute_method or "uniform",
+                              recompute_num_layers=cfg.model.recompute_num_layers or 1,
+                              memory_check=cfg.model.memory_check,
                               offload=cfg.engine.kind == "sglang" and sglang.colocated and sglang.offload_training,
                               offload_on_host=os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1")
 

@@ -43,6 +43,9 @@ class LearnerOptions:
     micro_batch_tokens: int
     dtype: torch.dtype
     recompute: str = "none"
+    recompute_method: str = "uniform"  # with recompute "full": uniform | block
+    recompute_num_layers: int = 1  # with recompute "full": layers per group (uniform) or recomputed (block)
+    memory_check: bool = True  # refuse a local-spec GPU step whose memory estimate exceeds the device
     offload: bool = False  # keep the training state on the host while the engine generates
     offload_on_host: bool = False  # tests: really move (free and restore) on a CPU run
 
@@ -79,7 +82,15 @@ class Learner:
         from .rank_weights import read_rank_state
 
         spec = read_model_spec(dict(hf_config))
-        build_options = BuildOptions(params_dtype=options.dtype, recompute=options.recompute)
+        build_options = BuildOptions(params_dtype=options.dtype, recompute=options.recompute,
+                                     recompute_method=options.recompute_method,
+                                     recompute_num_layers=options.recompute_num_layers)
+        if options.memory_check:  # before anything is read or allocated
+            from .memory_plan import check_local_spec_step
+
+            check_local_spec_step(spec, layout, build_options, options.micro_batch_tokens,
+                                  data_parallel=ctx.dp_size,
+                                  distributed_optimizer=options.optimizer.use_distributed_optimizer)
         # only this rank's stage, experts and tensor-parallel block leave the disk
         rank_state = read_rank_state(hf_dir, spec, layout, RankCoords.current(), naming_for(build_options))
         distributed = options.optimizer.use_distributed_optimizer
