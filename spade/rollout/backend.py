@@ -10,14 +10,17 @@ The trainer's step reads the same for every engine::
 ``before_train`` hands the step's samples from rank 0 to every rank. While rank 0 runs rollouts the
 other ranks wait inside it for rank 0's commands: the samples (then it returns), or, with SGLang, "a
 server died: restart it and send it the current weights" (every rank takes part in the weight sync).
+The commands go over the control group (``collectives``: gloo, long timeout), so the wait may
+last as long as the rollouts and evaluation take.
 
 * :class:`HFRolloutBackend` (``engine.kind: hf``): an in-process engine on rank 0; ``publish`` copies
   the weights into it (every rank takes part in the gathers of the weight stream).
 * :class:`SGLangRolloutBackend` (``engine.kind: sglang``): owns the ``SGLangDeployment``. Before the
   update it releases the servers' weights and KV cache and brings the training state back to the
   device; ``publish`` moves the optimizer state and gradients to host, restarts dead servers,
-  resumes their memory, sends the weights (CUDA IPC colocated, NCCL broadcast otherwise), continues
-  generation and moves the parameters to host. A server that dies mid-rollout is restarted and
+  resumes their weights' memory, sends the weights (CUDA IPC colocated, NCCL broadcast otherwise),
+  moves the parameters to host and empties the CUDA cache on every rank, and only then resumes the
+  servers' KV cache and continues generation. A server that dies mid-rollout is restarted and
   re-sent the current weights (``recover``), marked healthy only afterwards.
 
 The training state's offloader reaches the SGLang backend as a :class:`TrainingMemory`; this layer
@@ -31,6 +34,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Optional, Protocol, Sequence
 
+import torch
 from torch import Tensor
 
 from ..collectives import broadcast_object, in_thread
@@ -177,11 +181,19 @@ class SGLangRolloutBackend(RolloutBackend):
         self._weights = weights
         away = []
         if self.memory is not None:
-            away.append(self.memory.offload_state())  # room for the engine's weights and KV cache
-        restarted = await self.deployment.resume_and_sync(weights, version, changed=changed)
+            away.append(self.memory.offload_state())  # room for the engine's weights
+
+        def make_room() -> None:
+            # after the weights are sent and before the KV cache comes back: at an RL mem_fraction
+            # (0.8-0.85) the cache only fits once the parameters and the sync's buckets are gone
+            if self.memory is not None:
+                away.append(self.memory.offload_params())
+            if torch.device(self.device).type == "cuda":
+                torch.cuda.empty_cache()
+
+        restarted = await self.deployment.resume_and_sync(weights, version, changed=changed, make_room=make_room)
         self.version = version
         if self.memory is not None:
-            away.append(self.memory.offload_params())
             self._metrics["time/offload_s"] = sum(report.seconds for report in away)
             self._metrics["engine/offloaded_gib"] = sum(report.total_bytes for report in away) / 2**30
         self._metrics["engine/restarted_servers"] = float(len(restarted))

@@ -260,11 +260,13 @@ class SGLangDeployment:
             state = "is paused but" if index in self.engine.paused else "is not paused and"
             log.warning("server %d %s did not release its memory; it is checked before the weight sync", index, state)
 
-    async def resume_and_sync(self, weights: WeightStream, version: int, *, changed: bool = True) -> list[int]:
+    async def resume_and_sync(self, weights: WeightStream, version: int, *, changed: bool = True,
+                              make_room: Optional[Callable[[], Any]] = None) -> list[int]:
         """Every rank, after the train step: restart dead servers, resume weight memory, send the
         weights (version ``version``; to every server when they ``changed``, else only to
-        restarted ones and to any still held from a failed sync), resume the KV cache and continue
-        generation. Returns the servers that were restarted."""
+        restarted ones and to any still held from a failed sync), call ``make_room`` (the
+        trainer's parameters leave the GPU) and wait until every rank has, then resume the KV
+        cache and continue generation. Returns the servers that were restarted."""
         dead: list[int] = []
         held: list[int] = []
         if self.is_main:
@@ -277,6 +279,9 @@ class SGLangDeployment:
         stale = sorted(set(dead) | set(held))
         if changed or stale:
             await self.sync_weights(weights, version, None if changed else stale)
+        if make_room is not None:
+            make_room()
+            await in_thread(self.device, barrier)  # a server's KV cache lands on other ranks' GPUs too
         if self.is_main:
             await self.engine.resume_generation()
         return dead

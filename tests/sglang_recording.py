@@ -1,0 +1,95 @@
+"""A recording stand-in for SGLang servers at the HTTP boundary, for tests of call order.
+
+``RecordingEngine`` is the real ``SGLangEngine`` (placement, release/resume bookkeeping, the
+bodies it builds) with only its transport replaced: every request is appended to ``calls`` (as
+``Call``: server index, path, memory tags) and answered the way SGLang 0.5.23 answers it
+(``sglang_protocol.ENDPOINTS``: weight endpoints ``{"success", "message"}``, memory endpoints
+``null``, pause/continue ``{"status": "ok"}``, ``/flush_cache`` plain text). The weight payloads are
+decoded as a server worker would (which also gives the shared memory back), and kept in
+``received``. ``on_call`` runs before each answer (a test hook: delay, check another process's
+progress).
+
+``RecordingMemory`` stands for the trainer's ``TrainingMemory``: it appends its moves to the same
+log, so one list shows the order of server calls and trainer offloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from spade.rollout.sglang_engine import SGLangEngine
+from spade.rollout.weight_transport import deserialize_named_tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    server: Optional[int]  # None: the trainer, not a server
+    what: str  # the HTTP path, or the trainer's move ("offload_state", ...)
+    tags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class _Move:
+    seconds: float = 0.0
+    total_bytes: int = 0
+
+
+_WEIGHT_PATHS = {"/begin_weight_update", "/end_weight_update", "/update_weights_from_tensor",
+                 "/update_weight_version", "/init_weights_update_group", "/destroy_weights_update_group",
+                 "/update_weights_from_distributed"}
+
+
+class RecordingEngine(SGLangEngine):
+    def __init__(self, servers: int, log: list, on_call: Optional[Callable[[Call], Any]] = None, *,
+                 decode: bool = True) -> None:
+        super().__init__([f"http://127.0.0.1:{40000 + i}" for i in range(servers)])
+        self.calls = log
+        self.on_call = on_call
+        self.decode = decode  # False: CUDA-IPC payloads (a process cannot open its own IPC handles)
+        self.received: list[list] = []  # decoded entries of each /update_weights_from_tensor body
+
+    async def _http(self, s: Any, method: str, path: str, payload: Optional[dict], timeout: float) -> tuple[int, Any]:
+        index = self.servers.index(s)
+        tags = tuple((payload or {}).get("tags") or ()) if "memory_occupation" in path else ()
+        call = Call(index, path, tags)
+        if path == "/update_weights_from_tensor" and self.decode:
+            self.received.append([deserialize_named_tensors(entry) for entry in payload["serialized_named_tensors"]])
+        if self.on_call is not None:
+            result = self.on_call(call)
+            if hasattr(result, "__await__"):
+                await result
+        self.calls.append(call)
+        if path in _WEIGHT_PATHS:
+            return 200, {"success": True, "message": ""}
+        if path in ("/pause_generation", "/continue_generation"):
+            return 200, {"message": "", "status": "ok"}
+        if path == "/flush_cache":
+            return 200, "Cache flushed."
+        return 200, None
+
+
+class RecordingMemory:
+    """The trainer's memory moves, appended to ``log`` (``TrainingMemory``)."""
+
+    def __init__(self, log: list, on_move: Optional[Callable[[str], None]] = None) -> None:
+        self.calls = log
+        self.on_move = on_move
+
+    def _move(self, what: str) -> _Move:
+        if self.on_move is not None:
+            self.on_move(what)
+        self.calls.append(Call(None, what))
+        return _Move()
+
+    def onload(self):
+        return [self._move("onload")]
+
+    def onload_params(self):
+        return self._move("onload_params")
+
+    def offload_state(self):
+        return self._move("offload_state")
+
+    def offload_params(self):
+        return self._move("offload_params")

@@ -1,0 +1,138 @@
+"""The order of memory moves around a weight publish with colocated SGLang servers.
+
+At the usual RL ``mem_fraction`` (0.8-0.85) a server's KV cache only fits once the trainer's
+parameters have left the GPU, so the order is the behaviour under test: release (weights, KV
+cache) -> train -> optimizer state to host -> resume weights -> send the weights -> parameters to
+host (and the allocator cache emptied) -> resume KV cache -> continue generation. A real SGLang
+server needs a GPU and the SGLang package, neither of which this machine has; the servers here are
+``RecordingEngine`` (the real client with a recording transport, tests/sglang_recording.py) and
+the trainer's memory is ``RecordingMemory``; both write one log, whose order is asserted. The
+GPU-marked test checks, with a real offloader on CUDA, that the trainer process's reserved memory
+has dropped by the parameters' bytes when the KV resume is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_recording import Call, RecordingEngine, RecordingMemory
+from spade.rollout.backend import SGLangRolloutBackend
+from spade.rollout.sglang_deployment import ServerPlan, SGLangDeployment
+from spade.rollout.sglang_settings import SGLangSection
+
+WEIGHTS = {"embed.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+           "layer.weight": torch.linspace(-1, 1, 8).reshape(2, 4)}
+
+
+def stream():
+    return iter(WEIGHTS.items())
+
+
+def backend_over(log: list, tmp_path: Path, servers: int = 2, engine=None, memory=None) -> SGLangRolloutBackend:
+    """A colocated deployment of ``servers`` recorded servers in a world of one."""
+    deployment = SGLangDeployment(SGLangSection(bucket_mb=1), model_dir=tmp_path, log_dir=tmp_path,
+                                  device=torch.device("cpu"), local_rank=0)
+    deployment.plans = [ServerPlan(index=i, url=f"http://127.0.0.1:{40000 + i}", owner_rank=0, port=40000 + i,
+                                   ipc_ranks=(0,)) for i in range(servers)]
+    deployment.engine = engine or RecordingEngine(servers, log)
+    backend = SGLangRolloutBackend(deployment, is_main=True, device=torch.device("cpu"))
+    backend.engine = deployment.engine
+    backend.use_training_memory(memory or RecordingMemory(log))
+    return backend
+
+
+def first(log: list, what: str, tags: tuple[str, ...] = ()) -> int:
+    return next(i for i, call in enumerate(log) if call.what == what and call.tags == tags)
+
+
+def last(log: list, what: str, tags: tuple[str, ...] = ()) -> int:
+    return max(i for i, call in enumerate(log) if call.what == what and call.tags == tags)
+
+
+async def one_step(backend: SGLangRolloutBackend, version: int, *, changed: bool = True) -> list:
+    samples = await backend.before_train(["sample"])
+    assert samples == ["sample"]
+    await backend.publish(stream, version, changed=changed)
+    return samples
+
+
+@pytest.mark.parametrize("changed", [True, False])
+def test_parameters_leave_before_the_kv_cache_comes_back(tmp_path, changed):
+    log: list[Call] = []
+    backend = backend_over(log, tmp_path)
+    asyncio.run(one_step(backend, 1, changed=changed))
+
+    kv = ("kv_cache",)
+    weights = ("weights",)
+    for server in (0, 1):
+        mine = [c for c in log if c.server == server]
+        assert [c.what for c in mine[:2]] == ["/pause_generation", "/release_memory_occupation"]
+        assert mine[1].tags == ("weights", "kv_cache")
+        assert [c.what for c in mine[-2:]] == ["/resume_memory_occupation", "/continue_generation"]
+        assert mine[-2].tags == kv
+    # trainer state out -> weights region back -> (weights sent) -> parameters out -> KV back
+    assert first(log, "onload") < first(log, "offload_state") < first(log, "/resume_memory_occupation", weights)
+    assert last(log, "/resume_memory_occupation", weights) < first(log, "offload_params")
+    assert first(log, "offload_params") < first(log, "/resume_memory_occupation", kv)
+    if changed:
+        assert last(log, "/flush_cache") < first(log, "offload_params")
+        assert first(log, "/update_weights_from_tensor") > first(log, "/resume_memory_occupation", weights)
+        assert backend.engine.weight_version == 1
+    else:
+        assert not [c for c in log if c.what == "/update_weights_from_tensor"]
+    assert backend.version == 1
+
+
+def test_the_weights_the_servers_loaded_are_the_trainers(tmp_path):
+    log: list[Call] = []
+    backend = backend_over(log, tmp_path, servers=1)
+    asyncio.run(one_step(backend, 3))
+    loaded = dict(pair for body in backend.engine.received for entry in body for pair in entry)
+    assert sorted(loaded) == sorted(WEIGHTS)
+    for name, tensor in WEIGHTS.items():
+        assert torch.equal(loaded[name], tensor)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_parameters_are_off_the_device_when_the_kv_cache_is_resumed(tmp_path):
+    """Real ``StagedOffload`` of a CUDA model: when ``/resume_memory_occupation`` (KV cache) is
+    sent, this process holds neither the parameters nor the weight-sync buckets (reserved memory
+    back near where it was before the model existed)."""
+    from spade.training.offload import StagedOffload
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.empty_cache()
+    baseline = torch.cuda.memory_reserved(device)
+    model = torch.nn.Sequential(*(torch.nn.Linear(2048, 2048) for _ in range(16))).to(device)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 2048, device=device)).sum().backward()
+    optimizer.step()
+    memory = StagedOffload([model], optimizer)
+    log: list[Call] = []
+    reserved_at_kv: list[int] = []
+
+    def on_call(call: Call) -> None:
+        if call.what == "/resume_memory_occupation" and call.tags == ("kv_cache",):
+            reserved_at_kv.append(torch.cuda.memory_reserved(device))
+
+    def weights():
+        memory.onload_params()
+        return iter([(name, p.detach()) for name, p in model.named_parameters()])
+
+    engine = RecordingEngine(1, log, on_call=on_call, decode=False)
+    deployment_backend = backend_over(log, tmp_path, servers=1, engine=engine, memory=memory)
+    deployment_backend.device = device
+    deployment_backend.deployment.device = device
+
+    async def step():
+        await deployment_backend.before_train(["sample"])
+        await deployment_backend.publish(weights, 1)
+
+    asyncio.run(step())
+    assert reserved_at_kv, "the KV cache was never resumed"
+    assert reserved_at_kv[0] - baseline < param_bytes // 4, (reserved_at_kv, baseline, param_bytes)
