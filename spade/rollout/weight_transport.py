@@ -509,7 +509,10 @@ class BroadcastWeightSender:
 @dataclass(frozen=True)
 class Collectives:
     """The blocking collectives run together by the processes that feed one IPC update (each call
-    runs in a worker thread bound to the bucket device). ``LOCAL``: one process feeds everything."""
+    runs in a worker thread bound to the bucket device). They carry only handles and reasons, and
+    ranks >= 1 wait in them while rank 0 posts to the servers, so in training they are the control
+    group's (``collectives``: gloo on the host, never an NCCL wait on a GPU a server is using).
+    ``LOCAL``: one process feeds everything."""
 
     gather_to_0: Callable[[Any], Optional[list[Any]]]  # every rank's value in rank order on rank 0
     barrier: Callable[[], None]

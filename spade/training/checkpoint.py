@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..collectives import broadcast_object, gather_object_to_0
+from ..collectives import barrier, broadcast_object, gather_object_to_0
 from ..models import ModelSpec, ParallelLayout, read_model_spec
 
 log = logging.getLogger(__name__)
@@ -632,7 +632,7 @@ def save_checkpoint(
     staging_dir = Path(staging)
     if dist.get_rank() == 0:
         staging_dir.mkdir(parents=True)
-    dist.barrier()
+    barrier()
     try:
         content_metadata: dict[str, Any] = {"spade_format_version": FORMAT_VERSION,
                                             "rng_grid": list(_rng_grid()[0])}

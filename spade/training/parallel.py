@@ -5,7 +5,10 @@ torch.distributed world: from torchrun's environment (``RANK``/``WORLD_SIZE``/``
 ``MASTER_PORT``) when present, otherwise as a world of one; gloo on CPU, nccl with CUDA. It then
 applies ``megatron_patches`` (CPU support), initialises ``megatron.core.parallel_state`` for the
 layout (data parallelism is what is left of the world) and seeds torch and Megatron's named RNG
-streams. Calling it again with the same layout reuses everything; with another layout the model
+streams. It also makes the world's control group (``collectives.init_control_group``: gloo, timeout
+``control_timeout_minutes``), over which ranks exchange objects and wait at barriers for as long as
+rank 0 runs rollouts; ``timeout_minutes`` is the timeout of the default group and of Megatron's
+groups, whose collectives carry tensors and never wait on rank 0's rollouts. Calling it again with the same layout reuses everything; with another layout the model
 parallel groups are rebuilt inside the same world (tests use that to run several layouts in one
 launch). ``teardown_parallel`` undoes it. ``parallel_session`` is both around a block, for tools
 that run inside a caller's world as well as on their own (``spade score``, the converters): it
@@ -27,7 +30,10 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from spade.collectives import CONTROL_TIMEOUT, init_control_group
 from spade.models import ParallelLayout, RankCoords
+
+CONTROL_TIMEOUT_MINUTES = CONTROL_TIMEOUT.total_seconds() / 60
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _init_process_group(backend: Optional[str], timeout_minutes: int) -> None:
+def _init_process_group(backend: Optional[str], timeout_minutes: float) -> None:
     if dist.is_initialized():
         return
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -107,14 +113,17 @@ def init_parallel(
     *,
     seed: int = 1234,
     backend: Optional[str] = None,
-    timeout_minutes: int = 30,
+    timeout_minutes: float = 30,
+    control_timeout_minutes: float = CONTROL_TIMEOUT_MINUTES,
 ) -> ParallelContext:
-    """Join the world, set up Megatron's parallel state for ``layout`` and seed the RNGs."""
+    """Join the world, make its control group, set up Megatron's parallel state for ``layout`` and
+    seed the RNGs."""
     import megatron_patches
     from megatron.core import parallel_state as ps
 
     megatron_patches.apply_all()
     _init_process_group(backend, timeout_minutes)
+    init_control_group(datetime.timedelta(minutes=control_timeout_minutes))
     world_size = dist.get_world_size()
     dp_size = data_parallel_size(layout, world_size)
 
@@ -165,12 +174,14 @@ def parallel_session(
     *,
     seed: int = 1234,
     backend: Optional[str] = None,
-    timeout_minutes: int = 30,
+    timeout_minutes: float = 30,
+    control_timeout_minutes: float = CONTROL_TIMEOUT_MINUTES,
 ) -> Iterator[ParallelContext]:
     """``init_parallel`` for the body; afterwards Megatron's parallel state is destroyed, and the
     process group too if this session created it (a caller's group is left alone)."""
     created = not dist.is_initialized()
-    ctx = init_parallel(layout, seed=seed, backend=backend, timeout_minutes=timeout_minutes)
+    ctx = init_parallel(layout, seed=seed, backend=backend, timeout_minutes=timeout_minutes,
+                        control_timeout_minutes=control_timeout_minutes)
     try:
         yield ctx
     finally:
