@@ -116,3 +116,22 @@ def test_single_rank_reads_the_whole_model_once(checkpoints, counting):
     reference = hf_to_megatron(full, spec)
     assert all(torch.equal(state[k], v) for k, v in reference.items()) and state.keys() == reference.keys()
     assert CountingSlices.bytes_read == sum(t.numel() * t.element_size() for t in full.values())
+
+
+def test_fused_expert_checkpoint_falls_back_to_a_whole_read(tmp_path):
+    """A directory with transformers-5 fused expert tensors has no per-expert names to slice."""
+    from safetensors.torch import save_file
+
+    from hf_fixtures import tiny_model
+
+    model = tiny_model("qwen3-moe")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if not any(k.endswith("mlp.experts.gate_up_proj") for k in state):
+        pytest.skip("this transformers keeps experts unfused in memory")
+    save_file(state, str(tmp_path / "model.safetensors"))
+    model.config.save_pretrained(tmp_path)
+    spec = read_model_spec(tmp_path)
+    layout, coords = ParallelLayout(tp=2, ep=2), RankCoords(tp=1, ep=1, etp=1)
+    expected = hf_to_megatron(read_hf_tensors(tmp_path, spec), spec, layout, coords)
+    state = rank_weights.read_rank_state(tmp_path, spec, layout, coords)
+    assert state.keys() == expected.keys() and all(torch.equal(state[k], v) for k, v in expected.items())

@@ -1,8 +1,10 @@
 """The learner: the Megatron model, its optimizer and one GRPO update per step, on every rank.
 
 ``Learner.build(...)`` loads the policy from a Hugging Face directory into Megatron's GPTModel
-(every parallel layout), the frozen reference policy when the KL term is on, and the optimizer
-with its scheduler. Then, once per step:
+(every parallel layout; each rank reads only its stage, experts and tensor-parallel rows or
+columns, ``rank_weights``), the frozen reference policy when the KL term is on, and the optimizer
+with its scheduler. On a GPU without Transformer Engine it first refuses settings whose step
+memory cannot fit (``memory_plan``). Then, once per step:
 
 * ``update(samples)`` runs one GRPO step on the step's samples, sharded over the data-parallel
   ranks (every rank passes the same list). ``old_logprobs`` stay None (ratio 1 against the
