@@ -262,3 +262,11 @@ def test_learner_refuses_a_local_spec_run_that_cannot_fit_before_reading_weights
     assert estimate is not None and estimate.total < 139 * GIB  # one 4,096-token row with selective fits
     monkeypatch.setattr(BuildOptions, "resolved_use_te", lambda self: True)  # TE keeps no scores: not checked
     assert check_local_spec_step(QWEN3_4B, ParallelLayout(), BuildOptions(recompute="none"), 8192) is None
+
+
+def test_a_reference_model_on_the_device_adds_one_copy_of_the_parameters():
+    dense, _ = parameter_count(QWEN3_4B)
+    shape = MicroBatchShape(1, 16)
+    without = estimate_step_memory(QWEN3_4B, ParallelLayout(), shape)
+    with_ref = estimate_step_memory(QWEN3_4B, ParallelLayout(), shape, reference_model=True)
+    assert with_ref.weights - without.weights == pytest.approx(dense * 2)  # bf16

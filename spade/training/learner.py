@@ -92,7 +92,8 @@ class Learner:
 
             check_local_spec_step(spec, layout, build_options, options.micro_batch_tokens,
                                   data_parallel=ctx.dp_size,
-                                  distributed_optimizer=options.optimizer.use_distributed_optimizer)
+                                  distributed_optimizer=options.optimizer.use_distributed_optimizer,
+                                  reference_model=options.loss.kl_coef > 0 and not options.offload)
         # only this rank's stage, experts and tensor-parallel block leave the disk
         rank_state = read_rank_state(hf_dir, spec, layout, RankCoords.current(), naming_for(build_options))
         distributed = options.optimizer.use_distributed_optimizer

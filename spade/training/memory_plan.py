@@ -151,12 +151,14 @@ def estimate_step_memory(
     fused_norms: bool = True,
     local_attention: bool = True,
     logprob_chunk: int = 1024,
+    reference_model: bool = False,
 ) -> MemoryEstimate:
-    """Peak bytes on one rank (the first pipeline stage, which holds the most micro-batches)."""
+    """Peak bytes on one rank (the first pipeline stage, which holds the most micro-batches).
+    ``reference_model``: a frozen copy of the parameters stays on the device (the KL term's)."""
     dense, experts = parameter_count(spec)
     params = dense / (layout.tp * layout.pp) + experts / (layout.ep * layout.expert_tp * layout.pp)
     optimizer = (12 if dtype_bytes < 4 else 8) / (data_parallel if distributed_optimizer else 1)
-    weights = params * (dtype_bytes + 4 + optimizer)
+    weights = params * (dtype_bytes + 4 + optimizer + (dtype_bytes if reference_model else 0))
 
     layers = layout.layers_per_stage(spec.num_layers)
     in_flight = layout.pp  # 1F1B: the first stage holds up to pp micro-batches' activations
@@ -239,6 +241,7 @@ def check_fits(estimate: MemoryEstimate, device_bytes: float, micro_batch: Micro
 
 def check_local_spec_step(spec: ModelSpec, layout: ParallelLayout, build_options, micro_batch_tokens: int, *,
                           data_parallel: int = 1, distributed_optimizer: bool = False,
+                          reference_model: bool = False,
                           names: SettingNames = SettingNames()) -> Optional[MemoryEstimate]:
     """Refuse a CUDA run of the local spec whose worst micro-batch cannot fit (None when not checked:
     no CUDA, or Transformer Engine's fused attention, which keeps no scores).
@@ -254,7 +257,8 @@ def check_local_spec_step(spec: ModelSpec, layout: ParallelLayout, build_options
     recompute = RecomputeSettings(build_options.recompute, build_options.recompute_method,
                                   build_options.recompute_num_layers)
     estimate = estimate_step_memory(spec, layout, shape, recompute, dtype_bytes=torch.finfo(dtype).bits // 8,
-                                    data_parallel=data_parallel, distributed_optimizer=distributed_optimizer)
+                                    data_parallel=data_parallel, distributed_optimizer=distributed_optimizer,
+                                    reference_model=reference_model)
     device = torch.cuda.current_device()
     check_fits(estimate, torch.cuda.get_device_properties(device).total_memory, shape, recompute, names=names,
                device_name=torch.cuda.get_device_name(device))
