@@ -39,7 +39,9 @@ restated here; the released SPADE launchers serve with ``--tool-call-parser qwen
 ``parse(text)`` never raises on model output. It returns the text outside the calls
 (``content``, stripped), the calls in order, and one ``ToolCallError`` per block (or array item)
 that SGLang would not return as a call: bad JSON, no or unknown name, a block without the newline
-layout, an unclosed block. A block that yields no call is left in ``content``.
+layout, an unclosed block. A block that yields no call is left in ``content``. ``BlockReader`` reads
+one block; ``spade serve``'s stream (``spade.serve.streaming.ToolCallStream``) uses it on text that
+is still arriving, so a stream yields the calls ``parse`` finds in the whole text.
 """
 
 from __future__ import annotations
@@ -111,12 +113,10 @@ def parse(text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
     call whose name is not among ``tools`` (like SGLang's ``SGLANG_FORWARD_UNKNOWN_TOOLS``, except
     that a call without a name is still none).
     """
-    schemas = _parameter_schemas(tools or ())
-    known = set(schemas) if tools is not None and drop_unknown_names else None
+    reader = BlockReader(tools, drop_unknown_names=drop_unknown_names)
     kept: list[str] = []
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
-    any_closed = CLOSE in text
     position = 0
     while True:
         start = text.find(OPEN, position)
@@ -124,34 +124,78 @@ def parse(text: str, tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
             kept.append(text[position:])
             break
         kept.append(text[position:start])
+        block = reader.read(text, start, complete=True)
+        assert block is not None  # a complete text always decides
+        calls.extend(block.calls)
+        errors.extend(block.errors)
+        if not block.calls:
+            kept.append(text[start:block.end])
+        position = block.end
+    return ParsedOutput("".join(kept).strip(), tuple(calls), tuple(errors))
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ``<tool_call>`` block as ``parse`` reads it: it ends at ``end`` (exclusive; the end of
+    the text for a block that is never closed, whose text is then content to the end); ``calls``
+    are its calls (none: the block's text is content), ``errors`` why items gave no call."""
+
+    end: int
+    calls: tuple[ToolCall, ...] = ()
+    errors: tuple[ToolCallError, ...] = ()
+
+
+class BlockReader:
+    """Reads the block that opens at a given ``<tool_call>``, with the rules of the module
+    docstring, in a whole text or in the beginning of one that is still arriving (a stream)."""
+
+    def __init__(self, tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
+                 drop_unknown_names: bool = True) -> None:
+        self.schemas = _parameter_schemas(tools or ())
+        self.known = set(self.schemas) if tools is not None and drop_unknown_names else None
+
+    def read(self, text: str, start: int, *, complete: bool) -> Optional[Block]:
+        """The block opening at ``text[start:]`` (which begins with ``<tool_call>``). With
+        ``complete`` false ``text`` may go on: ``None`` until what is there decides the block the
+        same way whatever follows (every end below is the first occurrence of a marker, which
+        later text cannot move)."""
         inner = start + len(OPEN)
-        if text[inner:].lstrip().startswith(FUNCTION):
+        rest = text[inner:].lstrip()
+        if not complete and len(rest) < len(FUNCTION) and FUNCTION.startswith(rest):
+            return None  # may still become "<function="
+        if rest.startswith(FUNCTION):
             end = text.find(CLOSE, inner)
-            if end < 0 and any_closed:
-                errors.append(ToolCallError(f"{OPEN} is never closed by {CLOSE}", text[start:]))
-                kept.append(text[start:])
-                break
-            stop = len(text) if end < 0 else end + len(CLOSE)
-            found, problems = _parse_xml(text[inner:len(text) if end < 0 else end], schemas)
-        elif text.startswith(JSON_OPEN, start):
+            if end < 0:
+                if not complete:
+                    return None
+                if CLOSE in text:  # SGLang reads an open block to the end only when none is closed
+                    return self._text_to_end(text, start, f"{OPEN} is never closed by {CLOSE}")
+                found, problems = _parse_xml(text[inner:], self.schemas)
+                return self._block(text, start, len(text), found, problems)
+            found, problems = _parse_xml(text[inner:end], self.schemas)
+            return self._block(text, start, end + len(CLOSE), found, problems)
+        if text.startswith(JSON_OPEN, start):
             end = text.find(JSON_CLOSE, start + len(JSON_OPEN))
             if end < 0:
-                errors.append(ToolCallError(f"{OPEN} is never closed by a line {CLOSE}", text[start:]))
-                kept.append(text[start:])
-                break
-            stop = end + len(JSON_CLOSE)
-            found, problems = _parse_json(text[start + len(JSON_OPEN):end], known)
-        else:
-            end = text.find(CLOSE, inner)
-            stop = len(text) if end < 0 else end + len(CLOSE)
-            found, problems = [], [f"{OPEN} must be followed by a newline and {CLOSE} start its own line"]
-        raw = text[start:stop]
-        calls.extend(found)
-        errors.extend(ToolCallError(message, raw) for message in problems)
-        if not found:
-            kept.append(raw)
-        position = stop
-    return ParsedOutput("".join(kept).strip(), tuple(calls), tuple(errors))
+                if not complete:
+                    return None
+                return self._text_to_end(text, start, f"{OPEN} is never closed by a line {CLOSE}")
+            found, problems = _parse_json(text[start + len(JSON_OPEN):end], self.known)
+            return self._block(text, start, end + len(JSON_CLOSE), found, problems)
+        end = text.find(CLOSE, inner)
+        if end < 0 and not complete:
+            return None
+        return self._block(text, start, len(text) if end < 0 else end + len(CLOSE), [],
+                           [f"{OPEN} must be followed by a newline and {CLOSE} start its own line"])
+
+    @staticmethod
+    def _block(text: str, start: int, end: int, found: list[ToolCall], problems: list[str]) -> Block:
+        raw = text[start:end]
+        return Block(end, tuple(found), tuple(ToolCallError(message, raw) for message in problems))
+
+    @staticmethod
+    def _text_to_end(text: str, start: int, message: str) -> Block:
+        return Block(len(text), (), (ToolCallError(message, text[start:]),))
 
 
 def _parse_json(body: str, known: Optional[set[str]]) -> tuple[list[ToolCall], list[str]]:

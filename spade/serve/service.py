@@ -24,7 +24,8 @@ text as the engine produces tokens (``streaming.ChoiceText``: incremental decodi
 splits a character, stop strings matched across deltas, which also stops the generation there).
 Chat sends the role chunk at once, then ``reasoning_content`` deltas while a thinking model reasons
 (``reasoning.ReasoningStream``), content deltas, ``tool_calls`` deltas when the request has
-tools (``streaming.ToolCallStream``: a call is sent whole once its block is closed), each choice's
+tools (``streaming.ToolCallStream``: a call is sent whole once the text decides its block, by the
+rules of the non-streamed parse), each choice's
 finish chunk, the usage chunk if ``stream_options.include_usage``, and ``data: [DONE]``. Choices
 of one request stream concurrently (their chunks interleave, each with its ``index``). A client
 that goes away closes the event iterator, which cancels the choices' tasks and so their engine
@@ -48,7 +49,7 @@ from ..agent import reasoning
 from . import protocol
 from .http import Request, Response, StreamResponse
 from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
-from .streaming import ChoiceText, Delta, TokenLogprob, ToolCallStream
+from .streaming import ChatChoiceStream, ChoiceText, Delta, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -290,31 +291,21 @@ class ModelService:
                     "logprobs": {"content": _chat_logprob_entries(logprobs or [])} if logprobs_on else None}
 
         n = request.sampling.n
-        tools = [ToolCallStream(request.tools, _call_id) if request.parse_tools else None for _ in range(n)]
-        thoughts = [None if inside is None else reasoning.ReasoningStream(inside=inside) for _ in range(n)]
+        parts = [ChatChoiceStream(inside=inside, parse_tools=request.parse_tools, tools=request.tools,
+                                  new_call_id=_call_id) for _ in range(n)]
         unsent: list[list[TokenLogprob]] = [[] for _ in range(n)]
 
         def events(i: int, step: Delta, final: bool) -> list[bytes]:
             unsent[i] += step.logprobs
             out: list[tuple[dict[str, Any], Optional[str]]] = []
-            finish = step.finish_reason
-            answer = step.text
-            if thoughts[i] is not None:
-                parts = thoughts[i].push(step.text, final=final)
-                if parts.reasoning:
-                    out.append(({"reasoning_content": parts.reasoning}, None))
-                answer = parts.answer
-            if tools[i] is None:
-                if answer:
-                    out.append(({"content": answer}, None))
-            else:
-                found = tools[i].push(answer, final=final)
-                if found.content:
-                    out.append(({"content": found.content}, None))
-                if found.calls:
-                    out.append(({"tool_calls": found.calls}, None))
-                if final and tools[i].calls:
-                    finish = "tool_calls"
+            found = parts[i].push(step.text, final=final)
+            if found.reasoning:
+                out.append(({"reasoning_content": found.reasoning}, None))
+            if found.content:
+                out.append(({"content": found.content}, None))
+            if found.calls:
+                out.append(({"tool_calls": found.calls}, None))
+            finish = "tool_calls" if final and parts[i].called else step.finish_reason
             if final:
                 out.append(({}, finish))
             sent = []

@@ -14,10 +14,15 @@ the concatenated deltas equal the text the non-streamed response would carry for
   was not the last one; a final one is dropped, as the non-streamed text drops it.
 
 ``ToolCallStream`` sits after ``ChoiceText`` for chat requests with ``tools``: content outside
-``<tool_call>`` blocks streams as it comes; the text of a block is held until its
-``</tool_call>`` arrives and then becomes one ``tool_calls`` delta carrying the whole call (name
-and arguments), the way OpenAI streams a call, except that the arguments are not split over
-several deltas. A malformed block, or one left open at the end, is sent as content.
+``<tool_call>`` blocks streams as it comes; a block is held until the text decides it by the
+rules of the non-streamed parse (``spade.agent.tool_calls``, SGLang 0.5.23's ``qwen25`` and
+``qwen3_coder`` detectors), and its calls then go out as ``tool_calls`` deltas, each carrying the
+whole call (name and arguments). SGLang's streaming detectors send a name first and the arguments
+in pieces as partial JSON parses; holding the block instead means a stream never sends a call
+that the whole text does not have (an unclosed block, a name outside the tools, a block whose
+JSON breaks later), so the calls of a stream are those of the non-streamed response, in every
+chunking. A block that gives no call is sent as content. ``ChatChoiceStream`` puts the reasoning
+split (``spade.agent.reasoning.ReasoningStream``) in front of it for one chat choice.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from spade.agent import reasoning
 from spade.agent import tool_calls as tool_parser
 
 REPLACEMENT = "\ufffd"
@@ -217,73 +223,111 @@ class ToolDelta:
 
 
 class ToolCallStream:
-    """Content and tool calls from text deltas (module docstring). Whitespace right before a
-    block and at the very end is held, so that ``content`` is stripped around calls as in the
-    non-streamed message."""
+    """Content and tool calls from text deltas (module docstring). A block is read by
+    ``tool_calls.BlockReader``, the reader of the non-streamed parse, on the text so far, and held
+    until what has arrived decides it: a JSON block ends at the first new line followed by
+    ``</tool_call>`` (so a ``</tool_call>`` inside a string argument does not end it), an XML one
+    at the first ``</tool_call>``; a block never closed is decided at the end of the text. Its
+    calls (names outside ``tools`` dropped, an array one call per item) are then sent, or its
+    text as content when it gives none. Trailing whitespace is held and the first content after a
+    call loses its leading whitespace, so that ``content`` is stripped around calls as in the
+    non-streamed message; whitespace before content that precedes the first call is sent as it
+    comes (it cannot be known yet whether a call follows), as SGLang's stream sends it."""
 
     def __init__(self, tools: Optional[Sequence[Mapping[str, Any]]],
                  new_call_id: Callable[[], str]) -> None:
         self.tools = tools
         self.new_call_id = new_call_id
+        self.reader = tool_parser.BlockReader(tools)
         self.calls = 0
-        self._text = ""  # unsent: outside a block, or a block being read
-        self._inside = False
+        self._text = ""  # all the text so far
+        self._done = 0  # the text before this is sent (or held in _space)
         self._space = ""  # trailing whitespace held back
+        self._said = False  # some content was sent
 
     def push(self, piece: str, *, final: bool = False) -> ToolDelta:
         out = ToolDelta()
         self._text += piece
+        text = self._text
         while True:
-            if self._inside:
-                end = self._text.find(tool_parser.CLOSE)
-                if end < 0:
-                    if final:  # never closed: the model's text, as written
-                        self._content(out, self._text)
-                        self._text, self._inside = "", False
-                    break
-                block = self._text[:end + len(tool_parser.CLOSE)]
-                self._text, self._inside = self._text[len(block):], False
-                parsed = tool_parser.parse(block, self.tools)
-                if parsed.calls:
-                    for call in parsed.calls:
-                        out.calls.append({"index": self.calls, "id": self.new_call_id(),
-                                          "type": "function",
-                                          "function": {"name": call.name,
-                                                       "arguments": call.arguments_json()}})
-                        self.calls += 1
-                else:
-                    self._content(out, block)
-                continue
-            start = self._text.find(tool_parser.OPEN)
-            if start >= 0:
-                self._content(out, self._text[:start], hold_space=True)
-                self._text, self._inside = self._text[start:], True
-                continue
-            keep = 0 if final else _open_prefix(self._text)
-            self._content(out, self._text[:len(self._text) - keep], hold_space=True)
-            self._text = self._text[len(self._text) - keep:]
-            break
+            start = text.find(tool_parser.OPEN, self._done)
+            if start < 0:
+                stop = len(text) - (0 if final else _open_prefix(text, self._done))
+                self._content(out, text[self._done:stop])
+                self._done = stop
+                break
+            self._content(out, text[self._done:start])
+            self._done = start
+            block = self.reader.read(text, start, complete=final)
+            if block is None:
+                break
+            for call in block.calls:
+                out.calls.append({"index": self.calls, "id": self.new_call_id(), "type": "function",
+                                  "function": {"name": call.name, "arguments": call.arguments_json()}})
+                self.calls += 1
+            if not block.calls:
+                self._content(out, text[start:block.end])
+            self._done = block.end
         if final:
             if not self.calls:  # no call: the text as written, trailing whitespace included
                 out.content += self._space
             self._space = ""
         return out
 
-    def _content(self, out: ToolDelta, text: str, *, hold_space: bool = False) -> None:
+    def _content(self, out: ToolDelta, text: str) -> None:
         if not text:
             return
         text = self._space + text
-        self._space = ""
-        if hold_space:
-            body = text.rstrip()
-            self._space = text[len(body):]
-            text = body
-        out.content += text
+        body = text.rstrip()
+        self._space = text[len(body):]
+        if self.calls and not self._said:
+            body = body.lstrip()
+        if body:
+            out.content += body
+            self._said = True
 
 
-def _open_prefix(text: str) -> int:
-    """How many trailing characters of ``text`` could begin ``<tool_call>``."""
-    for k in range(min(len(tool_parser.OPEN) - 1, len(text)), 0, -1):
+def _open_prefix(text: str, begin: int) -> int:
+    """How many trailing characters of ``text[begin:]`` could begin ``<tool_call>``."""
+    for k in range(min(len(tool_parser.OPEN) - 1, len(text) - begin), 0, -1):
         if tool_parser.OPEN.startswith(text[-k:]):
             return k
     return 0
+
+
+@dataclass
+class ChatDelta:
+    reasoning: str = ""
+    content: str = ""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ChatChoiceStream:
+    """One chat choice's text deltas as the parts of its streamed message: ``reasoning`` (when
+    ``inside`` is not None: the server separates reasoning, and the reply starts inside it or
+    not; ``spade.agent.reasoning.ReasoningStream``), then, from the answer only, ``content`` and,
+    with ``parse_tools``, tool calls (``ToolCallStream``). The deltas add up to the non-streamed
+    message of the same text (``protocol.chat_choice``)."""
+
+    def __init__(self, *, inside: Optional[bool], parse_tools: bool,
+                 tools: Optional[Sequence[Mapping[str, Any]]], new_call_id: Callable[[], str]) -> None:
+        self.thoughts = None if inside is None else reasoning.ReasoningStream(inside=inside)
+        self.tool_calls = ToolCallStream(tools, new_call_id) if parse_tools else None
+
+    @property
+    def called(self) -> bool:
+        """Some tool call was sent (the finish reason becomes "tool_calls")."""
+        return self.tool_calls is not None and self.tool_calls.calls > 0
+
+    def push(self, piece: str, *, final: bool = False) -> ChatDelta:
+        out = ChatDelta()
+        answer = piece
+        if self.thoughts is not None:
+            parts = self.thoughts.push(piece, final=final)
+            out.reasoning, answer = parts.reasoning, parts.answer
+        if self.tool_calls is None:
+            out.content = answer
+        else:
+            found = self.tool_calls.push(answer, final=final)
+            out.content, out.calls = found.content, found.calls
+        return out
