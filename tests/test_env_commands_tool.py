@@ -121,13 +121,13 @@ def test_run_reads_raw_responses_as_training_does():
         f"<tool_call>\n<function=pay>\n<parameter=payee>\nlandlord\n</parameter>\n"
         f"<parameter=amount>\n{pay[1]['amount']}\n</parameter>\n</function>\n</tool_call>",
         "<answer>done</answer>",                              # too early: request 3 is open
-        call("no_such_tool", {}),  # SGLang drops a name not among the tools: no call, a format error
+        call("no_such_tool", {}),  # runs, as in the released training loop: the unknown-tool error, 0
         call(*decline),
         "<answer>done</answer>",
     ]
     report = run_json(BANKING, seed, responses)
     steps = report["steps"]
-    assert [s["kind"] for s in steps] == ["calls", "format_error", "format_error", "calls", "answer", "format_error",
+    assert [s["kind"] for s in steps] == ["calls", "format_error", "format_error", "calls", "answer", "calls",
                                           "calls", "answer"]
     first = steps[0]
     assert [c["name"] for c in first["calls"]] == ["transfer", "get_balance"]
@@ -149,7 +149,8 @@ def test_run_reads_raw_responses_as_training_does():
     # the early answer names the request still open
     assert f"step 3 of 3" in steps[4]["observation"] and instructions._user_messages[2] in steps[4]["observation"]
     assert steps[4]["reward"] == 0.0 and not steps[4]["terminated"]
-    assert steps[5]["reward"] == -0.1 and "not one of the tools" in steps[5]["observation"]
+    assert steps[5]["reward"] == 0.0 and steps[5]["calls"][0]["returncode"] == 1
+    assert "unknown tool 'no_such_tool'" in steps[5]["calls"][0]["output"]
     assert steps[7]["reward"] == 1.0 and report["return"] == 1.0 and report["end_reason"] == "terminated"
 
     text = spade("env", "run", str(BANKING), "--seed", str(seed), "--actions", *responses)

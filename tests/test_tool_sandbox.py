@@ -165,7 +165,7 @@ def test_paper_style_environment_runs_unchanged(harness, source):
 
 
 def test_text_protocol_of_the_base_step(harness):
-    env = harness.run(harness.service.open(BASE_ADVANCING, max_turns=8))
+    env = harness.run(harness.service.open(BASE_ADVANCING, max_turns=12))
     try:
         harness.run(env.reset(seed=1))
         fmt = harness.run(env.step("I will lend the book"))
@@ -176,9 +176,12 @@ def test_text_protocol_of_the_base_step(harness):
         # SGLang's qwen25 layout needs the new lines; a block without them is not a call
         inline = harness.run(env.step("<tool_call>" + json.dumps(lend) + "</tool_call>"))
         assert inline.reward == FORMAT_ERROR_REWARD
-        # a name that is not one of the tools is dropped, as SGLang drops it: no call
+        # a name that is not one of the tools runs and gets the unknown-tool error (the released
+        # step and the native path's default), reward 0; a block with no name is no call
         unknown = harness.run(env.step('<tool_call>\n{"name": "burn", "arguments": {}}\n</tool_call>'))
-        assert unknown.reward == FORMAT_ERROR_REWARD
+        assert unknown.reward == 0.0 and unknown.observation.startswith("Tool result:\nError: unknown tool 'burn'")
+        nameless = harness.run(env.step('<tool_call>\n{"arguments": {}}\n</tool_call>'))
+        assert nameless.reward == FORMAT_ERROR_REWARD
         # a call inside the reasoning is not a call
         thought = harness.run(env.step("<think><tool_call>\n" + json.dumps(lend) + "\n</tool_call>"))
         assert thought.reward == FORMAT_ERROR_REWARD

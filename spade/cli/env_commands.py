@@ -341,8 +341,9 @@ def _print_tool_run(report: dict[str, Any]) -> None:
         print(f"\n[{number}] {step['kind'].replace('_', ' ')}")
         for call in step["calls"]:
             arguments = json.dumps(call["arguments"], ensure_ascii=False)
-            print(f"  call {call['name']}({arguments}) -> returncode {call['returncode']}: {call['output']}"
-                  + (f"  [completed {call['advanced']} request(s)]" if call.get("advanced") else ""))
+            # a result that completed a request ends with the next one (the notice): keep its lines indented
+            output = "\n".join(("    " + line) if line else "" for line in call["output"].split("\n")).lstrip()
+            print(f"  call {call['name']}({arguments}) -> returncode {call['returncode']}: {output}")
         if step["kind"] != "calls":
             if step["kind"] == "answer":
                 print(f"  answer: {step['answer']}")

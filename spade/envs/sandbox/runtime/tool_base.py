@@ -175,8 +175,10 @@ class ToolUseBaseEnv:
         (a reply opening ``<think>``, up to ``</think>``) is set aside; the first
         ``<answer>..</answer>`` is checked first; else every tool call in SGLang's ``qwen25``
         JSON layout (``<tool_call>``, a new line, an object or an array of objects with a
-        ``name`` among the tools, a new line, ``</tool_call>``) runs, and the results come back
-        together; no call at all is a format error (-0.1, not terminal)."""
+        ``name``, a new line, ``</tool_call>``) runs, and the results come back together (a name
+        outside the tools runs too and gets the unknown-tool error, as in the released step and
+        the native path's default ``unknown_tool_names="execute"``); no call at all is a format
+        error (-0.1, not terminal)."""
         self.turn_count += 1
         truncated = self.turn_count >= self.max_turns
         body = _answer_part(action if isinstance(action, str) else str(action))
@@ -185,7 +187,7 @@ class ToolUseBaseEnv:
             if self._check_answer(answer.group(1).strip()):
                 return "Correct!", 1.0, True, False, {}
             return self._incorrect_answer_feedback(), 0.0, False, truncated, {}
-        calls = _json_calls(body, set(self._tools))
+        calls = _json_calls(body)
         if not calls:
             return FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD, False, truncated, {}
         results = [self.execute_tool(name, arguments)["output"] for name, arguments in calls]
@@ -209,11 +211,12 @@ def _answer_part(text: str) -> str:
     return answer if closed else ""
 
 
-def _json_calls(text: str, known: set[str]) -> list[tuple[str, Any]]:
-    """The calls SGLang's ``qwen25`` detector returns (``spade.agent.tool_calls._parse_json``):
-    blocks opened by ``<tool_call>`` and a new line, closed by the first new line followed by
-    ``</tool_call>``; items without a known ``name`` give no call; arguments are ``parameters``
-    when truthy, else ``arguments``, else ``{}``."""
+def _json_calls(text: str) -> list[tuple[str, Any]]:
+    """The JSON calls by SGLang's ``qwen25`` block rules (``spade.agent.tool_calls``): blocks
+    opened by ``<tool_call>`` and a new line, closed by the first new line followed by
+    ``</tool_call>``; an item without a non-empty ``name`` string gives no call (names are not
+    checked against the tools); arguments are ``parameters`` when truthy, else ``arguments``,
+    else ``{}``."""
     calls: list[tuple[str, Any]] = []
     position = 0
     while True:
@@ -236,5 +239,5 @@ def _json_calls(text: str, known: set[str]) -> list[tuple[str, Any]]:
         except ValueError:
             continue
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"] in known:
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"]:
                 calls.append((item["name"], item.get("parameters") or item.get("arguments", {})))
