@@ -164,6 +164,45 @@ def test_paper_style_environment_runs_unchanged(harness, source):
         harness.run(env.close())
 
 
+TWO_AT_ONCE = '''
+class CounterEnv(ToolUseBaseEnv):
+    def reset(self, seed=None):
+        self._state = {"n": 0, "looked": False}
+        self._tools = {"bump": {"description": "Add one.", "parameters": {"type": "object", "properties": {}}},
+                       "look": {"description": "Read the counter.", "parameters": {"type": "object", "properties": {}}}}
+        self._user_messages = ["Bump the counter.", "Make sure it is positive.", "Look at it."]
+        self._message_criteria = [lambda s: s["n"] >= 1, lambda s: s["n"] > 0, lambda s: s["looked"]]
+        self._current_msg = 0
+        return self._user_messages[0]
+
+    def tool_bump(self):
+        self._state["n"] += 1
+        return "bumped" APPEND
+
+    def tool_look(self):
+        self._state["looked"] = True
+        return "n=" + str(self._state["n"]) APPEND
+'''
+
+
+@pytest.mark.parametrize("append", [" + self._advance_if_done()", ""], ids=["tools_append_notice", "base_appends"])
+def test_one_step_per_call_and_one_notice(harness, append):
+    """A call that meets two criteria at once completes one step, with one notice (the released
+    _advance_if_done moves one step per call); the next call completes the other."""
+    env = harness.run(harness.service.open(TWO_AT_ONCE.replace("APPEND", append)))
+    try:
+        harness.run(env.reset())
+        bumped = harness.run(env.call_tool("bump", {}))
+        assert bumped.output == "bumped\n\n[STEP 1 COMPLETE — NEW INSTRUCTION] Make sure it is positive."
+        assert bumped.advanced == 1
+        looked = harness.run(env.call_tool("look", {}))
+        assert looked.output == "n=1\n\n[STEP 2 COMPLETE — NEW INSTRUCTION] Look at it." and looked.advanced == 1
+        again = harness.run(env.call_tool("look", {}))
+        assert again.output == "n=1" + HELD_NOTICE and again.progress.all_done
+    finally:
+        harness.run(env.close())
+
+
 def test_text_protocol_of_the_base_step(harness):
     env = harness.run(harness.service.open(BASE_ADVANCING, max_turns=12))
     try:
