@@ -5,7 +5,8 @@ SPEC numbers)::
 
     include: base.yaml        # optional: a file (or list of files) merged underneath this one
     model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16, recompute: none | full | selective,
-                recompute_method: uniform | block, recompute_num_layers: N, memory_check: true, thinking: auto | on | off}
+                recompute_method: uniform | block, recompute_num_layers: N, memory_check: true,
+                thinking: auto | on | off}
     parallel:  {tp, pp, ep, etp, sequence_parallel}
     optimizer: spade.training.OptimizerSettings
     loss:      spade.training.LossSettings

@@ -220,8 +220,8 @@ def check_fits(estimate: MemoryEstimate, device_bytes: float, micro_batch: Micro
     where = f"{device_name} ({device_bytes / GIB:.1f} GiB)" if device_name else f"{device_bytes / GIB:.1f} GiB"
     advice = []
     if estimate.attention_saved > 0:
-        advice.append(f"{names.recompute}{names.assign}selective (keeps one layer's attention scores at a time instead of "
-                      f"{estimate.attention_saved / GIB:.1f} GiB) or full")
+        advice.append(f"{names.recompute}{names.assign}selective (keeps one layer's attention scores at a time "
+                      f"instead of {estimate.attention_saved / GIB:.1f} GiB) or full")
     elif recompute.granularity == "selective":
         advice.append(f"{names.recompute}{names.assign}full (keeps only each layer's input)")
     elif recompute.granularity == "full" and recompute.method == "block":
