@@ -74,6 +74,8 @@ def test_every_stage_runs_on_cpu_and_reports_a_verdict(tmp_path):
         assert FIGURES[name] <= set(record["figures"]), (name, record["figures"])
         assert f"== {name}: {record['verdict'].upper()} in" in proc.stdout
     assert by_stage["env"]["figures"]["import_failures"] == {}
+    assert by_stage["env"]["figures"]["torch_api_missing"] == []
+    assert by_stage["env"]["figures"]["torch_api_checked"] > 50
     assert by_stage["ipc"]["figures"]["checksums_equal"] is True
     assert by_stage["offload"]["figures"]["exact_restore"] is True
     assert by_stage["offload"]["figures"]["moved_gib"] > 0
@@ -105,3 +107,15 @@ def test_an_unknown_stage_in_only_is_refused_with_the_stage_names(tmp_path):
     assert proc.returncode != 0 and records == []
     assert "unknown stage(s) in ONLY/--only: mfu" in proc.stderr
     assert ", ".join(STAGE_NAMES) in proc.stderr
+
+
+def test_the_torch_api_check_reports_what_this_torch_lacks():
+    """The env stage's check of spade's torch API on the machine's torch (2.11 there): names
+    this torch has resolve, made-up ones are reported, submodules are imported on the way."""
+    import device_stages
+
+    chains = device_stages.torch_api_chains()
+    assert {"torch.cuda.ipc_collect", "torch.UntypedStorage", "torch.multiprocessing"} <= set(chains)
+    assert "torch.autograd.function.BackwardCFunction" in chains  # from `from torch.x import y`
+    made_up = ["torch.cuda.no_such_function", "torch.nn.attention.no_such_module.f"]
+    assert device_stages.unresolved_torch_api(["torch.distributed.checkpoint.FileSystemReader", *made_up]) == made_up

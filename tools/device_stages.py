@@ -172,6 +172,43 @@ def digest(tensor) -> tuple[int, int]:
     return total & (2**64 - 1), weighted & (2**64 - 1)
 
 
+def torch_api_chains() -> list[str]:
+    """Every ``torch.a.b`` chain spade and megatron_patches name (code and docstrings alike),
+    with ``from torch.x import y`` read as ``torch.x.y``."""
+    import re
+
+    chain = re.compile(r"\btorch(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+    from_import = re.compile(r"^\s*from (torch(?:\.\w+)*) import \(?([\w, ]+)", re.MULTILINE)
+    found: set[str] = set()
+    for folder in ("spade", "megatron_patches"):
+        for path in (REPO / folder).rglob("*.py"):
+            text = path.read_text()
+            found.update(chain.findall(text))
+            for module, names in from_import.findall(text):
+                found.update(f"{module}.{name.strip()}" for name in names.split(",") if name.strip())
+    return sorted(found)
+
+
+def unresolved_torch_api(chains: list[str]) -> list[str]:
+    """The chains this torch does not have (attributes, or submodules that do not import)."""
+    import importlib
+
+    missing = []
+    for dotted in chains:
+        parts = dotted.split(".")
+        obj: Any = importlib.import_module("torch")
+        for index, part in enumerate(parts[1:], 1):
+            if hasattr(obj, part):
+                obj = getattr(obj, part)
+                continue
+            try:
+                obj = importlib.import_module(".".join(parts[: index + 1]))
+            except ImportError:
+                missing.append(dotted)
+                break
+    return missing
+
+
 def _spade_modules() -> tuple[str, ...]:
     return ("spade.training", "spade.training.offload", "spade.models.builder", "spade.rollout.hf_engine",
             "spade.rollout.prefix_attention", "spade.rollout.weight_buckets", "spade.rollout.weight_transport",
@@ -217,6 +254,11 @@ def stage_env(device: str, shapes: Shapes) -> StageResult:
         except Exception as exc:  # noqa: BLE001
             failures["megatron_patches.apply_all"] = f"{type(exc).__name__}: {exc}"
     figures["import_failures"] = failures
+    chains = torch_api_chains()
+    figures["torch_api_checked"] = len(chains)
+    figures["torch_api_missing"] = unresolved_torch_api(chains)
+    if figures["torch_api_missing"]:
+        failures["torch API"] = "this torch lacks " + ", ".join(figures["torch_api_missing"])
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         figures.update(gpu=props.name, capability=f"{props.major}.{props.minor}",
