@@ -119,3 +119,25 @@ def test_the_torch_api_check_reports_what_this_torch_lacks():
     assert "torch.autograd.function.BackwardCFunction" in chains  # from `from torch.x import y`
     made_up = ["torch.cuda.no_such_function", "torch.nn.attention.no_such_module.f"]
     assert device_stages.unresolved_torch_api(["torch.distributed.checkpoint.FileSystemReader", *made_up]) == made_up
+
+
+def test_the_gpu_shapes_are_models_spade_reads_and_one_512_mib_bucket():
+    """What only the GPU run builds, checked here without building it: every model shape reads
+    as a spec of its architecture, and the IPC tensors pack into exactly one 512 MiB bucket
+    (on the meta device: no memory)."""
+    import torch
+
+    import device_stages
+    import gpu_mfu
+    from spade.models import read_model_spec
+    from spade.rollout.weight_buckets import pack_buckets
+
+    shapes = device_stages.Shapes.for_device("cuda")
+    for config, layers, hidden in ((shapes.parity_config, 8, 1024), (shapes.offload_config, 28, 2048),
+                                   (shapes.engine_config, 28, 1024), (gpu_mfu.QWEN3_4B, 36, 2560)):
+        spec = read_model_spec(config)
+        assert (spec.num_layers, spec.hidden_size, spec.vocab_size) == (layers, hidden, 151936)
+    per_tensor = shapes.ipc_bucket_bytes // shapes.ipc_tensors // 2
+    named = [(f"t{i}", torch.empty(per_tensor, dtype=torch.bfloat16, device="meta")) for i in range(shapes.ipc_tensors)]
+    buckets = list(pack_buckets(iter(named), shapes.ipc_bucket_bytes))
+    assert [b.nbytes for b in buckets] == [512 * 2**20]

@@ -74,7 +74,7 @@ class Shapes:
     prefix_tokens: int
     prefix_tail: int
     prefix_new_tokens: int
-    train_config: dict
+    train_config: Optional[dict]  # None: tools/gpu_mfu.py's Qwen3-4B shape (read by the stage that uses it)
     train_seq: int
     train_seqs: int
     train_micro_batch_tokens: int
@@ -83,8 +83,6 @@ class Shapes:
     @classmethod
     def for_device(cls, device: str) -> "Shapes":
         if device == "cuda":
-            import gpu_mfu
-
             return cls(
                 matmul_n=8192, copy_bytes=2 * GIB, ipc_bucket_bytes=512 * MIB, ipc_tensors=8,
                 slice_matmul_n=8192, slice_iters=60,
@@ -92,7 +90,7 @@ class Shapes:
                 offload_config=QWEN3_1_7B, offload_seq=512,
                 engine_config=QWEN3_0_6B, engine_prompt=256, engine_new_tokens=128, engine_batches=(8, 32),
                 prefix_rows=16, prefix_tokens=1400, prefix_tail=32, prefix_new_tokens=64,
-                train_config=dict(gpu_mfu.QWEN3_4B), train_seq=4096, train_seqs=8,
+                train_config=None, train_seq=4096, train_seqs=8,
                 train_micro_batch_tokens=4096, train_timed_steps=2)
         return cls(
             matmul_n=256, copy_bytes=16 * MIB, ipc_bucket_bytes=4 * MIB, ipc_tensors=4,
@@ -712,7 +710,7 @@ def stage_train_step(device: str, shapes: Shapes) -> StageResult:
     from spade.training import make_micro_batches, train_step
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    config = shapes.train_config
+    config = shapes.train_config or dict(gpu_mfu.QWEN3_4B)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     built = time.perf_counter()
