@@ -39,10 +39,11 @@ FIGURES = {  # keys each stage must report
 }
 
 
-def run_check(out: Path, timeout: float, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def run_check(out: Path, timeout: float, device: str = "cpu", **env: str
+              ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     environment = {k: v for k, v in os.environ.items() if k not in ("ONLY", "BUDGET_S", "DEVICE")}
     environment.update(PYTHON=sys.executable, OUT=str(out), DEVICE_WHEELS=str(out / "no-wheels"), **env)
-    proc = subprocess.run(["bash", "tools/device_check.sh", "--device", "cpu"], cwd=ROOT, env=environment,
+    proc = subprocess.run(["bash", "tools/device_check.sh", "--device", device], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout)
     jsonl = out / "device_check.jsonl"
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
@@ -54,7 +55,7 @@ def check_records(records: list[dict], stages: list[str]) -> dict[str, dict]:
     for record in records:
         assert set(record) == RECORD_KEYS, record
         assert isinstance(record["seconds"], (int, float)) and record["seconds"] >= 0
-        assert record["device"] == "cpu"
+        assert record["device"] in ("cpu", "cuda")
     assert [r["kind"] for r in records] == ["stage"] * len(stages) + ["summary"]
     return {r["stage"]: r for r in records[:-1]}
 
@@ -82,7 +83,7 @@ def test_every_stage_runs_on_cpu_and_reports_a_verdict(tmp_path):
     # 16 rows after a 20-token common prefix: the prefix is computed once, 15 x 20 tokens saved
     assert by_stage["hf_engine"]["figures"]["shared_prefix_tokens_saved"] == 15 * 20
     train = by_stage["train_step"]["figures"]
-    assert train["tokens_per_s"] == pytest.approx(32 * 4 / train["step_s"], rel=0.02)
+    assert train["tokens_per_s"] == pytest.approx(32 * 4 / train["step_s"], rel=0.05)  # step_s is rounded
     gpu_tests = by_stage["gpu_tests"]["figures"]
     assert gpu_tests["tests"] > 0 and gpu_tests["skipped"] == gpu_tests["tests"]
     assert records[-1]["figures"]["counts"] == {"pass": 6, "fail": 0, "skipped": 3, "timeout": 0, "not run": 0}
@@ -100,6 +101,21 @@ def test_only_runs_the_chosen_stages_and_a_spent_budget_leaves_the_rest_not_run(
     assert "== timeslice: NOT RUN" in proc.stdout
     assert records[-1]["figures"]["counts"]["not run"] == 1
     assert proc.returncode == 1  # a stage that did not run fails the check
+
+
+def test_a_failing_stage_does_not_stop_the_next(tmp_path):
+    """Asked for CUDA on a machine without it, each stage fails with the error, and every chosen
+    stage still runs."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    proc, records = run_check(tmp_path, timeout=120, device="cuda", ONLY="matmul,timeslice")
+    by_stage = check_records(records, ["matmul", "timeslice"])
+    for record in by_stage.values():
+        assert record["verdict"] == "fail" and record["seconds"] > 0
+        assert "CUDA" in record["reason"] or "cuda" in record["reason"], record["reason"]
+    assert records[-1]["figures"]["counts"]["fail"] == 2 and proc.returncode == 1
 
 
 def test_an_unknown_stage_in_only_is_refused_with_the_stage_names(tmp_path):
