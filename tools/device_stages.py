@@ -251,7 +251,9 @@ def stage_env(device: str, shapes: Shapes) -> StageResult:
             megatron_patches.apply_all()  # checks the megatron-core version the patches are for
         except Exception as exc:  # noqa: BLE001
             failures["megatron_patches.apply_all"] = f"{type(exc).__name__}: {exc}"
-    figures["import_failures"] = failures
+    figures["import_failures"] = dict(failures)
+    figures["imported_from"] = {name: getattr(sys.modules.get(name), "__file__", None)
+                                for name in ("megatron.core", "transformers")}
     chains = torch_api_chains()
     figures["torch_api_checked"] = len(chains)
     figures["torch_api_missing"] = unresolved_torch_api(chains)
