@@ -5,9 +5,9 @@ bodies it builds) with only its transport replaced: every request is appended to
 ``Call``: server index, path, memory tags) and answered the way SGLang 0.5.23 answers it
 (``sglang_protocol.ENDPOINTS``: weight endpoints ``{"success", "message"}``, memory endpoints
 ``null``, pause/continue ``{"status": "ok"}``, ``/flush_cache`` plain text). The weight payloads are
-decoded as a server worker would (which also gives the shared memory back), and kept in
-``received``. ``on_call`` runs before each answer (a test hook: delay, check another process's
-progress).
+decoded as a server worker would (which also gives the shared memory back; torch rebuilds a CUDA-IPC
+handle made in the same process from its cache), and kept in ``received`` unless ``keep=False``.
+``on_call`` runs before each answer (a test hook: delay, check another process's progress).
 
 ``RecordingMemory`` stands for the trainer's ``TrainingMemory``: it appends its moves to the same
 log, so one list shows the order of server calls and trainer offloads.
@@ -42,19 +42,22 @@ _WEIGHT_PATHS = {"/begin_weight_update", "/end_weight_update", "/update_weights_
 
 class RecordingEngine(SGLangEngine):
     def __init__(self, servers: int, log: list, on_call: Optional[Callable[[Call], Any]] = None, *,
-                 decode: bool = True) -> None:
+                 keep: bool = True) -> None:
         super().__init__([f"http://127.0.0.1:{40000 + i}" for i in range(servers)])
         self.calls = log
         self.on_call = on_call
-        self.decode = decode  # False: CUDA-IPC payloads (a process cannot open its own IPC handles)
+        self.keep = keep  # False: decode and drop (the sender's buffers can be freed, as after a real load)
         self.received: list[list] = []  # decoded entries of each /update_weights_from_tensor body
 
     async def _http(self, s: Any, method: str, path: str, payload: Optional[dict], timeout: float) -> tuple[int, Any]:
         index = self.servers.index(s)
         tags = tuple((payload or {}).get("tags") or ()) if "memory_occupation" in path else ()
         call = Call(index, path, tags)
-        if path == "/update_weights_from_tensor" and self.decode:
-            self.received.append([deserialize_named_tensors(entry) for entry in payload["serialized_named_tensors"]])
+        if path == "/update_weights_from_tensor":
+            decoded = [deserialize_named_tensors(entry) for entry in payload["serialized_named_tensors"]]
+            if self.keep:
+                self.received.append(decoded)
+            del decoded
         if self.on_call is not None:
             result = self.on_call(call)
             if hasattr(result, "__await__"):

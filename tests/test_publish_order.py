@@ -124,7 +124,7 @@ def test_on_cuda_the_parameters_are_off_the_device_when_the_kv_cache_is_resumed(
         memory.onload_params()
         return iter([(name, p.detach()) for name, p in model.named_parameters()])
 
-    engine = RecordingEngine(1, log, on_call=on_call, decode=False)
+    engine = RecordingEngine(1, log, on_call=on_call, keep=False)
     deployment_backend = backend_over(log, tmp_path, servers=1, engine=engine, memory=memory)
     deployment_backend.device = device
     deployment_backend.deployment.device = device
