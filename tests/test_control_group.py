@@ -22,11 +22,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "dist" / "control_worker.py"
 TIMEOUT_S = 2.0  # the default group's timeout in the worker
 DELAY_S = 3.5  # what rank 0 takes before each command: longer than TIMEOUT_S
 SCENARIOS = ("samples", "recover", "publish", "barrier", "premise")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def test_ranks_waiting_for_rank_0_outlive_the_default_group_timeout(tmp_path):
