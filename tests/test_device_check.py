@@ -83,6 +83,7 @@ def test_every_stage_runs_on_cpu_and_reports_a_verdict(tmp_path):
     # 16 rows after a 20-token common prefix: the prefix is computed once, 15 x 20 tokens saved
     assert by_stage["hf_engine"]["figures"]["shared_prefix_tokens_saved"] == 15 * 20
     train = by_stage["train_step"]["figures"]
+    assert isinstance(train["estimate_gib"], float)  # spade.training.memory_plan's estimate, beside the peak
     assert train["tokens_per_s"] == pytest.approx(32 * 4 / train["step_s"], rel=0.05)  # step_s is rounded
     gpu_tests = by_stage["gpu_tests"]["figures"]
     assert gpu_tests["tests"] > 0 and gpu_tests["skipped"] == gpu_tests["tests"]

@@ -724,6 +724,7 @@ def stage_train_step(device: str, shapes: Shapes) -> StageResult:
                                "seq": shapes.train_seq, "seqs": shapes.train_seqs, "micro_batches": len(batches),
                                "recompute": "selective", "spec": "local", "dtype": str(dtype).split(".")[-1],
                                "build_s": round(time.perf_counter() - built, 1)}
+    figures.update(_memory_estimate(config, shapes))
     times = []
     for step in range(1 + shapes.train_timed_steps):
         _sync(device)
@@ -751,6 +752,22 @@ def stage_train_step(device: str, shapes: Shapes) -> StageResult:
     if metrics.skipped or not metrics.loss == metrics.loss:
         return StageResult("fail", figures, "the optimizer skipped the update or the loss is NaN")
     return StageResult("pass", figures)
+
+
+def _memory_estimate(config: dict, shapes: Shapes) -> dict[str, Any]:
+    """spade.training.memory_plan's step estimate for this shape, to set beside the measured
+    peak (the estimate is what refuses settings before a run; the GPU run checks it)."""
+    try:
+        from spade.models import ParallelLayout, read_model_spec
+        from spade.training.memory_plan import MicroBatchShape, RecomputeSettings, estimate_step_memory
+
+        rows = max(1, shapes.train_micro_batch_tokens // shapes.train_seq)
+        estimate = estimate_step_memory(read_model_spec(config), ParallelLayout(), MicroBatchShape(rows, shapes.train_seq),
+                                        RecomputeSettings("selective"), distributed_optimizer=True,
+                                        local_attention=True)
+        return estimate.to_dict()
+    except Exception as exc:  # noqa: BLE001  (a figure missing, not a failed stage)
+        return {"estimate_gib": f"unavailable: {type(exc).__name__}: {exc}"}
 
 
 def gpu_test_files() -> list[str]:
