@@ -15,6 +15,9 @@
 4. ``model_screen``: an injected callable (the policy through the engine) judges whether every
    criterion can be met with the tools; ``None`` (no verdict: timeout, unparsable reply, no
    engine) counts as accept, ``False`` rejects.
+
+``solution()`` is not checked: the released validation never calls it (``validate_game`` resets
+and steps, the LLM validator reads the source), though the designer prompt asks for it.
 """
 
 from __future__ import annotations
