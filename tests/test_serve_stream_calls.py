@@ -232,3 +232,29 @@ def test_a_call_goes_out_as_soon_as_its_block_is_decided():
     # before the first block); the end strips the space
     assert stream.push("\n" + j('{"name": "wipe"}')).content == "\n\n" + j('{"name": "wipe"}')
     assert stream.push("\n", final=True).content == ""
+
+
+def test_random_texts_stream_to_the_parse_of_the_whole_text():
+    """Texts built from the markers' pieces, cut at random: the stream's calls and content are
+    ``tool_calls.parse``'s (content up to the documented leading whitespace)."""
+    from spade.agent.tool_calls import parse
+    from spade.serve.streaming import ToolCallStream
+
+    pieces = ["<tool_call>", "</tool_call>", "\n", " ", "x", '{"name": "lookup", "arguments": {"q": "a"}}',
+              '{"name": "wipe"}', '[{"name": "lookup"}]', "<function=lookup>", "<parameter=q>", "</parameter>",
+              "</function>", "{", '"}', "<tool_", "call>"]
+    rng = random.Random(7)
+    for _ in range(400):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        whole = parse(text, TOOLS)
+        called = bool(whole.calls)
+        cuts = sorted(rng.sample(range(1, len(text)), min(max(len(text) - 1, 0), rng.randint(0, 8)))) if text else []
+        chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])] or [""]
+        stream = ToolCallStream(TOOLS, lambda: "call_x")
+        content, calls = "", []
+        for k, chunk in enumerate(chunks):
+            out = stream.push(chunk, final=k == len(chunks) - 1)
+            content += out.content
+            calls += [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in out.calls]
+        assert calls == ([(c.name, c.arguments) for c in whole.calls] if called else []), (text, chunks)
+        assert (content.lstrip() if called else content) == (whole.content if called else text), (text, chunks)

@@ -60,6 +60,7 @@ FUNCTION = "<function="
 
 _FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|$)", re.DOTALL)
+_NON_SPACE = re.compile(r"\S")
 _STRING_TYPES = ("string", "str", "text", "varchar", "char", "enum")
 _INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 
@@ -160,7 +161,8 @@ class BlockReader:
         same way whatever follows (every end below is the first occurrence of a marker, which
         later text cannot move)."""
         inner = start + len(OPEN)
-        rest = text[inner:].lstrip()
+        first = _NON_SPACE.search(text, inner)  # the block's first character after whitespace
+        rest = "" if first is None else text[first.start():first.start() + len(FUNCTION)]
         if not complete and len(rest) < len(FUNCTION) and FUNCTION.startswith(rest):
             return None  # may still become "<function="
         if rest.startswith(FUNCTION):
