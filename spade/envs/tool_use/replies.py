@@ -10,7 +10,7 @@ answer inside the reasoning is not one. What is left is, in this order (the rele
   after all instructions), even when the reply also holds calls;
 * tool calls (``<tool_call>`` blocks in the model's native syntax, several per turn): every call
   that parses runs, and a malformed block beside them is only reported in ``errors`` (the
-  released orchestrator runs the calls SGLang's parser returns and skips the rest);
+  released orchestrator runs the calls its parser returns and skips the rest);
 * a format error when there is neither (no block parses, or there is no block and no answer),
   which the environment answers with the format-error observation (-0.1, not terminal).
 
