@@ -42,12 +42,17 @@
 #
 # CUDA architectures: 9.0 (H100/H200) by default; add more for other GPUs, e.g.
 #   docker build --build-arg TORCH_CUDA_ARCH_LIST="9.0;10.0" --build-arg NVTE_CUDA_ARCHS="90;100" .
+#
+# Stages: `base` is the checked SGLang image with the constraints and the build tools; `te` and
+# `apex` each build one wheel on it (BuildKit builds the two side by side); the last stage installs
+# both wheels and spade. The least tested pairing is TE 2.11 against torch 2.14.1 (TE's release is
+# older than that torch), so TE is the first stage after the base and can be built alone:
+#   docker build --target te -t spade:te .   (base + TE only: a TE/torch break fails here, before
+#                                             apex, megatron-core or spade are touched)
 # Build:   docker build -t spade:dev .      (about an hour: TE and apex compile; MAX_JOBS bounds it)
 # Run:     examples/launch/docker_run.sh (the flags the bubblewrap sandbox needs are explained there
 #          and in docs/scale_out.md)
 ARG BASE_IMAGE=lmsysorg/sglang:v0.5.23-cu130
-FROM ${BASE_IMAGE}
-
 ARG SGLANG_VERSION=0.5.23
 ARG TORCH_VERSION=2.14.1
 ARG CUDA_MAJOR_MINOR=13.0
@@ -58,6 +63,11 @@ ARG APEX_COMMIT=6424da3b4faa6c8f062da4a48c424fff3f02d42d
 ARG TORCH_CUDA_ARCH_LIST=9.0
 ARG NVTE_CUDA_ARCHS=90
 ARG MAX_JOBS=16
+
+FROM ${BASE_IMAGE} AS base
+ARG SGLANG_VERSION
+ARG TORCH_VERSION
+ARG CUDA_MAJOR_MINOR
 
 # System Python of the SGLang image: pip installs go there (no virtual environment on purpose).
 ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
@@ -112,16 +122,49 @@ RUN printf '%s\n' cmake==3.31.6 pybind11==3.0.1 ninja==1.13.0 onnx==1.23.2 onnxs
     && spade-pip-missing /tmp/tools.txt > /tmp/tools.missing \
     && if [ -s /tmp/tools.missing ]; then python3 -m pip install -r /tmp/tools.missing; fi
 
-# Transformer Engine (PyTorch part only) from source, against the image's torch and CUDA.
+# Transformer Engine (PyTorch part only) from source, against the image's torch and CUDA, as a
+# wheel in /wheels; installed in this stage too, to check its version and its torch extension.
+FROM base AS te
+ARG TE_VERSION
+ARG TE_COMMIT
+ARG NVTE_CUDA_ARCHS
+ARG MAX_JOBS
 RUN NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS="${NVTE_CUDA_ARCHS}" MAX_JOBS="${MAX_JOBS}" \
-    python3 -m pip install -v --no-build-isolation \
+    python3 -m pip wheel -v --no-deps --no-build-isolation --wheel-dir /wheels \
         "transformer_engine @ git+https://github.com/NVIDIA/TransformerEngine.git@${TE_COMMIT}" \
-    && python3 -c "from importlib.metadata import version as v; te = v('transformer_engine'); print('transformer_engine', te); assert te.split('+')[0] == '${TE_VERSION}', te"
+    && python3 -m pip install --no-deps /wheels/transformer_engine-*.whl
+RUN python3 - <<EOF
+import glob, site
+from importlib.metadata import version
+te = version("transformer_engine")
+print("transformer_engine", te)
+assert te.split("+")[0] == "${TE_VERSION}", te
+built = [path for root in site.getsitepackages() for path in glob.glob(root + "/transformer_engine_torch*.so")]
+assert built, "no transformer_engine_torch*.so: TE's torch extension was not built"
+print("TE torch extension:", built[0])
+EOF
 
-# apex: C++ and CUDA extensions (what megatron-core's fallbacks import), against the same torch.
+# apex: C++ and CUDA extensions (what megatron-core's fallbacks import), against the same torch,
+# as a wheel in /wheels.
+FROM base AS apex
+ARG APEX_COMMIT
+ARG TORCH_CUDA_ARCH_LIST
+ARG MAX_JOBS
 RUN APEX_CPP_EXT=1 APEX_CUDA_EXT=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" MAX_JOBS="${MAX_JOBS}" \
     NVCC_APPEND_FLAGS="--threads 4" \
-    python3 -m pip install -v --no-build-isolation "apex @ git+https://github.com/NVIDIA/apex.git@${APEX_COMMIT}"
+    python3 -m pip wheel -v --no-deps --no-build-isolation --wheel-dir /wheels \
+        "apex @ git+https://github.com/NVIDIA/apex.git@${APEX_COMMIT}"
+
+FROM base AS image
+ARG TORCH_VERSION
+ARG MEGATRON_CORE_VERSION
+ARG TE_VERSION
+
+# The two wheels built above (TE's Python dependencies come from the index, under the constraints).
+RUN --mount=type=bind,from=te,source=/wheels,target=/tmp/te-wheels \
+    --mount=type=bind,from=apex,source=/wheels,target=/tmp/apex-wheels \
+    python3 -m pip install /tmp/te-wheels/transformer_engine-*.whl /tmp/apex-wheels/apex-*.whl \
+    && python3 -c "from importlib.metadata import version as v; te = v('transformer_engine'); print('transformer_engine', te, 'apex', v('apex')); assert te.split('+')[0] == '${TE_VERSION}', te"
 
 # megatron-core without dependencies: it needs torch, numpy and packaging, all in the image.
 RUN python3 -m pip install --no-deps "megatron-core==${MEGATRON_CORE_VERSION}"

@@ -8,7 +8,9 @@
 #
 #   versions      spade.rollout.runtime_versions: torch / CUDA / NCCL of the trainer and of the
 #                 interpreter that runs SGLang (must be one), sglang's version
-#   libraries     the GPU, Transformer Engine and apex extensions load, flash-attn present or not
+#   libraries     the GPU, Transformer Engine and apex extensions load, flash-attn present or not;
+#                 the versions of the pairing (torch, TE, apex, megatron-core, transformers,
+#                 tokenizers) next to the transformers/tokenizers pins the CPU tests run
 #   ipc           CUDA-IPC hand-over of a weight bucket to another process (tests/test_gpu_sglang.py)
 #   training      GPU tests of the Megatron path: TE spec, bf16, packed sequences, training-memory
 #                 offload (tests/test_gpu.py, tests/test_gpu_offload.py)
@@ -64,9 +66,24 @@ stage() {
 stage versions 120 "$PY" -m spade.rollout.runtime_versions
 stage libraries 120 "$PY" - <<'PYEOF'
 import importlib.util
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
+
+def installed(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+print("pairing:", ", ".join(f"{name} {installed(name)}" for name in (
+    "torch", "transformer_engine", "apex", "megatron-core", "transformers", "tokenizers", "sglang")))
+pins = dict(line.split("#", 1)[0].strip().partition("==")[::2] for line in open("requirements.txt") if "==" in line)
+for name in ("transformers", "tokenizers"):
+    if installed(name) != pins.get(name):
+        print(f"{name}: the CPU tests run {pins.get(name)}, this environment has {installed(name)}")
 print("device", torch.cuda.get_device_name() if torch.cuda.is_available() else None,
       "count", torch.cuda.device_count())
 assert torch.cuda.is_available(), "no CUDA device"
