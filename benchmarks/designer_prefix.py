@@ -23,7 +23,7 @@ from spade.designer.prompts import DesignerRequest, designer_messages
 from spade.designer.skills import SkillSettings
 from spade.models.embedded import embedded_model_dir
 from spade.rollout import GenerationRequest, HFEngine, SamplingParams
-from spade.rollout import hf_engine
+from spade.rollout.hf import scheduler
 from spade.rollout.conversation import ChatFormat, Conversation
 from spade.selfplay.designer_round import resolve_seed_dir
 
@@ -63,15 +63,15 @@ def main() -> None:
     directory = embedded_model_dir()
     engine = HFEngine(directory, max_batch_size=args.slots, batch_wait_ms=500.0)
     batch = prompts(engine.tokenizer, args.slots)
-    shared = hf_engine.shared_prefix_length(batch)
+    shared = scheduler.shared_prefix_length(batch)
     print(f"{args.slots} prompts of {min(map(len, batch))}-{max(map(len, batch))} tokens, "
           f"{shared} shared; {args.max_new_tokens} new tokens each")
     figures = {}
     available = engine.prefix_attention
-    for label, minimum, attended in (("prefix attended once", hf_engine.MIN_SHARED_PREFIX, True),
-                                     ("prefix copied per row", hf_engine.MIN_SHARED_PREFIX, False),
+    for label, minimum, attended in (("prefix attended once", scheduler.MIN_SHARED_PREFIX, True),
+                                     ("prefix copied per row", scheduler.MIN_SHARED_PREFIX, False),
                                      ("no sharing", 10**9, False)):
-        hf_engine.MIN_SHARED_PREFIX = minimum
+        scheduler.MIN_SHARED_PREFIX = minimum
         engine.prefix_attention = attended and available
         prefill, _ = run(engine, batch, 1)
         total, tokens = run(engine, batch, args.max_new_tokens)

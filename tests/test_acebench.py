@@ -278,7 +278,7 @@ def tiny_chat_model(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
     from spade.eval.runner import ChatModel
-    from spade.rollout.hf_engine import HFEngine
+    from spade.rollout.hf.engine import HFEngine
 
     _checkout_and_python()
     directory = tmp_path_factory.mktemp("acebench_model")

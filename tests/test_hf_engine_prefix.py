@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from spade.rollout import GenerationRequest, HFEngine, SamplingParams
-from spade.rollout.hf_engine import MIN_SHARED_PREFIX, shared_prefix_length
+from spade.rollout.hf.scheduler import MIN_SHARED_PREFIX, shared_prefix_length
 from test_rollout_engine import tiny_model
 
 PREFIX = [(7 * i + 3) % 190 + 5 for i in range(40)]

@@ -1,4 +1,4 @@
-"""spade.rollout.kv_cache and prefix_attention against transformers' own cache and SDPA.
+"""spade.rollout.hf.kv_cache and prefix_attention against transformers' own cache and SDPA.
 
 References: ``torch.cat`` of every update (what transformers' DynamicLayer holds), SDPA over the
 concatenated ``[prefix][row]`` keys with the kv heads repeated, and the transformers model's logits
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from spade.rollout import prefix_attention
-from spade.rollout.kv_cache import GrowingLayer, SharedPrefix, decode_cache, row_attention_bias
-from spade.rollout.prefix_attention import SHARED_PREFIX_ATTENTION, enable_shared_prefix_attention, \
+from spade.rollout.hf import prefix_attention
+from spade.rollout.hf.kv_cache import GrowingLayer, SharedPrefix, decode_cache, row_attention_bias
+from spade.rollout.hf.prefix_attention import SHARED_PREFIX_ATTENTION, enable_shared_prefix_attention, \
     shared_prefix_attention
 from test_rollout_engine import COMMON, tiny_model
 

@@ -22,9 +22,9 @@ import math
 import pytest
 import torch
 
-from spade.rollout import prefix_attention
-from spade.rollout.kv_cache import SharedPrefix, row_attention_bias
-from spade.rollout.prefix_attention import shared_prefix_attention
+from spade.rollout.hf import prefix_attention
+from spade.rollout.hf.kv_cache import SharedPrefix, row_attention_bias
+from spade.rollout.hf.prefix_attention import shared_prefix_attention
 
 U_BF16 = 2.0 ** -8
 BATCH, HEADS, KV_HEADS, DIM, PREFIX_LEN, ROW_LEN = 3, 4, 2, 16, 12, 10

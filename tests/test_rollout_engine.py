@@ -1,4 +1,4 @@
-"""spade.rollout.hf_engine against transformers, and live weight sync from the Megatron trainer.
+"""spade.rollout.hf.engine against transformers, and live weight sync from the Megatron trainer.
 
 Tiny random models (2 layers, hidden 64) built from transformers config objects. Every test drives
 the async engine from plain pytest with ``asyncio.run``.
@@ -454,7 +454,7 @@ def test_embedded_model_greedy_matches_generate_if_available():
 @pytest.mark.parametrize("top_k,top_p", [(None, 1.0), (4, 1.0), (None, 0.75), (4, 0.75)])
 def test_sampling_draws_from_the_truncated_distribution(top_k, top_p):
     """Frequencies of 20,000 draws against the hand-truncated distribution (4 standard errors)."""
-    from spade.rollout.hf_engine import _choose
+    from spade.rollout.hf.sampling import choose_token
 
     probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
     kept = probs.clone()
@@ -467,7 +467,7 @@ def test_sampling_draws_from_the_truncated_distribution(top_k, top_p):
     sampling = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
     generator = torch.Generator().manual_seed(0)
     draws = 20_000
-    counts = torch.bincount(torch.tensor([_choose(probs.log(), sampling, generator) for _ in range(draws)]),
+    counts = torch.bincount(torch.tensor([choose_token(probs.log(), sampling, generator) for _ in range(draws)]),
                             minlength=6).double() / draws
     error = (expected.double() * (1 - expected.double()) / draws).sqrt()
     assert torch.all((counts - expected.double()).abs() <= 4 * error + 1e-12), (counts, expected)

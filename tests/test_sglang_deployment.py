@@ -19,7 +19,7 @@ import torch
 from hf_fixtures import save_tiny_hf, tiny_model
 from sglang_standin import SERVER_SCRIPT
 from spade.rollout.engine import GenerationRequest, SamplingParams
-from spade.rollout.hf_engine import HFEngine
+from spade.rollout.hf.engine import HFEngine
 from spade.rollout.server_launcher import free_port
 from spade.rollout.sglang_deployment import (
     DeploymentError,

@@ -20,7 +20,7 @@ from sglang_standin import standin_launcher
 from spade.rollout import sglang_protocol as proto
 from spade.rollout import weight_transport
 from spade.rollout.engine import GenerationRequest, SamplingParams
-from spade.rollout.hf_engine import HFEngine
+from spade.rollout.hf.engine import HFEngine
 from spade.rollout.sglang_engine import NoHealthyServer, SGLangEngine
 
 pytestmark = pytest.mark.timeout(180)

@@ -22,7 +22,7 @@ from hf_fixtures import save_tiny_hf, tiny_model
 from sglang_standin import standin_argv, standin_launcher
 from spade.rollout import sglang_protocol as proto
 from spade.rollout.engine import GenerationRequest, SamplingParams
-from spade.rollout.hf_engine import HFEngine
+from spade.rollout.hf.engine import HFEngine
 from spade.rollout.server_launcher import sglang_argv
 from spade.rollout.sglang_engine import SGLangEngine
 from spade.rollout.weight_transport import serialize_named_tensors

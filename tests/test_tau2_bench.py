@@ -139,7 +139,7 @@ def tiny_chat_model(tmp_path_factory):
     from hf_fixtures import randomize_
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
-    from spade.rollout.hf_engine import HFEngine
+    from spade.rollout.hf.engine import HFEngine
 
     _tau2_python()
     directory = tmp_path_factory.mktemp("tau2_model")

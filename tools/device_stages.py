@@ -208,8 +208,8 @@ def unresolved_torch_api(chains: list[str]) -> list[str]:
 
 
 def _spade_modules() -> tuple[str, ...]:
-    return ("spade.training", "spade.training.offload", "spade.models.builder", "spade.rollout.hf_engine",
-            "spade.rollout.prefix_attention", "spade.rollout.weight_buckets", "spade.rollout.weight_transport",
+    return ("spade.training", "spade.training.offload", "spade.models.builder", "spade.rollout.hf.engine",
+            "spade.rollout.hf.prefix_attention", "spade.rollout.weight_buckets", "spade.rollout.weight_transport",
             "spade.rollout.runtime_versions", "megatron_patches")
 
 

@@ -98,7 +98,7 @@ async def load_model(path: str, *, engine: str = "hf", device: str = "auto", dty
         return LoadedModel(SGLangEngine(list(sglang_urls)), tokenizer, label, hf_dir, step, context)
     if engine != "hf":
         raise ModelLoadError(f"--engine must be hf or sglang, got {engine!r}")
-    from ..rollout.hf_engine import HFEngine
+    from ..rollout.hf.engine import HFEngine
 
     device, dtype = _device_dtype(device, dtype)
     if checkpoint is None:

@@ -1,7 +1,8 @@
 """Rollout engines behind one async interface, and token-exact conversations.
 
 ``engine`` defines the interface (``RolloutEngine``, ``SamplingParams``, ``GenerationRequest``,
-``GenerationResult``); ``hf_engine.HFEngine`` is the in-process transformers engine;
+``GenerationResult``); ``hf/`` is the in-process transformers engine (``hf.engine.HFEngine``),
+``sglang/`` the client of SGLang servers with their deployment and weight transport;
 ``conversation.Conversation`` builds multi-turn episodes from template deltas.
 """
 
@@ -14,18 +15,19 @@ from .engine import (
     RolloutEngine,
     SamplingParams,
 )
-from .hf_engine import EngineStats, HFEngine
+from .hf.engine import HFEngine
+from .hf.scheduler import HFEngineStats
 
 __all__ = [
     "BudgetExceeded",
     "ChatFormat",
     "Conversation",
     "EngineClosed",
-    "EngineStats",
     "FinishReason",
     "GenerationRequest",
     "GenerationResult",
     "HFEngine",
+    "HFEngineStats",
     "RolloutEngine",
     "SamplingParams",
     "TemplateError",

@@ -26,7 +26,7 @@ environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` set ("1"/"true") it woul
 ``engine.sglang.server_env`` refuses it (``spade.rollout.sglang_settings``). (An older SGLang,
 ``sampler.py`` at commit 584f55d, returned the log of the top-p-renormalised probabilities: not
 this contract, one more reason the release is pinned.) The hf
-engine computes the same quantity directly (``hf_engine.py``: ``log_softmax(logits / T)`` over the
+engine computes the same quantity directly (``hf/scheduler.py``: ``log_softmax(logits / T)`` over the
 whole vocabulary, before its own truncation).
 
 The trainer takes its log-probs of a sample (old, new and reference) at the same ``T``: each

@@ -90,7 +90,7 @@ def build_service(options: ServeOptions) -> ModelService:
     if options.engine == "hf":
         import torch
 
-        from spade.rollout.hf_engine import HFEngine
+        from spade.rollout.hf.engine import HFEngine
 
         device = options.device
         if device == "auto":

@@ -10,7 +10,7 @@ sglang.launch_server`` replaced by ``python tests/sglang_standin/server.py``)::
     python tests/sglang_standin/server.py --model-path DIR --port P [--host H] [--tp-size N]
         [--weight-version V] [--enable-weights-cpu-backup] [any other SGLang flag, ignored]
 
-What is real: the model (``spade.rollout.hf_engine.HFEngine`` over the HF directory, float32 on
+What is real: the model (``spade.rollout.hf.engine.HFEngine`` over the HF directory, float32 on
 CPU, tokenizer from the same directory), the request/response JSON of SGLang's native endpoints
 (see ``spade/rollout/sglang_protocol.py`` for where each field comes from), the tensor payload
 format of ``/update_weights_from_tensor`` (decoded with ``spade.rollout.weight_transport``) and
@@ -85,7 +85,7 @@ if str(_ROOT) not in sys.path:  # run as a script from anywhere: make ``spade`` 
 import torch  # noqa: E402
 
 from spade.rollout.engine import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
-from spade.rollout.hf_engine import HFEngine  # noqa: E402
+from spade.rollout.hf.engine import HFEngine  # noqa: E402
 from spade.rollout.weight_buckets import dtype_from_name  # noqa: E402
 from spade.rollout.weight_transport import (  # noqa: E402
     close_update_group,

@@ -1,0 +1,41 @@
+"""How the hf engine picks a row's next token from its log-probs.
+
+Randomness. Each request owns a ``torch.Generator`` seeded from ``SamplingParams.seed`` and draws
+exactly one exponential variable per vocabulary entry per step; the token is
+``argmax(p / noise)`` over the truncated distribution ``p`` (an exact sample of ``p``). Drawing
+only for the top-k / top-p candidates would be cheaper but would change every seed's stream (the
+smoke run's admitted environments among them). The stream
+therefore depends only on the request, and the same seed gives the same tokens whoever shares the
+batch (left padding changes logits only at rounding level).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..engine import SamplingParams
+
+
+def choose_token(logp: Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+    """Greedy argmax, or an exact sample of the top-k / top-p truncated distribution."""
+    if sampling.greedy:
+        return int(torch.argmax(logp))
+    vocab = logp.numel()
+    top_k = min(sampling.top_k or vocab, vocab)
+    if top_k == vocab and sampling.top_p >= 1.0:
+        weights = logp.exp()
+    else:
+        if top_k < vocab:
+            values, ids = torch.topk(logp, top_k)
+        else:
+            values, ids = torch.sort(logp, descending=True)
+        if sampling.top_p < 1.0:
+            probs = torch.softmax(values, dim=0)
+            before = torch.cumsum(probs, dim=0) - probs  # mass of strictly better candidates
+            kept = before < sampling.top_p  # the best candidate always stays
+            values, ids = values[kept], ids[kept]
+        weights = torch.zeros_like(logp)
+        weights[ids] = torch.softmax(values, dim=0)
+    noise = torch.empty_like(logp).exponential_(generator=generator)
+    return int(torch.argmax(weights / noise))
