@@ -13,10 +13,11 @@ import contextlib
 import time
 from typing import Any
 
+from ..selfplay.step import Step
 from .progress import Progress
 
 
-async def measured_step(orchestrator: Any, engine: Any, step: int, progress: Progress) -> Any:
+async def measured_step(orchestrator: Any, engine: Any, step: Step, progress: Progress) -> Any:
     stats = getattr(engine, "stats", None)
 
     async def ticker() -> None:
