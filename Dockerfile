@@ -8,10 +8,10 @@
 # detected"). So trainer and servers must load the same torch and the same libnccl. The image
 # therefore starts from SGLang's own release image, whose torch is the one sglang pins, and builds
 # the training stack against that torch (the way the Megatron+SGLang RL frameworks build theirs).
-# spade checks the match at start-up: `python -m spade.rollout.runtime_versions`.
+# spade checks the match at start-up: `python -m spade.rollout.sglang.runtime_versions`.
 #
 # Versions (change them together; the build stops if the base is not what is expected):
-#   base        lmsysorg/sglang:v0.5.23-cu130: sglang 0.5.23 (the release sglang_protocol.py and
+#   base        lmsysorg/sglang:v0.5.23-cu130: sglang 0.5.23 (the release rollout/sglang/protocol.py and
 #               sglang_argv were checked against), which pins torch==2.14.1; the cu130 image is the
 #               CUDA 13.0 build of that torch (its NCCL is the nvidia-nccl-cu13 wheel torch depends
 #               on). Ubuntu 24.04, Python 3.12, CUDA 13.0 toolkit with cuDNN (nvcc, for the builds

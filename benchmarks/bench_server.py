@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import AsyncIterator
 
-from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
+from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:

@@ -46,9 +46,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from spade.rollout import sglang_protocol as proto  # noqa: E402
+from spade.rollout.sglang import protocol as proto  # noqa: E402
 from spade.rollout.engine import GenerationRequest, SamplingParams  # noqa: E402
-from spade.rollout.sglang_engine import SGLangEngine  # noqa: E402
+from spade.rollout.sglang.engine import SGLangEngine  # noqa: E402
 
 from bench_server import add_server_args, served  # noqa: E402
 

@@ -12,7 +12,7 @@ SPEC numbers)::
     loss:      spade.training.LossSettings
     selfplay:  spade.selfplay.settings.SelfPlaySettings
     sandbox:   spade.envs.sandbox.SandboxConfig
-    engine:    spade.rollout.settings.EngineSection (sglang: spade.rollout.sglang_settings.SGLangSection)
+    engine:    spade.rollout.settings.EngineSection (sglang: spade.rollout.sglang.settings.SGLangSection)
     corpus:    spade.designer.corpus.CorpusSettings
     run:       {steps, checkpoint_every, seed, micro_batch_tokens, log_every, keep_checkpoints}
     eval:      spade.eval.in_loop.EvalSettings (held-out evaluation between steps; every: 0 = off)

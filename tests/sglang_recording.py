@@ -3,7 +3,7 @@
 ``RecordingEngine`` is the real ``SGLangEngine`` (placement, release/resume bookkeeping, the
 bodies it builds) with only its transport replaced: every request is appended to ``calls`` (as
 ``Call``: server index, path, memory tags) and answered the way SGLang 0.5.23 answers it
-(``sglang_protocol.ENDPOINTS``: weight endpoints ``{"success", "message"}``, memory endpoints
+(``protocol.ENDPOINTS``: weight endpoints ``{"success", "message"}``, memory endpoints
 ``null``, pause/continue ``{"status": "ok"}``, ``/flush_cache`` plain text). The weight payloads are
 decoded as a server worker would (which also gives the shared memory back; torch rebuilds a CUDA-IPC
 handle made in the same process from its cache), and kept in ``received`` unless ``keep=False``.
@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from spade.rollout.sglang_engine import SGLangEngine
-from spade.rollout.weight_transport import deserialize_named_tensors
+from spade.rollout.sglang.engine import SGLangEngine
+from spade.rollout.sglang.weight_transport import deserialize_named_tensors
 
 
 @dataclasses.dataclass(frozen=True)

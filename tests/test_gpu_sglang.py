@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_cuda_ipc_handles_open_in_another_process_as_the_same_memory(tmp_path):
     from spade.rollout.weight_buckets import pack_buckets, unpack_bucket
-    from spade.rollout.weight_transport import serialize_named_tensors
+    from spade.rollout.sglang.weight_transport import serialize_named_tensors
 
     gen = torch.Generator().manual_seed(0)
     named = [("a.weight", torch.randn(64, 32, generator=gen).to(torch.bfloat16)),
@@ -53,7 +53,7 @@ def test_cuda_ipc_handles_open_in_another_process_as_the_same_memory(tmp_path):
     child = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(ROOT)!r})
-        from spade.rollout.weight_transport import deserialize_named_tensors
+        from spade.rollout.sglang.weight_transport import deserialize_named_tensors
         named = deserialize_named_tensors(open({str(payload)!r}).read())
         torch.save([(n, t.cpu()) for n, t in named], {str(tmp_path / 'seen.pt')!r})
         dict(named)["b.bias"].fill_(3.0)          # write through the shared memory
@@ -79,7 +79,7 @@ def sglang_installed() -> str:
     """The interpreter the servers run with (this one: the image has one environment). With a
     GPU, a missing SGLang or a second torch/NCCL is a broken image: the test fails, it does not
     skip (conftest skips the module only where there is no CUDA GPU)."""
-    from spade.rollout.runtime_versions import RuntimeVersionMismatch, check_sglang_runtime
+    from spade.rollout.sglang.runtime_versions import RuntimeVersionMismatch, check_sglang_runtime
 
     try:
         check_sglang_runtime(sys.executable)
@@ -171,8 +171,8 @@ def sampled(prompt, *, seed: int, tokens: int = 24, temperature: float = 0.7):
 
 @pytest.fixture(scope="module")
 def server(qwen3_dir, sglang_installed, tmp_path_factory):
-    from spade.rollout.sglang_deployment import SERVER_ENV_DEFAULTS
-    from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
+    from spade.rollout.sglang.deployment import SERVER_ENV_DEFAULTS
+    from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 
     port = free_port()
     argv = sglang_argv(qwen3_dir, port=port, mem_fraction=0.3, python=sglang_installed,
@@ -187,7 +187,7 @@ def server(qwen3_dir, sglang_installed, tmp_path_factory):
 
 
 async def update_by_ipc(engine, named, version: int) -> float:
-    from spade.rollout.weight_transport import push_weights_by_ipc
+    from spade.rollout.sglang.weight_transport import push_weights_by_ipc
 
     started = time.perf_counter()
     await push_weights_by_ipc(engine, named, version, max_bucket_bytes=256 << 20, device="cuda")
@@ -201,7 +201,7 @@ def test_real_sglang_logprobs_update_and_release(server, qwen3_dir, scorer):
     """Teacher forcing: transformers scores the tokens SGLang sampled (seeded, T = 0.7) and must
     give SGLang's own log-probs, before a colocated update (the checkpoint's weights), after it
     (the new weights, and far from the old ones) and after a memory release and resume + update."""
-    from spade.rollout.sglang_engine import SGLangEngine
+    from spade.rollout.sglang.engine import SGLangEngine
 
     loop, launcher = server
     request = sampled(PROMPT, seed=11, tokens=32)
@@ -242,7 +242,7 @@ def test_real_sglang_seeded_sampling_is_reproducible(server):
     """With --enable-deterministic-inference a seed fixes the completion: the same seeded request
     gives the same tokens and log-probs alone, again, and batched with seven others; another seed
     gives other tokens."""
-    from spade.rollout.sglang_engine import SGLangEngine
+    from spade.rollout.sglang.engine import SGLangEngine
 
     loop, launcher = server
     request = sampled(PROMPT, seed=1234, tokens=48, temperature=1.0)
@@ -272,9 +272,9 @@ def test_real_sglang_server_killed_mid_rollout_restarts_with_the_current_weights
     trainer does (``spade.run.trainer._recover_servers``): the owner restarts the server and sends
     it the current weights; the requests are retried there and complete. The restarted server
     serves the current weights, not the checkpoint it loads at start."""
-    from spade.rollout.sglang_deployment import SGLangDeployment
-    from spade.rollout.sglang_settings import SGLangSection
-    from spade.rollout.server_launcher import free_port
+    from spade.rollout.sglang.deployment import SGLangDeployment
+    from spade.rollout.sglang.settings import SGLangSection
+    from spade.rollout.sglang.launcher import free_port
 
     settings = SGLangSection(port=free_port(), mem_fraction=0.2, start_timeout_s=600, max_retries=2, max_restarts=1,
                              server_args={"enable_deterministic_inference": True})
@@ -324,10 +324,10 @@ def test_real_sglang_tp2_server_scores_and_takes_an_update(qwen3_dir, scorer, sg
     IPC update that feeds both TP workers from this process (the one on GPU 1 reads GPU 0's
     buckets over NVLink/PCIe)."""
     needs_gpus(2)
-    from spade.rollout.sglang_deployment import SERVER_ENV_DEFAULTS
-    from spade.rollout.sglang_engine import SGLangEngine
-    from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
-    from spade.rollout.weight_transport import push_weights_by_ipc
+    from spade.rollout.sglang.deployment import SERVER_ENV_DEFAULTS
+    from spade.rollout.sglang.engine import SGLangEngine
+    from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
+    from spade.rollout.sglang.weight_transport import push_weights_by_ipc
 
     port = free_port()
     launcher = ServerLauncher(sglang_argv(qwen3_dir, tp=2, port=port, mem_fraction=0.2, python=sglang_installed),
@@ -363,9 +363,9 @@ def test_real_sglang_disaggregated_server_gets_weights_by_nccl_broadcast(qwen3_d
     (/update_weights_from_distributed): both sides must load one NCCL for the group to form. The
     server then serves exactly those weights. NCCL does not put two ranks on one GPU: 2 GPUs."""
     needs_gpus(2)
-    from spade.rollout.sglang_deployment import SERVER_ENV_DEFAULTS, SGLangDeployment
-    from spade.rollout.sglang_settings import SGLangSection
-    from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
+    from spade.rollout.sglang.deployment import SERVER_ENV_DEFAULTS, SGLangDeployment
+    from spade.rollout.sglang.settings import SGLangSection
+    from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 
     port = free_port()
     launcher = ServerLauncher(sglang_argv(qwen3_dir, port=port, mem_fraction=0.2, python=sglang_installed,

@@ -21,8 +21,8 @@ import torch
 
 from sglang_recording import Call, RecordingEngine, RecordingMemory
 from spade.rollout.backend import SGLangRolloutBackend
-from spade.rollout.sglang_deployment import ServerPlan, SGLangDeployment
-from spade.rollout.sglang_settings import SGLangSection
+from spade.rollout.sglang.deployment import ServerPlan, SGLangDeployment
+from spade.rollout.sglang.settings import SGLangSection
 
 WEIGHTS = {"embed.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4),
            "layer.weight": torch.linspace(-1, 1, 8).reshape(2, 4)}

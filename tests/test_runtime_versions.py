@@ -1,4 +1,4 @@
-"""spade.rollout.runtime_versions: the start-up check that trainer and SGLang share one torch and NCCL.
+"""spade.rollout.sglang.runtime_versions: the start-up check that trainer and SGLang share one torch and NCCL.
 
 The comparison rule on made-up version records (matching, torch / NCCL / CUDA differing, an
 unreadable side, sglang missing), then the real subprocess probe against this interpreter: this
@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from spade.rollout.runtime_versions import (
+from spade.rollout.sglang.runtime_versions import (
     RuntimeVersionMismatch,
     RuntimeVersions,
     check_sglang_runtime,

@@ -19,8 +19,8 @@ import pytest
 from hf_fixtures import save_tiny_hf
 from sglang_standin import standin_argv
 from spade.rollout.engine import GenerationRequest, SamplingParams, join_chunks
-from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
-from spade.rollout.sglang_engine import SGLangEngine
+from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
+from spade.rollout.sglang.engine import SGLangEngine
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -167,7 +167,7 @@ def test_the_two_event_formats_on_the_wire(standins):
 
 
 def test_stream_progress_reads_hand_written_events():
-    from spade.rollout import sglang_protocol as proto
+    from spade.rollout.sglang import protocol as proto
 
     request = GenerationRequest((1,), SamplingParams(max_new_tokens=5))
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spade.rollout.server_launcher import (
+from spade.rollout.sglang.launcher import (
     ServerLauncher,
     ServerStartError,
     extra_argv,
@@ -309,7 +309,7 @@ def test_server_dies_with_the_process_that_launched_it(standin, tmp_path):
     owner = textwrap.dedent(f"""
         import asyncio, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from spade.rollout.server_launcher import ServerLauncher
+        from spade.rollout.sglang.launcher import ServerLauncher
         async def main():
             launcher = ServerLauncher([sys.executable, {str(script)!r}, "--port", "{port}"], port={port},
                                       log_path={str(tmp_path / "owner.log")!r}, start_timeout_s=20)

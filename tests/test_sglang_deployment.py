@@ -20,8 +20,8 @@ from hf_fixtures import save_tiny_hf, tiny_model
 from sglang_standin import SERVER_SCRIPT
 from spade.rollout.engine import GenerationRequest, SamplingParams
 from spade.rollout.hf.engine import HFEngine
-from spade.rollout.server_launcher import free_port
-from spade.rollout.sglang_deployment import (
+from spade.rollout.sglang.launcher import free_port
+from spade.rollout.sglang.deployment import (
     DeploymentError,
     RankInfo,
     ServerPlan,
@@ -30,9 +30,9 @@ from spade.rollout.sglang_deployment import (
     plan_servers,
     server_environment,
 )
-from spade.rollout.sglang_engine import SGLangEngine
-from spade.rollout.sglang_settings import SGLangSection
-from spade.rollout.weight_transport import push_weights_by_ipc
+from spade.rollout.sglang.engine import SGLangEngine
+from spade.rollout.sglang.settings import SGLangSection
+from spade.rollout.sglang.weight_transport import push_weights_by_ipc
 
 T = TypeVar("T")
 

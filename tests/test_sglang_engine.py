@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from spade.rollout.engine import EngineClosed, GenerationRequest, SamplingParams
-from spade.rollout.sglang_engine import NoHealthyServer, SGLangEngine
+from spade.rollout.sglang.engine import NoHealthyServer, SGLangEngine
 
 
 class FakeSGLang:

@@ -17,11 +17,11 @@ import torch
 
 from hf_fixtures import save_tiny_hf, tiny_model
 from sglang_standin import standin_launcher
-from spade.rollout import sglang_protocol as proto
-from spade.rollout import weight_transport
+from spade.rollout.sglang import protocol as proto
+from spade.rollout.sglang import weight_transport
 from spade.rollout.engine import GenerationRequest, SamplingParams
 from spade.rollout.hf.engine import HFEngine
-from spade.rollout.sglang_engine import NoHealthyServer, SGLangEngine
+from spade.rollout.sglang.engine import NoHealthyServer, SGLangEngine
 
 pytestmark = pytest.mark.timeout(180)
 T = TypeVar("T")

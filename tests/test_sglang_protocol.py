@@ -2,7 +2,7 @@
 
 SGLang itself needs a GPU, so these are literal JSON bodies written from the code that builds them
 in the pinned release, the ``sglang==0.5.23`` wheel (paths are inside that package). The servers
-run with ``--skip-tokenizer-init`` (``server_launcher.sglang_argv``), so finished results carry no
+run with ``--skip-tokenizer-init`` (``launcher.sglang_argv``), so finished results carry no
 ``"text"``.
 """
 
@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from spade.rollout.engine import GenerationRequest, SamplingParams
-from spade.rollout import sglang_protocol as proto
+from spade.rollout.sglang import control_protocol as control
+from spade.rollout.sglang import protocol as proto
+from spade.rollout.sglang import tensor_payload
 
 # srt/managers/tokenizer_manager.py::_handle_batch_output for a BatchTokenIDOutput (non-streaming,
 # return_logprob=True, logprob_start_len=-1, metrics off): {"output_ids", "meta_info"}. meta_info in
@@ -318,77 +320,77 @@ def test_too_many_tokens():
 
 
 def test_control_payloads():
-    assert proto.release_memory_payload() == {"tags": ["weights", "kv_cache"]}
-    assert proto.resume_memory_payload(["weights"]) == {"tags": ["weights"]}
-    assert proto.release_memory_payload(None) == {"tags": None}
-    assert proto.release_memory_payload(["cuda_graph"]) == {"tags": ["cuda_graph"]}  # srt/constants.py
+    assert control.release_memory_payload() == {"tags": ["weights", "kv_cache"]}
+    assert control.resume_memory_payload(["weights"]) == {"tags": ["weights"]}
+    assert control.release_memory_payload(None) == {"tags": None}
+    assert control.release_memory_payload(["cuda_graph"]) == {"tags": ["cuda_graph"]}  # srt/constants.py
     with pytest.raises(ValueError, match="unknown memory tags"):
-        proto.release_memory_payload(["activations"])
-    assert proto.pause_generation_payload("retract") == {"mode": "retract"}
+        control.release_memory_payload(["activations"])
+    assert control.pause_generation_payload("retract") == {"mode": "retract"}
     with pytest.raises(ValueError):
-        proto.pause_generation_payload("stop")
-    assert proto.continue_generation_payload() == {}
-    assert proto.continue_generation_payload(torch_empty_cache=False) == {"torch_empty_cache": False}
-    assert proto.abort_request_payload("r1") == {"rid": "r1", "abort_all": False}
-    assert proto.begin_weight_update_payload() == {"selector": "all"}
+        control.pause_generation_payload("stop")
+    assert control.continue_generation_payload() == {}
+    assert control.continue_generation_payload(torch_empty_cache=False) == {"torch_empty_cache": False}
+    assert control.abort_request_payload("r1") == {"rid": "r1", "abort_all": False}
+    assert control.begin_weight_update_payload() == {"selector": "all"}
     with pytest.raises(ValueError, match="selector"):
-        proto.begin_weight_update_payload("trainer")
-    assert proto.end_weight_update_payload() == {}
-    assert proto.init_weights_update_group_payload("10.0.0.1", 29500, 1, 3) == {
+        control.begin_weight_update_payload("trainer")
+    assert control.end_weight_update_payload() == {}
+    assert control.init_weights_update_group_payload("10.0.0.1", 29500, 1, 3) == {
         "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
         "group_name": "weight_update_group", "backend": "nccl",
     }
-    assert proto.destroy_weights_update_group_payload("g") == {"group_name": "g"}
-    assert proto.update_weights_from_distributed_payload(
+    assert control.destroy_weights_update_group_payload("g") == {"group_name": "g"}
+    assert control.update_weights_from_distributed_payload(
         ["model.embed_tokens.weight"], ["torch.bfloat16"], [(10, 4)], weight_version=5
     ) == {
         "names": ["model.embed_tokens.weight"], "dtypes": ["bfloat16"], "shapes": [[10, 4]],
         "group_name": "weight_update_group", "flush_cache": True, "weight_version": "5",
     }
-    assert proto.update_weights_from_distributed_payload(
+    assert control.update_weights_from_distributed_payload(
         ["w"], ["float32"], [(2,)], flush_cache=False, load_format="flattened_bucket", abort_all_requests=False,
     ) == {
         "names": ["w"], "dtypes": ["float32"], "shapes": [[2]], "group_name": "weight_update_group",
         "load_format": "flattened_bucket", "flush_cache": False, "abort_all_requests": False,
     }
-    assert proto.update_weights_from_tensor_payload(["b64"], weight_version=2) == {
+    assert control.update_weights_from_tensor_payload(["b64"], weight_version=2) == {
         "serialized_named_tensors": ["b64"], "load_format": None, "flush_cache": True,
         "weight_version": "2",
     }
-    assert proto.update_weights_from_tensor_payload(["b64"], torch_empty_cache=True, selector="target") == {
+    assert control.update_weights_from_tensor_payload(["b64"], torch_empty_cache=True, selector="target") == {
         "serialized_named_tensors": ["b64"], "load_format": None, "flush_cache": True,
         "torch_empty_cache": True, "selector": "target",
     }
-    assert proto.update_weight_version_payload(4) == {"new_version": "4", "abort_all_requests": False}
+    assert control.update_weight_version_payload(4) == {"new_version": "4", "abort_all_requests": False}
     with pytest.raises(ValueError, match="length"):
-        proto.update_weights_from_distributed_payload(["a"], [], [])
-    for body in (proto.update_weights_from_tensor_payload(["x"], weight_version=1),
-                 proto.update_weights_from_distributed_payload(["a"], ["int8"], [[1]], weight_version=1),
-                 proto.update_weight_version_payload(1)):
+        control.update_weights_from_distributed_payload(["a"], [], [])
+    for body in (control.update_weights_from_tensor_payload(["x"], weight_version=1),
+                 control.update_weights_from_distributed_payload(["a"], ["int8"], [[1]], weight_version=1),
+                 control.update_weight_version_payload(1)):
         # io_struct.py declares these Optional[str]; the server's parser does not turn numbers into strings
         assert all(isinstance(body[k], str) for k in ("weight_version", "new_version") if k in body)
 
 
 def test_control_response_check():
     # weight endpoints: {"success", "message"} (http_server.py update_weights_from_*, begin/end_weight_update)
-    assert proto.check_control_response("/update_weights_from_tensor", 200, {"success": True, "message": "Success"})
+    assert control.check_control_response("/update_weights_from_tensor", 200, {"success": True, "message": "Success"})
     with pytest.raises(proto.SGLangServerError, match="begin_weight_update"):
-        proto.check_control_response(
+        control.check_control_response(
             "/update_weights_from_tensor", 400,
             {"success": False, "message": "update_weights_from_tensor must run between begin_weight_update() "
                                           "and end_weight_update()"})
-    assert proto.check_control_response("/release_memory_occupation", 200, None) is None
+    assert control.check_control_response("/release_memory_occupation", 200, None) is None
     with pytest.raises(proto.SGLangServerError, match="idle"):
-        proto.check_control_response("/release_memory_occupation", 400, {"error": {"message": "server is not idle"}})
-    assert proto.check_control_response("/pause_generation", 200,
+        control.check_control_response("/release_memory_occupation", 400, {"error": {"message": "server is not idle"}})
+    assert control.check_control_response("/pause_generation", 200,
                                         {"message": "Generation paused successfully.", "status": "ok"})
-    assert proto.check_control_response("/update_weight_version", 200,
+    assert control.check_control_response("/update_weight_version", 200,
                                         {"success": True, "message": "Weight version updated to 4", "new_version": "4"})
     with pytest.raises(proto.SGLangServerError, match="HTTP 400"):
-        proto.check_control_response("/flush_cache", 400, "Flush cache failed.\n")
-    assert proto.check_control_response("/flush_cache", 200, "Cache flushed.\nPlease check backend logs")
+        control.check_control_response("/flush_cache", 400, "Flush cache failed.\n")
+    assert control.check_control_response("/flush_cache", 200, "Cache flushed.\nPlease check backend logs")
     with pytest.raises(proto.SGLangServerError, match="Field required"):
-        proto.check_control_response("/init_weights_update_group", 400,
+        control.check_control_response("/init_weights_update_group", 400,
                                      {"object": "error", "message": "Field required", "type": "Bad Request",
                                       "param": None, "code": 400})
 
@@ -414,19 +416,19 @@ def test_server_and_model_info():
     # /server_info: build_server_info = ServerArgs.resolved_dict() (flat fields) + scheduler info
     info = {"model_path": "/models/qwen3", "tp_size": 2, "dp_size": 1, "weight_version": "default",
             "version": "0.5.23", "internal_states": [{}]}
-    assert proto.server_info_tp_size(info) == 2
+    assert control.server_info_tp_size(info) == 2
     with pytest.raises(proto.SGLangProtocolError, match="tp_size"):
-        proto.server_info_tp_size({"version": "0.5.23"})
+        control.server_info_tp_size({"version": "0.5.23"})
     # /model_info: the live weight_version (a string)
-    assert proto.model_info_weight_version({"weight_version": "9", "model_path": "m"}, 0) == 9
-    assert proto.model_info_weight_version({"weight_version": "default"}, 3) == 3
+    assert control.model_info_weight_version({"weight_version": "9", "model_path": "m"}, 0) == 9
+    assert control.model_info_weight_version({"weight_version": "default"}, 3) == 3
 
 
 def test_serialized_tensors_only_name_globals_sglang_unpickles():
     """SGLang 0.5.23 decodes serialized_named_tensors with SafeUnpickler (srt/utils/common.py): only
     an allow-list of globals resolves. Our serializer's output must stay inside it (CPU tensors here;
     a CUDA tensor adds torch.multiprocessing.reductions.rebuild_cuda_tensor, also allowed)."""
-    from spade.rollout.weight_transport import serialize_named_tensors
+    from spade.rollout.sglang.weight_transport import serialize_named_tensors
 
     bucket = torch.zeros(16)
     named = [
@@ -434,12 +436,12 @@ def test_serialized_tensors_only_name_globals_sglang_unpickles():
         ("c", torch.ones(3, dtype=torch.bfloat16)), ("d", torch.nn.Parameter(torch.ones(2))),
         ("e", torch.ones(2, dtype=torch.float16)), ("f", torch.arange(3)),
     ]
-    found = proto.payload_globals(serialize_named_tensors(named))
-    assert found <= proto.SGLANG_TENSOR_PAYLOAD_GLOBALS, found - proto.SGLANG_TENSOR_PAYLOAD_GLOBALS
+    found = tensor_payload.payload_globals(serialize_named_tensors(named))
+    assert found <= tensor_payload.SGLANG_TENSOR_PAYLOAD_GLOBALS, found - tensor_payload.SGLANG_TENSOR_PAYLOAD_GLOBALS
     assert ("torch.multiprocessing.reductions", "rebuild_tensor") in found
-    assert ("torch.multiprocessing.reductions", "rebuild_cuda_tensor") in proto.SGLANG_TENSOR_PAYLOAD_GLOBALS
+    assert ("torch.multiprocessing.reductions", "rebuild_cuda_tensor") in tensor_payload.SGLANG_TENSOR_PAYLOAD_GLOBALS
     # a payload naming anything else is caught, without calling it
-    bad = proto.payload_globals(pickle.dumps([os.getcwd]))
-    assert bad == {(os.getcwd.__module__, "getcwd")} and not bad <= proto.SGLANG_TENSOR_PAYLOAD_GLOBALS
+    bad = tensor_payload.payload_globals(pickle.dumps([os.getcwd]))
+    assert bad == {(os.getcwd.__module__, "getcwd")} and not bad <= tensor_payload.SGLANG_TENSOR_PAYLOAD_GLOBALS
     with pytest.raises(ValueError, match="base64"):
-        proto.payload_globals("not base64!")
+        tensor_payload.payload_globals("not base64!")

@@ -20,12 +20,13 @@ import torch
 
 from hf_fixtures import save_tiny_hf, tiny_model
 from sglang_standin import standin_argv, standin_launcher
-from spade.rollout import sglang_protocol as proto
+from spade.rollout.sglang import control_protocol as control
+from spade.rollout.sglang import protocol as proto
 from spade.rollout.engine import GenerationRequest, SamplingParams
 from spade.rollout.hf.engine import HFEngine
-from spade.rollout.server_launcher import sglang_argv
-from spade.rollout.sglang_engine import SGLangEngine
-from spade.rollout.weight_transport import serialize_named_tensors
+from spade.rollout.sglang.launcher import sglang_argv
+from spade.rollout.sglang.engine import SGLangEngine
+from spade.rollout.sglang.weight_transport import serialize_named_tensors
 
 pytestmark = pytest.mark.timeout(120)
 T = TypeVar("T")
@@ -91,12 +92,12 @@ async def tensor_updater(engine: SGLangEngine, named, version: int) -> None:
     begin/end session SGLang 0.5.23 requires."""
     named = list(named)
     entries = [serialize_named_tensors(named) for _ in range(2)]
-    await engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
+    await engine.post_all("begin_weight_update", control.begin_weight_update_payload())
     try:
         await engine.post_all("update_weights_from_tensor",
-                              proto.update_weights_from_tensor_payload(entries, weight_version=version))
+                              control.update_weights_from_tensor_payload(entries, weight_version=version))
     finally:
-        await engine.post_all("end_weight_update", proto.end_weight_update_payload())
+        await engine.post_all("end_weight_update", control.end_weight_update_payload())
 
 
 def assert_same(results, expected) -> None:
@@ -141,19 +142,19 @@ def test_update_weights_from_tensor_two_tp_ranks(h, model_dir):
         digests = h.get("/spade_standin/weights")
 
         named = list(weights.items())
-        one_entry = proto.update_weights_from_tensor_payload([serialize_named_tensors(named)], weight_version=99)
-        outside = proto.update_weights_from_tensor_payload([serialize_named_tensors(named)] * 2, weight_version=99)
+        one_entry = control.update_weights_from_tensor_payload([serialize_named_tensors(named)], weight_version=99)
+        outside = control.update_weights_from_tensor_payload([serialize_named_tensors(named)] * 2, weight_version=99)
         with pytest.raises(proto.SGLangServerError, match="between begin_weight_update"):
             await engine.post_all("update_weights_from_tensor", outside)  # no session open
-        await engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
+        await engine.post_all("begin_weight_update", control.begin_weight_update_payload())
         with pytest.raises(proto.SGLangServerError, match="tp_size=2"):
             await engine.post_all("update_weights_from_tensor", one_entry)
         tampered = [(n, t + 1 if n == "lm_head.weight" else t) for n, t in named]
-        mismatched = proto.update_weights_from_tensor_payload(
+        mismatched = control.update_weights_from_tensor_payload(
             [serialize_named_tensors(named), serialize_named_tensors(tampered)], weight_version=99)
         with pytest.raises(proto.SGLangServerError, match="rank 1 got other values for lm_head.weight"):
             await engine.post_all("update_weights_from_tensor", mismatched)
-        await engine.post_all("end_weight_update", proto.end_weight_update_payload())
+        await engine.post_all("end_weight_update", control.end_weight_update_payload())
         assert h.get("/spade_standin/weights") == digests  # refused updates changed nothing
         await engine.aclose()
         return before, after, info, await reference(model_dir, REQUESTS, weights)

@@ -268,8 +268,8 @@ def test_old_records_without_the_field_take_the_roles_temperature():
 
 
 def test_sglang_servers_never_return_temperature_one_logprobs():
-    from spade.rollout.sglang_deployment import server_environment
-    from spade.rollout.sglang_settings import SGLangSection
+    from spade.rollout.sglang.deployment import server_environment
+    from spade.rollout.sglang.settings import SGLangSection
 
     for value in ("1", "true", "True"):
         with pytest.raises(ConfigError, match=r"engine\.sglang\.server_env.*SGLANG_RETURN_ORIGINAL_LOGPROB"):

@@ -508,7 +508,7 @@ def test_disaggregated_servers_get_weights_by_broadcast(graded_single_run, grade
 
     from sglang_standin import standin_argv
 
-    from spade.rollout.server_launcher import sglang_argv
+    from spade.rollout.sglang.launcher import sglang_argv
 
     port = free_port()
     log_path = tmp_path / "external.log"

@@ -19,12 +19,12 @@ import torch.multiprocessing as torch_mp
 
 from hf_fixtures import save_tiny_hf, tiny_model
 from sglang_standin import standin_launcher
-from spade.rollout import sglang_protocol as proto
+from spade.rollout.sglang import protocol as proto
 from spade.rollout.engine import GenerationRequest, SamplingParams
-from spade.rollout.server_launcher import free_port
-from spade.rollout.sglang_engine import SGLangEngine
+from spade.rollout.sglang.launcher import free_port
+from spade.rollout.sglang.engine import SGLangEngine
 from spade.rollout.weight_buckets import pack_buckets, unpack_bucket
-from spade.rollout.weight_transport import (
+from spade.rollout.sglang.weight_transport import (
     BroadcastWeightSender,
     WeightSyncBroken,
     deserialize_named_tensors,
@@ -56,7 +56,7 @@ def run_python(code: str, *args: str, stdin: str = "", timeout: float = 60) -> s
 DECODE = r"""
 import hashlib, json, sys
 import torch
-from spade.rollout.weight_transport import deserialize_named_tensors
+from spade.rollout.sglang.weight_transport import deserialize_named_tensors
 
 def bits(t):
     flat = t.contiguous().reshape(-1)
@@ -146,7 +146,7 @@ def test_serialize_restores_strategy_on_error_and_rejects_foreign_pickles(monkey
 GROUP = r"""
 import hashlib, json, os, sys
 import torch, torch.distributed as dist
-from spade.rollout.weight_transport import close_update_group, open_update_group
+from spade.rollout.sglang.weight_transport import close_update_group, open_update_group
 
 role, port, world_port, spec = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 
@@ -315,9 +315,9 @@ import torch
 import torch.distributed as dist
 from hf_fixtures import tiny_model
 from spade.collectives import barrier, broadcast_object, gather_object_to_0
-from spade.rollout import sglang_protocol as proto
-from spade.rollout.sglang_engine import SGLangEngine
-from spade.rollout.weight_transport import Collectives, IpcFeed, WeightSyncFailed, update_weights_by_ipc
+from spade.rollout.sglang import protocol as proto
+from spade.rollout.sglang.engine import SGLangEngine
+from spade.rollout.sglang.weight_transport import Collectives, IpcFeed, WeightSyncFailed, update_weights_by_ipc
 
 rank, port, url = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -396,7 +396,7 @@ def test_update_weights_by_ipc_from_two_ranks_each_feeding_one_tp_worker(tmp_pat
 def test_cuda_ipc_update_gives_each_tp_worker_a_share_of_its_own(tmp_path, monkeypatch):
     """On CUDA each dump of a bucket is a new IPC share (its own reference-counter slot): the two
     entries for a TP-2 server's workers differ, and the server loads the weights bit for bit."""
-    from spade.rollout import weight_transport
+    from spade.rollout.sglang import weight_transport
 
     model_dir = save_tiny_hf("qwen3", tmp_path / "model")
     new_state = {k: v.clone() for k, v in tiny_model("qwen3", seed=1).state_dict().items()}

@@ -209,8 +209,8 @@ def unresolved_torch_api(chains: list[str]) -> list[str]:
 
 def _spade_modules() -> tuple[str, ...]:
     return ("spade.training", "spade.training.offload", "spade.models.builder", "spade.rollout.hf.engine",
-            "spade.rollout.hf.prefix_attention", "spade.rollout.weight_buckets", "spade.rollout.weight_transport",
-            "spade.rollout.runtime_versions", "megatron_patches")
+            "spade.rollout.hf.prefix_attention", "spade.rollout.weight_buckets", "spade.rollout.sglang.weight_transport",
+            "spade.rollout.sglang.runtime_versions", "megatron_patches")
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -308,7 +308,7 @@ def stage_ipc(device: str, shapes: Shapes) -> StageResult:
     import torch
 
     from spade.rollout.weight_buckets import pack_buckets, unpack_bucket
-    from spade.rollout.weight_transport import serialize_named_tensors
+    from spade.rollout.sglang.weight_transport import serialize_named_tensors
 
     baseline = _allocated(device)
     reserved = torch.cuda.memory_reserved() if device == "cuda" else 0
@@ -366,7 +366,7 @@ def stage_ipc(device: str, shapes: Shapes) -> StageResult:
 def _ipc_receiver(payload: str, result: str) -> None:
     import torch
 
-    from spade.rollout.weight_transport import deserialize_named_tensors
+    from spade.rollout.sglang.weight_transport import deserialize_named_tensors
 
     started = time.perf_counter()
     named = deserialize_named_tensors(Path(payload).read_text())

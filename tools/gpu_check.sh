@@ -6,7 +6,7 @@
 # cheapest first and each prints its result and its seconds as soon as it ends, so a run cut short
 # still leaves every figure measured so far. Exit status 1 if any stage failed or did not run.
 #
-#   versions      spade.rollout.runtime_versions: torch / CUDA / NCCL of the trainer and of the
+#   versions      spade.rollout.sglang.runtime_versions: torch / CUDA / NCCL of the trainer and of the
 #                 interpreter that runs SGLang (must be one), sglang's version
 #   libraries     the GPU, Transformer Engine and apex extensions load, flash-attn present or not;
 #                 the versions of the pairing (torch, TE, apex, megatron-core, transformers,
@@ -63,7 +63,7 @@ stage() {
   SUMMARY+=("$(printf '%-12s %-26s %4ds' "$name" "$verdict" "$took")")
 }
 
-stage versions 120 "$PY" -m spade.rollout.runtime_versions
+stage versions 120 "$PY" -m spade.rollout.sglang.runtime_versions
 stage libraries 120 "$PY" - <<'PYEOF'
 import importlib.util
 from importlib.metadata import PackageNotFoundError, version

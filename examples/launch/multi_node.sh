@@ -24,7 +24,7 @@
 # 0.0.0.0); every rank trains its Megatron shard and feeds the server worker on its GPU with the
 # new weights. The model directory (model.hf_dir) and the corpus must exist at the same path on
 # every node. SGLang runs from spade's own Python environment (one torch and one NCCL for trainer
-# and servers; spade checks it at start-up: python -m spade.rollout.runtime_versions).
+# and servers; spade checks it at start-up: python -m spade.rollout.sglang.runtime_versions).
 set -euo pipefail
 
 usage() {  # the comment block at the top of this file

@@ -98,8 +98,8 @@ def run_check(args: argparse.Namespace) -> int:
 async def _check(args: argparse.Namespace, model: Path) -> int:
     import torch
 
-    from ..rollout.server_launcher import ServerLauncher, ServerStartError, free_port, sglang_argv
-    from ..rollout.sglang_deployment import PYTHON_VARIABLE, SERVER_ENV_DEFAULTS
+    from ..rollout.sglang.launcher import ServerLauncher, ServerStartError, free_port, sglang_argv
+    from ..rollout.sglang.deployment import PYTHON_VARIABLE, SERVER_ENV_DEFAULTS
 
     report = Report()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -136,8 +136,8 @@ async def _exercise(url: str, model: Path, device: Any, args: argparse.Namespace
     import json
 
     from ..rollout.engine import GenerationRequest, SamplingParams
-    from ..rollout.sglang_engine import SGLangEngine
-    from ..rollout.weight_transport import push_weights_by_ipc
+    from ..rollout.sglang.engine import SGLangEngine
+    from ..rollout.sglang.weight_transport import push_weights_by_ipc
 
     vocab = int(json.loads((model / "config.json").read_text()).get("vocab_size", 1000))
     prompt = tuple(range(3, 3 + PROMPT_LENGTH)) if vocab > 3 + PROMPT_LENGTH else (1,)

@@ -93,7 +93,7 @@ async def load_model(path: str, *, engine: str = "hf", device: str = "auto", dty
     if engine == "sglang":
         if not sglang_urls:
             raise ModelLoadError("--engine sglang needs --sglang-url URL (servers already serving the model)")
-        from ..rollout.sglang_engine import SGLangEngine
+        from ..rollout.sglang.engine import SGLangEngine
 
         return LoadedModel(SGLangEngine(list(sglang_urls)), tokenizer, label, hf_dir, step, context)
     if engine != "hf":

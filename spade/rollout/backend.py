@@ -160,8 +160,8 @@ class SGLangRolloutBackend(RolloutBackend):
         settings = deployment.settings
         if settings.colocated and not settings.server_command and deployment.local_rank == 0:
             # one torch and one NCCL on both sides, or the weight hand-over cannot work: refuse early
-            from .runtime_versions import check_sglang_runtime
-            from .sglang_deployment import server_environment
+            from .sglang.runtime_versions import check_sglang_runtime
+            from .sglang.deployment import server_environment
 
             await asyncio.to_thread(check_sglang_runtime, deployment.python, env=server_environment(settings))
         await deployment.start()

@@ -23,7 +23,7 @@ and returns ``log(probs)``: tempered, untruncated. A greedy batch (``is_all_gree
 temperature below 1e-6 to ``top_k = 1, T = 1``) returns ``log_softmax(logits)``. With the
 environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` set ("1"/"true") it would return
 ``log_softmax(logits)`` at ``T = 1`` instead; spade's launcher sets it to "0" for every server and
-``engine.sglang.server_env`` refuses it (``spade.rollout.sglang_settings``). (An older SGLang,
+``engine.sglang.server_env`` refuses it (``spade.rollout.sglang.settings``). (An older SGLang,
 ``sampler.py`` at commit 584f55d, returned the log of the top-p-renormalised probabilities: not
 this contract, one more reason the release is pinned.) The hf
 engine computes the same quantity directly (``hf/scheduler.py``: ``log_softmax(logits / T)`` over the

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..config import require
-from .sglang_settings import SGLangSection
+from .sglang.settings import SGLangSection
 
 
 @dataclass(frozen=True)

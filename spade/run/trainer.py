@@ -152,7 +152,7 @@ class Trainer:
                               offload_on_host=os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1")
 
     def _sglang_backend(self) -> SGLangRolloutBackend:
-        from ..rollout.sglang_deployment import SGLangDeployment
+        from ..rollout.sglang.deployment import SGLangDeployment
 
         deployment = SGLangDeployment(self.config.engine.sglang, model_dir=self.hf_dir,
                                       log_dir=self.run_dir.root / "logs", device=self.ctx.device,

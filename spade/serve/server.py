@@ -102,7 +102,7 @@ def build_service(options: ServeOptions) -> ModelService:
                           max_batch_size=options.max_batch_size, max_context_tokens=context)
         eos = set(engine.eos_token_ids)
     elif options.engine == "sglang":
-        from spade.rollout.sglang_engine import SGLangEngine
+        from spade.rollout.sglang.engine import SGLangEngine
 
         if not options.sglang_urls:
             raise ServeError("--engine sglang needs --sglang-url URL (one or more)")

@@ -46,8 +46,8 @@ from sglang_recording import RecordingEngine, RecordingMemory  # noqa: E402
 from spade import collectives  # noqa: E402
 from spade.models import ParallelLayout  # noqa: E402
 from spade.rollout.backend import HFRolloutBackend, SGLangRolloutBackend  # noqa: E402
-from spade.rollout.sglang_deployment import ServerPlan, SGLangDeployment  # noqa: E402
-from spade.rollout.sglang_settings import SGLangSection  # noqa: E402
+from spade.rollout.sglang.deployment import ServerPlan, SGLangDeployment  # noqa: E402
+from spade.rollout.sglang.settings import SGLangSection  # noqa: E402
 from spade.training.parallel import init_parallel  # noqa: E402
 
 WEIGHTS = {"embed.weight": torch.arange(24, dtype=torch.float32).reshape(6, 4),
@@ -177,7 +177,7 @@ def rank_main(rank: int, port: int, work: Path, timeout_s: float, delay: float) 
 
 def main() -> None:
     work, timeout_s, delay = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-    from spade.rollout.server_launcher import free_port
+    from spade.rollout.sglang.launcher import free_port
 
     port = free_port()
     context = multiprocessing.get_context("fork")

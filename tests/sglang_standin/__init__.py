@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
-from spade.rollout.server_launcher import ServerLauncher, free_port, sglang_argv
+from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 
 SERVER_SCRIPT = Path(__file__).resolve().parent / "server.py"
 

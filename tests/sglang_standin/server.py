@@ -12,8 +12,8 @@ sglang.launch_server`` replaced by ``python tests/sglang_standin/server.py``)::
 
 What is real: the model (``spade.rollout.hf.engine.HFEngine`` over the HF directory, float32 on
 CPU, tokenizer from the same directory), the request/response JSON of SGLang's native endpoints
-(see ``spade/rollout/sglang_protocol.py`` for where each field comes from), the tensor payload
-format of ``/update_weights_from_tensor`` (decoded with ``spade.rollout.weight_transport``) and
+(see ``spade/rollout/sglang/protocol.py`` for where each field comes from), the tensor payload
+format of ``/update_weights_from_tensor`` (decoded with ``spade.rollout.sglang.weight_transport``) and
 the process group of ``/init_weights_update_group`` + ``/update_weights_from_distributed``.
 
 What is simulated, and how:
@@ -32,7 +32,7 @@ What is simulated, and how:
 * ``/pause_generation``: mode ``abort`` aborts what is running; every mode holds new
   ``/generate`` requests until ``/continue_generation``. Aborted requests answer with no tokens
   (SGLang returns the partial output).
-* ``"stream": true`` answers server-sent events as SGLang does (``sglang_protocol.py`` describes
+* ``"stream": true`` answers server-sent events as SGLang does (``spade/rollout/sglang/protocol.py`` describes
   the format): cumulative events by default, deltas with ``--incremental-streaming-output``; the
   events a slow reader did not take are merged into the next one (the newest state, or the
   concatenated deltas), then ``data: [DONE]``. A stream aborted by ``/abort_request`` or
@@ -87,7 +87,7 @@ import torch  # noqa: E402
 from spade.rollout.engine import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
 from spade.rollout.hf.engine import HFEngine  # noqa: E402
 from spade.rollout.weight_buckets import dtype_from_name  # noqa: E402
-from spade.rollout.weight_transport import (  # noqa: E402
+from spade.rollout.sglang.weight_transport import (  # noqa: E402
     close_update_group,
     deserialize_named_tensors,
     open_update_group,

@@ -7,7 +7,7 @@
    pickler, so a tensor is not copied into the pickle: a CUDA tensor travels as a CUDA-IPC handle
    (zero copy; the server maps the trainer's memory), a CPU tensor as the name of a shared-memory
    segment. The request body holds one such string per tensor-parallel rank of the server (each
-   TP worker decodes its own entry), see ``sglang_protocol.update_weights_from_tensor_payload``.
+   TP worker decodes its own entry), see ``control_protocol.update_weights_from_tensor_payload``.
    Every receiver needs a dump of its own: each dump takes one reference on the shared memory
    (CUDA IPC reference counter, shared-memory segment) and each decode gives one back, so one dump
    decoded by two workers lets the memory go while one of them may still use it.
@@ -70,14 +70,14 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator,
 import torch
 from torch import Tensor
 
-from ..collectives import in_thread
-from . import sglang_protocol as proto
-from .weight_buckets import pack_buckets, unpack_bucket
+from ...collectives import in_thread
+from ..weight_buckets import pack_buckets, unpack_bucket
+from . import control_protocol as control
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from .sglang_engine import SGLangEngine
+    from .engine import SGLangEngine
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +345,7 @@ class BroadcastWeightSender:
         if self._group is not None:
             return
         payloads = [
-            proto.init_weights_update_group_payload(
+            control.init_weights_update_group_payload(
                 self.master_address, self.master_port, offset, self.world_size,
                 group_name=self.group_name, backend=self.backend,
             )
@@ -381,7 +381,7 @@ class BroadcastWeightSender:
             await self.connect()
         # SGLang (0.5.23) loads weights only inside a begin/end session
         try:
-            await self.engine.post_all("begin_weight_update", proto.begin_weight_update_payload())
+            await self.engine.post_all("begin_weight_update", control.begin_weight_update_payload())
         except ConnectionError as exc:  # a member of the group is gone: the group is unusable
             self._broken = (f"weight-update group {self.group_name!r}: a server failed before a transfer: "
                             f"{exc}; close() this sender and connect a new one")
@@ -390,9 +390,9 @@ class BroadcastWeightSender:
             await self._send_buckets(named_tensors, version)
         except BaseException:
             with contextlib.suppress(Exception):  # the transfer's error is the one to report
-                await self.engine.post_all("end_weight_update", proto.end_weight_update_payload())
+                await self.engine.post_all("end_weight_update", control.end_weight_update_payload())
             raise
-        await self.engine.post_all("end_weight_update", proto.end_weight_update_payload())
+        await self.engine.post_all("end_weight_update", control.end_weight_update_payload())
         self.engine.set_weight_version(version)
 
     async def _send_buckets(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
@@ -402,7 +402,7 @@ class BroadcastWeightSender:
             following = await asyncio.to_thread(self._next_bucket, buckets)
             last = following is None
             views = unpack_bucket(current)
-            payload = proto.update_weights_from_distributed_payload(
+            payload = control.update_weights_from_distributed_payload(
                 [m.name for m in current.tensors],
                 [m.dtype for m in current.tensors],
                 [m.shape for m in current.tensors],
@@ -500,7 +500,7 @@ class BroadcastWeightSender:
 
     async def _destroy_remote(self, index: int) -> Any:
         return await self.engine.post_to([index], "destroy_weights_update_group",
-                                         proto.destroy_weights_update_group_payload(self.group_name))
+                                         control.destroy_weights_update_group_payload(self.group_name))
 
 
 # ----------------------------------------------------------------- CUDA-IPC update (colocated)
@@ -598,7 +598,7 @@ async def update_weights_by_ipc(engine: Optional["SGLangEngine"], named: Iterabl
 
     error: Optional[BaseException] = None
     if main and servers:
-        error = await _attempt(engine.post_to(servers, "begin_weight_update", proto.begin_weight_update_payload()))
+        error = await _attempt(engine.post_to(servers, "begin_weight_update", control.begin_weight_update_payload()))
     count, cuda = 0, False
     while True:
         step = await in_thread(bound, next_entries)
@@ -609,14 +609,14 @@ async def update_weights_by_ipc(engine: Optional["SGLangEngine"], named: Iterabl
         gathered = await in_thread(bound, collectives.gather_to_0, entries)
         if main and servers and error is None:
             error = await _attempt(engine.post_to(servers, "update_weights_from_tensor", lambda index: (
-                proto.update_weights_from_tensor_payload(
+                control.update_weights_from_tensor_payload(
                     [gathered[r][(index, t)] for t, r in enumerate(feed.feeders[index])],
                     flush_cache=False, weight_version=version))))
         await in_thread(bound, collectives.barrier)
         del bucket, entries, gathered, step
         count += 1
     if main and servers:
-        ended = await _attempt(engine.post_to(servers, "end_weight_update", proto.end_weight_update_payload()))
+        ended = await _attempt(engine.post_to(servers, "end_weight_update", control.end_weight_update_payload()))
         error = error or ended
         if error is None:
             error = await _attempt(engine.post_to(servers, "flush_cache", None))
@@ -641,7 +641,7 @@ async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str,
     TP workers gets an entry of its own). ``tp``: the servers' TP size, one for all or one per
     server; None asks each server (``/get_server_info``). Returns the number of buckets."""
     if tp is None:
-        sizes = [proto.server_info_tp_size(info) for info in await engine.server_info()]
+        sizes = [control.server_info_tp_size(info) for info in await engine.server_info()]
     elif isinstance(tp, int):
         sizes = [tp] * len(engine.servers)
     else:

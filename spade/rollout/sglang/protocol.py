@@ -1,5 +1,9 @@
 """SGLang's native HTTP protocol: our dataclasses to SGLang JSON and back (pure functions, no I/O).
 
+This module: the endpoint table, the errors, and ``/generate`` (request, answer, stream).
+``control_protocol``: the control endpoints' bodies and answers; ``tensor_payload``: the
+globals a serialized tensor payload may name.
+
 Everything here was written by reading SGLang's source, none of it copied. It was checked against
 the source of the release spade pins, the ``sglang==0.5.23`` wheel from PyPI (paths below are inside
 that package, ``sglang/...``):
@@ -13,7 +17,7 @@ that package, ``sglang/...``):
   fields: ``srt/sampling/sampling_params.py::SamplingParams`` (``temperature``, ``top_p``,
   ``top_k`` where ``-1`` means the whole vocabulary, ``max_new_tokens``, ``stop_token_ids``,
   ``ignore_eos``, ``no_stop_trim``, ``sampling_seed``). A temperature below ``1e-6`` becomes
-  ``top_k = 1, temperature = 1``: greedy, with log-probs at ``T = 1``, which is what ``engine.py``
+  ``top_k = 1, temperature = 1``: greedy, with log-probs at ``T = 1``, which is what ``spade.rollout.engine``
   specifies.
 * ``/generate`` response. With ``--skip-tokenizer-init`` the scheduler hands token ids straight to
   the tokenizer manager (``BatchTokenIDOutput``) and ``srt/managers/tokenizer_manager.py``
@@ -52,7 +56,7 @@ that package, ``sglang/...``):
   ``srt/entrypoints/openai/protocol.py::ErrorResponse``).
 * control endpoints: ``srt/entrypoints/http_server.py`` (routes), bodies from ``io_struct.py``
   (msgspec structs; unknown keys are ignored, a ``str`` field does not accept a number). See
-  ``ENDPOINTS`` and the ``*_payload`` builders below.
+  ``ENDPOINTS`` below and the ``*_payload`` builders in ``control_protocol``.
 
 Weight updates need a session in 0.5.23: ``/update_weights_from_tensor`` and
 ``/update_weights_from_distributed`` answer ``success: false`` unless they run between
@@ -62,21 +66,17 @@ Weight updates need a session in 0.5.23: ``/update_weights_from_tensor`` and
 
 Which log-probs SGLang returns (``srt/layers/sampler.py``, ``Sampler.forward``): on the default
 path the log of ``softmax(logits / T)`` over the full vocabulary, taken before top-k/top-p
-filtering (the filters work on copies), the distribution ``engine.py`` specifies (details there).
+filtering (the filters work on copies), the distribution ``spade.rollout.engine`` specifies (details there).
 ``SGLANG_RETURN_ORIGINAL_LOGPROB`` ("1"/"true") would make them ``T = 1`` log-probs: the launcher
-sets it to "0" (``sglang_deployment.SERVER_ENV_DEFAULTS``) and ``engine.sglang.server_env`` refuses
+sets it to "0" (``deployment.SERVER_ENV_DEFAULTS``) and ``engine.sglang.server_env`` refuses
 it. A GPU check against ``spade.rl.logprobs`` still has to confirm the numbers on real hardware.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import pickle
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence
 
-from .engine import FinishReason, GenerationChunk, GenerationRequest, GenerationResult
+from ..engine import FinishReason, GenerationChunk, GenerationRequest, GenerationResult
 
 SGLANG_REFERENCE = (
     "sglang==0.5.23 (PyPI wheel): srt/entrypoints/http_server.py, srt/entrypoints/api_contract.py, "
@@ -126,52 +126,7 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
     "update_weight_version": ("POST", "/update_weight_version"),
 }
 
-# srt/constants.py: the memory regions /release_memory_occupation and /resume_memory_occupation
-# know ("tags": null means all three). A region can only be resumed after it was released.
-SUPPORTED_MEMORY_TAGS: tuple[str, ...] = ("weights", "kv_cache", "cuda_graph")
-# What spade releases around a train step (CUDA graphs stay resident).
-MEMORY_TAGS: tuple[str, ...] = ("weights", "kv_cache")
-# io_struct.py PauseGenerationReqInput.mode
-PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place")
-# io_struct.py: the ``selector`` of BeginWeightUpdateReqInput and the update requests
-WEIGHT_UPDATE_SELECTORS: tuple[str, ...] = ("target", "draft", "all")
-
 _FINISH_TYPES: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
-
-# The globals a serialized_named_tensors entry may name. SGLang 0.5.23 decodes each entry with
-# base64 (standard alphabet, strict: no newlines) and then ``SafeUnpickler``
-# (srt/utils/common.py), a pickle.Unpickler whose find_class only resolves an exact allow-list of
-# (module, name) pairs and raises for anything else. This is the part of that list a
-# ``ForkingPickler`` dump of ``[(name, tensor), ...]`` made with torch's reducers can reach (torch's
-# rebuild functions, tensor and storage classes, torch.Size, dtypes); SGLang allows more (plain
-# builtins and collections, SGLang's own bucket classes, NPU variants), which our payloads do not
-# need. A payload naming anything outside this set must not be sent.
-_ALLOWED_DTYPES = (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-    "float4_e2m1fn_x2",
-)
-_ALLOWED_REBUILDS = (
-    "rebuild_tensor", "rebuild_cuda_tensor", "rebuild_meta_tensor", "rebuild_nested_tensor",
-    "rebuild_sparse_coo_tensor", "rebuild_sparse_compressed_tensor", "rebuild_storage_fd",
-    "rebuild_storage_filename", "rebuild_storage_empty", "rebuild_typed_storage",
-    "rebuild_typed_storage_child",
-)
-SGLANG_TENSOR_PAYLOAD_GLOBALS: frozenset[tuple[str, str]] = frozenset(
-    [("torch", d) for d in _ALLOWED_DTYPES]
-    + [("torch.multiprocessing.reductions", f) for f in _ALLOWED_REBUILDS]
-    + [
-        ("torch", "Tensor"), ("torch", "Size"), ("torch", "device"), ("torch", "dtype"),
-        ("torch.nn.parameter", "Parameter"),
-        ("torch.storage", "UntypedStorage"), ("torch.storage", "TypedStorage"),
-        ("torch", "UntypedStorage"),
-        ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
-        ("torch._tensor", "_rebuild_from_type_v2"),
-        ("multiprocessing.resource_sharer", "DupFd"),  # the file_descriptor sharing strategy
-        ("copyreg", "__newobj__"), ("collections", "OrderedDict"),
-    ]
-)
 
 
 class SGLangProtocolError(ValueError):
@@ -182,7 +137,7 @@ class SGLangServerError(RuntimeError):
     """SGLang answered with an error (``{"error": ...}``, ``{"object": "error"}`` or ``success: false``)."""
 
 
-def _error_message(data: Any) -> Optional[str]:
+def error_message(data: Any) -> Optional[str]:
     """The message of an SGLang error body, or None when ``data`` is not one."""
     if not isinstance(data, Mapping):
         return None
@@ -378,7 +333,7 @@ def parse_generate_response(
         raise SGLangProtocolError(
             f"SGLang /generate response: expected a JSON object, got {type(data).__name__}"
         )
-    message = _error_message(data)
+    message = error_message(data)
     if message is not None:
         raise SGLangServerError(f"SGLang /generate error: {message}")
 
@@ -448,7 +403,7 @@ class StreamProgress:
             raise SGLangProtocolError(
                 f"SGLang /generate stream: expected a JSON object per event, got {type(data).__name__}"
             )
-        message = _error_message(data)
+        message = error_message(data)
         if message is not None:
             raise SGLangServerError(f"SGLang /generate error: {message}")
         output_ids = _ids(_field(data, "output_ids", ""))
@@ -499,298 +454,3 @@ class StreamProgress:
         self.finished = True
         return GenerationChunk(tuple(new), tuple(logprobs), parse_finish_reason(raw_finish),
                                _result_version(meta, self.default_weight_version))
-
-
-# ------------------------------------------------------------------- server and model info
-
-
-def server_info_tp_size(info: Any) -> int:
-    """The tensor-parallel size from a ``/server_info`` answer (its flat ``tp_size`` field)."""
-    if not isinstance(info, Mapping):
-        raise SGLangProtocolError(f"SGLang /server_info: expected a JSON object, got {type(info).__name__}")
-    tp = info.get("tp_size")
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise SGLangProtocolError(f"SGLang /server_info: tp_size must be a positive int, got {tp!r}")
-    return tp
-
-
-def model_info_weight_version(info: Any, default: int) -> int:
-    """The live weight version from a ``/model_info`` answer (``weight_version``, a string)."""
-    if not isinstance(info, Mapping):
-        raise SGLangProtocolError(f"SGLang /model_info: expected a JSON object, got {type(info).__name__}")
-    return parse_weight_version(info.get("weight_version"), default)
-
-
-# -------------------------------------------------------------------- control endpoint bodies
-
-
-def _tags(tags: Optional[Iterable[str]]) -> Optional[list[str]]:
-    if tags is None:
-        return None
-    out = [str(t) for t in tags]
-    bad = [t for t in out if t not in SUPPORTED_MEMORY_TAGS]
-    if bad:
-        raise ValueError(f"unknown memory tags {bad}; SGLang supports {list(SUPPORTED_MEMORY_TAGS)}")
-    return out
-
-
-def release_memory_payload(tags: Optional[Iterable[str]] = MEMORY_TAGS) -> dict[str, Any]:
-    """``/release_memory_occupation`` body (``ReleaseMemoryOccupationReqInput.tags``; None = all).
-
-    SGLang asserts the server is idle (drained, or paused) when this arrives."""
-    return {"tags": _tags(tags)}
-
-
-def resume_memory_payload(tags: Optional[Iterable[str]] = MEMORY_TAGS) -> dict[str, Any]:
-    """``/resume_memory_occupation`` body (``ResumeMemoryOccupationReqInput.tags``; None = all).
-
-    A released ``weights`` region comes back without its contents (unless the server runs with
-    ``--enable-weights-cpu-backup``): send the weights before generating again."""
-    return {"tags": _tags(tags)}
-
-
-def pause_generation_payload(mode: str = "abort") -> dict[str, Any]:
-    """``/pause_generation`` body (``PauseGenerationReqInput.mode``: abort | retract | in_place).
-
-    ``abort`` ends running and queued requests (``finish_reason`` abort, partial output);
-    ``retract`` moves running requests back to the queue; ``in_place`` freezes them with their
-    KV cache (``/flush_cache`` then fails while they exist)."""
-    if mode not in PAUSE_MODES:
-        raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-    return {"mode": mode}
-
-
-def continue_generation_payload(*, torch_empty_cache: Optional[bool] = None) -> dict[str, Any]:
-    """``/continue_generation`` body (``ContinueGenerationReqInput``; SGLang empties the CUDA
-    allocator cache before resuming unless ``torch_empty_cache`` is false)."""
-    return {} if torch_empty_cache is None else {"torch_empty_cache": bool(torch_empty_cache)}
-
-
-def abort_request_payload(rid: str = "", abort_all: bool = False) -> dict[str, Any]:
-    """``/abort_request`` body (``AbortReq.rid``, ``AbortReq.abort_all``).
-
-    SGLang aborts every request whose rid *starts with* ``rid``; an empty rid without
-    ``abort_all`` is ignored."""
-    return {"rid": str(rid), "abort_all": bool(abort_all)}
-
-
-def _selector(selector: str) -> str:
-    if selector not in WEIGHT_UPDATE_SELECTORS:
-        raise ValueError(f"selector must be one of {WEIGHT_UPDATE_SELECTORS}, got {selector!r}")
-    return selector
-
-
-def begin_weight_update_payload(selector: str = "all") -> dict[str, Any]:
-    """``/begin_weight_update`` body (``BeginWeightUpdateReqInput.selector``).
-
-    Opens the session the ``/update_weights_from_*`` calls need; fails (``success: false``) when
-    one is already open. With released memory, resume the ``weights`` region first."""
-    return {"selector": _selector(selector)}
-
-
-def end_weight_update_payload() -> dict[str, Any]:
-    """``/end_weight_update`` body (``EndWeightUpdateReqInput`` has no fields): closes the session
-    and finalizes the loaded weights; fails when no session is open."""
-    return {}
-
-
-def _update_options(
-    body: dict[str, Any],
-    *,
-    flush_cache: bool,
-    weight_version: Optional[int],
-    abort_all_requests: Optional[bool],
-    torch_empty_cache: Optional[bool],
-    selector: Optional[str],
-) -> dict[str, Any]:
-    body["flush_cache"] = bool(flush_cache)
-    if weight_version is not None:
-        body["weight_version"] = str(int(weight_version))  # a str field: a number is refused
-    if abort_all_requests is not None:
-        body["abort_all_requests"] = bool(abort_all_requests)
-    if torch_empty_cache is not None:
-        body["torch_empty_cache"] = bool(torch_empty_cache)
-    if selector is not None:
-        body["selector"] = _selector(selector)
-    return body
-
-
-def update_weights_from_tensor_payload(
-    serialized_named_tensors: Sequence[str],
-    *,
-    load_format: Optional[str] = None,
-    flush_cache: bool = True,
-    weight_version: Optional[int] = None,
-    abort_all_requests: Optional[bool] = None,
-    torch_empty_cache: Optional[bool] = None,
-    selector: Optional[str] = None,
-) -> dict[str, Any]:
-    """``/update_weights_from_tensor`` body (``UpdateWeightsFromTensorReqInput``).
-
-    ``serialized_named_tensors``: one base64 string per tensor-parallel rank of the server (rank
-    ``r`` decodes entry ``r`` only), each the base64 (standard alphabet, no newlines) of a pickled
-    list of ``(name, tensor)`` whose tensors are CUDA-IPC handles (or shared-memory CPU tensors).
-    The server unpickles it with an allow-list of globals (``SGLANG_TENSOR_PAYLOAD_GLOBALS``,
-    ``payload_globals``). ``load_format``: None (the model's ``load_weights``), ``"direct"``, or
-    ``"flattened_bucket"`` (a pickled ``{"flattened_tensor", "metadata"}`` of SGLang's own bucket
-    classes). ``flush_cache=True`` fails the call when requests are still running. Must run inside
-    a weight-update session (``begin_weight_update_payload``).
-    """
-    body: dict[str, Any] = {
-        "serialized_named_tensors": list(serialized_named_tensors),
-        "load_format": load_format,
-    }
-    return _update_options(
-        body, flush_cache=flush_cache, weight_version=weight_version,
-        abort_all_requests=abort_all_requests, torch_empty_cache=torch_empty_cache, selector=selector,
-    )
-
-
-def update_weights_from_distributed_payload(
-    names: Sequence[str],
-    dtypes: Sequence[str],
-    shapes: Sequence[Sequence[int]],
-    *,
-    group_name: str = "weight_update_group",
-    flush_cache: bool = True,
-    weight_version: Optional[int] = None,
-    load_format: Optional[str] = None,
-    abort_all_requests: Optional[bool] = None,
-    torch_empty_cache: Optional[bool] = None,
-    selector: Optional[str] = None,
-) -> dict[str, Any]:
-    """``/update_weights_from_distributed`` body (``UpdateWeightsFromDistributedReqInput``): the
-    metadata of tensors the trainer then broadcasts (``src=0``) over the group from
-    ``init_weights_update_group``. Dtypes are torch attribute names (``"bfloat16"``).
-
-    Without ``load_format`` each server worker receives one broadcast per tensor, in this order.
-    With ``load_format="flattened_bucket"`` it receives a single ``uint8`` broadcast: the raw bytes
-    of the tensors back to back in this order, no padding, each tensor's byte offset a multiple of
-    its dtype's item size. Must run inside a weight-update session.
-    """
-    if not (len(names) == len(dtypes) == len(shapes)):
-        raise ValueError(
-            f"names/dtypes/shapes differ in length: {len(names)}/{len(dtypes)}/{len(shapes)}"
-        )
-    body: dict[str, Any] = {
-        "names": [str(n) for n in names],
-        "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-        "shapes": [[int(x) for x in s] for s in shapes],
-        "group_name": group_name,
-    }
-    if load_format is not None:
-        body["load_format"] = load_format
-    return _update_options(
-        body, flush_cache=flush_cache, weight_version=weight_version,
-        abort_all_requests=abort_all_requests, torch_empty_cache=torch_empty_cache, selector=selector,
-    )
-
-
-def init_weights_update_group_payload(
-    master_address: str,
-    master_port: int,
-    rank_offset: int,
-    world_size: int,
-    *,
-    group_name: str = "weight_update_group",
-    backend: str = "nccl",
-) -> dict[str, Any]:
-    """``/init_weights_update_group`` body (``InitWeightsUpdateGroupReqInput``).
-
-    Each TP worker ``t`` of the server joins as rank ``rank_offset + t`` of a ``world_size`` group
-    whose rank 0 (the trainer) hosts the TCP store at ``master_address:master_port``; see
-    ``weight_transport.open_update_group`` for the matching trainer side. The call returns only
-    after every member has joined."""
-    return {
-        "master_address": str(master_address),
-        "master_port": int(master_port),
-        "rank_offset": int(rank_offset),
-        "world_size": int(world_size),
-        "group_name": group_name,
-        "backend": backend,
-    }
-
-
-def destroy_weights_update_group_payload(group_name: str = "weight_update_group") -> dict[str, Any]:
-    """``/destroy_weights_update_group`` body (``DestroyWeightsUpdateGroupReqInput``); fails when
-    the server has no group of that name."""
-    return {"group_name": group_name}
-
-
-def update_weight_version_payload(version: int, *, abort_all_requests: bool = False) -> dict[str, Any]:
-    """``/update_weight_version`` body (``UpdateWeightVersionReqInput``). SGLang's own default for
-    ``abort_all_requests`` is true; this builder always says which it is."""
-    return {"new_version": str(int(version)), "abort_all_requests": bool(abort_all_requests)}
-
-
-def check_control_response(endpoint: str, status: int, data: Any) -> Any:
-    """Raise ``SGLangServerError`` for a failed control call; return the decoded body otherwise.
-
-    Weight endpoints answer ``{"success": bool, "message": str}`` (400 on failure); the memory
-    endpoints answer 200 ``null`` or 400 ``{"error": {"message"}}``; ``/flush_cache`` answers plain
-    text, 400 when requests are still running; FastAPI's own errors (a body that does not parse,
-    422 turned into 400) are ``{"object": "error", "message", ...}``.
-    """
-    if isinstance(data, Mapping):
-        if data.get("success") is False:
-            raise SGLangServerError(f"SGLang {endpoint} failed: {data.get('message', '')}")
-        message = _error_message(data)
-        if message is not None:
-            raise SGLangServerError(f"SGLang {endpoint} failed: {message}")
-    if status >= 400:
-        raise SGLangServerError(f"SGLang {endpoint} failed with HTTP {status}: {data!r}")
-    return data
-
-
-# ------------------------------------------------------------- serialized tensor payload check
-
-
-class _Placeholder:
-    """Stands in for every global while listing a pickle's globals: nothing real is called."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __call__(self, *args: Any, **kwargs: Any) -> "_Placeholder":
-        return _Placeholder()
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-
-class _GlobalLister(pickle.Unpickler):
-    def __init__(self, data: bytes) -> None:
-        super().__init__(io.BytesIO(data))
-        self.names: set[tuple[str, str]] = set()
-
-    def find_class(self, module: str, name: str) -> Any:
-        self.names.add((module, name))
-        return _Placeholder
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("persistent ids are not allowed in a tensor payload")
-
-
-def payload_globals(entry: Union[str, bytes]) -> set[tuple[str, str]]:
-    """The ``(module, name)`` globals a ``serialized_named_tensors`` entry names, found without
-    resolving any of them. ``str`` is base64 text (decoded strictly, as SGLang does), ``bytes``
-    the raw pickle. Every result must be in ``SGLANG_TENSOR_PAYLOAD_GLOBALS``."""
-    if isinstance(entry, str):
-        try:
-            data = base64.b64decode(entry, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ValueError(f"not valid base64 ({exc})") from None
-    else:
-        data = bytes(entry)
-    lister = _GlobalLister(data)
-    lister.load()
-    return lister.names

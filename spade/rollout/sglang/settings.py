@@ -1,6 +1,6 @@
 """The ``engine.sglang`` config section: how spade launches, reaches and feeds SGLang servers.
 
-It lives beside the SGLang code that reads it (``sglang_deployment``, ``sglang_engine``); the config
+It lives beside the SGLang code that reads it (``deployment``, ``engine``); the config
 tree (``spade.train_config``) imports it, never the other way.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from ..config import require
+from ...config import require
 
 # SGLang reads it (``get_bool_env_var``: "1" or "true") in ``srt/layers/sampler.py``: set, the returned
-# log-probs are those of softmax(logits) at T = 1 instead of softmax(logits / T) (see engine.py).
+# log-probs are those of softmax(logits) at T = 1 instead of softmax(logits / T) (see spade.rollout.engine).
 ORIGINAL_LOGPROB_VARIABLE = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 
 

@@ -6,7 +6,7 @@ builds need not agree on it. The disaggregated weight sync puts the trainer's ra
 servers' workers into one NCCL communicator, and NCCL refuses peers of another version
 ("Mismatched NCCL version detected"). Both fail late and obscurely, so a run checks at start-up:
 
-    from spade.rollout.runtime_versions import check_sglang_runtime
+    from spade.rollout.sglang.runtime_versions import check_sglang_runtime
     check_sglang_runtime(python)        # raises RuntimeVersionMismatch; prints both sides
 
 ``current_versions()`` describes this process; ``probe_interpreter(python)`` runs the same
@@ -16,7 +16,7 @@ raises for what it finds (a missing torch or sglang, a crash, a timeout): the re
 ``compare_versions`` is the rule: torch (the full version string, local build tag included), its
 CUDA version and its NCCL version must be equal on both sides.
 
-``python -m spade.rollout.runtime_versions [--python PY]`` runs the check from a shell (the GPU
+``python -m spade.rollout.sglang.runtime_versions [--python PY]`` runs the check from a shell (the GPU
 check starts with it); exit status 1 on a mismatch.
 """
 

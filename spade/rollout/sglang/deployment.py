@@ -42,10 +42,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..collectives import all_gather_object, barrier, broadcast_object, gather_object_to_0, in_thread, world
-from .server_launcher import ServerLauncher, ServerStartError, sglang_argv
-from .sglang_engine import SGLangEngine
-from .sglang_settings import SGLangSection
+from ...collectives import all_gather_object, barrier, broadcast_object, gather_object_to_0, in_thread, world
+from .launcher import ServerLauncher, ServerStartError, sglang_argv
+from .engine import SGLangEngine
+from .settings import SGLangSection
 from .weight_transport import Collectives, IpcFeed, update_weights_by_ipc
 
 log = logging.getLogger("spade.sglang")
@@ -56,7 +56,7 @@ PYTHON_VARIABLE = "SPADE_SGLANG_PYTHON"
 # Defaults of the servers' environment (``engine.sglang.server_env`` wins): ``/health`` as a plain
 # liveness check, not a one-token generation (which times out while generation is paused).
 # SGLANG_RETURN_ORIGINAL_LOGPROB off whatever the trainer's environment says: the log-probs must
-# be those of the sampled, tempered distribution (engine.py; sglang_settings refuses it in server_env).
+# be those of the sampled, tempered distribution (spade.rollout.engine; settings.py refuses it in server_env).
 SERVER_ENV_DEFAULTS = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0", "SGLANG_RETURN_ORIGINAL_LOGPROB": "0"}
 # What torchrun sets for its workers: a server launched from a training rank must not take itself
 # for rank RANK of the trainer's world (SGLang builds its own process groups).
@@ -339,7 +339,7 @@ class SGLangDeployment:
         await self.recover_hook(index)
 
     async def _alive(self, index: int) -> bool:
-        from .server_launcher import http_get_status
+        from .launcher import http_get_status
 
         plan = self.plans[index]
         host, _, port = plan.url.removeprefix("http://").rpartition(":")

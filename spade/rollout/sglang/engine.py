@@ -1,7 +1,7 @@
 """Rollout engine over one or more SGLang servers (native ``/generate`` over HTTP/1.1).
 
-Transport. A small HTTP/1.1 client on asyncio streams (standard library only) keeps a pool of
-keep-alive connections per server. Request and response bodies are JSON (``sglang_protocol``).
+Transport. ``http_client.HTTPClient``: keep-alive HTTP/1.1 on asyncio streams, JSON bodies
+(``protocol``, ``control_protocol``), server-sent events for streams.
 
 Placement. Each request goes to the healthy server with the fewest requests in flight. A request
 may carry an affinity key (``generate_with_affinity``; e.g. the episode id): the first request of
@@ -39,7 +39,7 @@ Paused and released servers are tracked apart: a server whose release failed aft
 still paused, and ``/continue_generation`` goes to every paused server.
 
 Streaming. ``generate_stream`` sends ``"stream": true`` and reads SGLang's server-sent events as
-they arrive (``sglang_protocol.StreamProgress`` turns cumulative or incremental events into
+they arrive (``protocol.StreamProgress`` turns cumulative or incremental events into
 chunks); the per-event wait is ``request_timeout_s``. Failures before the first token are retried
 as above; after it, the error is raised (the tokens already yielded cannot be taken back). A
 caller that stops iterating closes the connection and posts ``/abort_request`` for the rid, so
@@ -56,18 +56,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-import json
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Optional, Sequence, Union
-from urllib.parse import urlsplit
 
 from torch import Tensor
 
-from . import sglang_protocol as proto
-from .engine import EngineClosed, GenerationChunk, GenerationRequest, GenerationResult, RolloutEngine
+from ..engine import EngineClosed, GenerationChunk, GenerationRequest, GenerationResult, RolloutEngine
+from . import control_protocol as control
+from . import protocol as proto
+from .http_client import HTTPClient, Peer, RequestTimeout, StreamEnd, TransportError, parse_url
 
 WeightUpdater = Callable[["SGLangEngine", Iterable[tuple[str, Tensor]], int], Union[None, Awaitable[None]]]
 FailureHook = Callable[[int], Awaitable[None]]
@@ -85,42 +85,22 @@ class ClientStats:
     busy_s: float = 0.0
 
 
-class TransportError(ConnectionError):
-    """The HTTP exchange with a server failed (connection, timeout, 5xx): retryable elsewhere."""
-
-
-class RequestTimeout(TransportError):
-    """The request reached the server but no reply came in time (it may still be running there)."""
-
-
 class NoHealthyServer(ConnectionError):
     """Every retry failed."""
 
 
 @dataclass
-class ServerState:
-    url: str
-    host: str
-    port: int
-    prefix: str
+class ServerState(Peer):
+    """A server as placement sees it: its load, failures and health, beside its connections."""
+
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
     unhealthy_until: float = 0.0
     held: bool = False  # holds stale weights: no request until mark_healthy (after its weight sync)
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
 
     def healthy(self, now: float) -> bool:
         return now >= self.unhealthy_until and not self.held
-
-
-def _parse_url(url: str) -> tuple[str, int, str]:
-    parts = urlsplit(url if "://" in url else "http://" + url)
-    if parts.scheme != "http":
-        raise ValueError(f"only http:// SGLang URLs are supported, got {url!r}")
-    if not parts.hostname:
-        raise ValueError(f"no host in {url!r}")
-    return parts.hostname, parts.port or 80, parts.path.rstrip("/")
 
 
 class SGLangEngine(RolloutEngine):
@@ -149,7 +129,7 @@ class SGLangEngine(RolloutEngine):
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self.servers: list[ServerState] = []
         for u in urls:
-            host, port, prefix = _parse_url(u)
+            host, port, prefix = parse_url(u)
             self.servers.append(ServerState(url=u.rstrip("/"), host=host, port=port, prefix=prefix))
         self.max_retries = max_retries
         self.request_timeout_s = request_timeout_s
@@ -176,6 +156,8 @@ class SGLangEngine(RolloutEngine):
         self._unheld: Optional[asyncio.Event] = None  # set when a held server is marked healthy
         self._drained: Optional[asyncio.Event] = None  # set while nothing is in flight
         self._control_lock: Optional[asyncio.Lock] = None
+        self._client = HTTPClient(connect_timeout_s=connect_timeout_s, max_idle_connections=max_idle_connections,
+                                  closed=lambda: self._closed)
 
     # ------------------------------------------------------------------ interface
 
@@ -235,7 +217,7 @@ class SGLangEngine(RolloutEngine):
             try:
                 while True:
                     item = await events.get()
-                    if isinstance(item, _StreamEnd):
+                    if isinstance(item, StreamEnd):
                         if item.cancelled or self._closed:  # close(): keep what was yielded
                             yield GenerationChunk(finish_reason="abort", weight_version=version)
                             return
@@ -428,9 +410,9 @@ class SGLangEngine(RolloutEngine):
             return done
 
     async def _release_one(self, idx: int) -> None:
-        await self.post_to([idx], "pause_generation", proto.pause_generation_payload("abort"))
+        await self.post_to([idx], "pause_generation", control.pause_generation_payload("abort"))
         self._paused.add(idx)
-        await self.post_to([idx], "release_memory_occupation", proto.release_memory_payload(proto.MEMORY_TAGS))
+        await self.post_to([idx], "release_memory_occupation", control.release_memory_payload(control.MEMORY_TAGS))
 
     def forget_released(self, indices: Iterable[int]) -> None:
         """Servers restarted since their release hold their memory again and are not paused."""
@@ -463,7 +445,7 @@ class SGLangEngine(RolloutEngine):
         self._attach()
         if self._released:
             await self.post_to(sorted(self._released), "resume_memory_occupation",
-                               proto.resume_memory_payload(["weights"]))
+                               control.resume_memory_payload(["weights"]))
 
     async def resume_generation(self) -> None:
         """The last part: KV cache back on the released servers, generation continued on every
@@ -476,9 +458,9 @@ class SGLangEngine(RolloutEngine):
         async def one(idx: int) -> None:
             try:
                 if idx in released:
-                    await self.post_to([idx], "resume_memory_occupation", proto.resume_memory_payload(["kv_cache"]))
+                    await self.post_to([idx], "resume_memory_occupation", control.resume_memory_payload(["kv_cache"]))
             finally:
-                await self.post_to([idx], "continue_generation", proto.continue_generation_payload())
+                await self.post_to([idx], "continue_generation", control.continue_generation_payload())
 
         results = await asyncio.gather(*(one(i) for i in paused), return_exceptions=True)
         self._released.clear()
@@ -538,7 +520,7 @@ class SGLangEngine(RolloutEngine):
         return await self.post_all("flush_cache", None)
 
     async def post_all(self, endpoint: str, payload: Optional[dict]) -> list[Any]:
-        """Call a control endpoint (name from ``sglang_protocol.ENDPOINTS``) on every server, in
+        """Call a control endpoint (name from ``protocol.ENDPOINTS``) on every server, in
         parallel; raises if any fails."""
         return await self.post_to(range(len(self.servers)), endpoint, payload)
 
@@ -551,7 +533,7 @@ class SGLangEngine(RolloutEngine):
         async def one(idx: int) -> Any:
             body = payload(idx) if callable(payload) else payload
             status, data = await self._http(self.servers[idx], method, path, body, self.control_timeout_s)
-            return proto.check_control_response(path, status, data)
+            return control.check_control_response(path, status, data)
 
         return list(await asyncio.gather(*(one(i) for i in indices)))
 
@@ -564,7 +546,7 @@ class SGLangEngine(RolloutEngine):
     async def _abort_quietly(self, idx: int, rid: str) -> None:
         try:
             await self._http(
-                self.servers[idx], "POST", "/abort_request", proto.abort_request_payload(rid), 5.0
+                self.servers[idx], "POST", "/abort_request", control.abort_request_payload(rid), 5.0
             )
         except Exception:
             pass
@@ -633,219 +615,13 @@ class SGLangEngine(RolloutEngine):
                 self._affinity.popitem(last=False)
         return idx
 
-    # ------------------------------------------------------------------ HTTP/1.1 client
+    # ------------------------------------------------------------------ HTTP (http_client)
 
     async def _http(
         self, s: ServerState, method: str, path: str, payload: Optional[dict], timeout: float
     ) -> tuple[int, Any]:
-        body = b"" if payload is None else json.dumps(payload).encode()
-        head = (
-            f"{method} {s.prefix}{path} HTTP/1.1\r\nHost: {s.host}:{s.port}\r\n"
-            f"Content-Type: application/json\r\nAccept: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
-        ).encode()
-        # A pooled connection the server has since closed fails before any reply byte: retry
-        # once on a fresh connection (the request never reached the server).
-        while True:
-            reused = bool(s.idle)
-            try:
-                if reused:
-                    reader, writer = s.idle.pop()
-                else:
-                    reader, writer = await asyncio.wait_for(
-                        asyncio.open_connection(s.host, s.port), self.connect_timeout_s
-                    )
-            except (OSError, asyncio.TimeoutError) as exc:
-                raise TransportError(f"cannot connect to {s.url}: {exc!r}") from exc
-            try:
-                writer.write(head + body)
-                await writer.drain()
-                status, headers, raw, got_bytes = await asyncio.wait_for(
-                    self._read_response(reader), timeout
-                )
-            except asyncio.CancelledError:
-                writer.close()
-                raise
-            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
-                writer.close()
-                if reused and not getattr(exc, "_got_bytes", False) and not isinstance(
-                    exc, asyncio.TimeoutError
-                ):
-                    continue
-                error = RequestTimeout if isinstance(exc, asyncio.TimeoutError) else TransportError
-                raise error(f"{method} {s.url}{path} failed: {exc!r}") from exc
-            break
-        keep = headers.get("connection", "").lower() != "close" and not self._closed
-        if keep and len(s.idle) < self.max_idle_connections:
-            s.idle.append((reader, writer))
-        else:
-            writer.close()
-        if status >= 500:
-            raise TransportError(f"{method} {s.url}{path}: HTTP {status}: {raw[:200]!r}")
-        if not raw:
-            return status, None
-        ctype = headers.get("content-type", "")
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            if "json" in ctype:
-                raise proto.SGLangProtocolError(
-                    f"{method} {s.url}{path}: response body is not valid JSON: {raw[:200]!r}"
-                )
-            data = raw.decode("utf-8", "replace")
-        return status, data
+        """One JSON exchange with server ``s`` (the seam a recording test replaces)."""
+        return await self._client.request(s, method, path, payload, timeout)
 
-    @classmethod
-    async def _read_response(cls, reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
-        status, headers = await cls._read_head(reader)
-        try:
-            raw = b"".join([piece async for piece in cls._body_pieces(reader, headers)])
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            exc._got_bytes = True  # type: ignore[attr-defined]
-            raise
-        return status, headers, raw, True
-
-    @staticmethod
-    async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict]:
-        """The status line and headers (lower-case names) of a response."""
-        line = await reader.readline()
-        if not line:
-            raise asyncio.IncompleteReadError(b"", None)  # closed before replying
-        try:
-            parts = line.decode("latin-1").split(" ", 2)
-            if not parts[0].startswith("HTTP/1."):
-                raise ValueError
-            status = int(parts[1])
-        except (ValueError, IndexError):
-            exc = ValueError(f"bad HTTP status line {line!r}")
-            exc._got_bytes = True  # type: ignore[attr-defined]
-            raise exc
-        headers: dict[str, str] = {}
-        try:
-            while True:
-                h = await reader.readline()
-                if h in (b"\r\n", b"\n"):
-                    break
-                if not h:
-                    raise asyncio.IncompleteReadError(b"", None)
-                k, _, v = h.decode("latin-1").partition(":")
-                headers[k.strip().lower()] = v.strip()
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            exc._got_bytes = True  # type: ignore[attr-defined]
-            raise
-        return status, headers
-
-    @staticmethod
-    async def _body_pieces(reader: asyncio.StreamReader, headers: dict) -> AsyncIterator[bytes]:
-        """The body as it arrives: chunk by chunk (chunked encoding), or all at once. A body
-        delimited by the connection's end sets ``headers["connection"] = "close"``."""
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            while True:
-                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass
-                    return
-                yield await reader.readexactly(size)
-                await reader.readexactly(2)
-        elif "content-length" in headers:
-            yield await reader.readexactly(int(headers["content-length"]))
-        else:
-            headers["connection"] = "close"
-            while True:
-                piece = await reader.read(1 << 16)
-                if not piece:
-                    return
-                yield piece
-
-    async def _http_stream(self, s: ServerState, path: str, payload: dict,
-                           events: asyncio.Queue) -> None:
-        """POST ``payload`` asking for server-sent events; put each event's JSON on ``events``,
-        then a ``_StreamEnd`` (with the error, if the exchange failed)."""
-        try:
-            await self._read_events(s, path, payload, events)
-        except asyncio.CancelledError:
-            events.put_nowait(_StreamEnd(cancelled=True))
-            raise
-        except Exception as exc:  # noqa: BLE001 - handed to the reading generator
-            events.put_nowait(_StreamEnd(error=exc))
-        else:
-            events.put_nowait(_StreamEnd())
-
-    async def _read_events(self, s: ServerState, path: str, payload: dict, events: asyncio.Queue) -> None:
-        body = json.dumps(payload).encode()
-        head = (
-            f"POST {s.prefix}{path} HTTP/1.1\r\nHost: {s.host}:{s.port}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
-        ).encode()
-        try:  # a fresh connection: a pooled one may have been closed by the server meanwhile
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(s.host, s.port), self.connect_timeout_s)
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise TransportError(f"cannot connect to {s.url}: {exc!r}") from exc
-        reusable = False
-        try:
-            try:
-                writer.write(head + body)
-                await writer.drain()
-                status, headers = await asyncio.wait_for(self._read_head(reader), self.request_timeout_s)
-                if status != 200 or "text/event-stream" not in headers.get("content-type", ""):
-                    raw = await asyncio.wait_for(self._read_body(reader, headers), self.request_timeout_s)
-                    reusable = headers.get("connection", "").lower() != "close"
-                    if status >= 500:
-                        raise TransportError(f"POST {s.url}{path}: HTTP {status}: {raw[:200]!r}")
-                    try:
-                        data = json.loads(raw) if raw else None
-                    except ValueError:
-                        data = raw.decode("utf-8", "replace")
-                    if status >= 400:
-                        raise proto.SGLangServerError(f"SGLang {path} failed with HTTP {status}: {data!r}")
-                    events.put_nowait(data)  # a server that answered in one piece
-                    return
-                buffer, done = b"", False
-                pieces = self._body_pieces(reader, headers).__aiter__()
-                while True:
-                    try:
-                        piece = await asyncio.wait_for(pieces.__anext__(), self.request_timeout_s)
-                    except StopAsyncIteration:
-                        break
-                    buffer += piece.replace(b"\r\n", b"\n")
-                    while b"\n\n" in buffer:
-                        event, buffer = buffer.split(b"\n\n", 1)
-                        data = proto.sse_data(event)
-                        if data is None:
-                            continue
-                        if data == proto.STREAM_DONE:
-                            done = True
-                            continue
-                        try:
-                            events.put_nowait(json.loads(data))
-                        except ValueError:
-                            raise proto.SGLangProtocolError(
-                                f"SGLang {path} stream: an event is not valid JSON: {data[:200]!r}") from None
-                reusable = done and headers.get("connection", "").lower() != "close"
-            except asyncio.TimeoutError as exc:
-                raise RequestTimeout(f"POST {s.url}{path}: no event within {self.request_timeout_s} s") from exc
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                if isinstance(exc, proto.SGLangProtocolError):
-                    raise
-                raise TransportError(f"POST {s.url}{path} failed: {exc!r}") from exc
-        finally:
-            if reusable and not self._closed and len(s.idle) < self.max_idle_connections:
-                s.idle.append((reader, writer))
-            else:
-                writer.close()
-
-    @classmethod
-    async def _read_body(cls, reader: asyncio.StreamReader, headers: dict) -> bytes:
-        return b"".join([piece async for piece in cls._body_pieces(reader, headers)])
-
-
-@dataclass
-class _StreamEnd:
-    """The end of a streamed exchange: normal, failed (``error``) or cancelled (engine closed or
-    caller gone)."""
-
-    error: Optional[BaseException] = None
-    cancelled: bool = False
+    async def _http_stream(self, s: ServerState, path: str, payload: dict, events: asyncio.Queue) -> None:
+        await self._client.stream(s, path, payload, events, self.request_timeout_s)
