@@ -67,6 +67,7 @@ from spade.envs.sandbox.config import SandboxConfig  # noqa: E402
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine  # noqa: E402
 from spade.selfplay.orchestrator import Orchestrator, StepOutput  # noqa: E402
 from spade.selfplay.settings import SelfPlaySettings  # noqa: E402
+from spade.selfplay.step import Step  # noqa: E402
 
 TARGET_SHARE = 0.05
 EXAMPLE_ENVS = REPO_ROOT / "examples" / "envs"
@@ -287,7 +288,7 @@ class StepFigures:
 async def measured_step(orchestrator: Orchestrator, engine: ReplayEngine, step: int) -> StepFigures:
     engine.counts = EngineCounts()
     started = time.perf_counter()
-    out: StepOutput = await orchestrator.run_step(step)
+    out: StepOutput = await orchestrator.run_step(Step(step))
     wall = time.perf_counter() - started
     m = out.metrics
     counts = engine.counts
@@ -295,7 +296,7 @@ async def measured_step(orchestrator: Orchestrator, engine: ReplayEngine, step: 
     episodes = int(m.get("agent/episodes", 0) + m.get("agent/hint_episodes", 0))
     designer_s, play_s = m["time/designer_s"], m["time/play_s"]
     return StepFigures(
-        step=step, regeneration=step % orchestrator.settings.k == 0, wall_s=wall, engine_replay_s=counts.seconds,
+        step=step, regeneration=Step(step).regenerates(orchestrator.settings.k), wall_s=wall, engine_replay_s=counts.seconds,
         designer_s=designer_s, play_s=play_s, rest_s=wall - designer_s - play_s, episodes=episodes,
         agent_turns=counts.roles["agent"].calls, turns_mean_nohint=m.get("agent/turns_mean", 0.0),
         admitted=int(len(orchestrator.envs)), agent_samples=len(out.agent_samples),

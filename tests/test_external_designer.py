@@ -34,6 +34,7 @@ from spade.selfplay.designer_round import DesignerRound
 from spade.selfplay.endpoint import EndpointSettings
 from spade.selfplay.samples import derive_seed
 from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.step import Step
 
 pytest.importorskip("openai")
 pytestmark = pytest.mark.timeout(120)
@@ -438,7 +439,7 @@ def test_orchestrator_steps_train_the_agent_only(endpoint, sandbox, tokenizer, t
         with Memory(memory_path(tmp_path)) as memory:
             orchestrator = Orchestrator(settings, sandbox=sandbox.service, engine=engine, tokenizer=tokenizer,
                                         corpus=None, memory=memory, run_dir=tmp_path, seed=1)
-            outs = [sandbox.run(orchestrator.run_step(step), timeout=120) for step in range(3)]
+            outs = [sandbox.run(orchestrator.run_step(Step(step)), timeout=120) for step in range(3)]
             remembered = sorted(record.env_id for record in memory.list())
     finally:
         engine.close()

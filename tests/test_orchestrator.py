@@ -8,6 +8,7 @@ with the real engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import shutil
@@ -25,8 +26,9 @@ from spade.designer.skills import SkillSettings
 from spade.rl.samples import Role
 from spade.rollout import HFEngine
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
-from spade.selfplay.orchestrator import Orchestrator, StepOutput
+from spade.selfplay.orchestrator import Orchestrator, StepOutput, StepPlays
 from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.step import Step
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_SOURCE = (ROOT / "examples" / "envs" / "remainder_oracle.py").read_text()
@@ -155,7 +157,7 @@ def test_settings_defaults_and_validation():
 def test_real_engine_candidates_are_rejected_and_saved(sandbox, engine, tokenizer, tmp_path):
     memory = Memory(tmp_path / "memory.sqlite")
     orchestrator = make(sandbox, engine, tokenizer, tmp_path, memory)
-    out = sandbox.run(orchestrator.run_step(0), timeout=120)
+    out = sandbox.run(orchestrator.run_step(Step(0)), timeout=120)
     m = out.metrics
     assert m["designer/attempts"] == 4 and m["env/rejected"] == 4 and m["env/admitted"] == 0
     assert sum(v for k, v in m.items() if k.startswith("env/rejected_")) == 4
@@ -171,8 +173,9 @@ def test_real_engine_candidates_are_rejected_and_saved(sandbox, engine, tokenize
         assert isinstance(data["response"], str)
     assert len(memory) == 0
     # A later step of the window plays the (empty) set and releases nothing.
-    out1 = sandbox.run(orchestrator.run_step(1), timeout=60)
+    out1 = sandbox.run(orchestrator.run_step(Step(1)), timeout=60)
     assert out1.metrics["designer/released"] == 0 and "env/admitted" not in out1.metrics
+    assert out1.metrics["designer/samples"] == 0 and out1.metrics["agent/samples"] == len(out1.agent_samples)
 
 
 # --------------------------------------------------------------------------- scripted designer
@@ -195,7 +198,7 @@ def _z(values):
 def _check_agent_samples(out: StepOutput):
     by_env: dict[str, list] = {}
     for trajectory in out.agent_samples:
-        assert trajectory.role is Role.AGENT and trajectory.generated_step == out.step
+        assert trajectory.role is Role.AGENT and trajectory.generated_step == out.step.updates_done
         by_env.setdefault(trajectory.env_id, []).append(trajectory)
     for env_id, trajectories in by_env.items():
         expected = _z([t.reward for t in trajectories])
@@ -225,7 +228,7 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
     orch = make(sandbox, designer, tokenizer, run_a, memory_a)
 
     # Step 0: regeneration, hints, hinted + no-hint plays, memory.
-    out0 = sandbox.run(orch.run_step(0), timeout=120)
+    out0 = sandbox.run(orch.run_step(Step(0)), timeout=120)
     m0 = out0.metrics
     assert m0["env/admitted"] == 2 and m0["env/rejected"] == 0 and m0["designer/attempts"] == 2
     assert designer.designer_calls == 2 and designer.hint_calls == 2
@@ -267,7 +270,7 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
         assert e["turns"] and e["return"] == returns[e["env_id"]][f"{e['arm']}_returns"][e["index"]]
 
     # Step 1: no regeneration, no hints, window returns recorded, nothing released.
-    out1 = sandbox.run(orch.run_step(1), timeout=120)
+    out1 = sandbox.run(orch.run_step(Step(1)), timeout=120)
     assert "env/admitted" not in out1.metrics and "agent/hint_episodes" not in out1.metrics
     assert out1.metrics["agent/episodes"] == 4 and out1.designer_samples == [] and designer.designer_calls == 2
     _check_agent_samples(out1)
@@ -276,7 +279,7 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
     pending1 = {p["env_id"]: p for p in state["designer_buffer"]["pending"]}
 
     # Step 2 = s + k: released designer samples, advantages by hand.
-    out2 = sandbox.run(orch.run_step(2), timeout=120)
+    out2 = sandbox.run(orch.run_step(Step(2)), timeout=120)
     assert out2.metrics["designer/released"] == 2 and len(out2.designer_samples) == 2
     blends = []
     for env_id in ids:
@@ -316,7 +319,7 @@ def test_scripted_designer_full_cycle_and_resume(sandbox, engine, tokenizer, tmp
     (tmp_path / "b" / "trajectories" / "step_000002.jsonl").write_text("{}\n")  # from a run that went on
     resumed.load_state_dict(state)
     assert not (tmp_path / "b" / "trajectories" / "step_000002.jsonl").exists()
-    out2b = sandbox.run(resumed.run_step(2), timeout=120)
+    out2b = sandbox.run(resumed.run_step(Step(2)), timeout=120)
     assert _comparable(out2b) == _comparable(out2)
     assert json.loads(json.dumps(resumed.state_dict())) == json.loads(json.dumps(orch.state_dict()))
 
@@ -328,8 +331,44 @@ def test_frozen_designer_and_fixed_pool(sandbox, engine, tokenizer, tmp_path):
     (pool / "coin.hint.txt").write_text(HINT)
     (pool / "broken.py").write_text("this is not python(")
     orch = make(sandbox, engine, tokenizer, tmp_path / "run", None, designer_enabled=False, fixed_env_dir=str(pool))
-    out = sandbox.run(orch.run_step(0), timeout=120)
+    out = sandbox.run(orch.run_step(Step(0)), timeout=120)
     assert out.metrics["env/admitted"] == 1 and out.metrics["env/rejected_syntax_error"] == 1
     assert out.metrics["agent/episodes"] == 2 and out.metrics["agent/hint_episodes"] == 2
     assert len(orch.buffer) == 0 and out.designer_samples == []
     _check_agent_samples(out)
+
+
+# --------------------------------------------------------------------------- the step's stages
+
+
+def test_the_step_runs_algorithm_1s_stages_in_order(tokenizer, tmp_path):
+    """SPEC 1: regenerate (1), play (2), agent advantages (3), designer rewards released, then this
+    set's designs queued (4), memory (6); between regenerations only 2-4 (the release)."""
+    orch = Orchestrator(tiny_settings(), sandbox=None, engine=None, tokenizer=tokenizer, corpus=None, memory=None,
+                        run_dir=tmp_path, seed=1)
+    calls: list[tuple[str, int]] = []
+
+    def record(name, result=None):
+        async def stage_async(step, *args, **kwargs):
+            calls.append((name, step.updates_done))
+            return result
+
+        def stage(*args, **kwargs):
+            step = args[0] if isinstance(args[0], Step) else args[0].step
+            calls.append((name, step.updates_done))
+
+        return stage_async if name in ("regenerate_and_admit", "play") else stage
+
+    orch.regenerate_and_admit = record("regenerate_and_admit", {})
+    orch.play = record("play", StepPlays({}, {}))
+    for name in ("score_agent_plays", "release_designer_rewards", "enqueue_designs", "update_memory"):
+        setattr(orch, name, record(name))
+    outs = [asyncio.run(orch.run_step(Step(n))) for n in range(3)]  # k = 2: sets at steps 0 and 2
+    stages = ["regenerate_and_admit", "play", "score_agent_plays", "release_designer_rewards", "enqueue_designs",
+              "update_memory"]
+    between = ["play", "score_agent_plays", "release_designer_rewards"]
+    assert calls == [(name, 0) for name in stages] + [(name, 1) for name in between] + [(name, 2) for name in stages]
+    for out in outs:  # the counts every step carries, set once by the orchestrator
+        assert out.metrics["agent/samples"] == 0 and out.metrics["designer/samples"] == 0
+        assert out.metrics["designer/pending"] == 0
+    assert orch.last_step == 2

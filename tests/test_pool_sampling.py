@@ -19,6 +19,7 @@ from spade.config import ConfigError
 from spade.selfplay.pool import FixedPool, append_manifest, read_manifest, read_pool
 from spade.selfplay.pool_settings import PoolSettings
 from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.step import Step
 
 ROOT = Path(__file__).resolve().parent.parent
 SKILLS = [skill.name for skill in GAME_SKILLS]
@@ -354,7 +355,7 @@ def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(
                             memory=None, run_dir=tmp_path / run, seed=11)
 
     def played(orch: Orchestrator, step: int) -> list[str]:
-        out = sandbox.run(orch.run_step(step), timeout=120)
+        out = sandbox.run(orch.run_step(Step(step)), timeout=120)
         assert out.metrics["pool/size"] == 5.0 and out.metrics["pool/fallbacks"] == 0.0
         return [env.env_id for env in orch.envs]
 

@@ -54,7 +54,7 @@ def last(log: list, what: str, tags: tuple[str, ...] = ()) -> int:
 
 
 async def one_step(backend: SGLangRolloutBackend, version: int, *, changed: bool = True) -> list:
-    samples = await backend.before_train(["sample"])
+    samples = await backend.switch_to_training(["sample"])
     assert samples == ["sample"]
     await backend.publish(stream, version, changed=changed)
     return samples
@@ -130,7 +130,7 @@ def test_on_cuda_the_parameters_are_off_the_device_when_the_kv_cache_is_resumed(
     deployment_backend.deployment.device = device
 
     async def step():
-        await deployment_backend.before_train(["sample"])
+        await deployment_backend.switch_to_training(["sample"])
         await deployment_backend.publish(weights, 1)
 
     asyncio.run(step())

@@ -17,6 +17,7 @@ from spade.config import ConfigError
 from spade.selfplay.orchestrator import TRUNCATED_ENDS
 from spade.selfplay.pool import FixedPool
 from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.step import Step
 from spade.selfplay.trajectory_log import step_file
 from test_orchestrator import COIN_SOURCE, engine, make, tokenizer  # noqa: F401  (fixtures)
 
@@ -77,7 +78,7 @@ def test_fixed_pool_source_is_chosen(sandbox, engine, tokenizer, tmp_path):
     pool = _pool(tmp_path, win=ALWAYS_WIN)
     orch = make(sandbox, engine, tokenizer, tmp_path / "run", None, env_source="fixed_pool", fixed_env_dir=str(pool))
     assert isinstance(orch.source, FixedPool)
-    out = sandbox.run(orch.run_step(0), timeout=120)
+    out = sandbox.run(orch.run_step(Step(0)), timeout=120)
     assert out.metrics["env/admitted"] == 1 and "agent/dropped_equal_groups" not in out.metrics
     # off by default: the all-equal group still gives (zero-advantage) samples
     assert len(out.agent_samples) == 2 and all(t.advantage == 0.0 for t in out.agent_samples)
@@ -89,7 +90,7 @@ def test_drop_equal_return_groups(sandbox, engine, tokenizer, tmp_path):
     run_dir = tmp_path / "run"
     orch = make(sandbox, engine, tokenizer, run_dir, None, env_source="fixed_pool", fixed_env_dir=str(pool),
                 g_nohint=4, drop_equal_return_groups=True)
-    out = sandbox.run(orch.run_step(0), timeout=180)
+    out = sandbox.run(orch.run_step(Step(0)), timeout=180)
     returns = _returns(run_dir, 0)
     assert returns["fixed-win"] == [1.0] * 4
     flat = {env_id for env_id, r in returns.items() if _flat(r)}
@@ -103,7 +104,7 @@ def test_refill_plays_more_of_the_equal_groups_only(sandbox, engine, tokenizer, 
     run_dir = tmp_path / "run"
     orch = make(sandbox, engine, tokenizer, run_dir, None, env_source="fixed_pool", fixed_env_dir=str(pool),
                 g_nohint=2, drop_equal_return_groups=True, refill_equal_groups=2)
-    out = sandbox.run(orch.run_step(0), timeout=180)
+    out = sandbox.run(orch.run_step(Step(0)), timeout=180)
     returns = _returns(run_dir, 0)
     assert returns["fixed-win"] == [1.0] * 6  # g_nohint plays, then two refill rounds of g_nohint
     coin = returns["fixed-coin"]
@@ -120,11 +121,11 @@ def test_refill_plays_more_of_the_equal_groups_only(sandbox, engine, tokenizer, 
 def test_mask_truncated(sandbox, engine, tokenizer, tmp_path):
     pool = _pool(tmp_path, endless=NEVER_ENDS)
     plain = make(sandbox, engine, tokenizer, tmp_path / "a", None, env_source="fixed_pool", fixed_env_dir=str(pool))
-    unmasked = sandbox.run(plain.run_step(0), timeout=180)
+    unmasked = sandbox.run(plain.run_step(Step(0)), timeout=180)
     assert len(unmasked.agent_samples) == 2  # every play generated something and is trainable
     masked_orch = make(sandbox, engine, tokenizer, tmp_path / "b", None, env_source="fixed_pool",
                        fixed_env_dir=str(pool), mask_truncated=True)
-    masked = sandbox.run(masked_orch.run_step(0), timeout=180)
+    masked = sandbox.run(masked_orch.run_step(Step(0)), timeout=180)
     episodes = [json.loads(line) for line in step_file(tmp_path / "b", 0).read_text().splitlines()]
     ends = [e["end_reason"] for e in episodes if e.get("kind") == "episode"]
     assert ends and all(end in TRUNCATED_ENDS for end in ends)

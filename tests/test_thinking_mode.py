@@ -32,6 +32,7 @@ from spade.run.run_dir import RunDirError
 from spade.selfplay.orchestrator import Orchestrator
 from spade.selfplay.policy import EnginePolicy
 from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.step import Step
 from spade.train_config import from_dict, load_train_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +215,7 @@ def test_step_prompts_and_samples_with_thinking(sandbox, tokenizer, tmp_path, se
     orch = Orchestrator(settings, sandbox=sandbox.service, engine=model, tokenizer=tokenizer, corpus=None,
                         memory=None, run_dir=tmp_path, seed=7,
                         chat_template_kwargs=thinking_template_kwargs(HYBRID, setting))
-    out = sandbox.run(orch.run_step(0), timeout=120)
+    out = sandbox.run(orch.run_step(Step(0)), timeout=120)
     assert out.metrics["env/admitted"] == 1
 
     ending = ids(tokenizer, THINK_OFF_PROMPT if setting == "off" else THINK_ON_PROMPT)

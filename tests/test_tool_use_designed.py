@@ -239,6 +239,7 @@ def test_orchestrator_screens_through_our_engine(sandbox, tmp_path):
     from spade.rollout import HFEngine
     from spade.selfplay.orchestrator import Orchestrator
     from spade.selfplay.settings import SelfPlaySettings
+    from spade.selfplay.step import Step
 
     tokenizer = bpe_tokenizer((FIXTURES / "qwen3_hybrid.jinja").read_text())
     torch.manual_seed(0)
@@ -256,7 +257,7 @@ def test_orchestrator_screens_through_our_engine(sandbox, tmp_path):
         with Memory(memory_path(tmp_path)) as memory:
             orchestrator = Orchestrator(settings, sandbox=sandbox.service, engine=engine, tokenizer=tokenizer,
                                         corpus=None, memory=memory, run_dir=tmp_path, seed=3)
-            out = sandbox.run(orchestrator.run_step(0), timeout=180)
+            out = sandbox.run(orchestrator.run_step(Step(0)), timeout=180)
             remembered = sorted(record.env_id for record in memory.list())
     finally:
         real.close()

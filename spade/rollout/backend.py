@@ -2,22 +2,26 @@
 
 The trainer's step reads the same for every engine::
 
-    out = await orchestrator.run_step(step)                  # rank 0 generates
-    samples = await rollout.before_train(out.samples)        # every rank gets the samples
+    out = await orchestrator.run_step(step)                    # rank 0 generates
+    samples = await rollout.switch_to_training(out.samples)    # see below
     metrics = learner.update(samples)
-    await rollout.publish(learner.weight_stream, version)    # the engine serves the new weights
+    await rollout.publish(learner.weight_stream, version)      # the engine serves the new weights
 
-``before_train`` hands the step's samples from rank 0 to every rank. While rank 0 runs rollouts the
-other ranks wait inside it for rank 0's commands: the samples (then it returns), or, with SGLang, "a
-server died: restart it and send it the current weights" (every rank takes part in the weight sync).
-The commands go over the control group (``collectives``: gloo, long timeout), so the wait may
-last as long as the rollouts and evaluation take.
+``switch_to_training`` is three stages, named as slime's loop names them: :meth:`~RolloutBackend.
+offload_engine` (rank 0: the engine gives up its device memory), :meth:`~RolloutBackend.share_samples`
+(rank 0's samples reach every rank) and :meth:`~RolloutBackend.onload_training` (every rank: the
+training state back onto the device). A step without samples trains nothing, so it moves no memory.
+While rank 0 runs rollouts the other ranks wait inside ``share_samples`` for rank 0's commands: the
+samples (then it returns), or, with SGLang, "a server died: restart it and send it the current
+weights" (every rank takes part in the weight sync). The commands go over the control group
+(``collectives``: gloo, long timeout), so the wait may last as long as the rollouts and evaluation
+take.
 
 * :class:`HFRolloutBackend` (``engine.kind: hf``): an in-process engine on rank 0; ``publish`` copies
   the weights into it (every rank takes part in the gathers of the weight stream).
 * :class:`SGLangRolloutBackend` (``engine.kind: sglang``): owns the ``SGLangDeployment``. Before the
-  update it releases the servers' weights and KV cache and brings the training state back to the
-  device; ``publish`` moves the optimizer state and gradients to host, restarts dead servers,
+  update it releases the servers' weights and KV cache (``offload_engine``) and brings the training
+  state back to the device (``onload_training``); ``publish`` moves the optimizer state and gradients to host, restarts dead servers,
   resumes their weights' memory, sends the weights (CUDA IPC colocated, NCCL broadcast otherwise),
   moves the parameters to host and empties the CUDA cache on every rank, and only then resumes the
   servers' KV cache and continues generation. A server that dies mid-rollout is restarted and
@@ -87,9 +91,21 @@ class RolloutBackend:
     async def start(self) -> None:
         """Every rank, before the trainer's model is built."""
 
-    async def before_train(self, samples: Optional[list]) -> list:
-        """Every rank: rank 0 passes the step's samples and every rank gets them back."""
-        return await self._share(samples)
+    async def switch_to_training(self, samples: Optional[list]) -> list:
+        """Every rank, between the rollouts and the update: rank 0 passes the step's samples and
+        every rank gets them back, with the device's memory handed from the engine to training."""
+        if self.is_main and samples:
+            await self.offload_engine()
+        samples = await self.share_samples(samples)
+        if samples:
+            self.onload_training()
+        return samples
+
+    async def offload_engine(self) -> None:
+        """Rank 0, before the samples are shared: the engine releases its device memory."""
+
+    def onload_training(self) -> None:
+        """Every rank, once the samples are shared: the training state back onto the device."""
 
     async def publish(self, weights: WeightStream, version: int, *, changed: bool = True) -> None:
         """Every rank: the engine serves the trainer's weights as ``version`` from now on
@@ -104,7 +120,9 @@ class RolloutBackend:
     async def close(self) -> None:
         """Every rank."""
 
-    async def _share(self, samples: Optional[list]) -> list:
+    async def share_samples(self, samples: Optional[list]) -> list:
+        """Every rank: rank 0 passes the step's samples and every rank gets them back (the other
+        ranks serve rank 0's commands meanwhile)."""
         if self.is_main:
             async with self._lock:
                 await in_thread(self.device, broadcast_object, _Command("samples", samples=list(samples or [])))
@@ -167,15 +185,14 @@ class SGLangRolloutBackend(RolloutBackend):
         await deployment.start()
         self.engine = deployment.engine
 
-    async def before_train(self, samples: Optional[list]) -> list:
-        # Without samples nothing trains: the servers keep their memory (and their weights, which
-        # SGLang's memory saver does not keep across a release).
-        if self.is_main and samples:
-            await self.deployment.release()
-        samples = await self._share(samples)
-        if self.memory is not None and samples:
+    async def offload_engine(self) -> None:
+        # the servers' weights and KV cache; only when something trains, because SGLang's memory
+        # saver does not keep the weights across a release
+        await self.deployment.release()
+
+    def onload_training(self) -> None:
+        if self.memory is not None:
             self._metrics["time/onload_s"] = sum(report.seconds for report in self.memory.onload())
-        return samples
 
     async def publish(self, weights: WeightStream, version: int, *, changed: bool = True) -> None:
         self._weights = weights

@@ -9,11 +9,15 @@ orchestrator), rolls the memory back and truncates ``metrics.jsonl``. The engine
 trainer's weights before the first step (version = start step), so a straight and a resumed run
 serve rollouts from identical weights. Then every step is Algorithm 1::
 
-    out = await orchestrator.run_step(step)                   # rank 0: regenerate, play, rewards
-    samples = await rollout.before_train(out.samples)         # every rank gets the samples
-    metrics = learner.update(samples)                         # one GRPO step
-    await rollout.publish(learner.weight_stream, step + 1)    # the engine serves the new policy
+    out = await orchestrator.run_step(step)                     # rank 0: steps 1-4 and 6
+    samples = await rollout.switch_to_training(out.samples)     # engine offloaded, samples on every
+                                                                # rank, training state onloaded
+    metrics = learner.update(samples)                           # step 5: one GRPO step
+    await rollout.publish(learner.weight_stream, step.after)    # the engine serves the new policy
     checkpoint every run.checkpoint_every steps and after the last
+
+``step`` is a :class:`~spade.selfplay.step.Step`, the updates done before it; ``step.after`` is the
+weight version the step publishes and the number of the checkpoint written after it.
 
 What each engine does around the update (release, offload, restart, weight transport) is the
 rollout backend's (``spade.rollout.backend``); what the update does (sharding over data-parallel
@@ -36,6 +40,7 @@ import torch
 
 from ..collectives import broadcast_object
 from ..rollout.backend import HFRolloutBackend, RolloutBackend, SGLangRolloutBackend
+from ..selfplay.step import Step
 from ..train_config import EMBEDDED, TrainConfig
 from ..training.learner import Learner, LearnerOptions
 from .engine_meter import measured_step
@@ -189,37 +194,40 @@ class Trainer:
                                          run_dir=self.run_dir.root, seed=cfg.run.seed,
                                          chat_template_kwargs=template_kwargs)
 
-    def restore(self) -> int:
-        """Load the newest complete checkpoint; returns the step to start at (0 for a new run)."""
+    def restore(self) -> Step:
+        """Load the newest complete checkpoint; returns the step to start at (0 for a new run): the
+        updates done in the checkpoint."""
         from ..training.checkpoint import load_checkpoint
 
         if not self.resume:
-            return 0
+            return Step(0)
         found = self.run_dir.newest_intact_checkpoint() if self.is_main else None
-        step, warnings = broadcast_object(found)
-        if step is None and warnings:  # checkpoints exist but none is intact: never wipe the run silently
+        saved, warnings = broadcast_object(found)
+        if saved is None and warnings:  # checkpoints exist but none is intact: never wipe the run silently
             raise RunDirError("\n".join(warnings))
         for warning in warnings:
             self.progress.message(f"warning: {warning}")
-        if step is None:
+        if saved is None:
             self.progress.message(f"no complete checkpoint in {self.run_dir.checkpoints_dir}: starting at step 0")
+            start = Step(0)
             if self.is_main:
-                self.run_dir.truncate_metrics(0)
+                self.run_dir.truncate_metrics(start.updates_done)
                 if self.memory is not None:
-                    self.memory.rollback(-1)
-            return 0
-        directory = self.run_dir.checkpoint_dir(step)
-        state = broadcast_object(self.run_dir.read_trainer_state(step) if self.is_main else None)
+                    self.memory.rollback(start.last_run)
+            return start
+        start = Step(saved)
+        directory = self.run_dir.checkpoint_dir(start.updates_done)
+        state = broadcast_object(self.run_dir.read_trainer_state(start.updates_done) if self.is_main else None)
         load_checkpoint(directory, self.learner.chunks, optimizer=self.learner.optimizer, load_rng=True)
         if state.get("scheduler") is not None:
             self.learner.scheduler.load_state_dict(state["scheduler"])
         if self.is_main:
             self.orchestrator.load_state_dict(state["orchestrator"])
-            self.memory.rollback(step - 1)
-            dropped = self.run_dir.truncate_metrics(step)
-            self.progress.message(f"resumed from {directory} (step {step}; dropped {dropped} metrics lines "
-                                  "written after it)")
-        return step
+            self.memory.rollback(start.last_run)
+            dropped = self.run_dir.truncate_metrics(start.updates_done)
+            self.progress.message(f"resumed from {directory} (step {start.updates_done}; dropped {dropped} "
+                                  "metrics lines written after it)")
+        return start
 
     # ------------------------------------------------------------------ the loop
 
@@ -230,65 +238,70 @@ class Trainer:
             await self.build()
             start = self.restore()
             if self.is_main:
-                self.writers = MetricsWriter(self.run_dir, purge_step=start if start > 0 else None,
+                self.writers = MetricsWriter(self.run_dir, purge_step=start.updates_done or None,
                                              progress=self.progress)
-            await self.rollout.publish(self.learner.weight_stream, version=start)
+            await self.rollout.publish(self.learner.weight_stream, version=start.updates_done)
+            end = Step(cfg.run.steps)
             ran = 0
             last_saved = start if self.resume else None
-            for step in range(start, cfg.run.steps):
+            step = start
+            while step < end:
                 await self.one_step(step)
                 ran += 1
-                if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == cfg.run.steps:
-                    self.checkpoint(step + 1)
-                    last_saved = step + 1
-            if cfg.run.steps > start and last_saved != cfg.run.steps:
-                self.checkpoint(cfg.run.steps)
+                step = step.after
+                if step.every(cfg.run.checkpoint_every) or step == end:
+                    self.checkpoint(step)
+                    last_saved = step
+            if end > start and last_saved != end:
+                self.checkpoint(end)
             self.progress.counters = {}
             self.progress.phase("done")
             return ran
         finally:
             await self.close()
 
-    async def one_step(self, step: int) -> None:
+    async def one_step(self, step: Step) -> None:
         """Algorithm 1, one step (see the module docstring)."""
+        n = step.updates_done
         started = time.perf_counter()
-        self.progress.start_step(step)
+        self.progress.start_step(n)
         out = None
         if self.is_main:
             self.progress.phase("playing")
             out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
-        samples = await self.rollout.before_train(None if out is None else [t.to_train_sample() for t in out.samples])
+        samples = await self.rollout.switch_to_training(
+            None if out is None else [t.to_train_sample() for t in out.samples])
         rolled = time.perf_counter()
 
         self.progress.phase("training", samples=len(samples))
-        metrics: dict[str, Any] = policy_lag(samples, self.rollout.version)
-        metrics.update(self.learner.update(samples))
+        lag = policy_lag(samples, self.rollout.version)
+        trained_metrics = self.learner.update(samples)
         if not samples:
-            self.progress.message(f"step {step}: no samples, the update is skipped")
+            self.progress.message(f"step {n}: no samples, the update is skipped")
         trained = time.perf_counter()
 
         self.progress.phase("syncing")
-        version = step + 1 if samples else self.rollout.version
+        version = step.after.updates_done if samples else self.rollout.version
         await self.rollout.publish(self.learner.weight_stream, version=version, changed=bool(samples))
         synced = time.perf_counter()
-        metrics.update(self.rollout.step_metrics())
-        if self.is_main and self.config.eval.due(step + 1):  # held-out evaluation of the policy just published
-            metrics.update(await self._evaluate(step + 1))
+        engine_metrics = self.rollout.step_metrics()
+        evaluated = {}
+        if self.is_main and self.config.eval.due(step.after.updates_done):  # the policy just published
+            evaluated = await self._evaluate(step.after)
 
         if self.is_main:
-            metrics = {**step_counts(out), **metrics}
-            metrics["time/rollout_s"] = rolled - started
-            metrics["time/train_s"] = trained - rolled
-            metrics["time/sync_s"] = synced - trained
-            metrics["time/step_s"] = synced - started
-            self.writers.write(step, metrics)
-            self.progress.end_step(step, metrics)
+            metrics = step_record(out, lag, trained_metrics, engine_metrics, evaluated,
+                                  times={"time/rollout_s": rolled - started, "time/train_s": trained - rolled,
+                                         "time/sync_s": synced - trained, "time/step_s": synced - started})
+            self.writers.write(n, metrics)
+            self.progress.end_step(n, metrics)
 
-    async def _evaluate(self, step: int) -> dict[str, Any]:
+    async def _evaluate(self, done: Step) -> dict[str, Any]:
         """Rank 0: the configured held-out benchmarks on the rollout engine (``eval/*`` metrics);
-        ``step`` is the number of updates the evaluated weights have seen."""
+        ``done`` is the number of updates the evaluated weights have seen."""
         from ..eval.in_loop import evaluate_in_loop
 
+        step = done.updates_done
         self.progress.phase("evaluating", at=step)
         began = time.perf_counter()
         out = await evaluate_in_loop(self.rollout.engine, self.tokenizer, self.config.eval, step,
@@ -297,9 +310,11 @@ class Trainer:
                                      chat_template_kwargs=self.orchestrator.chat_format.template_kwargs)
         return {**out, "time/eval_s": time.perf_counter() - began}
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, done: Step) -> None:
+        """Every rank: save the state after ``done`` updates as ``checkpoints/step_<done>``."""
         from ..training.checkpoint import save_checkpoint
 
+        step = done.updates_done
         self.progress.phase("checkpointing", at=step)
         directory = self.run_dir.checkpoint_dir(step)
         if self.is_main:
@@ -344,14 +359,20 @@ class Trainer:
             await self.sandbox.close()
 
 
-def step_counts(out: Any) -> dict[str, Any]:
-    """The orchestrator's metrics with the counts every step line carries (0 between regenerations)."""
-    metrics = dict(out.metrics)
-    metrics.setdefault("agent/samples", float(len(out.agent_samples)))
-    metrics.setdefault("designer/samples", float(len(out.designer_samples)))
-    for key in ("env/admitted", "env/rejected"):
-        metrics.setdefault(key, 0.0)
-    return metrics
+REGENERATION_COUNTS = ("env/admitted", "env/rejected")  # 0 in the lines between regenerations
+
+
+def step_record(out: Any, *parts: dict[str, Any], times: dict[str, float]) -> dict[str, Any]:
+    """The step's ``metrics.jsonl`` line: the orchestrator's figures (``out.metrics``) with the
+    regeneration counts every line carries, then the trainer's ``parts`` (policy lag, update,
+    engine, evaluation), then the step's times."""
+    record: dict[str, Any] = dict(out.metrics)
+    for key in REGENERATION_COUNTS:
+        record.setdefault(key, 0.0)
+    for part in parts:
+        record.update(part)
+    record.update(times)
+    return record
 
 
 def policy_lag(samples: list, version: int) -> dict[str, float]:

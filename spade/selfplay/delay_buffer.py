@@ -42,6 +42,7 @@ from typing import Any
 
 from .rewards import (DesignerEvidence, RewardSettings, _require_finite, designer_reward_for, score_released,
                       upgrade_reward_settings)
+from .step import Step
 
 __all__ = [
     "DesignerBuffer",
@@ -173,11 +174,11 @@ class DesignerBuffer:
         ``sample_ref`` must be a JSON value that survives a round trip unchanged (str, number, list,
         dict of those). An ``env_id`` may not have two pending samples whose windows overlap.
         """
-        _require_step(step)
+        Step(step)  # validates
         if not isinstance(env_id, str) or not isinstance(skill, str):
             raise ValueError("env_id and skill: must be strings")
         for other in self._pending:
-            if other.env_id == env_id and abs(other.generated_step - step) < self.k:
+            if other.env_id == env_id and Step(other.generated_step).window_overlaps(step, self.k):
                 raise ValueError(
                     f"env_id {env_id!r}: already pending from step {other.generated_step}; "
                     f"windows of k={self.k} steps would overlap"
@@ -205,10 +206,10 @@ class DesignerBuffer:
         ``step`` must satisfy ``s < step < s + k`` for the pending sample of ``env_id`` generated
         at ``s`` (KeyError otherwise). Repeated calls for one step accumulate.
         """
-        _require_step(step)
+        Step(step)  # validates
         values = _returns(returns, "returns", allow_empty=True)
         for index, entry in enumerate(self._pending):
-            if entry.env_id == env_id and entry.generated_step < step < entry.generated_step + self.k:
+            if entry.env_id == env_id and Step(entry.generated_step).in_window(step, self.k):
                 later = dict(entry.later_returns)
                 later[step] = later.get(step, ()) + values
                 later_returns = tuple(sorted(later.items()))
@@ -223,11 +224,11 @@ class DesignerBuffer:
         step are scored as one set (a stateful reward is updated once per set). A window missing
         some steps is scored on the plays recorded.
         """
-        _require_step(step)
-        due = [entry for entry in self._pending if entry.generated_step + self.k <= step]
+        Step(step)  # validates
+        due = [entry for entry in self._pending if Step(entry.generated_step).release_step(self.k) <= step]
         if not due:
             return []
-        self._pending = [entry for entry in self._pending if entry.generated_step + self.k > step]
+        self._pending = [entry for entry in self._pending if Step(entry.generated_step).release_step(self.k) > step]
         due.sort(key=lambda entry: entry.generated_step)  # stable: keeps add order within a step
         released: list[ReleasedDesignerSample] = []
         for generated in sorted({entry.generated_step for entry in due}):
@@ -293,11 +294,6 @@ class DesignerBuffer:
         elif reward_state:
             raise ValueError(f"reward_state: {stored_settings.designer_reward!r} keeps no state, got {reward_state!r}")
         return buffer
-
-
-def _require_step(step: int) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step: must be an integer >= 0, got {step!r}")
 
 
 def _returns(values: Sequence[float], name: str, *, allow_empty: bool) -> tuple[float, ...]:

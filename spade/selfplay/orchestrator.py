@@ -1,39 +1,45 @@
 """The self-play step orchestrator: SPEC section 1, steps 1-4 and 6 (the caller does step 5).
 
-``Orchestrator.run_step(step)``:
+``Orchestrator.run_step(step)`` runs one stage per method, in Algorithm 1's order (``step`` is a
+:class:`~.step.Step`: the updates done before it, ``s``):
 
-1. **Regenerate** when ``step % k == 0`` (:mod:`.designer_round`): active skills of regeneration
-   ``step // k``, up to ``max_attempts`` designer attempts per slot (all slots concurrently), admission
-   in the sandbox, one hint per admitted environment; rejected candidates and the new set are
-   written under ``run_dir``. The new set replaces the old one. The baselines take the set from
-   another :class:`~.env_source.EnvSource` instead (``env_source: fixed_pool`` or ``rlve``), which
-   also hears every step's no-hint returns (RLVE's difficulty controller reads them).
-2. **Play** (:mod:`.plays`): every environment ``g_nohint`` times without hint, and at the
-   regeneration step also ``g_hint`` times with the hint (measured, never trained).
-3. **Agent samples**: per environment, advantages are the z-scores of its no-hint returns of this
-   step; one sample per no-hint play that generated anything. Stabilisers (off by default):
-   ``drop_equal_return_groups`` leaves out environments whose returns are all equal, after up to
-   ``refill_equal_groups`` extra rounds of ``g_nohint`` plays of just those environments;
-   ``mask_truncated`` leaves out samples of episodes cut by a budget (the returns still count in
-   the group's mean and std).
-4. **Designer samples**: the designer call of each admitted environment (prompt + whole response,
-   loss on the response) waits in a :class:`DesignerBuffer` with the returns of step ``s``; later
-   steps of the window add their no-hint returns; at step ``s + k`` the buffer releases it with its
-   reward and the released set gets ``designer_advantages`` (centred per skill, weighted by
-   ``designer_advantage_weight``: the released global batch 192 / n_released * k, capped). Emitted only if
-   ``train_designer``.
-6. **Memory**: after the plays of a regeneration step, one record per environment (win rate = share
-   of no-hint plays with return > 0, raw regret = mean hinted return - mean no-hint return, step s).
+1. :meth:`~Orchestrator.regenerate_and_admit`, when ``step.regenerates(k)`` (:mod:`.designer_round`):
+   active skills of regeneration ``step.regeneration(k)``, up to ``max_attempts`` designer attempts
+   per slot (all slots concurrently), admission in the sandbox, one hint per admitted environment;
+   rejected candidates and the new set are written under ``run_dir``. The new set replaces the old
+   one. The baselines take the set from another :class:`~.env_source.EnvSource` instead
+   (``env_source: fixed_pool`` or ``rlve``), which also hears every step's no-hint returns (RLVE's
+   difficulty controller reads them).
+2. :meth:`~Orchestrator.play` (:mod:`.plays`): every environment ``g_nohint`` times without hint,
+   and at the regeneration step also ``g_hint`` times with the hint (measured, never trained).
+3. :meth:`~Orchestrator.score_agent_plays`: per environment, advantages are the z-scores of its
+   no-hint returns of this step; one sample per no-hint play that generated anything. Stabilisers
+   (off by default): ``drop_equal_return_groups`` leaves out environments whose returns are all
+   equal, after up to ``refill_equal_groups`` extra rounds of ``g_nohint`` plays of just those
+   environments; ``mask_truncated`` leaves out samples of episodes cut by a budget (the returns
+   still count in the group's mean and std).
+4. :meth:`~Orchestrator.release_designer_rewards`, then :meth:`~Orchestrator.enqueue_designs`: the
+   designer call of each admitted environment (prompt + whole response, loss on the response)
+   waits in a :class:`DesignerBuffer` with the returns of step ``s``; later steps of the window add
+   their no-hint returns; at step ``s + k`` the buffer releases it with its reward (before that
+   step's own designs join) and the released set gets ``designer_advantages`` (centred per skill,
+   weighted by ``designer_advantage_weight``: the released global batch 192 / n_released * k,
+   capped). Emitted only if ``train_designer``.
+6. :meth:`~Orchestrator.update_memory`: after the plays of a regeneration step, one record per
+   environment (win rate = share of no-hint plays with return > 0, raw regret = mean hinted return
+   - mean no-hint return, step s).
 
 Every step's returns, and a bounded sample of its episodes, go to ``RUN/trajectories/``
-(:mod:`.trajectory_log`, read by ``spade analyze`` and ``spade explore``).
+(:mod:`.trajectory_log`, read by ``spade analyze`` and ``spade explore``). The step's figures are
+``StepOutput.metrics``; the trainer adds its own to make the ``metrics.jsonl`` line.
 
 Resume. ``state_dict()`` is JSON-serialisable: the current set (sources, hints, ids, skills,
-generation step), the delay buffer, and the pending designer trajectories (``Trajectory.to_json``). There is no mutable rng: every random choice (corpus document, memory
-examples, sampling seeds, reset seeds) comes from a seed derived from ``(seed, step, slot/env,
-attempt/play)``, so ``load_state_dict`` plus the same ``seed`` continues exactly. The memory
-database is not in the state: the caller rolls it back with ``memory.rollback(checkpoint_step)``
-when resuming, before the next ``run_step``.
+generation step), the delay buffer, and the pending designer trajectories (``Trajectory.to_json``).
+There is no mutable rng: every random choice (corpus document, memory examples, sampling seeds,
+reset seeds) comes from a seed derived from ``(seed, s, slot/env, attempt/play)``, so
+``load_state_dict`` plus the same ``seed`` continues exactly. The memory database is not in the
+state: when resuming at step ``s`` the caller rolls it back with ``memory.rollback(s.last_run)``
+before the next ``run_step``.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from .plays import Play, Player, PlayRequest
 from .rewards import agent_advantages, designer_advantage_weight, designer_advantages, hint_regret
 from .samples import role_logprob_temperature
 from .settings import SelfPlaySettings
+from .step import Step
 from .trajectory_log import TrajectoryLog
 
 STATE_VERSION = 1
@@ -74,12 +81,12 @@ class StepOutput:
     ``samples``: the trajectories to train on this step, agent ones (this step's no-hint plays)
     then designer ones (released by the delay buffer), each with its role, environment, skill,
     reward and advantage. ``metrics``: ``agent/*``, ``designer/*``, ``env/*``, ``time/*`` floats;
-    per-regeneration keys (``env/admitted``, ``env/rejected*``, ``designer/attempts``,
+    ``agent/samples``, ``designer/samples`` and ``designer/pending`` in every step; per-regeneration keys (``env/admitted``, ``env/rejected*``, ``designer/attempts``,
     ``agent/hint_*``) appear only at regeneration steps, the designer reward means only when
     something was released.
     """
 
-    step: int
+    step: Step
     samples: list[Trajectory] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -90,6 +97,28 @@ class StepOutput:
     @property
     def designer_samples(self) -> list[Trajectory]:
         return [t for t in self.samples if t.role is Role.DESIGNER]
+
+
+@dataclass(frozen=True)
+class StepPlays:
+    """One step's plays of each environment of the set, without and with the hint."""
+
+    nohint: dict[str, list[Play]]
+    hinted: dict[str, list[Play]]
+
+    @classmethod
+    def of(cls, envs: list[EnvSpec], plays: list[Play]) -> "StepPlays":
+        nohint: dict[str, list[Play]] = {env.env_id: [] for env in envs}
+        hinted: dict[str, list[Play]] = {env.env_id: [] for env in envs}
+        for play in plays:
+            (hinted if play.hinted else nohint)[play.env_id].append(play)
+        return cls(nohint, hinted)
+
+    def nohint_returns(self, env_id: str) -> list[float]:
+        return [p.episode_return for p in self.nohint[env_id]]
+
+    def hint_returns(self, env_id: str) -> list[float]:
+        return [p.episode_return for p in self.hinted[env_id]]
 
 
 class Orchestrator:
@@ -120,61 +149,117 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ the step
 
-    async def run_step(self, step: int) -> StepOutput:
-        s = self.settings
+    async def run_step(self, step: Step) -> StepOutput:
+        """Algorithm 1's steps 1-4 and 6 for ``step``, one stage per line, in the paper's order."""
         out = StepOutput(step)
-        metrics = out.metrics
-        regenerate = step % s.k == 0
+        regenerate = step.regenerates(self.settings.k)
         started = time.perf_counter()
-        new_designs: dict[str, Trajectory] = {}
-        if regenerate:
-            regen = await self.source.next_set(step)
-            self.envs = regen.envs
-            new_designs = regen.designer_fields
-            self._regeneration_metrics(regen, metrics)
+        designs = await self.regenerate_and_admit(step, out) if regenerate else {}   # 1
         designed = time.perf_counter()
-
-        plays = await self.player.play_all(step, self.player.requests(self.envs, with_hint=regenerate))
-        plays += await self._refill_plays(step, plays)
+        plays = await self.play(step, with_hint=regenerate)                            # 2
         played = time.perf_counter()
-        self.trajectory_log.write_step(step, self.envs, plays)
-        nohint: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
-        hinted: dict[str, list[Play]] = {env.env_id: [] for env in self.envs}
-        for play in plays:
-            (hinted if play.hinted else nohint)[play.env_id].append(play)
-        self.source.observe(step, self.envs, {env_id: [p.episode_return for p in env_plays]
-                                              for env_id, env_plays in nohint.items()})
-        source_metrics = getattr(self.source, "metrics", None)  # optional: what the source itself tracks
-        if source_metrics is not None:
-            metrics.update(source_metrics())
-
-        self._agent_samples(out, nohint)
-        pending_ids = {entry.env_id for entry in self.buffer.pending}
-        if not regenerate:
-            for env in self.envs:
-                if env.env_id in pending_ids:
-                    self.buffer.record_window_returns(step, env.env_id, [p.episode_return for p in nohint[env.env_id]])
-        released = self.buffer.release(step)
-        self._designer_samples(out, released)
-        if regenerate and s.designer_enabled:
-            for env in self.envs:
-                h = [p.episode_return for p in hinted[env.env_id]]
-                n = [p.episode_return for p in nohint[env.env_id]]
-                design = new_designs.get(env.env_id)
-                if h and n:  # an external designer has no trajectory: its rewards are still measured
-                    self.buffer.add(step, env.env_id, env.skill, env.env_id, h, n)
-                    if design is not None:
-                        self.pending_samples[env.env_id] = design.scored(role=Role.DESIGNER, env_id=env.env_id,
-                                                                         skill=env.skill, generated_step=step)
-            if s.use_memory and self.memory is not None:
-                self._remember(step, nohint, hinted)
-
-        self._play_metrics(out, nohint, hinted, regenerate)
-        metrics["designer/pending"] = float(len(self.buffer))
-        metrics["time/designer_s"] = designed - started
-        metrics["time/play_s"] = played - designed
-        self.last_step = step
+        self.score_agent_plays(out, plays)                                             # 3
+        self.release_designer_rewards(out, plays, regenerate)                          # 4, for step - k
+        if regenerate:
+            self.enqueue_designs(step, designs, plays)                                 # 4, for this step's set
+            self.update_memory(step, plays)                                            # 6
+        self._step_metrics(out, plays, regenerate)
+        out.metrics["time/designer_s"] = designed - started
+        out.metrics["time/play_s"] = played - designed
+        self.last_step = step.updates_done
         return out
+
+    async def regenerate_and_admit(self, step: Step, out: StepOutput) -> dict[str, Trajectory]:
+        """1. A new set from the source (designed, admitted in the sandbox and hinted, or drawn);
+        returns the designer call of each admitted environment, by env id."""
+        regen = await self.source.next_set(step.updates_done)
+        self.envs = regen.envs
+        self._regeneration_metrics(regen, out.metrics)
+        return regen.designer_fields
+
+    async def play(self, step: Step, *, with_hint: bool) -> StepPlays:
+        """2. Every environment ``g_nohint`` times without the hint (plus refills of flat groups) and,
+        at a regeneration, ``g_hint`` times with it; the returns go to the trajectory log and the
+        set's source."""
+        n = step.updates_done
+        plays = await self.player.play_all(n, self.player.requests(self.envs, with_hint=with_hint))
+        plays += await self._refill_plays(n, plays)
+        self.trajectory_log.write_step(n, self.envs, plays)
+        split = StepPlays.of(self.envs, plays)
+        self.source.observe(n, self.envs, {env_id: split.nohint_returns(env_id) for env_id in split.nohint})
+        return split
+
+    def score_agent_plays(self, out: StepOutput, plays: StepPlays) -> None:
+        """3. One agent sample per trainable no-hint play, its advantage the z-score of its
+        environment's returns of this step (stabilisers: drop flat groups, mask truncated episodes)."""
+        s = self.settings
+        skills = {env.env_id: env.skill for env in self.envs}
+        dropped_groups = masked = 0
+        for env_id, env_plays in plays.nohint.items():
+            returns = [p.episode_return for p in env_plays]
+            if s.drop_equal_return_groups and env_plays and _all_equal(returns):
+                dropped_groups += 1
+                continue
+            advantages = agent_advantages(returns)
+            for play, advantage in zip(env_plays, advantages):
+                if play.trajectory is None or not play.trajectory.trainable:
+                    continue
+                if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
+                    masked += 1
+                    continue
+                out.samples.append(play.trajectory.scored(
+                    role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
+                    generated_step=out.step.updates_done, reward=play.episode_return, advantage=advantage))
+        if s.drop_equal_return_groups:
+            out.metrics["agent/dropped_equal_groups"] = float(dropped_groups)
+        if s.mask_truncated:
+            out.metrics["agent/masked_truncated"] = float(masked)
+
+    def release_designer_rewards(self, out: StepOutput, plays: StepPlays, regenerate: bool) -> None:
+        """4 (delayed). Between regenerations the window's no-hint returns join the waiting designs;
+        the designs of step ``s - k`` are released with their rewards and get designer advantages."""
+        n = out.step.updates_done
+        if not regenerate:
+            waiting = {entry.env_id for entry in self.buffer.pending}
+            for env in self.envs:
+                if env.env_id in waiting:
+                    self.buffer.record_window_returns(n, env.env_id, plays.nohint_returns(env.env_id))
+        self._designer_samples(out, self.buffer.release(n))
+
+    def enqueue_designs(self, step: Step, designs: dict[str, Trajectory], plays: StepPlays) -> None:
+        """4 (this step's set). Each environment's designer call waits in the buffer with this
+        step's hinted and no-hint returns until step ``s + k`` scores it."""
+        if not self.settings.designer_enabled:
+            return
+        n = step.updates_done
+        for env in self.envs:
+            h, nohint = plays.hint_returns(env.env_id), plays.nohint_returns(env.env_id)
+            if not (h and nohint):
+                continue
+            self.buffer.add(n, env.env_id, env.skill, env.env_id, h, nohint)
+            design = designs.get(env.env_id)
+            if design is not None:  # an external designer has no trajectory: its rewards are still measured
+                self.pending_samples[env.env_id] = design.scored(role=Role.DESIGNER, env_id=env.env_id,
+                                                                 skill=env.skill, generated_step=n)
+
+    def update_memory(self, step: Step, plays: StepPlays) -> None:
+        """6. One memory record per environment played: win rate and hint regret at this step."""
+        s = self.settings
+        if not (s.designer_enabled and s.use_memory and self.memory is not None):
+            return
+        records = []
+        for env in self.envs:
+            n = plays.nohint_returns(env.env_id)
+            if not n:
+                continue
+            h = plays.hint_returns(env.env_id)
+            regret = hint_regret(h, n) if h else 0.0
+            records.append(MemoryRecord(env_id=env.env_id, skill=env.skill, step=step.updates_done,
+                                        win_rate=win_rate(n), regret=regret, source=env.source, hint=env.hint,
+                                        class_name=env.class_name,
+                                        metadata={"document": env.document, "attempts": env.attempts,
+                                                  "nohint_plays": len(n), "hint_plays": len(h)}))
+        self.memory.add_many(records)
 
     def _env_source(self, settings: SelfPlaySettings, sandbox: Sandbox) -> EnvSource:
         if settings.env_source == "fixed_pool":
@@ -213,30 +298,6 @@ class Orchestrator:
             extra += new
         return extra
 
-    def _agent_samples(self, out: StepOutput, nohint: dict[str, list[Play]]) -> None:
-        s = self.settings
-        skills = {env.env_id: env.skill for env in self.envs}
-        dropped_groups = masked = 0
-        for env_id, env_plays in nohint.items():
-            returns = [p.episode_return for p in env_plays]
-            if s.drop_equal_return_groups and env_plays and _all_equal(returns):
-                dropped_groups += 1
-                continue
-            advantages = agent_advantages(returns)
-            for play, advantage in zip(env_plays, advantages):
-                if play.trajectory is None or not play.trajectory.trainable:
-                    continue
-                if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
-                    masked += 1
-                    continue
-                out.samples.append(play.trajectory.scored(
-                    role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
-                    generated_step=out.step, reward=play.episode_return, advantage=advantage))
-        if s.drop_equal_return_groups:
-            out.metrics["agent/dropped_equal_groups"] = float(dropped_groups)
-        if s.mask_truncated:
-            out.metrics["agent/masked_truncated"] = float(masked)
-
     def _designer_samples(self, out: StepOutput, released: list[ReleasedDesignerSample]) -> None:
         metrics = out.metrics
         metrics["designer/released"] = float(len(released))
@@ -264,22 +325,6 @@ class Orchestrator:
             out.samples.append(design.scored(role=Role.DESIGNER, env_id=entry.env_id, skill=entry.skill,
                                              generated_step=entry.generated_step, reward=entry.reward,
                                              advantage=advantage))
-        metrics["designer/samples"] = float(len(out.designer_samples))
-
-    def _remember(self, step: int, nohint: dict[str, list[Play]], hinted: dict[str, list[Play]]) -> None:
-        assert self.memory is not None
-        records = []
-        for env in self.envs:
-            n = [p.episode_return for p in nohint[env.env_id]]
-            if not n:
-                continue
-            h = [p.episode_return for p in hinted[env.env_id]]
-            regret = hint_regret(h, n) if h else 0.0
-            records.append(MemoryRecord(env_id=env.env_id, skill=env.skill, step=step, win_rate=win_rate(n),
-                                        regret=regret, source=env.source, hint=env.hint, class_name=env.class_name,
-                                        metadata={"document": env.document, "attempts": env.attempts,
-                                                  "nohint_plays": len(n), "hint_plays": len(h)}))
-        self.memory.add_many(records)
 
     # ------------------------------------------------------------------ metrics
 
@@ -298,30 +343,36 @@ class Orchestrator:
                 metrics[f"env/tool_{key}"] = float(sum(1 for r in reports if r.get(key)))
             metrics["env/tool_screen_no_verdict"] = float(sum(1 for r in reports if r.get("screen") is None))
 
-    def _play_metrics(self, out: StepOutput, nohint: dict[str, list[Play]], hinted: dict[str, list[Play]],
-                      regenerate: bool) -> None:
+    def _step_metrics(self, out: StepOutput, plays: StepPlays, regenerate: bool) -> None:
+        """The source's and the plays' figures, and the counts every step carries: ``agent/samples`` and
+        ``designer/samples`` (what this step trains on), ``designer/pending`` (what waits)."""
         metrics = out.metrics
-        plays = [p for env_plays in nohint.values() for p in env_plays]
-        returns = [p.episode_return for p in plays]
-        metrics["agent/episodes"] = float(len(plays))
+        source_metrics = getattr(self.source, "metrics", None)  # optional: what the source itself tracks
+        if source_metrics is not None:
+            metrics.update(source_metrics())
+        nohint = [p for env_plays in plays.nohint.values() for p in env_plays]
+        returns = [p.episode_return for p in nohint]
+        metrics["agent/episodes"] = float(len(nohint))
         metrics["agent/samples"] = float(len(out.agent_samples))
         metrics["agent/infra_dropped"] = float(self.player.infrastructure_failures)
-        if plays:
+        if nohint:
             mean = _mean(returns)
             metrics["agent/return_mean"] = mean
             metrics["agent/return_std"] = math.sqrt(_mean([(r - mean) ** 2 for r in returns]))
             metrics["agent/win_rate"] = win_rate(returns)
-            metrics["agent/turns_mean"] = _mean([float(p.turns) for p in plays])
+            metrics["agent/turns_mean"] = _mean([float(p.turns) for p in nohint])
         if regenerate:
-            hint_returns = [p.episode_return for env_plays in hinted.values() for p in env_plays]
+            hint_returns = [p.episode_return for env_plays in plays.hinted.values() for p in env_plays]
             metrics["agent/hint_episodes"] = float(len(hint_returns))
             if hint_returns:
                 metrics["agent/hint_return_mean"] = _mean(hint_returns)
         metrics["env/set_size"] = float(len(self.envs))
-        rates = [win_rate([p.episode_return for p in env_plays]) for env_plays in nohint.values() if env_plays]
+        rates = [win_rate([p.episode_return for p in env_plays]) for env_plays in plays.nohint.values() if env_plays]
         if rates:
             lo, hi = LEARNABLE_BAND
             metrics["env/learnable_share"] = sum(lo <= r <= hi for r in rates) / len(rates)
+        metrics["designer/samples"] = float(len(out.designer_samples))
+        metrics["designer/pending"] = float(len(self.buffer))
 
     # ------------------------------------------------------------------ resume
 

@@ -7,7 +7,7 @@ through torchrun's variables (``env://``) with a default-group timeout of ``TIME
 In each scenario rank 0 takes ``DELAY_S`` (> ``TIMEOUT_S``) before it acts, as it does while it runs
 rollouts and evaluation in a real run, while rank 1 waits:
 
-1. ``samples``: rank 1 in ``before_train`` (the rollout backend's command wait) until rank 0 shares
+1. ``samples``: rank 1 in ``share_samples`` (the rollout backend's command wait) until rank 0 shares
    the step's samples;
 2. ``recover``: rank 0 tells rank 1 to restart a server and re-send the weights, then shares the
    samples; during the CUDA-IPC weight update rank 0's post to the server takes ``DELAY_S`` while
@@ -103,9 +103,9 @@ async def scenarios(rank: int, work: Path, delay: float) -> dict:
         backend = HFRolloutBackend(None, is_main=rank == 0, device=cpu)
         if rank == 0:
             await asyncio.sleep(delay)  # rollouts and evaluation
-            got = await backend.before_train(SAMPLES)
+            got = await backend.switch_to_training(SAMPLES)
         else:
-            got = await backend.before_train(None)
+            got = await backend.switch_to_training(None)
         return "ok" if same(got, SAMPLES) else f"wrong samples: {got!r}"
 
     log: list = []
@@ -118,7 +118,7 @@ async def scenarios(rank: int, work: Path, delay: float) -> dict:
         if rank == 0:
             await asyncio.sleep(delay)
             await backend._recover(0)
-            got = await backend.before_train(SAMPLES)
+            got = await backend.switch_to_training(SAMPLES)
             received = backend.engine.received
             entries = [dict(entry) for body in received for entry in body]
             if len(entries) != 2 or any(sorted(e) != sorted(WEIGHTS) for e in entries):
@@ -126,7 +126,7 @@ async def scenarios(rank: int, work: Path, delay: float) -> dict:
             if not all(torch.equal(e[name], WEIGHTS[name]) for e in entries for name in WEIGHTS):
                 return "the server got other weights"
         else:
-            got = await backend.before_train(None)
+            got = await backend.switch_to_training(None)
         return "ok" if same(got, SAMPLES) else f"wrong samples: {got!r}"
 
     async def publish():
@@ -153,7 +153,7 @@ async def scenarios(rank: int, work: Path, delay: float) -> dict:
         return "the default group's barrier did not time out"
 
     await run("samples", samples)
-    await run("recover", recover)  # rank 0's before_train releases the server, as in a step
+    await run("recover", recover)  # rank 0's switch_to_training releases the server, as in a step
     await run("publish", publish)
     await run("barrier", barrier)
     await run("premise", premise)
