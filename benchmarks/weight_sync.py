@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from spade.models import read_model_spec  # noqa: E402
 from spade.rollout.sglang.engine import SGLangEngine  # noqa: E402
-from spade.training.checkpoint import read_hf_tensors  # noqa: E402
+from spade.training.hf_directory import read_hf_tensors  # noqa: E402
 from spade.rollout.sglang.weight_transport import push_weights_by_ipc  # noqa: E402
 
 from bench_server import add_server_args, served  # noqa: E402

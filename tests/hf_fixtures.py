@@ -131,7 +131,7 @@ def megatron_model(hf_dir: Path, layout, *, load_weights: bool = True, seed: int
     from spade.models import RankCoords, read_model_spec
     from spade.models.builder import BuildOptions, build_gpt_model
     from spade.models.loading import load_hf_state
-    from spade.training.checkpoint import read_hf_tensors
+    from spade.training.hf_directory import read_hf_tensors
 
     spec = read_model_spec(Path(hf_dir))
     torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""spade.training.checkpoint in one process (gloo world of one, TP=1): exact round trips of model,
+"""spade.training.checkpoint (and the modules beside it) in one process (gloo world of one, TP=1): exact round trips of model,
 optimizer and RNG state, the info file and hf/ directory, atomic saves, and clear errors."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_round_trip_of_model_optimizer_and_rng_is_exact(tmp_path, hf_dir, hf_con
 
 
 def test_info_file_and_hf_directory(saved, hf_dir, hf_config):
-    from spade.training.checkpoint import read_checkpoint_info
+    from spade.training.checkpoint_info import read_checkpoint_info
 
     raw = json.loads((saved / "spade_checkpoint.json").read_text())
     assert set(raw) == {"format_version", "step", "architecture", "hf_config", "layout", "contents",
@@ -119,7 +119,8 @@ def test_model_only_load_and_logits(saved, hf_dir):
 
 
 def test_optimizer_requested_from_a_model_only_checkpoint(saved, hf_dir, caplog):
-    from spade.training.checkpoint import CheckpointError, load_checkpoint
+    from spade.training.checkpoint import load_checkpoint
+    from spade.training.checkpoint_info import CheckpointError
 
     model, _ = hx.megatron_model(hf_dir, LAYOUT, load_weights=False, seed=5)
     ddp, optimizer = hx.trainer(model)
@@ -133,7 +134,8 @@ def test_optimizer_requested_from_a_model_only_checkpoint(saved, hf_dir, caplog)
 
 def test_checkpoint_of_another_architecture_is_refused(saved, tmp_path):
     """qwen3 (with q/k norms) into a llama model of the same sizes: strict names the keys."""
-    from spade.training.checkpoint import CheckpointError, load_checkpoint
+    from spade.training.checkpoint import load_checkpoint
+    from spade.training.checkpoint_info import CheckpointError
 
     llama_dir = hx.save_tiny_hf("llama-untied", tmp_path / "llama")
     model, _ = hx.megatron_model(llama_dir, LAYOUT, load_weights=False)
@@ -145,7 +147,8 @@ def test_save_replaces_a_checkpoint_atomically_and_cleans_up_after_failure(tmp_p
                                                                          monkeypatch):
     from megatron.core import dist_checkpointing
 
-    from spade.training.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+    from spade.training.checkpoint import load_checkpoint, save_checkpoint
+    from spade.training.checkpoint_info import read_checkpoint_info
 
     model, _ = hx.megatron_model(hf_dir, LAYOUT)
     target = tmp_path / "latest"
@@ -183,7 +186,7 @@ def test_save_replaces_a_checkpoint_atomically_and_cleans_up_after_failure(tmp_p
 
 def test_interrupted_save_is_not_a_checkpoint(saved, tmp_path):
     """What a save killed before its last write leaves: DIR.tmp-* without the info file."""
-    from spade.training.checkpoint import CheckpointError, read_checkpoint_info
+    from spade.training.checkpoint_info import CheckpointError, read_checkpoint_info
 
     partial = tmp_path / "ckpt.tmp-0123456789ab"
     shutil.copytree(saved, partial)
@@ -205,7 +208,7 @@ def test_interrupted_save_is_not_a_checkpoint(saved, tmp_path):
     (lambda d: (d / "metadata.json").unlink(), "distributed checkpoint files are missing"),
 ])
 def test_corrupt_checkpoints_are_reported_with_their_path(saved, tmp_path, damage, message):
-    from spade.training.checkpoint import CheckpointError, read_checkpoint_info
+    from spade.training.checkpoint_info import CheckpointError, read_checkpoint_info
 
     broken = tmp_path / "broken"
     shutil.copytree(saved, broken)
@@ -221,13 +224,8 @@ def _edit_info(directory: Path, **changes) -> None:
 
 
 def test_missing_checkpoint_and_bad_targets(tmp_path, hf_dir, hf_config):
-    from spade.training.checkpoint import (
-        CheckpointError,
-        CheckpointNotFound,
-        load_checkpoint,
-        read_checkpoint_info,
-        save_checkpoint,
-    )
+    from spade.training.checkpoint import load_checkpoint, save_checkpoint
+    from spade.training.checkpoint_info import CheckpointError, CheckpointNotFound, read_checkpoint_info
 
     model, _ = hx.megatron_model(hf_dir, LAYOUT)
     with pytest.raises(CheckpointNotFound, match=str(tmp_path / "nowhere")):
@@ -252,7 +250,8 @@ def test_checkpoint_saved_before_the_first_optimizer_step_resumes(tmp_path, hf_d
                                                                   distributed_optimizer):
     """An optimizer that never stepped has no state (megatron-core 0.16.1 cannot load that into an
     optimizer); the load leaves it fresh, and the next step equals the one without the round trip."""
-    from spade.training.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+    from spade.training.checkpoint import load_checkpoint, save_checkpoint
+    from spade.training.checkpoint_info import read_checkpoint_info
 
     model, spec = hx.megatron_model(hf_dir, LAYOUT)
     ddp, optimizer = hx.trainer(model, distributed_optimizer=distributed_optimizer)
@@ -283,7 +282,8 @@ def test_checkpoint_saved_before_the_first_optimizer_step_resumes(tmp_path, hf_d
 def test_a_checkpoint_from_before_optimizer_state_was_recorded_still_loads(tmp_path, hf_dir, hf_config):
     """Checkpoints written before the info file said ``optimizer_state``: the empty state is
     recognised from the saved tensors (none of the optimizer's)."""
-    from spade.training.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+    from spade.training.checkpoint import load_checkpoint, save_checkpoint
+    from spade.training.checkpoint_info import read_checkpoint_info
 
     model, _ = hx.megatron_model(hf_dir, LAYOUT)
     ddp, optimizer = hx.trainer(model)
@@ -331,7 +331,7 @@ def test_save_starts_no_process(tmp_path, hf_dir, hf_config):
 
 
 def test_manifest_lists_every_file_and_verification_names_the_damage(saved, tmp_path):
-    from spade.training.checkpoint import add_to_manifest, read_manifest, verify_checkpoint
+    from spade.training.checkpoint_manifest import add_to_manifest, read_manifest, verify_checkpoint
 
     entries = read_manifest(saved)
     on_disk = sorted(str(p.relative_to(saved)) for p in saved.rglob("*")

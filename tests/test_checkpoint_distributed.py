@@ -111,7 +111,7 @@ def test_resume_at_tp1_matches_an_uninterrupted_tp1_run(work, results, name, dis
     losses, expected = tp1_training_reference(hf_dir, distributed_optimizer)
     model, spec = hx.megatron_model(hf_dir, ParallelLayout(), load_weights=False, seed=3)
     ddp, optimizer = hx.trainer(model, distributed_optimizer=distributed_optimizer)
-    with caplog.at_level("WARNING", logger="spade.training.checkpoint"):
+    with caplog.at_level("WARNING", logger="spade.training.rng_state"):
         info = load_checkpoint(work / f"ckpt-dense-{name}-step1", [ddp], optimizer=optimizer)
     assert info.step == 1
     assert info.layout == (ParallelLayout(tp=2) if name == "tp2" else ParallelLayout())

@@ -21,7 +21,7 @@ from hf_fixtures import save_tiny_hf
 from spade.models import ParallelLayout, RankCoords, read_model_spec
 from spade.models.weight_map import Split, bindings, hf_to_megatron
 from spade.training import rank_weights
-from spade.training.checkpoint import read_hf_tensors
+from spade.training.hf_directory import read_hf_tensors
 
 
 @pytest.fixture(scope="module")

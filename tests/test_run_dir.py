@@ -139,7 +139,7 @@ def test_latest_is_never_pointed_at_a_damaged_checkpoint(run):
 
 
 def test_trainer_state_is_recorded_in_the_manifest(run):
-    from spade.training.checkpoint import read_manifest
+    from spade.training.checkpoint_manifest import read_manifest
 
     entry = read_manifest(run.checkpoint_dir(3))["trainer_state.json"]
     assert entry["size"] == (run.checkpoint_dir(3) / "trainer_state.json").stat().st_size

@@ -64,7 +64,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from spade.models.builder import BuildOptions, naming_for
     from spade.models.loading import load_hf_state
     from spade.models.weight_map import bindings
-    from spade.training.checkpoint import read_hf_tensors, save_checkpoint
+    from spade.training.checkpoint import save_checkpoint
+    from spade.training.hf_directory import read_hf_tensors
     from spade.training.parallel import parallel_session
 
     import megatron_patches

@@ -61,12 +61,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from spade.models import ParallelLayout
     from spade.models.builder import BuildOptions, build_gpt_model
     from spade.models.loading import hf_weights
-    from spade.training.checkpoint import (
-        CheckpointError,
-        copy_hf_side_files,
-        load_checkpoint,
-        read_checkpoint_info,
-    )
+    from spade.training.checkpoint import load_checkpoint
+    from spade.training.checkpoint_info import CheckpointError, read_checkpoint_info
+    from spade.training.hf_directory import copy_hf_side_files
     from spade.training.parallel import parallel_session
 
     import megatron_patches

@@ -200,7 +200,7 @@ async def _exercise(url: str, model: Path, device: Any, args: argparse.Namespace
 def _load_weights(model: Path, device: Any) -> list:
     """The model's tensors under the names the trainer sends them by, on ``device``."""
     from ..models import read_model_spec
-    from ..training.checkpoint import read_hf_tensors
+    from ..training.hf_directory import read_hf_tensors
 
     return [(name, tensor.to(device)) for name, tensor in read_hf_tensors(model, read_model_spec(model)).items()]
 

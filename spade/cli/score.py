@@ -74,7 +74,7 @@ class ModelSource:
 
 
 def resolve_model(path: str) -> ModelSource:
-    from ..training.checkpoint import INFO_FILE, CheckpointError, read_checkpoint_info
+    from ..training.checkpoint_info import INFO_FILE, CheckpointError, read_checkpoint_info
 
     root = Path(path)
     if not root.is_dir():
@@ -188,7 +188,7 @@ def load_model(source: ModelSource, layout: Any):
     from ..models.builder import BuildOptions, build_gpt_model, naming_for
     from ..models.loading import load_hf_state
     from ..models.weight_map import bindings
-    from ..training.checkpoint import read_hf_tensors
+    from ..training.hf_directory import read_hf_tensors
 
     import megatron_patches
 

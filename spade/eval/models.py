@@ -43,7 +43,8 @@ def megatron_hf_tensors(checkpoint: Path) -> tuple[Any, list[tuple[str, Any]]]:
     from ..models import ParallelLayout
     from ..models.builder import BuildOptions, build_gpt_model
     from ..models.loading import hf_weights
-    from ..training.checkpoint import load_checkpoint, read_checkpoint_info
+    from ..training.checkpoint import load_checkpoint
+    from ..training.checkpoint_info import read_checkpoint_info
     from ..training.parallel import parallel_session
 
     import megatron_patches
@@ -75,7 +76,7 @@ async def load_model(path: str, *, engine: str = "hf", device: str = "auto", dty
     else:
         root = Path(path).expanduser()
         if (root / "spade_checkpoint.json").is_file():
-            from ..training.checkpoint import CheckpointError, read_checkpoint_info
+            from ..training.checkpoint_info import CheckpointError, read_checkpoint_info
 
             try:
                 info = read_checkpoint_info(root)

@@ -41,8 +41,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..training.checkpoint import (INFO_FILE, CheckpointError, add_to_manifest, fsync_dir, read_checkpoint_info,
-                                   verify_checkpoint)
+from ..training.checkpoint_info import INFO_FILE, CheckpointError, read_checkpoint_info
+from ..training.checkpoint_manifest import add_to_manifest, verify_checkpoint
+from ..training.durable_files import fsync_dir
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"

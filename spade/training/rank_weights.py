@@ -23,7 +23,7 @@ from ..models import ModelSpec, ParallelLayout, RankCoords
 from ..models.rank_reads import needed_names
 from ..models.rank_reads import read_rank_state as read_with
 from ..models.weight_map import MegatronNaming, hf_to_megatron
-from .checkpoint import _safetensors_files, read_hf_tensors
+from .hf_directory import read_hf_tensors, safetensors_files
 
 log = logging.getLogger("spade.train")
 
@@ -64,7 +64,7 @@ class SafetensorsSlices:
 @contextlib.contextmanager
 def open_slices(hf_dir: Union[str, Path]) -> Iterator[SafetensorsSlices]:
     with contextlib.ExitStack() as stack:
-        yield SafetensorsSlices(_safetensors_files(Path(hf_dir)), stack)
+        yield SafetensorsSlices(safetensors_files(Path(hf_dir)), stack)
 
 
 def read_rank_state(hf_dir: Union[str, Path], spec: ModelSpec, layout: ParallelLayout, coords: RankCoords,

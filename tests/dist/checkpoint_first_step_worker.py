@@ -27,8 +27,9 @@ sys.path[:0] = [str(TESTS), str(TESTS.parent)]
 import hf_fixtures as hx  # noqa: E402
 from checkpoint_worker import all_equal, rng_draws  # noqa: E402
 from spade.models import ParallelLayout  # noqa: E402
-from spade.training.checkpoint import (load_checkpoint, read_checkpoint_info, read_manifest,  # noqa: E402
-                                       save_checkpoint, verify_checkpoint)
+from spade.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from spade.training.checkpoint_info import read_checkpoint_info  # noqa: E402
+from spade.training.checkpoint_manifest import read_manifest, verify_checkpoint  # noqa: E402
 from spade.training.parallel import init_parallel, teardown_parallel  # noqa: E402
 
 

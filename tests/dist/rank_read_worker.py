@@ -74,7 +74,7 @@ def main() -> None:
     from spade.models import ParallelLayout, RankCoords, read_model_spec
     from spade.models.weight_map import hf_to_megatron
     from spade.training import LossSettings, OptimizerSettings
-    from spade.training.checkpoint import read_hf_tensors
+    from spade.training.hf_directory import read_hf_tensors
     from spade.training.learner import Learner, LearnerOptions
     from spade.training.parallel import init_parallel
 
