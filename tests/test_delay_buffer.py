@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spade.selfplay.delay_buffer import DesignerBuffer, ReleasedDesignerSample
-from spade.selfplay.rewards import (DesignerEvidence, LearningPotentialReward, WindowProgressReward,
-                                    designer_reward_for)
-from spade.selfplay.rewards import RewardSettings
+from spade.selfplay.designer_rewards import (DesignerEvidence, LearningPotentialReward, WindowProgressReward,
+                                             designer_reward_for)
+from spade.selfplay.reward_settings import RewardSettings
 
 approx = pytest.approx
 
@@ -186,7 +186,7 @@ def test_json_round_trip_property(envs):
 
 
 def test_window_progress_by_hand():
-    wp = WindowProgressReward()  # alphas 0.5 / 0.1, scale 0.2
+    wp = WindowProgressReward(fast_alpha=0.5, slow_alpha=0.1, scale=0.2)
     # means 0.2, 0.4, 0.4:
     #   fast: 0.2 -> 0.2 + 0.5 * 0.2 = 0.3 -> 0.3 + 0.5 * 0.1 = 0.35
     #   slow: 0.2 -> 0.2 + 0.1 * 0.2 = 0.22 -> 0.22 + 0.1 * 0.18 = 0.238
@@ -204,7 +204,7 @@ def test_window_progress_by_hand():
 
 
 def test_window_progress_call_shape():
-    wp = WindowProgressReward()
+    wp = WindowProgressReward(fast_alpha=0.5, slow_alpha=0.1, scale=0.2)
     # step s: mean(0.1, 0.3) = 0.2 ; later steps: mean 0.4, (empty step skipped), mean 0.4 -> 0.56
     assert wp(DesignerEvidence((1.0,), (0.1, 0.3), ((0.4, 0.4), (), (0.3, 0.5)))) == approx(0.56)
     with pytest.raises(ValueError, match="nohint_returns"):
@@ -215,9 +215,9 @@ def test_window_progress_call_shape():
 
 def test_window_progress_validation_and_settings():
     with pytest.raises(ValueError, match="slow_alpha"):
-        WindowProgressReward(fast_alpha=0.1, slow_alpha=0.5)
+        WindowProgressReward(fast_alpha=0.1, slow_alpha=0.5, scale=0.2)
     with pytest.raises(ValueError, match="scale"):
-        WindowProgressReward(scale=0.0)
+        WindowProgressReward(fast_alpha=0.5, slow_alpha=0.1, scale=0.0)
     settings = RewardSettings(designer_reward="window_progress", wp_fast_alpha=0.6, wp_slow_alpha=0.2, wp_scale=0.5)
     assert WindowProgressReward.from_settings(settings) == WindowProgressReward(0.6, 0.2, 0.5)
     assert designer_reward_for(settings) == WindowProgressReward(0.6, 0.2, 0.5)
@@ -294,7 +294,7 @@ def test_learning_potential_ema_sequence_by_hand():
 
 def test_learning_potential_reward_is_not_centred_twice():
     """The reward is the raw distance; the per-skill centring is designer_advantages' alone."""
-    from spade.selfplay.rewards import designer_advantages
+    from spade.selfplay.advantages import designer_advantages
 
     buffer = _lp_buffer()
     for index, envs in enumerate(SETS[:2]):
@@ -347,7 +347,7 @@ def test_learning_potential_validation_and_settings():
     with pytest.raises(ValueError, match="gamma_fast"):
         LearningPotentialReward(0.5, 0.9)
     with pytest.raises(ValueError, match="fast and slow"):
-        LearningPotentialReward().load_state_dict({"fast": {A: 0.1}, "slow": {}})
+        LearningPotentialReward(0.98, 0.85).load_state_dict({"fast": {A: 0.1}, "slow": {}})
 
 
 def test_learning_potential_checkpoint_written_before_issue_20_resumes():

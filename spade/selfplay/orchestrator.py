@@ -61,7 +61,8 @@ from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .designer_round import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
 from .plays import Play, Player, PlayRequest
-from .rewards import agent_advantages, designer_advantage_weight, designer_advantages, hint_regret
+from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
+from .designer_rewards import hint_regret
 from .samples import role_logprob_temperature
 from .settings import SelfPlaySettings
 from .step import Step

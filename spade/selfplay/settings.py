@@ -22,7 +22,7 @@ from ..designer.prompts import DIFFICULTIES
 from ..designer.skills import DOMAINS, Domain, SkillSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
-from .rewards import RewardSettings
+from .reward_settings import RewardSettings
 from .pool_settings import PoolSettings
 from .rlve_settings import RLVESettings
 
