@@ -351,3 +351,13 @@ def test_post_to_selected_servers(servers):
     assert log[0][:2] == ("b", "/flush_cache") and len(log) == 3
     bodies = {name: body for name, path, body in log if path == "/update_weights_from_tensor"}
     assert bodies == {"a": {"serialized_named_tensors": ["0"]}, "b": {"serialized_named_tensors": ["1"]}}
+
+
+def test_update_weights_without_an_updater_is_refused(servers):
+    """The engine does not reach for a transport of its own: without a ``weight_updater`` the update
+    is refused with the way out, and no server is called."""
+    (a, b), log = servers
+    eng = SGLangEngine([a.url, b.url])
+    with pytest.raises(RuntimeError, match="no weight_updater.*IpcWeightUpdater"):
+        asyncio.run(eng.update_weights([], 3))
+    assert log == [] and eng.weight_version == 0

@@ -1,7 +1,7 @@
 """SGLangEngine's declared failure modes and its own weight update, against two stand-in servers
 (real subprocesses serving a real model over HTTP; tests/sglang_standin/server.py) with injected
 faults: a request that hangs past ``request_timeout_s``, an HTTP 5xx reply, an HTTP 4xx reply, and
-the colocated IPC update (one serialization per TP worker) with no ``weight_updater``."""
+the colocated IPC update (one serialization per TP worker) given as the engine's ``weight_updater``."""
 
 from __future__ import annotations
 
@@ -234,13 +234,14 @@ def test_push_weights_by_ipc_serializes_once_per_tp_worker(servers, model_dir, m
         assert servers.request(index, "/get_server_info")["weight_version"] == "11"
 
 
-def test_update_weights_without_an_updater_sends_them_by_ipc(servers, model_dir):
-    """No NotImplementedError: SGLangEngine's own update is the colocated IPC path, asking each
-    server its TP size; the served model becomes exactly the new weights."""
+def test_an_ipc_updater_sends_the_weights_from_one_process(servers, model_dir):
+    """``weight_updater=IpcWeightUpdater(...)``: the engine's update is the colocated IPC path, asking
+    each server its TP size; the served model becomes exactly the new weights."""
     weights = new_weights(seed=4)
 
     async def main():
-        engine = SGLangEngine(servers.urls, weight_bucket_bytes=64 << 10)
+        engine = SGLangEngine(servers.urls,
+                              weight_updater=weight_transport.IpcWeightUpdater(max_bucket_bytes=64 << 10))
         await engine.update_weights(weights.items(), 12)
         probes = [SGLangEngine([url]) for url in servers.urls]  # one result from each server
         after = await asyncio.gather(*(probe.generate(GREEDY) for probe in probes))

@@ -46,7 +46,7 @@ from ...collectives import all_gather_object, barrier, broadcast_object, gather_
 from .launcher import ServerLauncher, ServerStartError, sglang_argv
 from .engine import SGLangEngine
 from .settings import SGLangSection
-from .weight_transport import Collectives, IpcFeed, update_weights_by_ipc
+from .weight_transport import Collectives, IpcFeed, IpcWeightUpdater, update_weights_by_ipc
 
 log = logging.getLogger("spade.sglang")
 
@@ -218,7 +218,7 @@ class SGLangDeployment:
         if self.is_main:
             self.engine = SGLangEngine([p.url for p in self.plans], max_retries=s.max_retries,
                                        request_timeout_s=s.request_timeout_s, on_server_failure=self._on_failure,
-                                       weight_bucket_bytes=s.bucket_mb << 20)
+                                       weight_updater=IpcWeightUpdater(max_bucket_bytes=s.bucket_mb << 20))
             if self.method == "broadcast":
                 await self._connect_broadcast()
 

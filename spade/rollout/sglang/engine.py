@@ -46,9 +46,9 @@ caller that stops iterating closes the connection and posts ``/abort_request`` f
 the server stops generating at once.
 
 Weights. ``update_weights`` calls the ``weight_updater(engine, named_tensors, version)`` (sync or
-async) when one is given (e.g. a ``BroadcastWeightSender``), else sends the tensors from this one
-process by ``weight_transport.push_weights_by_ipc`` (the colocated path; CPU tensors travel as
-shared-memory handles). A multi-rank trainer sends its weights through ``SGLangDeployment``.
+async) the engine was given: ``weight_transport.IpcWeightUpdater`` (colocated servers, from this
+one process; CPU tensors travel as shared-memory handles) or a ``BroadcastWeightSender``. Without
+one it raises. A multi-rank trainer sends its weights through ``SGLangDeployment``.
 """
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ class SGLangEngine(RolloutEngine):
         max_idle_connections: int = 64,
         max_affinity_keys: int = 100_000,
         weight_updater: Optional[WeightUpdater] = None,
-        weight_bucket_bytes: int = 512 << 20,
         initial_weight_version: int = 0,
         on_server_failure: Optional[FailureHook] = None,
     ) -> None:
@@ -139,7 +138,6 @@ class SGLangEngine(RolloutEngine):
         self.max_idle_connections = max_idle_connections
         self.max_affinity_keys = max_affinity_keys
         self.weight_updater = weight_updater
-        self.weight_bucket_bytes = int(weight_bucket_bytes)
         self.on_server_failure = on_server_failure
         self._weight_version = int(initial_weight_version)
         self.stats = ClientStats()
@@ -358,13 +356,13 @@ class SGLangEngine(RolloutEngine):
         if self._closed:
             raise EngineClosed("SGLangEngine is closed")
         if self.weight_updater is None:
-            from .weight_transport import push_weights_by_ipc
-
-            await push_weights_by_ipc(self, named_tensors, int(version), max_bucket_bytes=self.weight_bucket_bytes)
-        else:
-            out = self.weight_updater(self, named_tensors, int(version))
-            if inspect.isawaitable(out):
-                await out
+            raise RuntimeError(
+                "SGLangEngine.update_weights: this engine has no weight_updater; pass one, "
+                "SGLangEngine(weight_updater=...): weight_transport.IpcWeightUpdater() for colocated servers, "
+                "a BroadcastWeightSender for remote ones")
+        out = self.weight_updater(self, named_tensors, int(version))
+        if inspect.isawaitable(out):
+            await out
         self._weight_version = int(version)
 
     async def close_admission(self) -> None:

@@ -64,8 +64,8 @@ import pickle
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator, Mapping, Optional, Sequence,
-                    TypeVar, Union)
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator, Mapping, Optional, Protocol,
+                    Sequence, TypeVar, Union)
 
 import torch
 from torch import Tensor
@@ -77,8 +77,6 @@ from . import control_protocol as control
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from .engine import SGLangEngine
-
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -87,6 +85,26 @@ DEFAULT_GROUP_NAME = "spade_weight_sync"
 DEFAULT_BUCKET_BYTES = 512 << 20
 # SGLang http_server.py: POST /destroy_weights_update_group {"group_name"} -> {"success", "message"}
 # (newer SGLang; older releases answer 404, which close() tolerates).
+
+
+class Server(Protocol):
+    url: str
+
+
+class ServerGroup(Protocol):
+    """What the transports need of the SGLang client (``SGLangEngine`` is one): its servers, a
+    control call posted to some or all of them (``post_to`` / ``post_all``, endpoint names from
+    ``protocol.ENDPOINTS``, the answers checked), and the weight version it reports."""
+
+    @property
+    def servers(self) -> Sequence[Server]: ...
+
+    async def post_to(self, indices: Iterable[int], endpoint: str, payload: Any) -> list[Any]: ...
+
+    async def post_all(self, endpoint: str, payload: Optional[dict]) -> list[Any]: ...
+
+    def set_weight_version(self, version: int) -> None: ...
+
 
 # ----------------------------------------------------------------- serialized tensors
 
@@ -291,12 +309,13 @@ class BroadcastWeightSender:
     collective. ``failure_grace_s``: after a server has answered with an error, how long to let
     the broadcast finish before declaring the group out of step (``WeightSyncBroken``).
 
-    The HTTP calls go through the engine (``post_to``/``post_all``), one payload per server.
+    The HTTP calls go through the engine (``post_to``/``post_all``, a ``ServerGroup``), one payload
+    per server.
     """
 
     def __init__(
         self,
-        engine: "SGLangEngine",
+        engine: ServerGroup,
         *,
         server_tp_sizes: Sequence[int],
         master_address: str,
@@ -417,7 +436,7 @@ class BroadcastWeightSender:
             del views
             current = following
 
-    async def __call__(self, engine: "SGLangEngine", named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+    async def __call__(self, engine: ServerGroup, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """The ``SGLangEngine`` ``weight_updater`` hook."""
         if engine is not self.engine:
             raise ValueError("this BroadcastWeightSender belongs to another SGLangEngine")
@@ -564,13 +583,13 @@ async def _attempt(call: Awaitable[Any]) -> Optional[BaseException]:
     return None
 
 
-async def update_weights_by_ipc(engine: Optional["SGLangEngine"], named: Iterable[tuple[str, Tensor]], version: int,
+async def update_weights_by_ipc(engine: Optional[ServerGroup], named: Iterable[tuple[str, Tensor]], version: int,
                                 *, feed: IpcFeed, rank: int = 0, max_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                                 device: Optional[Union[str, torch.device]] = None,
                                 collectives: Collectives = LOCAL) -> int:
     """The colocated weight update, the one path every caller takes (``SGLangDeployment`` in
     training, ``spade engine check``, the weight-sync benchmark, the GPU tests,
-    ``SGLangEngine.update_weights``). Called by every feeding process (``engine`` on rank 0 only,
+    ``IpcWeightUpdater``). Called by every feeding process (``engine`` on rank 0 only,
     ``named`` the whole model on every rank).
 
     Per size-bounded bucket on ``device``: each rank serializes the bucket once per worker slot it
@@ -633,7 +652,7 @@ async def update_weights_by_ipc(engine: Optional["SGLangEngine"], named: Iterabl
     return count
 
 
-async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str, Tensor]], version: int, *,
+async def push_weights_by_ipc(engine: ServerGroup, named: Iterable[tuple[str, Tensor]], version: int, *,
                               tp: Union[int, Sequence[int], None] = None,
                               max_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                               device: Optional[Union[str, torch.device]] = None) -> int:
@@ -641,7 +660,7 @@ async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str,
     TP workers gets an entry of its own). ``tp``: the servers' TP size, one for all or one per
     server; None asks each server (``/get_server_info``). Returns the number of buckets."""
     if tp is None:
-        sizes = [control.server_info_tp_size(info) for info in await engine.server_info()]
+        sizes = [control.server_info_tp_size(info) for info in await engine.post_all("get_server_info", None)]
     elif isinstance(tp, int):
         sizes = [tp] * len(engine.servers)
     else:
@@ -650,3 +669,17 @@ async def push_weights_by_ipc(engine: "SGLangEngine", named: Iterable[tuple[str,
         raise ValueError(f"TP sizes {sizes} for {len(engine.servers)} servers")
     return await update_weights_by_ipc(engine, named, version, feed=IpcFeed.one_process(dict(enumerate(sizes))),
                                        max_bucket_bytes=max_bucket_bytes, device=device)
+
+
+@dataclass(frozen=True)
+class IpcWeightUpdater:
+    """``SGLangEngine(weight_updater=IpcWeightUpdater(...))``: the engine's ``update_weights`` runs
+    ``push_weights_by_ipc`` from this one process (colocated servers; ``tp`` None asks each server)."""
+
+    tp: Union[int, Sequence[int], None] = None
+    max_bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    device: Optional[Union[str, torch.device]] = None
+
+    async def __call__(self, engine: ServerGroup, named: Iterable[tuple[str, Tensor]], version: int) -> None:
+        await push_weights_by_ipc(engine, named, version, tp=self.tp, max_bucket_bytes=self.max_bucket_bytes,
+                                  device=self.device)
