@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from spade.analysis.run_reader import read_run
-from spade.analysis.state_gating import GatingVerdict, gate_env, gated_share, run_gating, winning_episodes
+from spade.analysis.state_gating import GatingVerdict, gate_env, run_gating, winning_episodes
 from test_analysis_fixture import example_source, lost_episode, make_run, solved_episode, two_env_run
 
 
@@ -30,7 +30,6 @@ def test_switchboard_is_gated_and_remainder_oracle_is_not(sandbox, tmp_path) -> 
     assert gated == GatingVerdict(True, 1, "the winning action does not win as the first action")
     ungated = sandbox.run(gate_env(sandbox.service, oracle.source, oracle.episodes))
     assert ungated.gated is False and ungated.replays == 1
-    assert gated_share([gated, ungated, GatingVerdict(None, 0, "never won")]) == 0.5
 
 
 def test_never_won_and_one_turn_wins_need_no_replay(tmp_path) -> None:

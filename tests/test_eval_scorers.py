@@ -19,14 +19,6 @@ from pathlib import Path
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 
 
-def test_answer_tag_is_strict_and_takes_the_last_pair():
-    assert extract.answer_tag("x <answer> 12 </answer> then <answer>13</answer>") == "13"
-    assert extract.answer_tag("<answer>12") is None
-    assert extract.answer_tag("no tags") is None
-    assert extract.answer_tag("<think><answer>1</answer></think>final <answer>2</answer>") == "2"
-    assert extract.answer_tag("<think>try <answer>1</answer></think> nothing after") is None
-
-
 def test_last_boxed_balances_braces():
     assert extract.last_boxed(r"so \boxed{\frac{1}{2}} and \boxed{3}") == "3"
     assert extract.last_boxed(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"
@@ -35,15 +27,12 @@ def test_last_boxed_balances_braces():
     assert extract.last_boxed("nothing") is None
 
 
-def test_boxed_choice_and_code_block():
+def test_boxed_choice():
     assert extract.boxed_choice(r"I think \boxed{C}") == "C"
     assert extract.boxed_choice(r"\boxed{\text{B}}") == "B"
     assert extract.boxed_choice("The answer is (D).") is None  # prose never counts
     assert extract.boxed_choice(r"\boxed{E}") is None
     assert extract.boxed_choice("Answer: Because") is None
-    text = "```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```"
-    assert extract.code_block(text) == "print(2)\n"
-    assert extract.code_block("```js\nx\n```") is None
 
 
 @pytest.mark.parametrize("gold,answer,expected", [

@@ -109,7 +109,3 @@ def run_gating(envs: Sequence[Any], sandbox_config: Any = None) -> dict[str, Gat
         verdicts.setdefault(env.uid, GatingVerdict(None, 0, "never won"))
     return verdicts
 
-
-def gated_share(verdicts: Sequence[GatingVerdict]) -> float | None:
-    known = [v.gated for v in verdicts if v.gated is not None]
-    return (sum(1 for g in known if g) / len(known)) if known else None

@@ -1,4 +1,4 @@
-"""``spade demo``: the main job until the training loop lands.
+"""``spade demo``: the sandbox part of the main job (``make demo`` runs it, then ``spade train``).
 
 Admits every example environment through the sandbox, then plays each in the sandbox twice over:
 through the episode runner with a seeded random policy that picks among the ``\\boxed{...}``

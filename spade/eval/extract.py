@@ -1,10 +1,10 @@
-"""Answer extraction from completions: ``<answer>`` tags, ``\\boxed{}``, choice letters, code.
+"""Answer extraction from completions: ``\\boxed{}`` contents and choice letters.
 
 Only the answer counts, never the reasoning (:func:`strip_thinking`): the text after the last
 ``</think>``; a reply inside a ``<think>`` block that never closes (cut at its token limit, or a
 prompt that opened the block, ``inside``) has no answer at all, whatever its reasoning tried.
 Extraction is strict, as the released evaluator's: the last ``\\boxed{...}`` only (no fallback to an
-earlier box, no prose), the last complete ``<answer>...</answer>`` pair only.
+earlier box, no prose).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import Optional
 
 from ..agent.reasoning import CLOSE, OPEN
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _BOX = re.compile(r"\\(?:boxed|fbox)\b")
 # LaTeX wrappers a model puts around a boxed choice letter (\text{C}, \mathbf{C}, ...)
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mathit|bf|rm)\s*")
@@ -31,13 +29,6 @@ def strip_thinking(text: str, *, inside: bool = False) -> str:
     if inside or OPEN in text:
         return ""
     return text
-
-
-def answer_tag(text: str) -> Optional[str]:
-    """Strict ``<answer>`` extraction: the content of the last complete ``<answer>...</answer>``
-    pair, stripped; None when there is no complete pair (an unclosed tag does not count)."""
-    found = _ANSWER.findall(strip_thinking(text))
-    return found[-1].strip() if found else None
 
 
 def last_boxed(text: str) -> Optional[str]:
@@ -78,8 +69,3 @@ def boxed_choice(text: str, letters: str = "ABCD") -> Optional[str]:
         return None
     return cleaned[0].upper()
 
-
-def code_block(text: str, languages: tuple[str, ...] = ("python", "py", "python3", "")) -> Optional[str]:
-    """The last fenced code block in one of ``languages`` ("" matches an unlabelled fence)."""
-    blocks = [body for lang, body in _FENCE.findall(strip_thinking(text)) if lang.lower() in languages]
-    return blocks[-1] if blocks else None

@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,23 +107,6 @@ def disable_progress_bars() -> None:
         from huggingface_hub.utils import disable_progress_bars as hub_disable
 
         hub_disable()
-
-
-@contextlib.contextmanager
-def no_progress_bars() -> Iterator[None]:
-    """Progress bars off inside the block, restored after (for one-off work such as a conversion)."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except Exception:  # noqa: BLE001
-        yield
-        return
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 # ---------------------------------------------------------------------------- step lines

@@ -304,12 +304,6 @@ class TrainingOffloader:
         self._host.reserve(nbytes)
         return self._host
 
-    def release_host_memory(self) -> None:
-        """Drop the kept host memory (only while onloaded; pinned blocks go back to torch's
-        pinned-memory cache, ``torch.cuda.host_memory_stats`` shows them)."""
-        if not self._offloaded:
-            self._host = None
-
     def _synchronize(self) -> None:
         if self._on_cuda:
             torch.cuda.synchronize(self.device)

@@ -52,10 +52,6 @@ def too_deep(message: Any) -> bool:
     return False
 
 
-def send_frame(sock: socket.socket, message: Any) -> None:
-    sock.sendall(encode(message))
-
-
 def recv_frame(sock: socket.socket, max_bytes: int) -> Any | None:
     """Blocking read of one frame; None on a clean end of stream before a header."""
     header = _recv_exactly(sock, HEADER.size, allow_eof=True)
