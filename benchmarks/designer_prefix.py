@@ -38,7 +38,7 @@ def prompts(tokenizer, slots: int) -> list[tuple[int, ...]]:
         document = corpus.sample(attempt_rng(1234, 0, slot, 0))
         request = DesignerRequest(skill=skill, document=document.text, memory_block=block, difficulty="medium",
                                   max_turns=2)
-        conversation = Conversation(tokenizer, designer_messages(request), max_context_tokens=2560,
+        conversation = Conversation(tokenizer, designer_messages(request, order="shared_prefix"), max_context_tokens=3072,
                                     chat_format=ChatFormat(tokenizer))
         out.append(tuple(conversation.token_ids))
     return out

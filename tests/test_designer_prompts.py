@@ -315,3 +315,33 @@ def test_prompts_of_one_regeneration_share_the_system_message_and_differ_at_the_
     assert text_a[:common].endswith("<document>\n") and "## How the agent acts" not in text_a[:common]
     assert skill.description not in text_a[:common] and MEMORY not in text_a[:common]
     assert text_a[text_a.index("</document>"):] == text_b[text_b.index("</document>"):]
+
+
+def test_shared_prefix_order_keeps_the_sections_and_moves_the_document_last():
+    """``selfplay.designer_prompt_order: shared_prefix``: the released prompt's sections, with the
+    document moved behind the specification, the skill and difficulty and the memory block, so two
+    slots of a regeneration share everything up to the document; the closing request comes last."""
+    skill = GAME_SKILLS[0]
+    released = user_of(DesignerRequest(skill, "first document", memory_block=MEMORY, difficulty="medium"))
+    a, b = (user_of(DesignerRequest(skill, doc, memory_block=MEMORY, difficulty="medium"), order="shared_prefix")
+            for doc in ("first document", "second document"))
+    for section in (GAME_SPEC, f"Skill to train: {skill.name}", MEMORY, "<document>\nfirst document\n</document>",
+                    "Write the complete module in one ```python block."):
+        assert section in released and section in a, section
+    positions = [a.index(m) for m in ("## How the agent acts", "Difficulty: medium", MEMORY, "<document>",
+                                      "```python block.")]
+    assert positions == sorted(positions)
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert a[:common].endswith("<document>\n") and MEMORY in a[:common] and GAME_SPEC in a[:common]
+    assert a.endswith("Write the complete module in one ```python block.")
+    with pytest.raises(ValueError, match="designer_prompt_order.*released, shared_prefix"):
+        designer_messages(DesignerRequest(skill, "d"), order="document_first")
+
+
+def test_designer_prompt_order_config_key():
+    from spade.config import ConfigError, from_mapping
+    from spade.selfplay.settings import SelfPlaySettings
+
+    assert SelfPlaySettings().designer_prompt_order == "released"
+    with pytest.raises(ConfigError, match="selfplay.designer_prompt_order.*released, shared_prefix"):
+        from_mapping(SelfPlaySettings, {"designer_prompt_order": "sorted"}, where="selfplay")

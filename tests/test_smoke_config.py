@@ -37,6 +37,7 @@ def test_recipes_keep_the_paper_settings_and_do_not_seed_the_memory(recipe: Path
     assert config.corpus.max_words == (4000 if sp.domain == "tool_use" else 6000)  # SPEC 2
     assert sp.skills.window is None  # the curriculum's own window (games: 3)
     assert sp.rewards.advantage_agent_samples == 192  # the released global batch in the designer weight
+    assert sp.designer_prompt_order == "released"  # the paper code's section order
 
 
 def test_the_smoke_run_seeds_the_memory_with_graded_examples():

@@ -200,24 +200,43 @@ def _with_memory(parts: list[str], request: DesignerRequest) -> list[Message]:
     return [{"role": "system", "content": DESIGNER_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
+# ``selfplay.designer_prompt_order``: "released" is the paper's code (document, specification, skill and
+# difficulty, memory last); "shared_prefix" is this project's variant with the same sections, the
+# document moved last, so the prompts of one regeneration share everything before it (the engines'
+# prefix caches compute it once: README, Performance) and a small model reads the closing request last.
+PROMPT_ORDERS = ("released", "shared_prefix")
+
+
 def designer_messages(request: DesignerRequest, *, no_corpus: str | None = None,
-                      rng: random.Random | None = None) -> list[Message]:
+                      rng: random.Random | None = None, order: str = "released") -> list[Message]:
     """The games designer prompt. ``no_corpus`` is None with the corpus on; in the no-corpus
     ablation it names the prompt (``selfplay.no_corpus_prompt``): ``"concepts"`` (the paper's
     code, :func:`concepts_designer_messages`, which draws its concepts with ``rng``) or
-    ``"corpus_without_document"`` (this prompt with no document section)."""
+    ``"corpus_without_document"`` (this prompt with no document section). ``order``: see
+    :data:`PROMPT_ORDERS` (only the prompt with a document has a choice)."""
     if no_corpus is not None and no_corpus not in NO_CORPUS_PROMPTS:
         raise ValueError(f"selfplay.no_corpus_prompt: {no_corpus!r} is not allowed; choose one of: "
                          f"{', '.join(NO_CORPUS_PROMPTS)}")
     if no_corpus == "concepts":
         return concepts_designer_messages(request, rng if rng is not None else random.Random(0))
     _check_difficulty(request.difficulty)
-    if request.document is not None:
+    if order not in PROMPT_ORDERS:
+        raise ValueError(f"selfplay.designer_prompt_order: {order!r} is not allowed; choose one of: "
+                         f"{', '.join(PROMPT_ORDERS)}")
+    if request.document is None:
+        parts = ["Build an interactive, multi-turn Python game environment.", GAME_SPEC_NO_DOCUMENT]
+    elif order == "shared_prefix":
+        # the same sections, the document moved behind everything one regeneration's slots share
+        parts = ["You are given a reference document (at the end). Build an interactive, multi-turn Python game "
+                 "environment around a concept or technique from it.", GAME_SPEC, difficulty_line(request)]
+        if request.memory_block:
+            parts.append(request.memory_block)
+        parts += [f"<document>\n{request.document}\n</document>", _CLOSING]
+        return [{"role": "system", "content": DESIGNER_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+    else:
         parts = ["You are given a reference document. Build an interactive, multi-turn Python game environment "
                  "around a concept or technique from it.\n\n"
                  f"<document>\n{request.document}\n</document>", GAME_SPEC]
-    else:
-        parts = ["Build an interactive, multi-turn Python game environment.", GAME_SPEC_NO_DOCUMENT]
     parts.append(f"{difficulty_line(request)}\n\n{_CLOSING}")
     return _with_memory(parts, request)
 

@@ -203,7 +203,8 @@ class DesignerRound:
                 prompt = tool_designer_messages(request, app_domain, variant)
             else:
                 prompt = designer_messages(request, no_corpus=None if s.use_corpus else s.no_corpus_prompt,
-                                           rng=attempt_rng(self.seed, "concepts", step, slot, attempt))
+                                           rng=attempt_rng(self.seed, "concepts", step, slot, attempt),
+                                           order=s.designer_prompt_order)
             sampling = TextSampling(temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
                                     max_tokens=s.designer_max_tokens, timeout_s=s.designer_timeout_s,
                                     seed=derive_seed(self.seed, "designer", step, slot, attempt))

@@ -93,6 +93,10 @@ class SelfPlaySettings:
     # "corpus_without_document" (the corpus prompt with its document section left out). Tool use
     # keeps its own prompt without the document either way.
     no_corpus_prompt: Literal["concepts", "corpus_without_document"] = "concepts"
+    # Order of the games designer prompt's sections (designer.prompts.PROMPT_ORDERS): "released" (the
+    # paper's code) or "shared_prefix" (same sections, document last: one regeneration's prompts share
+    # their long prefix, which the engines compute once).
+    designer_prompt_order: Literal["released", "shared_prefix"] = "released"
     use_memory: bool = True
     train_designer: bool = True
     # The "Fixed ED" ablation: designer, hint and tool-use screen calls go to this external
@@ -174,6 +178,8 @@ class SelfPlaySettings:
                 f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
         require(self.no_corpus_prompt in ("concepts", "corpus_without_document"), key("no_corpus_prompt"),
                 f"{self.no_corpus_prompt!r} is not allowed; choose one of: concepts, corpus_without_document")
+        require(self.designer_prompt_order in ("released", "shared_prefix"), key("designer_prompt_order"),
+                f"{self.designer_prompt_order!r} is not allowed; choose one of: released, shared_prefix")
         require(self.env_source in ENV_SOURCES, key("env_source"),
                 f"{self.env_source!r} is not allowed; choose one of: {', '.join(ENV_SOURCES)}")
         if self.env_source == "designer" and not self.designer_enabled:
