@@ -39,6 +39,13 @@ There is no separate trainer temperature that could disagree with the sampler.
 Tokens are *sampled* from that same tempered distribution after top-k then top-p truncation and
 renormalisation (the order SGLang uses).
 
+Statistics
+----------
+``generation_stats`` reports an engine's running totals as a ``GenerationStats``: tokens generated,
+the wall time spent generating (no waits for callers or sandboxes: the clock to set beside a
+serving benchmark) and, for an engine over servers, the requests re-sent after a failure. A step's
+figures are the differences of two readings (``spade.run.engine_meter``).
+
 Streaming
 ---------
 ``generate_stream`` yields the same completion as ``generate`` in pieces (``GenerationChunk``) as
@@ -191,6 +198,17 @@ def join_chunks(chunks: Iterable[GenerationChunk]) -> GenerationResult:
     return GenerationResult(tuple(ids), tuple(logprobs), last.finish_reason, last.weight_version)
 
 
+@dataclass(frozen=True)
+class GenerationStats:
+    """An engine's running totals since it started: ``generated_tokens``, ``busy_s`` (wall time
+    during which it was generating) and ``retries`` (requests re-sent after a server failure; None
+    for an engine without servers to fail)."""
+
+    generated_tokens: int = 0
+    busy_s: float = 0.0
+    retries: Optional[int] = None
+
+
 class EngineClosed(RuntimeError):
     """``generate`` or ``update_weights`` was called after ``close()``."""
 
@@ -218,6 +236,11 @@ class RolloutEngine(abc.ABC):
 
         Takes effect between batches: in-flight completions finish on the old weights.
         """
+
+    def generation_stats(self) -> Optional[GenerationStats]:
+        """The engine's running totals (module docstring, "Statistics"); None from an engine that
+        keeps none (a scripted test double). Both built-in engines keep them."""
+        return None
 
     async def release_memory(self) -> None:
         """Free accelerator memory (KV cache, weights) while the trainer runs; no-op by default."""

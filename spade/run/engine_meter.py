@@ -1,9 +1,11 @@
 """The rollout half of a step, measured: ``orchestrator.run_step`` with the engine's own figures.
 
 ``engine/generated_tokens``, ``time/engine_busy_s`` and ``time/engine_tokens_per_s`` come from the
-engine's generation-only clock (no sandbox or designer waits: the figure to set beside a serving
-benchmark); ``time/gen_tokens_per_s`` is over the whole rollout phase. On a terminal a ticker feeds
-the progress line tokens/s while the step runs.
+engine's generation-only clock (``RolloutEngine.generation_stats``: no sandbox or designer waits,
+the figure to set beside a serving benchmark); ``engine/retries`` from an engine that re-sends
+failed requests; ``time/gen_tokens_per_s`` is over the whole rollout phase. An engine that keeps no
+counters (``generation_stats`` is None) adds none of these but ``time/gen_tokens_per_s`` (0). On a
+terminal a ticker feeds the progress line tokens/s while the step runs.
 """
 
 from __future__ import annotations
@@ -11,27 +13,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, Optional
 
+from ..rollout.engine import GenerationStats, RolloutEngine
 from ..selfplay.step import Step
 from .progress import Progress
 
 
-async def measured_step(orchestrator: Any, engine: Any, step: Step, progress: Progress) -> Any:
-    stats = getattr(engine, "stats", None)
+def _stats(engine: Optional[RolloutEngine]) -> Optional[GenerationStats]:
+    return None if engine is None else engine.generation_stats()
 
+
+def _tokens(stats: Optional[GenerationStats]) -> int:
+    return 0 if stats is None else stats.generated_tokens
+
+
+async def measured_step(orchestrator: Any, engine: Optional[RolloutEngine], step: Step, progress: Progress) -> Any:
     async def ticker() -> None:
-        last_tokens, last_time = getattr(stats, "generated_tokens", 0), time.perf_counter()
+        last_tokens, last_time = _tokens(_stats(engine)), time.perf_counter()
         while True:
             await asyncio.sleep(1.0)
-            now, tokens = time.perf_counter(), getattr(stats, "generated_tokens", 0)
+            now, tokens = time.perf_counter(), _tokens(_stats(engine))
             progress.update(tokens_per_s=(tokens - last_tokens) / max(now - last_time, 1e-9))
             last_tokens, last_time = tokens, now
 
     task = asyncio.create_task(ticker()) if progress.tty else None
-    tokens_before = getattr(stats, "generated_tokens", 0)
-    busy_before = getattr(stats, "busy_s", 0.0)
-    retries_before = getattr(stats, "retries", 0)
+    before = _stats(engine)
     began = time.perf_counter()
     try:
         out = await orchestrator.run_step(step)
@@ -40,15 +47,16 @@ async def measured_step(orchestrator: Any, engine: Any, step: Step, progress: Pr
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    generated = getattr(stats, "generated_tokens", 0) - tokens_before
+    after = _stats(engine)
+    generated = _tokens(after) - _tokens(before)
     out.metrics.setdefault("time/gen_tokens_per_s", generated / max(time.perf_counter() - began, 1e-9))
-    if stats is not None:
-        busy = getattr(stats, "busy_s", 0.0) - busy_before
+    if before is not None and after is not None:
+        busy = after.busy_s - before.busy_s
         out.metrics["engine/generated_tokens"] = float(generated)
         out.metrics["time/engine_busy_s"] = busy
         out.metrics["time/engine_tokens_per_s"] = generated / busy if busy > 0 else 0.0
-        if hasattr(stats, "retries"):
-            out.metrics["engine/retries"] = float(stats.retries - retries_before)
+        if after.retries is not None and before.retries is not None:
+            out.metrics["engine/retries"] = float(after.retries - before.retries)
     counters = {"admitted": out.metrics.get("env/admitted"),
                 "episodes": out.metrics.get("agent/episodes", len(out.agent_samples))}
     progress.update(**{k: int(v) for k, v in counters.items() if v is not None})

@@ -35,6 +35,7 @@ from ..engine import (
     GenerationChunk,
     GenerationRequest,
     GenerationResult,
+    GenerationStats,
     RolloutEngine,
 )
 from .scheduler import BatchScheduler, HFEngineStats, _Pending, _Sink
@@ -170,6 +171,10 @@ class HFEngine(BatchScheduler, RolloutEngine):
             loop.call_soon_threadsafe(self._wakeup.set)  # _serve aborts the queue and shuts down
         else:
             self._executor.shutdown(wait=False)
+
+    def generation_stats(self) -> GenerationStats:
+        stats = self.stats
+        return GenerationStats(generated_tokens=stats.generated_tokens, busy_s=stats.busy_s)
 
     def _check_open(self) -> None:
         if self._closed:

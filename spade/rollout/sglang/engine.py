@@ -64,7 +64,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Optional, 
 
 from torch import Tensor
 
-from ..engine import EngineClosed, GenerationChunk, GenerationRequest, GenerationResult, RolloutEngine
+from ..engine import (EngineClosed, GenerationChunk, GenerationRequest, GenerationResult, GenerationStats,
+                      RolloutEngine)
 from . import control_protocol as control
 from . import protocol as proto
 from .http_client import HTTPClient, Peer, RequestTimeout, StreamEnd, TransportError, parse_url
@@ -162,6 +163,10 @@ class SGLangEngine(RolloutEngine):
     @property
     def weight_version(self) -> int:
         return self._weight_version
+
+    def generation_stats(self) -> GenerationStats:
+        stats = self.stats
+        return GenerationStats(generated_tokens=stats.generated_tokens, busy_s=stats.busy_s, retries=stats.retries)
 
     def set_weight_version(self, version: int) -> None:
         """For a ``weight_updater`` or an out-of-band update: the version new results report."""
