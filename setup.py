@@ -30,7 +30,7 @@ setup(
     description="Self-play RL in environments the model writes itself (SPADE), on Megatron-core",
     python_requires=">=3.10",
     packages=find_packages(include=["spade", "spade.*", "megatron_patches", "megatron_patches.*"]),
-    package_data={"spade.envs.sandbox": ["runtime/*.py"], "spade.eval": ["data/*.json"],
+    package_data={"spade.envs.sandbox": ["runtime/*.py"], "spade.eval": ["data/*.json", "drivers/*.py"],
                   "spade.analysis": ["explorer_assets/*"]},
     install_requires=REQUIREMENTS.pop("install"),
     extras_require=REQUIREMENTS,

@@ -348,7 +348,7 @@ def test_without_a_user_endpoint_the_score_is_labelled_self_simulated(tmp_path):
     """The released tool_use.yaml runs ACEBench's user simulator on an external model (gpt-4o);
     a run whose user is the model under test is marked off-protocol."""
     from spade.eval.acebench import category_score
-    from spade.eval.tau2_bench import user_simulator
+    from spade.eval.endpoint_options import user_simulator
 
     report = {"trials": {"0": {c: {"accuracy": 0.5, "process_accuracy": 0.5, "items": [], "result_file": "r",
                                    "score_file": "s"} for c in ("multi_step", "multi_turn")}}}

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("bfcl_eval")
 
 from spade.eval.bfcl import CATEGORIES, BFCLMultiTurn, ground_truth_calls  # noqa: E402
-from spade.eval.runner import Completion  # noqa: E402
+from spade.eval.chat_interface import Completion  # noqa: E402
 
 
 class Replay:

@@ -129,7 +129,8 @@ def test_report_renders_every_paper_row_with_per_column_cells(tmp_path):
     beside ours, per column; a self-simulated tau2 run and a skipped benchmark fill no paper cell."""
     from spade.eval.paper_tables import PAPER_ROWS, TABLE_COLUMNS
     from spade.eval.report import parse_assignments
-    from spade.eval.tau2_bench import Tau2Settings, domain_score, user_simulator
+    from spade.eval.endpoint_options import user_simulator
+    from spade.eval.tau2_bench import Tau2Settings, domain_score
     from spade.eval.types import BenchmarkScore
 
     games = lambda values: [BenchmarkScore(n, v) for n, v in zip(GAMES, values)]  # noqa: E731

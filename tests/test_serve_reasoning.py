@@ -337,7 +337,7 @@ def test_the_benchmark_endpoint_passes_the_models_template_keywords_and_separate
     import asyncio
     from types import SimpleNamespace
 
-    from spade.eval.tau2_bench import SERVED_NAME, serve_chat_model
+    from spade.eval.served_model import SERVED_NAME, serve_chat_model
 
     tokenizer = bpe_tokenizer(HYBRID)
     engine = ReplyEngine(tokenizer, FULL)

@@ -285,7 +285,8 @@ def test_without_a_user_endpoint_the_score_is_labelled_self_simulated():
     """The paper's tau2 runs use an external user model (released _tool_use_tau2.yaml: gpt-4.1 at
     T 0, 2,048 tokens); a run whose user is the model under test is marked off-protocol, in the
     record and in summary.json."""
-    from spade.eval.tau2_bench import domain_score, user_simulator
+    from spade.eval.endpoint_options import user_simulator
+    from spade.eval.tau2_bench import domain_score
     from spade.eval.types import BenchmarkScore
 
     results = {d: _tau2_report(d, 0.5) for d in ("retail", "airline", "telecom")}

@@ -18,7 +18,8 @@ from typing import Optional
 
 from .data_files import field, find_file, read_rows
 from .extract import last_boxed
-from .types import Benchmark, BenchmarkUnavailable, EvalItem, SampleRecord, SamplingSettings
+from .benchmark import Benchmark
+from .types import BenchmarkUnavailable, EvalItem, SampleRecord, SamplingSettings
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 AIME_SAMPLING = SamplingSettings(n=32, temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=32768)

@@ -56,7 +56,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .types import Benchmark, BenchmarkUnavailable, EvalItem, SampleRecord, SamplingSettings
+from .benchmark import Benchmark
+from .chat_interface import ChatModelLike
+from .types import BenchmarkUnavailable, EvalItem, SampleRecord, SamplingSettings
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 BFCL_SAMPLING = SamplingSettings(n=1, temperature=0.0, top_p=1.0, top_k=None, max_new_tokens=4096)
@@ -255,7 +257,7 @@ class BFCLMultiTurn(Benchmark):
                                       group=category))
         return items
 
-    async def play(self, item: EvalItem, model: Any, seed: int) -> SampleRecord:
+    async def play(self, item: EvalItem, model: ChatModelLike, seed: int) -> SampleRecord:
         from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
 

@@ -23,7 +23,8 @@ from typing import Optional
 
 from .data_files import field, find_file, read_rows
 from .extract import boxed_choice
-from .types import Benchmark, EvalItem, SampleRecord, SamplingSettings, BenchmarkUnavailable
+from .benchmark import Benchmark
+from .types import EvalItem, SampleRecord, SamplingSettings, BenchmarkUnavailable
 
 LETTERS = "ABCD"
 SHUFFLE_SEED = 42  # the released GpqaOfficialMcqEnv's shuffle_seed

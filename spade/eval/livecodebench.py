@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..envs.sandbox.config import SandboxConfig
+from .benchmark import Benchmark
 from .code_judge import DEFAULT_MEMORY_LIMIT_MB, LCB_TIME_LIMIT_S, ProgramTest, judge, judge_config
 from .data_files import default_data_dir, field, find_file, read_rows
-from .types import (Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord,
+from .types import (BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord,
                     SamplingSettings)
 
 LCB_SAMPLING = SamplingSettings(n=1, temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=16384)

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .extract import strip_thinking
-from .types import Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
+from .benchmark import Benchmark
+from .types import BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
 
 log = logging.getLogger("spade.eval")
 DATA_FILE = Path(__file__).parent / "data" / "rg_hard.json"

@@ -16,13 +16,14 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
 from ..agent.reasoning import prompt_opens_reasoning
-from .types import Benchmark, BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
+from .benchmark import Benchmark
+from .chat_interface import ChatModelLike, Completion
+from .types import BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SamplingSettings
 
 SUMMARY_FILE = "summary.json"
 
@@ -36,20 +37,11 @@ def sample_seed(seed: int, benchmark: str, item_id: str, index: int) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    finish_reason: str
-    tokens: int
-    prompt_tokens: int
-    weight_version: int
-    reasoning_open: bool = False  # the prompt left <think> open: the reply starts inside reasoning
-
-
 class ChatModel:
-    """A chat front end over a ``RolloutEngine``: renders messages with the tokenizer's chat
-    template, bounds how many generations are in flight (``concurrency``), decodes the result.
-    ``max_context_tokens`` caps prompt plus completion (the completion budget shrinks to fit)."""
+    """The ``ChatModelLike`` the benchmarks are run on: a chat front end over a ``RolloutEngine``
+    that renders messages with the tokenizer's chat template, bounds how many generations are in
+    flight (``concurrency``), decodes the result. ``max_context_tokens`` caps prompt plus
+    completion (the completion budget shrinks to fit)."""
 
     def __init__(self, engine: RolloutEngine, tokenizer: Any, *, concurrency: int = 8,
                  max_context_tokens: Optional[int] = None, stop_token_ids: Sequence[int] = (),
@@ -149,7 +141,7 @@ def stderr_progress(name: str, done: int, total: int) -> None:
         print(f"  {name}: {done}/{total} items", file=sys.stderr, flush=True)
 
 
-async def run_benchmark(benchmark: Benchmark, model: ChatModel, *, seed: int = 0, limit: Optional[int] = None,
+async def run_benchmark(benchmark: Benchmark, model: ChatModelLike, *, seed: int = 0, limit: Optional[int] = None,
                         out_dir: Optional[Path] = None, progress: Optional[Progress] = None) -> BenchmarkScore:
     """Evaluate one benchmark; skipped (with the reason) when its data or package is missing.
     A benchmark that drives an outside harness over HTTP (tau2) has its own ``run``, called instead."""
@@ -199,7 +191,7 @@ async def run_benchmark(benchmark: Benchmark, model: ChatModel, *, seed: int = 0
     return benchmark.summarize([done[item.item_id] for item in items])
 
 
-async def run_suite(benchmarks: Iterable[Benchmark], model: ChatModel, *, seed: int = 0,
+async def run_suite(benchmarks: Iterable[Benchmark], model: ChatModelLike, *, seed: int = 0,
                     limit: Optional[int] = None, out_dir: Optional[Path] = None,
                     progress: Optional[Progress] = None, info: Optional[Mapping[str, Any]] = None
                     ) -> dict[str, BenchmarkScore]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from .types import Benchmark, SamplingSettings
+from .benchmark import Benchmark
+from .types import SamplingSettings
 
 GAMES = ("aime25", "aime26", "gpqa_diamond", "lcb_v6", "rg_math", "rg_algorithmic", "rg_cognition", "rg_logic")
 TOOL_USE = ("bfcl_multi_turn", "tau2", "acebench_agent")
