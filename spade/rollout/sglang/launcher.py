@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
 
+from ...process_group import kill_group
+
 OnDeath = Callable[[int, str], Awaitable[None]]
 
 TAIL_LINES = 40
@@ -97,11 +99,6 @@ def _die_with_parent() -> None:
 
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 class ServerLauncher:
@@ -225,13 +222,13 @@ class ServerLauncher:
 
     async def _terminate(self, proc: asyncio.subprocess.Process, grace_s: float) -> None:
         pgid = proc.pid  # start_new_session: the server leads its own process group
-        _kill_group(pgid, signal.SIGTERM)
+        kill_group(pgid, signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), grace_s)
         except asyncio.TimeoutError:
             pass
         # Whether or not the leader went quietly, nothing of the group may outlive it.
-        _kill_group(pgid, signal.SIGKILL)
+        kill_group(pgid, signal.SIGKILL)
         await proc.wait()
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -275,7 +272,7 @@ class ServerLauncher:
             returncode = await proc.wait()
             if generation in self._healthy and generation not in self._intentional and not self._closed:
                 self._intentional.add(generation)  # report each death once
-                _kill_group(proc.pid, signal.SIGKILL)
+                kill_group(proc.pid, signal.SIGKILL)
                 await on_death(returncode, self.log_tail())
             if self._generation == generation and not self._closed:
                 await changed.wait()
