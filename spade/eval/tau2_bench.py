@@ -12,11 +12,10 @@ venv's Python. A run:
    agent's endpoint: a self-simulated run, labelled so (``off_protocol``) and kept out of the
    paper's column by ``spade eval report``.
 2. The driver (``drivers/tau2_driver.py``, run in the tau2 venv by ``external_harness``) calls
-   tau2's ``run_domain`` once per domain
-   with litellm's OpenAI-compatible provider (``openai/<model>`` plus ``api_base``) for agent and
-   user, then scores the saved results with tau2's own ``compute_metrics`` and
-   ``get_tasks_pass_hat_k`` and writes them, with every simulation's task, trial, reward and
-   termination reason, to a JSON file we read back.
+   tau2's ``run_domain`` once per domain with litellm's OpenAI-compatible provider
+   (``openai/<model>`` plus ``api_base``) for agent and user, then scores the saved results with
+   tau2's own ``compute_metrics`` and ``get_tasks_pass_hat_k`` and writes them, with every
+   simulation's task, trial, reward and termination reason, to a JSON file we read back.
 3. ``DIR/tau2/<domain>.json`` is tau2's own results file (plus its ``_results.json`` summary);
    ``DIR/tau2.jsonl`` gets one line per task (its trials as samples, reward as score, termination
    reason as answer); the domain score is tau2's pass^1 in percent, the benchmark score the mean
