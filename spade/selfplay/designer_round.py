@@ -50,6 +50,7 @@ from .designer_generators import GenerationFailed, TextGenerator, TextSampling, 
 from .role_thinking import role_chat_format
 from .samples import derive_seed
 from .settings import SelfPlaySettings
+from .step import Step
 
 
 @dataclass
@@ -163,7 +164,7 @@ class DesignerRound:
     async def regenerate(self, step: int) -> RegenerationResult:
         s = self.settings
         self.seed_memory()
-        active = s.skills.active(s.domain, step // s.k)
+        active = s.skills.active(s.domain, Step(step).regeneration(s.k))
         skills = slot_skills(active, s.envs_per_set)
         outcomes = await asyncio.gather(*(self.fill_slot(step, slot, skill) for slot, skill in enumerate(skills)))
         result = RegenerationResult()

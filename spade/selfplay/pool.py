@@ -73,6 +73,7 @@ from ..envs.protocol import ErrorKind, Sandbox, Stage
 from .designer_round import EnvSpec, RegenerationResult, admit_candidate, save_set, tool_report_of, write_rejection
 from .samples import derive_seed
 from .settings import SelfPlaySettings
+from .step import Step
 
 log = logging.getLogger("spade.pool")
 
@@ -398,7 +399,7 @@ class FixedPool:
         s = self.settings
         if isinstance(self.sampler, ShuffleSampler):
             return self.sampler.draw(s.envs_per_set)
-        active = [skill.name for skill in s.skills.active(s.domain, step // s.k)]
+        active = [skill.name for skill in s.skills.active(s.domain, Step(step).regeneration(s.k))]
         if self.whole:
             wanted = slot_skills(active, len(self.entries))
             return [Draw(slot, entry, wanted[slot], entry.skill or wanted[slot], False, 0)
