@@ -361,12 +361,10 @@ def test_control_payloads():
         "serialized_named_tensors": ["b64"], "load_format": None, "flush_cache": True,
         "torch_empty_cache": True, "selector": "target",
     }
-    assert control.update_weight_version_payload(4) == {"new_version": "4", "abort_all_requests": False}
     with pytest.raises(ValueError, match="length"):
         control.update_weights_from_distributed_payload(["a"], [], [])
     for body in (control.update_weights_from_tensor_payload(["x"], weight_version=1),
-                 control.update_weights_from_distributed_payload(["a"], ["int8"], [[1]], weight_version=1),
-                 control.update_weight_version_payload(1)):
+                 control.update_weights_from_distributed_payload(["a"], ["int8"], [[1]], weight_version=1)):
         # io_struct.py declares these Optional[str]; the server's parser does not turn numbers into strings
         assert all(isinstance(body[k], str) for k in ("weight_version", "new_version") if k in body)
 
@@ -419,9 +417,6 @@ def test_server_and_model_info():
     assert control.server_info_tp_size(info) == 2
     with pytest.raises(proto.SGLangProtocolError, match="tp_size"):
         control.server_info_tp_size({"version": "0.5.23"})
-    # /model_info: the live weight_version (a string)
-    assert control.model_info_weight_version({"weight_version": "9", "model_path": "m"}, 0) == 9
-    assert control.model_info_weight_version({"weight_version": "default"}, 3) == 3
 
 
 def test_serialized_tensors_only_name_globals_sglang_unpickles():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from .protocol import SGLangProtocolError, SGLangServerError, error_message, parse_weight_version
+from .protocol import SGLangProtocolError, SGLangServerError, error_message
 
 # srt/constants.py: the memory regions /release_memory_occupation and /resume_memory_occupation
 # know ("tags": null means all three). A region can only be resumed after it was released.
@@ -31,13 +31,6 @@ def server_info_tp_size(info: Any) -> int:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise SGLangProtocolError(f"SGLang /server_info: tp_size must be a positive int, got {tp!r}")
     return tp
-
-
-def model_info_weight_version(info: Any, default: int) -> int:
-    """The live weight version from a ``/model_info`` answer (``weight_version``, a string)."""
-    if not isinstance(info, Mapping):
-        raise SGLangProtocolError(f"SGLang /model_info: expected a JSON object, got {type(info).__name__}")
-    return parse_weight_version(info.get("weight_version"), default)
 
 
 # -------------------------------------------------------------------- control endpoint bodies
@@ -234,12 +227,6 @@ def destroy_weights_update_group_payload(group_name: str = "weight_update_group"
     """``/destroy_weights_update_group`` body (``DestroyWeightsUpdateGroupReqInput``); fails when
     the server has no group of that name."""
     return {"group_name": group_name}
-
-
-def update_weight_version_payload(version: int, *, abort_all_requests: bool = False) -> dict[str, Any]:
-    """``/update_weight_version`` body (``UpdateWeightVersionReqInput``). SGLang's own default for
-    ``abort_all_requests`` is true; this builder always says which it is."""
-    return {"new_version": str(int(version)), "abort_all_requests": bool(abort_all_requests)}
 
 
 def check_control_response(endpoint: str, status: int, data: Any) -> Any:
