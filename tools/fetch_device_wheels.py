@@ -26,8 +26,9 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 def pinned(name: str) -> str:
     """``name==version`` as requirements.txt pins it."""
     for line in (REPO / "requirements.txt").read_text().splitlines():
-        if line.strip().lower().startswith(name.lower() + "=="):
-            return line.strip()
+        line = line.split("#", 1)[0].strip()  # pip allows a comment after a pin
+        if line.lower().startswith(name.lower() + "=="):
+            return line
     raise SystemExit(f"fetch_device_wheels: {name} is not pinned in requirements.txt")
 
 
