@@ -126,6 +126,19 @@ class GenerationRequest:
             raise ValueError("prompt_ids must not be empty")
 
 
+def _normalise_tokens(record: "GenerationResult | GenerationChunk") -> None:
+    """A frozen record's ``token_ids`` and ``logprobs`` as tuples of int and float, one log-prob per id."""
+    object.__setattr__(record, "token_ids", tuple(int(t) for t in record.token_ids))
+    object.__setattr__(record, "logprobs", tuple(float(x) for x in record.logprobs))
+    if len(record.token_ids) != len(record.logprobs):
+        raise ValueError(f"{len(record.token_ids)} token ids but {len(record.logprobs)} log-probs")
+
+
+def _check_finish_reason(reason: str) -> None:
+    if reason not in FINISH_REASONS:
+        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {reason!r}")
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     """The completion: generated ids (stop token included), one log-prob per id, why it ended
@@ -138,14 +151,8 @@ class GenerationResult:
     weight_version: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
-        object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
-        if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs"
-            )
-        if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        _normalise_tokens(self)
+        _check_finish_reason(self.finish_reason)
 
 
 @dataclass(frozen=True)
@@ -160,14 +167,9 @@ class GenerationChunk:
     weight_version: Optional[int] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
-        object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
-        if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs"
-            )
-        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        _normalise_tokens(self)
+        if self.finish_reason is not None:
+            _check_finish_reason(self.finish_reason)
         if (self.finish_reason is None) != (self.weight_version is None):
             raise ValueError("finish_reason and weight_version come together, on the last chunk only")
 

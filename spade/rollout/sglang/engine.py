@@ -242,16 +242,11 @@ class SGLangEngine(RolloutEngine):
                 if progress.seen:
                     self._mark_unhealthy(idx)
                     raise  # tokens are out already: a re-send could not continue them
-                last_error = exc
-                self.stats.retries += 1
-                self._mark_unhealthy(idx)
+                self._failed(idx)
                 if self._closed:
                     yield GenerationChunk(finish_reason="abort", weight_version=version)
                     return
-                recovered, recovery_error = await self._recovered(idx)
-                if not recovered:
-                    tried.add(idx)
-                    last_error = recovery_error or last_error
+                last_error = await self._recover_or_avoid(idx, tried, exc)
                 continue
             finally:
                 if not pump.done():
@@ -292,17 +287,12 @@ class SGLangEngine(RolloutEngine):
                 task.cancel()
                 raise
             except TransportError as exc:
-                last_error = exc
-                self.stats.retries += 1
-                self._mark_unhealthy(idx)
+                self._failed(idx)
                 if self._closed:
                     return GenerationResult((), (), "abort", version)
                 if isinstance(exc, RequestTimeout):
                     self._abort_in_background(idx, rid)
-                recovered, recovery_error = await self._recovered(idx)
-                if not recovered:
-                    tried.add(idx)
-                    last_error = recovery_error or last_error
+                last_error = await self._recover_or_avoid(idx, tried, exc)
                 continue
             finally:
                 self._end(server, rid)
@@ -317,6 +307,21 @@ class SGLangEngine(RolloutEngine):
             f"/generate failed on {len(tried)} server(s) after {self.max_retries + 1} attempts: "
             f"{last_error}"
         ) from last_error
+
+    def _failed(self, idx: int) -> None:
+        """A try on server ``idx`` failed in transport: one more re-send, the server unhealthy."""
+        self.stats.retries += 1
+        self._mark_unhealthy(idx)
+
+    async def _recover_or_avoid(self, idx: int, tried: set[int], error: BaseException) -> BaseException:
+        """After ``error`` on server ``idx``: when the failure hook brings the server back the next try
+        may go there again; otherwise the request avoids it (``tried``). Returns the error to report
+        should every try fail (the hook's own error, when it raised)."""
+        recovered, recovery_error = await self._recovered(idx)
+        if not recovered:
+            tried.add(idx)
+            return recovery_error or error
+        return error
 
     async def _recovered(self, idx: int) -> tuple[bool, Optional[BaseException]]:
         """Await the failure hook for server ``idx``: (True, None) when it says the server is back,
