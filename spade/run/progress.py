@@ -22,8 +22,6 @@ from typing import Any, Optional, TextIO
 
 from .console import step_line
 
-PHASES = ("starting", "designing", "admitting", "playing", "training", "syncing", "checkpointing", "done")
-
 
 class Progress:
     def __init__(self, total_steps: int, *, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
