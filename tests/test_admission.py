@@ -45,7 +45,7 @@ def test_every_example_is_admitted(sandbox, path):
     assert verdict.admitted, verdict.error
     assert verdict.class_name.endswith("Env")
     assert verdict.first_observation
-    assert set(verdict.timings_ms) == {"extract", "syntax", "load", "smoke", "determinism"}
+    assert set(verdict.timings_ms) == {"extract", "syntax", "load", "smoke", "determinism", "degenerate_probe"}
 
 
 def test_fenced_response_with_fstring_bug_is_repaired_and_admitted(sandbox):
@@ -154,7 +154,7 @@ def test_max_turns_is_passed_when_accepted(sandbox):
 
 def test_json_verdict_has_the_documented_keys(sandbox):
     data = verdict_for(sandbox, GOOD).to_json("env.py")
-    assert list(data) == ["path", "admitted", "class_name", "error", "first_observation", "timings_ms"]
+    assert list(data) == ["path", "admitted", "class_name", "error", "first_observation", "timings_ms", "probe_report"]
     assert data["admitted"] is True and data["error"] is None
 
 

@@ -1,8 +1,9 @@
 """Admitting a generated environment (SPEC section 3), stage by stage.
 
-extract -> syntax -> load -> smoke -> determinism (``admit(determinism=False)`` leaves the last one
-out). The first failing stage rejects the candidate and is named in the verdict with the error
-kind. Everything past ``syntax`` runs in the sandbox.
+extract -> syntax -> load -> smoke -> determinism -> degenerate_probe (``admit(determinism=False)``
+and ``admit(probes=None)`` leave those two out; the probes run for games, not tool environments).
+The first failing stage rejects the candidate and is named in the verdict with the error kind.
+Everything past ``syntax`` runs in the sandbox.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..designer.extract import extract_code
+from .degenerate_probes import ProbeReport, ProbeSettings, run_probes
 from .protocol import EnvError, EnvFault, ErrorKind, InfrastructureFault, Stage, StepResult
 from .sandbox.client import SandboxedEnv, SandboxService
 from .tool_use.admission import ModelScreen, ToolAdmissionSettings, ToolRejection, ToolReport, tool_stages
@@ -35,6 +37,7 @@ class AdmissionVerdict:
     timings_ms: dict[str, float] = field(default_factory=dict)
     tool_use: bool = False
     tool_report: ToolReport | None = None  # the tool stages' findings (tool environments only)
+    probe_report: ProbeReport | None = None  # the degenerate-policy probes' returns (games, probes on)
 
     def to_json(self, path: str | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {} if path is None else {"path": path}
@@ -46,6 +49,8 @@ class AdmissionVerdict:
             first_observation=self.first_observation,
             timings_ms={stage: round(ms, 3) for stage, ms in self.timings_ms.items()},
         )
+        if self.probe_report is not None:
+            data["probe_report"] = self.probe_report.to_json()
         if self.tool_use:
             data["tool_use"] = True
             data["tool_report"] = None if self.tool_report is None else self.tool_report.to_json()
@@ -100,14 +105,17 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 seed: int = SMOKE_SEED, probe_actions: tuple[str, ...] = PROBE_ACTIONS,
                 max_repair_passes: int = 20, require_tool_env: bool = False,
                 tool_settings: ToolAdmissionSettings | None = None,
-                screen: ModelScreen | None = None, determinism: bool = True) -> AdmissionVerdict:
+                screen: ModelScreen | None = None, determinism: bool = True,
+                probes: ProbeSettings | None = ProbeSettings()) -> AdmissionVerdict:
     """Run every admission stage on a designer response (or plain source).
 
     A tool environment (its class subclasses ``ToolUseBaseEnv``) also goes through the tool-use
     stages (:mod:`spade.envs.tool_use.admission`); ``require_tool_env`` (the tool-use domain)
     rejects any other class at ``load``. ``screen`` is the model screen (None: not asked).
     ``determinism`` False leaves out the determinism stage, this project's addition (SPEC 3.5):
-    the paper's admission exactly (``selfplay.admission_determinism``).
+    the paper's admission exactly (``selfplay.admission_determinism``). ``probes`` are the settings of
+    the degenerate-policy probes (another addition, :mod:`spade.envs.degenerate_probes`); None
+    leaves them out (``selfplay.admission_probes``, ``selfplay.admission_paper_exact``).
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
     """
@@ -130,6 +138,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     env: SandboxedEnv | None = None
     first_observation: str | None = None
     report: ToolReport | None = None
+    probe_report: ProbeReport | None = None
     try:
         with timer.stage(Stage.LOAD):
             env = await _staged(service.open(code, max_turns=max_turns), Stage.LOAD)
@@ -146,6 +155,12 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                     raise _Rejection(EnvError(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
                                               f"reset(seed={seed}) gave a different first observation the second "
                                               "time"))
+        if probes is not None and not getattr(env, "tool_use", False):
+            with timer.stage(Stage.DEGENERATE_PROBE):
+                probe_report = await _staged(run_probes(env, probes, max_turns=max_turns), Stage.DEGENERATE_PROBE)
+            if probe_report.winner is not None:
+                raise _Rejection(EnvError(ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE,
+                                          _win_message(probe_report)))
         if getattr(env, "tool_use", False):
             current = [Stage.TOOL_SCHEMA]
 
@@ -166,13 +181,21 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     except _Rejection as rejection:
         return AdmissionVerdict(False, class_name=env.class_name if env else None, error=rejection.error,
                                 first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
-                                tool_report=report, **partial)
+                                tool_report=report, probe_report=probe_report, **partial)
     finally:
         if env is not None:
             await env.close()
     return AdmissionVerdict(True, class_name=env.class_name, max_turns=env.max_turns,
                             first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
-                            tool_report=report, **partial)
+                            tool_report=report, probe_report=probe_report, **partial)
+
+
+def _win_message(report: ProbeReport) -> str:
+    winner = report.winner
+    assert winner is not None and winner.mean_return is not None
+    return (f"the probe policy '{winner.policy}' ({winner.description}) wins: mean return "
+            f"{winner.mean_return:.3f} over seeds {winner.seeds} (threshold {report.threshold:g}); a game that "
+            "a policy knowing nothing of it wins pays for something other than skill")
 
 
 async def _staged(awaitable: Any, stage: Stage) -> Any:

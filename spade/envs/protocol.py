@@ -46,6 +46,7 @@ class ErrorKind(str, enum.Enum):
     CRITERION_TRUE_AT_RESET = "criterion_true_at_reset"  # diagnostics, rejections only when switched on
     CRITERION_UNCHANGEABLE = "criterion_unchangeable"
     TRIVIAL_INSTRUCTION = "trivial_instruction"
+    DEGENERATE_WIN = "degenerate_win"  # a policy that knows nothing of the game wins it (issue 23)
 
 
 class Stage(str, enum.Enum):
@@ -57,6 +58,7 @@ class Stage(str, enum.Enum):
     LOAD = "load"
     SMOKE = "smoke"
     DETERMINISM = "determinism"
+    DEGENERATE_PROBE = "degenerate_probe"  # games only, after determinism (spade.envs.degenerate_probes)
     TOOL_SCHEMA = "tool_schema"  # tool environments only, after determinism
     RESET_GATE = "reset_gate"
     TOOL_PROBES = "tool_probes"
