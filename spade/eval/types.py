@@ -87,14 +87,6 @@ class ItemRecord:
     seed: int
     weight_version: int = 0
 
-    @property
-    def mean_score(self) -> float:
-        return sum(s.score for s in self.samples) / len(self.samples) if self.samples else 0.0
-
-    @property
-    def mean_correct(self) -> float:
-        return sum(1.0 for s in self.samples if s.correct) / len(self.samples) if self.samples else 0.0
-
     def to_json(self) -> dict[str, Any]:
         return {"item_id": self.item_id, "group": self.group, "seed": self.seed,
                 "weight_version": self.weight_version,

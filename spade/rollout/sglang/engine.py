@@ -381,11 +381,6 @@ class SGLangEngine(RolloutEngine):
         self._open.clear()
         await self._drained.wait()
 
-    def open_admission(self) -> None:
-        """Let held and new ``generate`` calls through again."""
-        self._attach()
-        self._open.set()
-
     @property
     def released(self) -> frozenset[int]:
         """The servers whose memory is released."""
