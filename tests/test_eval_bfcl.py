@@ -5,15 +5,39 @@ counting of unknown and undecodable calls and its description note hold."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import importlib
+import inspect
 import json
+from typing import Any, Sequence
 
 import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from spade.eval.bfcl import CATEGORIES, BFCLMultiTurn, ground_truth_calls  # noqa: E402
+from spade.eval.bfcl import CATEGORIES, BFCLMultiTurn  # noqa: E402
 from spade.eval.chat_interface import Completion  # noqa: E402
+
+
+def ground_truth_calls(call: str, root_classes: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """A ground-truth call string as (name, keyword arguments): positional arguments are named from
+    the package's method signatures (used to replay ground truth through the harness)."""
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    node = ast.parse(call, mode="eval").body
+    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    name = node.func.id
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+    if node.args:
+        for cls_name in root_classes:
+            cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[cls_name]), cls_name)
+            if hasattr(cls, name):
+                params = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"]
+                for param, value in zip(params, node.args):
+                    kwargs[param] = ast.literal_eval(value)
+                break
+    return name, kwargs
 
 
 class Replay:

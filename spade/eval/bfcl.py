@@ -192,29 +192,6 @@ def decoded_calls(answer: str, methods: set[str]) -> list[str]:
     return [call_string(c, methods) for c in decode_step(answer)]
 
 
-def ground_truth_calls(call: str, root_classes: Sequence[str]) -> tuple[str, dict[str, Any]]:
-    """A ground-truth call string as (name, keyword arguments): positional arguments are named from
-    the package's method signatures (used to replay ground truth through the harness)."""
-    import ast
-    import importlib
-
-    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
-
-    node = ast.parse(call, mode="eval").body
-    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-    name = node.func.id
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-    if node.args:
-        for cls_name in root_classes:
-            cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[cls_name]), cls_name)
-            if hasattr(cls, name):
-                params = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"]
-                for param, value in zip(params, node.args):
-                    kwargs[param] = ast.literal_eval(value)
-                break
-    return name, kwargs
-
-
 def _assistant_message(answer: str, reasoning: str) -> dict[str, Any]:
     """The chat-history message the Qwen FC handler keeps for a step: the extracted calls (no
     text) when there are any, else the answer's text."""
