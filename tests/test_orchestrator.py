@@ -58,7 +58,8 @@ HINT = "Think about the parity of your answer's length. Use \\boxed{}."
 def tiny_settings(**overrides) -> SelfPlaySettings:
     values = dict(envs_per_set=2, k=2, g_nohint=2, g_hint=2, max_attempts=2, designer_max_tokens=16,
                   agent_max_tokens=16, hint_max_tokens=16, max_turns=3, max_context_tokens=8192,
-                  skills=SkillSettings(window=1))  # one active skill: both slots share it
+                  skills=SkillSettings(window=1),  # one active skill: both slots share it
+                  admission_probes=False)  # CoinEnv pays a constant reply half the time: these tests are not about admission
     values.update(overrides)
     return SelfPlaySettings(**values)
 

@@ -348,6 +348,7 @@ def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(
     settings = SelfPlaySettings(envs_per_set=2, k=1, g_nohint=1, g_hint=0, agent_max_tokens=4, max_turns=1,
                                 max_context_tokens=4096, env_source="fixed_pool", fixed_env_dir=str(directory),
                                 use_corpus=False, use_memory=False, train_designer=False,
+                                admission_probes=False,  # the trivial pool games pay any reply
                                 skills=SkillSettings(skills=tuple(SKILLS[:2]), window=2))
 
     def orchestrator(run: str) -> Orchestrator:

@@ -305,7 +305,8 @@ async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response
                 admit(sandbox, response, max_turns=settings.max_turns,
                       require_tool_env=settings.domain == "tool_use",
                       tool_settings=settings.tool_admission, screen=screen,
-                      determinism=settings.admission_determinism),
+                      determinism=settings.admission_checks_determinism,
+                      probes=settings.admission_probe_settings()),
                 settings.admission_timeout_s)
         except (InfrastructureFault, asyncio.TimeoutError):
             continue

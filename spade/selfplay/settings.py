@@ -20,6 +20,7 @@ from typing import Literal
 from ..config import require
 from ..designer.prompts import DIFFICULTIES
 from ..designer.skills import DOMAINS, Domain, SkillSettings
+from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_THRESHOLD, ProbeSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .reward_settings import RewardSettings
@@ -85,6 +86,17 @@ class SelfPlaySettings:
     # Admission's determinism stage (two resets with one seed give one first observation): this
     # project's addition to the paper's checks (SPEC 3.5). false runs the paper's stages alone.
     admission_determinism: bool = True
+    # Admission's degenerate-policy probes (spade.envs.degenerate_probes; games only): cheap policies
+    # that know nothing of the game (constant replies, the first observation's numbers and words,
+    # random short replies) play it on three seeds; one whose mean return reaches
+    # degenerate_threshold rejects it (degenerate_win). spade's addition, on in every recipe;
+    # degenerate_probe_steps caps the step calls all probes of one candidate make.
+    admission_probes: bool = True
+    degenerate_threshold: float = DEFAULT_THRESHOLD
+    degenerate_probe_steps: int = DEFAULT_MAX_STEPS
+    # true: every admission gate the paper lacks is off (determinism and the probes, whatever their
+    # own switches say): the paper's admission exactly, for a reproduction row.
+    admission_paper_exact: bool = False
     keep_trajectories: int = 4        # episodes kept on disk per arm per env per step (0: returns only)
     memory_capacity: int = 200
     use_corpus: bool = True
@@ -154,6 +166,15 @@ class SelfPlaySettings:
                     f"{value!r} is not allowed; choose one of: {', '.join(THINKING_CHOICES)}")
         require(isinstance(self.admission_determinism, bool), key("admission_determinism"),
                 f"must be true or false, got {self.admission_determinism!r}")
+        for name in ("admission_probes", "admission_paper_exact"):
+            require(isinstance(getattr(self, name), bool), key(name),
+                    f"must be true or false, got {getattr(self, name)!r}")
+        require(isinstance(self.degenerate_threshold, (int, float)) and not isinstance(self.degenerate_threshold, bool)
+                and 0.0 < self.degenerate_threshold <= 1.0, key("degenerate_threshold"),
+                f"must be a number in (0, 1] (a mean episode return, clipped to [-1, 1]), got {self.degenerate_threshold!r}")
+        require(isinstance(self.degenerate_probe_steps, int) and not isinstance(self.degenerate_probe_steps, bool)
+                and self.degenerate_probe_steps >= 1, key("degenerate_probe_steps"),
+                f"must be an integer >= 1, got {self.degenerate_probe_steps!r}")
         require(isinstance(self.g_hint, int) and not isinstance(self.g_hint, bool) and self.g_hint >= 0,
                 key("g_hint"), f"must be an integer >= 0, got {self.g_hint!r}")
         require(isinstance(self.keep_trajectories, int) and not isinstance(self.keep_trajectories, bool)
@@ -197,3 +218,14 @@ class SelfPlaySettings:
             self.skills.active(self.domain, 0)
         except ValueError as exc:
             require(False, key("skills"), str(exc))
+
+    @property
+    def admission_checks_determinism(self) -> bool:
+        """The determinism stage runs (its switch on, the paper-exact switch off)."""
+        return self.admission_determinism and not self.admission_paper_exact
+
+    def admission_probe_settings(self) -> ProbeSettings | None:
+        """The degenerate-policy probes' settings, or None when they are off."""
+        if self.admission_paper_exact or not self.admission_probes:
+            return None
+        return ProbeSettings(threshold=float(self.degenerate_threshold), max_steps=self.degenerate_probe_steps)
