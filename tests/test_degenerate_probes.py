@@ -1,0 +1,333 @@
+"""Admission's degenerate-policy probes (issue 23) through the real sandbox.
+
+A corpus of exploitable games, each honest-looking but paying a policy that knows nothing of it,
+is rejected as ``degenerate_win`` with the policy that exploits it named; the honest games (the
+seed games, the six examples, the tests' own guessing game, a graded game whose constant reply
+scores a little) are admitted, with every probe's mean return in the verdict.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from spade.envs.admission import admit
+from spade.envs.degenerate_probes import PROBE_SEEDS, ProbeSettings, probe_policies
+from spade.envs.protocol import ErrorKind, Stage
+from spade.selfplay.settings import SelfPlaySettings
+
+from conftest import EXAMPLE_ENVS
+from test_admission import GOOD
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_GAMES = sorted((ROOT / "examples" / "seed_envs").glob("*.py"))
+
+
+def game(body: str) -> str:
+    return "import random\nimport re\n\n" + textwrap.dedent(body)
+
+
+EXPLOITS = {
+    # the issue's thermostat near-copy: the last turn pays max(1.0, ...) = 1.0 whatever the action
+    "any action on the last turn": (game('''
+        class LastCallEnv:
+            def __init__(self, max_turns=6):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                self.target = random.Random(seed).randint(10, 40)
+                self.turn = 0
+                return "Set the thermostat from 10 to 40. Reply with \\\\boxed{T}.", {}
+            def step(self, action):
+                self.turn += 1
+                found = re.search(r"\\d+", action)
+                guess = int(found.group()) if found else 0
+                if self.turn >= self.max_turns:
+                    return "Time is up.", max(1.0, 1.0 - abs(guess - self.target)), True, False, {}
+                if guess == self.target:
+                    return "Exactly right.", 1.0, True, False, {}
+                return "Not quite.", 0.0, False, False, {}
+        '''), "boxed_0"),
+    "any action at all": (game('''
+        class RiddleEnv:
+            def __init__(self, max_turns=5):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                self.answer = random.Random(seed).choice(["echo", "shadow", "candle"])
+                return "I speak without a mouth. What am I? Reply with \\\\boxed{word}.", {}
+            def step(self, action):
+                return "Well thought.", 1.0, True, False, {}
+        '''), "boxed_0"),
+    "unparseable actions pay": (game('''
+        class DividerEnv:
+            def __init__(self, max_turns=5):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                rng = random.Random(seed)
+                self.a, self.b = rng.randint(100, 999), rng.randint(2, 9)
+                self.turn = 0
+                return f"What is {self.a} // {self.b}? Reply with \\\\boxed{{N}}.", {}
+            def step(self, action):
+                self.turn += 1
+                if not action.strip():
+                    return "Say something.", 0.0, False, self.turn >= self.max_turns, {}
+                found = re.search(r"-?\\d+", action)
+                if found is None:  # meant as 'try again', but pays and ends the episode
+                    return "I could not read that.", 1.0, True, False, {}
+                ok = int(found.group()) == self.a // self.b
+                return ("Right." if ok else "Wrong."), float(ok), ok, self.turn >= self.max_turns, {}
+        '''), "plain_text"),
+    "secret number leaked in the first observation": (game('''
+        class VaultEnv:
+            def __init__(self, max_turns=8):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                self.code = random.Random(seed).randint(2, 99)
+                self.turn = 0
+                return f"Open the vault: a code from 1 to 100. [debug code={self.code}] Reply \\\\boxed{{N}}.", {}
+            def step(self, action):
+                self.turn += 1
+                found = re.search(r"\\d+", action)
+                if found and int(found.group()) == self.code:
+                    return "Open.", 1.0, True, False, {}
+                return "Locked.", 0.0, False, self.turn >= self.max_turns, {}
+        '''), "observation_number_3"),
+    "secret word leaked in the first observation": (game('''
+        class ZooEnv:
+            def __init__(self, max_turns=8):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                self.animal = random.Random(seed).choice(["zebra", "otter", "lynx", "heron"])
+                self.turn = 0
+                return f"Name the hidden animal in \\\\boxed{{name}}. (psst: {self.animal})", {}
+            def step(self, action):
+                self.turn += 1
+                if self.animal in action.lower():
+                    return "Yes!", 1.0, True, False, {}
+                return "No.", 0.0, False, self.turn >= self.max_turns, {}
+        '''), "observation_word_last_1"),
+    "a constant answer wins": (game('''
+        class CountingEnv:
+            def __init__(self, max_turns=4):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                rng = random.Random(seed)
+                self.word = "".join(rng.choice("bcdfg") for _ in range(5))
+                self.turn = 0
+                return f"How many times does 'a' appear in '{self.word}'? Reply \\\\boxed{{N}}.", {}
+            def step(self, action):
+                self.turn += 1
+                found = re.search(r"\\d+", action)
+                if found and int(found.group()) == self.word.count("a") + 1:  # off by one: always 1
+                    return "Correct.", 1.0, True, False, {}
+                return "No.", 0.0, False, self.turn >= self.max_turns, {}
+        '''), "boxed_1"),
+    "an empty offer wins": (game('''
+        class HaggleEnv:
+            def __init__(self, max_turns=6):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                self.price = random.Random(seed).randint(20, 80)
+                self.turn = 0
+                return f"The trader wants {self.price} coins. Make an offer as \\\\boxed{{N}}.", {}
+            def step(self, action):
+                self.turn += 1
+                found = re.search(r"\\d+", action)
+                offer = int(found.group()) if found else None
+                if offer is None and not action.strip():  # no offer read as 'the trader's price'
+                    return "Deal.", 1.0, True, False, {}
+                if offer is not None and offer >= self.price:
+                    return "Deal, but you overpaid.", 0.0, True, False, {}
+                return "Too low.", 0.0, False, self.turn >= self.max_turns, {}
+        '''), "empty"),
+    "a reward on a wrong format": (game('''
+        class ColourEnv:
+            COLOURS = ["red", "green", "blue", "amber"]
+            def __init__(self, max_turns=5):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                self.colour = random.Random(seed).choice(self.COLOURS)
+                self.turn = 0
+                return "Which colour is the lamp? Reply with a colour word in \\\\boxed{colour}.", {}
+            def step(self, action):
+                self.turn += 1
+                inner = re.fullmatch(r"\\\\boxed\\{(.*)\\}", action.strip())
+                if inner and inner.group(1).isdigit():  # a number is the wrong format: 'half credit'
+                    return "That is a number, not a colour.", 0.5, True, False, {}
+                if inner and inner.group(1).lower() == self.colour:
+                    return "Yes.", 1.0, True, False, {}
+                return "No.", 0.0, False, self.turn >= self.max_turns, {}
+        '''), "boxed_0"),
+    "running out of turns pays": (game('''
+        class SurvivalEnv:
+            def __init__(self, max_turns=12):
+                self.max_turns = max_turns
+            def reset(self, seed=None):
+                self.exit = random.Random(seed).choice(["north", "south", "east", "west"])
+                self.turn = 0
+                return "You are lost in a maze. Move with \\\\boxed{north|south|east|west}.", {}
+            def step(self, action):
+                self.turn += 1
+                if self.exit in action:
+                    return "You found the exit.", 1.0, True, False, {}
+                if self.turn >= self.max_turns:
+                    return "You survived the night.", 1.0, True, False, {}
+                return "Walls everywhere.", 0.0, False, False, {}
+        '''), "boxed_0"),
+}
+
+
+def verdict_for(sandbox, source: str, **kwargs):
+    return sandbox.run(admit(sandbox.service, source, **kwargs), timeout=120)
+
+
+@pytest.mark.parametrize("name", list(EXPLOITS), ids=lambda n: n.replace(" ", "_"))
+def test_exploitable_game_is_rejected_naming_the_policy(sandbox, name):
+    source, policy = EXPLOITS[name]
+    verdict = verdict_for(sandbox, source, max_turns=25)
+    assert not verdict.admitted
+    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE)
+    assert f"'{policy}'" in verdict.error.message
+    report = verdict.probe_report
+    assert report.winner.policy == policy and report.winner.mean_return >= 0.5
+    assert f"{report.winner.mean_return:.3f}" in verdict.error.message
+    data = verdict.to_json()
+    assert data["error"]["kind"] == "degenerate_win" and data["probe_report"]["winner"] == policy
+
+
+def _fixed_turns(source: str) -> str:
+    """The maze with its own 12 turns fixed (its constructor takes no ``max_turns=``)."""
+    return source.replace("def __init__(self, max_turns=12):", "def __init__(self):").replace(
+        "self.max_turns = max_turns", "self.max_turns = 12")
+
+
+def test_the_probes_reach_the_games_last_turn(sandbox):
+    """The maze pays only at its own 12th turn (under a run budget of 25): the probes play that far."""
+    verdict = verdict_for(sandbox, _fixed_turns(EXPLOITS["running out of turns pays"][0]), max_turns=25)
+    assert verdict.probe_report.turns == 12
+    assert verdict.error.kind is ErrorKind.DEGENERATE_WIN and verdict.probe_report.winner.policy == "boxed_0"
+
+
+def test_the_run_turn_budget_bounds_the_probes(sandbox):
+    """With a run budget of 10 turns the maze's 12th turn is never played, in training either, so
+    nothing pays for running out of turns: admitted."""
+    verdict = verdict_for(sandbox, _fixed_turns(EXPLOITS["running out of turns pays"][0]), max_turns=10)
+    assert verdict.admitted, verdict.error
+    assert verdict.probe_report.turns == 10
+
+
+HONEST = {path.stem: path.read_text() for path in [*SEED_GAMES, *EXAMPLE_ENVS]}
+HONEST["tests_guess_game"] = GOOD
+# the seed game under another class name, as a designer would copy it
+HONEST["guess_number_renamed"] = (ROOT / "examples" / "seed_envs" / "guess_number.py").read_text().replace(
+    "GuessNumberEnv", "NumberHuntEnv")
+
+
+@pytest.mark.parametrize("name", list(HONEST))
+def test_honest_game_is_admitted_with_every_probe_reported(sandbox, name):
+    verdict = verdict_for(sandbox, HONEST[name], max_turns=25)
+    assert verdict.admitted, verdict.error
+    report = verdict.probe_report
+    assert report.winner is None and not report.budget_exhausted
+    assert [r.policy for r in report.results] == [p.name for p in probe_policies()]
+    assert all(r.mean_return is None or r.mean_return < 0.5 for r in report.results)
+    assert "degenerate_probe" in verdict.timings_ms
+    assert len(verdict.to_json()["probe_report"]["policies"]) == len(probe_policies())
+
+
+def test_there_are_eight_examples_and_seed_games():
+    assert len(SEED_GAMES) == 2 and len(EXAMPLE_ENVS) == 6
+
+
+GRADED = game('''
+    class DartEnv:
+        """Throw one dart at a hidden point from 1 to 30; the score falls off with the distance."""
+        def __init__(self, max_turns=3):
+            self.max_turns = max_turns
+        def reset(self, seed=None):
+            self.point = random.Random(seed).randint(1, 30)
+            return "Throw a dart at a point from 1 to 30: \\\\boxed{N}. Closer scores more.", {}
+        def step(self, action):
+            found = re.search(r"\\d+", action)
+            if found is None:
+                return "Throw a number.", 0.0, True, False, {}
+            return "Thud.", max(0.0, 1.0 - abs(int(found.group()) - self.point) / 10), True, False, {}
+''')
+
+
+def _dart_score(guess: int, seed: int) -> float:
+    """The graded game's rule, computed here by hand for a constant guess."""
+    point = random.Random(seed).randint(1, 30)
+    return max(0.0, 1.0 - abs(guess - point) / 10)
+
+
+def test_graded_honest_game_with_a_partial_constant_return_is_admitted(sandbox):
+    verdict = verdict_for(sandbox, GRADED, max_turns=25)
+    assert verdict.admitted, verdict.error
+    means = {r.policy: r.mean_return for r in verdict.probe_report.results}
+    # the first observation's numbers are 1 and 30; what each constant guess scores, by hand
+    for policy, guess in (("boxed_1", 1), ("observation_number_1", 1), ("observation_number_2", 30)):
+        expected = [_dart_score(guess, seed) for seed in PROBE_SEEDS]
+        played = means[policy]
+        assert sum(expected) / len(expected) < 0.5
+        # a policy is dropped once the seeds left cannot lift it to 0.5: its mean is over those played
+        assert played == pytest.approx(sum(expected[:len(_played_seeds(verdict, policy))])
+                                       / len(_played_seeds(verdict, policy)))
+    assert any(0.0 < (m or 0.0) < 0.5 for m in means.values())  # graded: partial, not zero
+    # a lower threshold rejects the same game
+    strict = verdict_for(sandbox, GRADED, max_turns=25, probes=ProbeSettings(threshold=0.05))
+    assert not strict.admitted and strict.error.kind is ErrorKind.DEGENERATE_WIN
+
+
+def _played_seeds(verdict, policy: str) -> list[int]:
+    return next(r.seeds for r in verdict.probe_report.results if r.policy == policy)
+
+
+def test_switches_reach_admission_through_admit_candidate(sandbox):
+    """``selfplay.admission_probes`` false, or ``selfplay.admission_paper_exact`` true (which also
+    drops the determinism stage), admits the exploitable game as the paper's admission would;
+    ``selfplay.degenerate_threshold`` is the threshold."""
+    from spade.selfplay.designer_round import admit_candidate
+
+    source = EXPLOITS["any action on the last turn"][0]
+
+    def run(**settings):
+        return sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(**settings), source), timeout=120)
+
+    assert run().error.kind is ErrorKind.DEGENERATE_WIN
+    off = run(admission_probes=False)
+    assert off.admitted and "degenerate_probe" not in off.timings_ms and "determinism" in off.timings_ms
+    exact = run(admission_paper_exact=True)
+    assert exact.admitted and set(exact.timings_ms) == {"extract", "syntax", "load", "smoke"}
+    graded = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(degenerate_threshold=0.05), GRADED),
+                         timeout=120)
+    assert graded.error.kind is ErrorKind.DEGENERATE_WIN
+
+
+def test_the_step_budget_stops_the_probes(sandbox):
+    verdict = verdict_for(sandbox, HONEST["guess_number"], max_turns=25, probes=ProbeSettings(max_steps=20))
+    assert verdict.admitted and verdict.probe_report.budget_exhausted and verdict.probe_report.steps == 20
+
+
+@pytest.mark.parametrize("settings, says", [
+    (dict(degenerate_threshold=0.0), "selfplay.degenerate_threshold"),
+    (dict(degenerate_threshold=1.5), "selfplay.degenerate_threshold"),
+    (dict(admission_probes="yes"), "selfplay.admission_probes"),
+    (dict(admission_paper_exact=1), "selfplay.admission_paper_exact"),
+    (dict(degenerate_probe_steps=0), "selfplay.degenerate_probe_steps"),
+])
+def test_bad_switch_values_name_the_key(settings, says):
+    from spade.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        SelfPlaySettings(**settings)
+
+
+def test_defaults_are_on_with_threshold_one_half():
+    s = SelfPlaySettings()
+    assert s.admission_probes and not s.admission_paper_exact and s.degenerate_threshold == 0.5
+    assert s.admission_probe_settings() == ProbeSettings(threshold=0.5)
+    assert SelfPlaySettings(admission_paper_exact=True).admission_probe_settings() is None
