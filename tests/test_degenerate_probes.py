@@ -331,3 +331,20 @@ def test_defaults_are_on_with_threshold_one_half():
     assert s.admission_probes and not s.admission_paper_exact and s.degenerate_threshold == 0.5
     assert s.admission_probe_settings() == ProbeSettings(threshold=0.5)
     assert SelfPlaySettings(admission_paper_exact=True).admission_probe_settings() is None
+
+
+def test_env_check_prints_one_line_per_probe_policy(tmp_path):
+    import subprocess
+    import sys
+
+    exploit = tmp_path / "last_call.py"
+    exploit.write_text(EXPLOITS["any action on the last turn"][0])
+    seed_game = ROOT / "examples" / "seed_envs" / "thermostat.py"
+    result = subprocess.run([sys.executable, "-m", "spade", "env", "check", str(seed_game), str(exploit)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    admitted, rejected = result.stdout.split(f"{exploit}: ")
+    for policy in probe_policies():  # every policy of the admitted game, one line each
+        assert len([line for line in admitted.splitlines() if line.strip().startswith(policy.name + " ")]) == 1
+    assert "rejected at degenerate_probe: degenerate_win" in rejected and "'boxed_0'" in rejected
+    assert re.search(r"boxed_0 +mean return \+1\.000 over 3 seed\(s\)  <- wins", rejected)

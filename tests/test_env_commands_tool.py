@@ -67,8 +67,9 @@ def test_check_runs_the_tool_stages_and_reports_them():
     assert "criteria true at reset: none" in out
     assert "criteria unchangeable by any probe call:" in out and "reset gate errors: none" in out
     assert "model screen: not asked" in out
-    # the game's verdict stays one line
-    assert out.rstrip().splitlines()[-1] == f"{GAME}: admitted (HiddenSequenceEnv)"
+    # the game's verdict is one line, then its degenerate-policy probes (issue 23), no tool stages
+    game_lines = out.rstrip().splitlines()[out.rstrip().splitlines().index(f"{GAME}: admitted (HiddenSequenceEnv)"):]
+    assert game_lines[1].startswith("  degenerate-policy probes") and not any("tool_schema" in line for line in game_lines)
 
 
 def test_check_rejects_a_broken_tool_environment_and_on_a_switch(tmp_path):

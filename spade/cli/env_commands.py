@@ -153,6 +153,11 @@ async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
                 error = verdict.error
                 assert error is not None
                 print(f"{path}: rejected at {error.stage.value}: {error.kind.value}: {error.message}", flush=True)
+            if verdict.probe_report is not None:  # the degenerate-policy probes: one line per policy
+                print(f"  degenerate-policy probes ({verdict.probe_report.turns} turns, threshold "
+                      f"{verdict.probe_report.threshold:g}):")
+                for line in verdict.probe_report.lines():
+                    print(f"    {line}", flush=True)
             if verdict.tool_use:
                 _print_tool_verdict(verdict)
     return 1 if rejected else 0

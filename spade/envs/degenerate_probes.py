@@ -122,11 +122,14 @@ class ProbeReport:
         out = []
         for result in self.results:
             mean = result.mean_return
-            shown = "not played" if mean is None else f"mean return {mean:+.3f} over {len(result.returns)} seed(s)"
+            shown = (("not played: the step budget ran out" if self.budget_exhausted and result is self.results[-1]
+                      else "not played: the first observation shows no such value") if mean is None
+                     else f"mean return {mean:+.3f} over {len(result.returns)} seed(s)")
             flag = "  <- wins" if result is self.winner else ""
             out.append(f"{result.policy:<26} {shown}{flag}")
         if self.budget_exhausted:
-            out.append(f"(probe step budget of {self.steps} steps spent: the policies not played were not judged)")
+            out.append(f"(the probe step budget, {self.steps} steps, ran out: the policies after this one were not "
+                       "played or judged)")
         return out
 
 
