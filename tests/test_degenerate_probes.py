@@ -312,6 +312,15 @@ def test_the_step_budget_stops_the_probes(sandbox):
     assert verdict.admitted and verdict.probe_report.budget_exhausted and verdict.probe_report.steps == 20
 
 
+def test_the_time_budget_stops_the_probes_of_a_slow_game(sandbox):
+    """A game whose steps take 20 ms each is judged on what the probes played in 0.3 s, not timed out."""
+    slow = HONEST["guess_number"].replace("    def step(self, action):\n",
+                                          "    def step(self, action):\n        sum(range(400000))\n")
+    verdict = verdict_for(sandbox, slow, max_turns=25, probes=ProbeSettings(max_seconds=0.3))
+    assert verdict.admitted and verdict.probe_report.budget_exhausted
+    assert 0 < verdict.probe_report.steps < 200 and verdict.timings_ms["degenerate_probe"] < 3000
+
+
 @pytest.mark.parametrize("settings, says", [
     (dict(degenerate_threshold=0.0), "selfplay.degenerate_threshold"),
     (dict(degenerate_threshold=1.5), "selfplay.degenerate_threshold"),
@@ -329,7 +338,7 @@ def test_bad_switch_values_name_the_key(settings, says):
 def test_defaults_are_on_with_threshold_one_half():
     s = SelfPlaySettings()
     assert s.admission_probes and not s.admission_paper_exact and s.degenerate_threshold == 0.5
-    assert s.admission_probe_settings() == ProbeSettings(threshold=0.5)
+    assert s.admission_probe_settings() == ProbeSettings(threshold=0.5, max_seconds=s.admission_timeout_s / 4)
     assert SelfPlaySettings(admission_paper_exact=True).admission_probe_settings() is None
 
 

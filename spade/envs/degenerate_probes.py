@@ -23,13 +23,14 @@ or until the game ends it, and is scored with the episode return rule (the last 
 to [-1, 1], iff the episode terminated). An environment fault ends the episode with return 0, as
 in training. Cheapness: a policy stops being played once the seeds left cannot lift its mean to
 the threshold, one constant reply is played once per seed, and the probes stop at ``max_steps``
-``step`` calls in all (the report says so; the policies not reached are not judged).
+``step`` calls or ``max_seconds`` in all (the report says so; the policies not reached are not judged).
 """
 
 from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ from .runner import DEFAULT_MAX_TURNS, turn_budget
 DEFAULT_THRESHOLD = 0.5
 PROBE_SEEDS: tuple[int, ...] = (1, 2, 3)
 DEFAULT_MAX_STEPS = 1000
+DEFAULT_MAX_SECONDS = 15.0
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]{3,}")
@@ -58,11 +60,13 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 class ProbeSettings:
     """``threshold``: a policy whose mean return reaches it wins (``selfplay.degenerate_threshold``);
     ``seeds``: the reset seeds each policy plays; ``max_steps``: ``step`` calls over all probes
-    (``selfplay.degenerate_probe_steps``)."""
+    (``selfplay.degenerate_probe_steps``); ``max_seconds``: wall-clock time over all probes (a game
+    with slow steps is then judged on the policies played, not timed out of admission)."""
 
     threshold: float = DEFAULT_THRESHOLD
     seeds: tuple[int, ...] = PROBE_SEEDS
     max_steps: int = DEFAULT_MAX_STEPS
+    max_seconds: float = DEFAULT_MAX_SECONDS
 
 
 @dataclass(frozen=True)
@@ -122,13 +126,13 @@ class ProbeReport:
         out = []
         for result in self.results:
             mean = result.mean_return
-            shown = (("not played: the step budget ran out" if self.budget_exhausted and result is self.results[-1]
+            shown = (("not played: the probe budget ran out" if self.budget_exhausted and result is self.results[-1]
                       else "not played: the first observation shows no such value") if mean is None
                      else f"mean return {mean:+.3f} over {len(result.returns)} seed(s)")
             flag = "  <- wins" if result is self.winner else ""
             out.append(f"{result.policy:<26} {shown}{flag}")
         if self.budget_exhausted:
-            out.append(f"(the probe step budget, {self.steps} steps, ran out: the policies after this one were not "
+            out.append(f"(the probe budget ran out after {self.steps} steps: the policies after this one were not "
                        "played or judged)")
         return out
 
@@ -196,8 +200,17 @@ def probe_policies() -> tuple[ProbePolicy, ...]:
 
 
 class _Budget:
-    def __init__(self, steps: int):
+    def __init__(self, steps: int, seconds: float):
         self.left, self.used, self.exhausted = steps, 0, False
+        self.deadline = time.monotonic() + seconds
+
+    def take(self) -> bool:
+        """One step call, if the step and time budgets allow it."""
+        if self.left <= 0 or time.monotonic() > self.deadline:
+            self.exhausted = True
+            return False
+        self.left, self.used = self.left - 1, self.used + 1
+        return True
 
 
 async def _episode(env: EnvInstance, policy: ProbePolicy, seed: int, turns: int, budget: _Budget,
@@ -221,10 +234,8 @@ async def _episode(env: EnvInstance, policy: ProbePolicy, seed: int, turns: int,
             return None
         if policy.constant and previous is None and (seed, reply) in played:
             return played[(seed, reply)], False, None
-        if budget.left <= 0:
-            budget.exhausted = True
+        if not budget.take():
             return None
-        budget.left, budget.used = budget.left - 1, budget.used + 1
         try:
             result = await env.step(parse_action(reply))
         except InfrastructureFault:
@@ -244,7 +255,7 @@ async def run_probes(env: EnvInstance, settings: ProbeSettings, *, max_turns: in
     first policy at or above the threshold is the winner (probing stops there)."""
     turns = turn_budget(max_turns or DEFAULT_MAX_TURNS, env.max_turns)
     report = ProbeReport(settings.threshold, turns)
-    budget = _Budget(settings.max_steps)
+    budget = _Budget(settings.max_steps, settings.max_seconds)
     played: dict[tuple[int, str], float] = {}  # (seed, constant reply) -> return
     for policy in probe_policies():
         result = PolicyResult(policy.name, policy.description)

@@ -228,4 +228,7 @@ class SelfPlaySettings:
         """The degenerate-policy probes' settings, or None when they are off."""
         if self.admission_paper_exact or not self.admission_probes:
             return None
-        return ProbeSettings(threshold=float(self.degenerate_threshold), max_steps=self.degenerate_probe_steps)
+        # a quarter of the candidate's admission time at most: a game with slow steps is judged on the
+        # policies played by then instead of timing out of admission
+        return ProbeSettings(threshold=float(self.degenerate_threshold), max_steps=self.degenerate_probe_steps,
+                             max_seconds=self.admission_timeout_s / 4)
