@@ -112,8 +112,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     A tool environment (its class subclasses ``ToolUseBaseEnv``) also goes through the tool-use
     stages (:mod:`spade.envs.tool_use.admission`); ``require_tool_env`` (the tool-use domain)
     rejects any other class at ``load``. ``screen`` is the model screen (None: not asked).
-    ``determinism`` False leaves out the determinism stage, this project's addition (SPEC 3.5):
-    the paper's admission exactly (``selfplay.admission_determinism``). ``probes`` are the settings of
+    ``determinism`` False leaves out the determinism stage, this project's addition (SPEC 3.5;
+    ``selfplay.admission_determinism``). ``probes`` are the settings of
     the degenerate-policy probes (another addition, :mod:`spade.envs.degenerate_probes`); None
     leaves them out (``selfplay.admission_probes``, ``selfplay.admission_paper_exact``).
 

@@ -84,7 +84,8 @@ class SelfPlaySettings:
     hint_thinking: Thinking | bool = "auto"
     screen_thinking: Thinking | bool = "auto"
     # Admission's determinism stage (two resets with one seed give one first observation): this
-    # project's addition to the paper's checks (SPEC 3.5). false runs the paper's stages alone.
+    # project's addition to the paper's checks (SPEC 3.5). false leaves it out (admission_paper_exact:
+    # every addition out).
     admission_determinism: bool = True
     # Admission's degenerate-policy probes (spade.envs.degenerate_probes; games only): cheap policies
     # that know nothing of the game (constant replies, the first observation's numbers and words,
