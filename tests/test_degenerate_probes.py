@@ -357,3 +357,21 @@ def test_env_check_prints_one_line_per_probe_policy(tmp_path):
         assert len([line for line in admitted.splitlines() if line.strip().startswith(policy.name + " ")]) == 1
     assert "rejected at degenerate_probe: degenerate_win" in rejected and "'boxed_0'" in rejected
     assert re.search(r"boxed_0 +mean return \+1\.000 over 3 seed\(s\)  <- wins", rejected)
+
+
+def test_a_degenerate_win_is_counted_per_step_as_its_own_metric(sandbox, tmp_path):
+    """The rejection goes the designer round's way (write_rejection) into the step's metrics."""
+    from types import SimpleNamespace
+
+    from spade.selfplay.designer_round import RegenerationResult, admit_candidate, write_rejection
+    from spade.selfplay.orchestrator import Orchestrator
+
+    response = EXPLOITS["a constant answer wins"][0]
+    verdict = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(), response), timeout=120)
+    record = {"step": 0, "slot": 0, "attempt": 0, "skill": "Logical Deduction"}
+    rejection = write_rejection(tmp_path, record, verdict.error.kind, verdict.error.stage, verdict.error.message,
+                                response)
+    metrics: dict[str, float] = {}
+    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings()),
+                                       RegenerationResult(attempts=1, rejections=[rejection]), metrics)
+    assert metrics["env/rejected"] == 1.0 and metrics["env/rejected_degenerate_win"] == 1.0
