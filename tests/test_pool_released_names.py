@@ -12,7 +12,7 @@ from conftest import make_harness
 from spade.envs.protocol import EnvFault, ErrorKind, Stage
 from spade.envs.sandbox.runtime import loader_names
 from spade.envs.sandbox.runtime.limits import DEFAULT_ALLOWED_IMPORTS
-from spade.selfplay.pool import FixedPool, ReleasedLoaderSandbox
+from spade.selfplay.fixed_pool import FixedPool, ReleasedLoaderSandbox
 from spade.selfplay.pool_settings import PoolSettings
 from spade.selfplay.settings import SelfPlaySettings
 

@@ -15,7 +15,7 @@ import pytest
 
 from spade.config import ConfigError
 from spade.selfplay.orchestrator import TRUNCATED_ENDS
-from spade.selfplay.pool import FixedPool
+from spade.selfplay.fixed_pool import FixedPool
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 from spade.selfplay.trajectory_log import step_file

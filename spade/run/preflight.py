@@ -49,7 +49,7 @@ def preflight(config: TrainConfig) -> None:
     if sp.env_source == "fixed_pool":
         pool = Path(sp.fixed_env_dir or "")
         if not pool.is_dir() or not any(pool.glob("*.py")):
-            from ..selfplay.pool import missing_pool_message
+            from ..selfplay.fixed_pool import missing_pool_message
 
             raise RunDirError(missing_pool_message(pool))
     if sp.env_source == "rlve":

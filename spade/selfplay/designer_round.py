@@ -18,7 +18,7 @@ On disk (``run_dir``):
   (``kind``, ``stage``, ``message``), the raw designer response and the document key;
 * ``envs/step_SSSSSS/ENV_ID.py``, ``ENV_ID.hint.txt``, ``ENV_ID.json``: the admitted set.
 
-The other sources of a set (a fixed pool, RLVE) live in :mod:`.pool` and :mod:`.rlve_source`;
+The other sources of a set (a fixed pool, RLVE) live in :mod:`.fixed_pool` and :mod:`.rlve_source`;
 they share :func:`admit_candidate`, :func:`write_rejection` and :func:`save_set` with this one.
 
 With ``memory_seed_dir`` set, every regeneration first makes sure the memory holds the seed

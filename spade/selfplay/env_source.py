@@ -6,7 +6,7 @@ delay buffer, memory) is the same whichever source it is. ``selfplay.env_source`
 
 * ``designer`` (SPADE): :class:`~spade.selfplay.designer_round.DesignerRound` writes the set;
   the only source whose regenerations carry designer trajectories.
-* ``fixed_pool`` (Fixed-env GRPO): :class:`~spade.selfplay.pool.FixedPool` draws from a directory of
+* ``fixed_pool`` (Fixed-env GRPO): :class:`~spade.selfplay.fixed_pool.FixedPool` draws from a directory of
   admitted environments.
 * ``rlve`` (Fixed-env RLVE): :class:`~spade.selfplay.rlve_source.RLVESource` asks rlve-gym's
   procedural generators for problems at the difficulty its controller has reached.

@@ -264,7 +264,7 @@ class Orchestrator:
 
     def _env_source(self, settings: SelfPlaySettings, sandbox: Sandbox) -> EnvSource:
         if settings.env_source == "fixed_pool":
-            from .pool import FixedPool
+            from .fixed_pool import FixedPool
             return FixedPool(settings, sandbox=sandbox, run_dir=self.run_dir, seed=self.seed,
                              screen=self.designer.model_screen)
         if settings.env_source == "rlve":

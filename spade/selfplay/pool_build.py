@@ -1,4 +1,4 @@
-"""Making a pool directory (the format is :mod:`.pool`'s): generated once by a designer, or assembled
+"""Making a pool directory (the format is :mod:`.fixed_pool`'s): generated once by a designer, or assembled
 from the admitted environments of earlier runs.
 
 **Generation** (:class:`PoolGenerator`, ``spade pool generate``) makes designer attempts through
@@ -38,7 +38,7 @@ from typing import Any, Callable
 from ..designer.skills import Skill
 from ..envs.admission import AdmissionVerdict
 from .designer_round import DesignerRound, EnvSpec
-from .pool import GENERATION_DIR, HINT_SUFFIX, append_manifest, read_manifest, write_atomic
+from .fixed_pool import GENERATION_DIR, HINT_SUFFIX, append_manifest, read_manifest, write_atomic
 from .settings import SelfPlaySettings
 
 STATE_FILE = "state.json"

@@ -1,5 +1,5 @@
 """``spade pool import``: the released environment pool, from a local copy, into a pool directory
-(the format of :mod:`.pool`).
+(the format of :mod:`.fixed_pool`).
 
 **The released layout** (the data set ``spare-rl/spare-gpt55-static-corpus`` as the released
 ``cmd/games/_download_gpt55_pool`` script downloads it, and the released trainer's static pool)::
@@ -41,7 +41,7 @@ from typing import Any, Callable
 from ..designer.skills import ALL_SKILLS
 from ..envs.sandbox.runtime.limits import DEFAULT_ALLOWED_IMPORTS
 from ..envs.sandbox.runtime.loader_names import RELEASED_LOADER_NAMES, offered
-from .pool import MANIFEST
+from .fixed_pool import MANIFEST
 
 GAMES_DIR = "games"
 GAME_GLOB = "game_*.py"  # the released trainer's glob

@@ -1,5 +1,5 @@
 """``selfplay.pool``: how the Fixed-env GRPO baseline draws its sets from a pool directory
-(:mod:`spade.selfplay.pool`).
+(:mod:`spade.selfplay.fixed_pool`).
 
 * ``draw: shuffle`` (default, the released trainer's rule: ``--spade-static-game-pool
   --spade-no-replacement`` in ``cmd/games/_train_fixed_gpt55.sh``): one ``random.Random(seed)``

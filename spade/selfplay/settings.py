@@ -44,7 +44,7 @@ class SelfPlaySettings:
     prompt, or the corpus prompt minus its document, by ``no_corpus_prompt``), ``use_memory=False``
     (no memory block, no memory records), ``train_designer=False`` (frozen designer: designer
     samples are never emitted). Baselines: ``env_source`` ``fixed_pool`` (the environments come
-    from ``fixed_env_dir``, see :mod:`spade.selfplay.pool`) or ``rlve`` (rlve-gym's generators);
+    from ``fixed_env_dir``, see :mod:`spade.selfplay.fixed_pool`) or ``rlve`` (rlve-gym's generators);
     neither makes designer calls or designer samples.
     """
 
