@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_LIMITS, ROOT
-from spade.envs.sandbox import pool, selftest, supervisor
+from spade.envs.sandbox import sandbox_process, selftest, supervisor
 from spade.envs.sandbox.config import SandboxConfig
 from spade.envs.sandbox.launcher import LaunchPlan
 
@@ -31,14 +31,14 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bub
 
 def self_test(monkeypatch, *, argv=None, hello=None, probe=None, seccomp=None, isolation="bubblewrap"):
     """The supervisor's start-up report with the launch or the evidence degraded."""
-    real_plan = pool.plan_launch
+    real_plan = sandbox_process.plan_launch
 
     def plan(config, fd):
         planned = real_plan(config, fd)
         return planned if argv is None else LaunchPlan(argv(list(planned.argv)), planned.env,
                                                         planned.readable_paths, planned.bubblewrap)
 
-    monkeypatch.setattr(pool, "plan_launch", plan)
+    monkeypatch.setattr(sandbox_process, "plan_launch", plan)
     real_probe = supervisor.Supervisor._probe
 
     async def degraded_probe(self, sandbox, op, payload):

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..protocol import EnvError, ErrorKind, Stage
 from .config import SandboxConfig
-from .pool import ChildExit, Sandbox, SandboxDied
+from .sandbox_process import ChildExit, Sandbox, SandboxDied
 from .runtime import child as child_runtime
 from .runtime import framing
 from .selftest import SelfTestReport, check_probe_child, check_seccomp_probe, check_zygote
