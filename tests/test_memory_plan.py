@@ -78,7 +78,7 @@ TINY = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=5
 def saved_bytes(spec, recompute: str, rows: int, seq: int) -> int:
     """Bytes of distinct storages autograd keeps (parameters excluded) for one bf16 forward."""
     import megatron_patches
-    from spade.training.model_io import _hidden_states_out
+    from spade.training.forward_logprobs import _hidden_states_out
 
     with megatron_patches.cpu_device_mode():
         model = build_gpt_model(spec, ParallelLayout(), BuildOptions(params_dtype=torch.bfloat16, recompute=recompute))

@@ -37,7 +37,7 @@ from spade.selfplay.settings import SelfPlaySettings
 from spade.train_config import from_dict
 from spade.training import (LossSettings, build_model, compute_logprobs, forward_backward, init_parallel,
                             make_micro_batches)
-from spade.training.model_io import batch_temperature
+from spade.training.forward_logprobs import batch_temperature
 from test_models_parity import checkpoint_state
 
 FP32 = BuildOptions(params_dtype=torch.float32)

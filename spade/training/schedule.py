@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .batching import MicroBatch, filler_micro_batch
-from .model_io import supports_packed_sequences
+from .forward_logprobs import supports_packed_sequences
 
 
 def device() -> torch.device:

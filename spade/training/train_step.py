@@ -39,7 +39,7 @@ from spade.config import require
 from spade.rl.loss import AGGREGATIONS, policy_loss
 
 from .batching import MicroBatch
-from .model_io import is_last_stage, micro_batch_logprobs, stage_forward
+from .forward_logprobs import is_last_stage, micro_batch_logprobs, stage_forward
 from .schedule import device as _device
 from .schedule import run_schedule
 
