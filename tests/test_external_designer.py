@@ -32,7 +32,7 @@ from spade.selfplay.designer_generators import (EndpointError, ExternalGenerator
                                                 check_endpoint)
 from spade.selfplay.designer_round import DesignerRound
 from spade.selfplay.endpoint import EndpointSettings
-from spade.selfplay.samples import derive_seed
+from spade.selfplay.seeds import derive_seed
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 

@@ -32,7 +32,7 @@ from spade.rollout.conversation import ChatFormat
 from spade.selfplay.designer_generators import LocalGenerator, TextSampling
 from spade.selfplay.designer_round import EnvSpec
 from spade.selfplay.plays import Player, PlayRequest
-from spade.selfplay.samples import role_logprob_temperature
+from spade.selfplay.trajectories import role_logprob_temperature
 from spade.selfplay.settings import SelfPlaySettings
 from spade.train_config import from_dict
 from spade.training import (LossSettings, build_model, compute_logprobs, forward_backward, init_parallel,

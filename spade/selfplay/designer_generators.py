@@ -33,7 +33,7 @@ from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
 from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
 from ..rl.samples import Trajectory
 from .endpoint import EndpointSettings
-from .samples import trajectory_of
+from .trajectories import trajectory_of
 
 if TYPE_CHECKING:
     from .settings import SelfPlaySettings

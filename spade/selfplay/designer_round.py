@@ -48,7 +48,7 @@ from ..rollout.engine import RolloutEngine
 from ..rl.samples import Trajectory
 from .designer_generators import GenerationFailed, TextGenerator, TextSampling, text_generator
 from .role_thinking import role_chat_format
-from .samples import derive_seed
+from .seeds import derive_seed
 from .settings import SelfPlaySettings
 from .step import Step
 

@@ -63,9 +63,9 @@ from .env_source import EnvSource
 from .plays import Play, Player, PlayRequest
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
-from .samples import role_logprob_temperature
 from .settings import SelfPlaySettings
 from .step import Step
+from .trajectories import role_logprob_temperature
 from .trajectory_log import TrajectoryLog
 
 STATE_VERSION = 1

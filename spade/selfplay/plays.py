@@ -22,8 +22,9 @@ from ..rl.samples import Trajectory
 from ..rollout.engine import RolloutEngine, SamplingParams
 from .designer_round import EnvSpec
 from .policy import EnginePolicy
-from .samples import derive_seed, trajectory_of
+from .seeds import derive_seed
 from .settings import SelfPlaySettings
+from .trajectories import trajectory_of
 
 
 @dataclass

@@ -32,7 +32,7 @@ from ..envs.protocol import ErrorKind, Stage
 from ..envs.rlve import ProblemSpec, RLVESandbox, RLVEWorkers, WorkerDied, WorkerTimeout, prompt_digest
 from .designer_round import EnvSpec, RegenerationResult, save_set, write_rejection
 from .rlve_settings import RLVESettings
-from .samples import derive_seed
+from .seeds import derive_seed
 from .settings import SelfPlaySettings
 
 STATE_VERSION = 1

@@ -1,4 +1,4 @@
-"""Trajectories of the self-play step and the seeds every random choice comes from.
+"""Trajectories of the self-play step, built from token-exact conversations.
 
 Agent trajectories: one per no-hint play that generated anything, the conversation's token ids
 with the loss on the agent's own tokens; the step gives each the z-score of its return among the
@@ -20,18 +20,11 @@ role's configured temperature when it is read back (:func:`role_logprob_temperat
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import Conversation
 from ..rollout.engine import SamplingParams
-
-
-def derive_seed(*parts: Any) -> int:
-    """A stable 31-bit seed from ``parts`` (same in every process and Python run)."""
-    digest = hashlib.sha256(":".join(str(part) for part in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF
 
 
 def trajectory_of(conversation: Conversation, *, logprob_temperature: float) -> Trajectory:
