@@ -28,9 +28,9 @@ from spade.designer.skills import SkillSettings
 from spade.envs.protocol import ErrorKind, Stage
 from spade.rollout.conversation import ChatFormat
 from spade.rollout.engine import GenerationResult, RolloutEngine
-from spade.selfplay.designer_generators import (EndpointError, ExternalGenerator, LocalGenerator, TextSampling,
+from spade.selfplay.text_generators import (EndpointError, ExternalGenerator, LocalGenerator, TextSampling,
                                                 check_endpoint)
-from spade.selfplay.designer_round import DesignerRound
+from spade.selfplay.designer_source import DesignerRound
 from spade.selfplay.endpoint import EndpointSettings
 from spade.selfplay.seeds import derive_seed
 from spade.selfplay.settings import SelfPlaySettings

@@ -24,7 +24,7 @@ import pytest
 from spade.cli import main
 from spade.designer.prompts import HINT_SYSTEM
 from spade.designer.skills import GAME_SKILLS
-from spade.selfplay.designer_round import EnvSpec, save_set
+from spade.selfplay.designer_source import EnvSpec, save_set
 from spade.selfplay.fixed_pool import FixedPool, read_manifest, read_pool
 from spade.selfplay.settings import SelfPlaySettings
 

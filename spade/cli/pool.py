@@ -130,7 +130,7 @@ def run_generate(args: argparse.Namespace) -> int:
     elif args.model:
         raise UsageError("--model: only with an endpoint URL as --designer (a model directory names itself)")
     if url:
-        from ..selfplay.designer_generators import check_endpoint
+        from ..selfplay.text_generators import check_endpoint
 
         check_endpoint(settings.designer_endpoint)  # answers GET {url}/models with the key, before anything is written
     if settings.use_corpus and not config.corpus.paths:

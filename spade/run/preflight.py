@@ -60,7 +60,7 @@ def preflight(config: TrainConfig) -> None:
                               "pip install rlve-gym==0.0.1 (make setup installs it)")
     if sp.memory_seed_dir is not None and not Path(sp.memory_seed_dir).is_dir():
         raise RunDirError(f"selfplay.memory_seed_dir: {sp.memory_seed_dir} is not a directory")
-    from ..selfplay.designer_generators import check_designer_endpoint
+    from ..selfplay.text_generators import check_designer_endpoint
 
     check_designer_endpoint(sp)  # selfplay.designer_endpoint answers GET {url}/models (ConfigError if not)
 

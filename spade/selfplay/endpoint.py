@@ -6,7 +6,7 @@ API (OpenAI, vLLM, SGLang, ``spade serve``, a proxy); the agent stays on our eng
 prompts keep their corpus document and memory block. Such a designer is fixed: it makes no
 trainable samples, so ``selfplay.train_designer`` must be false with an endpoint set.
 
-Requests are sent by :class:`~spade.selfplay.designer_generators.ExternalGenerator`; this module is
+Requests are sent by :class:`~spade.selfplay.text_generators.ExternalGenerator`; this module is
 only the typed settings (no network, no ``openai`` import), loaded like every config section.
 """
 

@@ -4,7 +4,7 @@ The orchestrator asks an :class:`EnvSource` for a new set at every regeneration 
 how the agent did on the set at every step; everything else of the step (plays, advantages, the
 delay buffer, memory) is the same whichever source it is. ``selfplay.env_source`` picks one:
 
-* ``designer`` (SPADE): :class:`~spade.selfplay.designer_round.DesignerRound` writes the set;
+* ``designer`` (SPADE): :class:`~spade.selfplay.designer_source.DesignerRound` writes the set;
   the only source whose regenerations carry designer trajectories.
 * ``fixed_pool`` (Fixed-env GRPO): :class:`~spade.selfplay.fixed_pool.FixedPool` draws from a directory of
   admitted environments.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from ..envs.protocol import Sandbox
-from .designer_round import EnvSpec, RegenerationResult
+from .designer_source import EnvSpec, RegenerationResult
 from .settings import ENV_SOURCES, EnvSourceName
 
 __all__ = ["ENV_SOURCES", "EnvSource", "EnvSourceName"]

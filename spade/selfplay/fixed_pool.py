@@ -70,7 +70,7 @@ from ..config import ConfigError
 from ..designer.skills import slot_skills
 from ..envs.admission import AdmissionVerdict
 from ..envs.protocol import ErrorKind, Sandbox, Stage
-from .designer_round import EnvSpec, RegenerationResult, admit_candidate, save_set, tool_report_of, write_rejection
+from .designer_source import EnvSpec, RegenerationResult, admit_candidate, save_set, tool_report_of, write_rejection
 from .seeds import derive_seed
 from .settings import SelfPlaySettings
 from .step import Step

@@ -3,7 +3,7 @@
 ``Orchestrator.run_step(step)`` runs one stage per method, in Algorithm 1's order (``step`` is a
 :class:`~.step.Step`: the updates done before it, ``s``):
 
-1. :meth:`~Orchestrator.regenerate_and_admit`, when ``step.regenerates(k)`` (:mod:`.designer_round`):
+1. :meth:`~Orchestrator.regenerate_and_admit`, when ``step.regenerates(k)`` (:mod:`.designer_source`):
    active skills of regeneration ``step.regeneration(k)``, up to ``max_attempts`` designer attempts
    per slot (all slots concurrently), admission in the sandbox, one hint per admitted environment;
    rejected candidates and the new set are written under ``run_dir``. The new set replaces the old
@@ -58,7 +58,7 @@ from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
 from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
-from .designer_round import DesignerRound, EnvSpec, RegenerationResult
+from .designer_source import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
 from .plays import Play, Player, PlayRequest
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages

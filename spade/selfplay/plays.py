@@ -20,7 +20,7 @@ from ..envs.runner import EndReason, EpisodeResult, Turn, play_episode, play_too
 from ..rollout.conversation import ChatFormat
 from ..rl.samples import Trajectory
 from ..rollout.engine import RolloutEngine, SamplingParams
-from .designer_round import EnvSpec
+from .designer_source import EnvSpec
 from .policy import EnginePolicy
 from .seeds import derive_seed
 from .settings import SelfPlaySettings

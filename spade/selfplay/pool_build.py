@@ -2,7 +2,7 @@
 from the admitted environments of earlier runs.
 
 **Generation** (:class:`PoolGenerator`, ``spade pool generate``) makes designer attempts through
-the training's own :class:`~.designer_round.DesignerRound` (the same designer prompts with corpus
+the training's own :class:`~.designer_source.DesignerRound` (the same designer prompts with corpus
 documents and memory as configured, the same admission, the same hint call), one attempt at a time
 per concurrent worker, until ``n`` environments are admitted. Attempt ``a`` is the designer round's
 slot 0 of pseudo-step ``a``, so its corpus document, memory draw and sampling seeds are derived from
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from ..designer.skills import Skill
 from ..envs.admission import AdmissionVerdict
-from .designer_round import DesignerRound, EnvSpec
+from .designer_source import DesignerRound, EnvSpec
 from .fixed_pool import GENERATION_DIR, HINT_SUFFIX, append_manifest, read_manifest, write_atomic
 from .settings import SelfPlaySettings
 

@@ -30,7 +30,7 @@ from typing import Any
 from ..config import ConfigError
 from ..envs.protocol import ErrorKind, Stage
 from ..envs.rlve import ProblemSpec, RLVESandbox, RLVEWorkers, WorkerDied, WorkerTimeout, prompt_digest
-from .designer_round import EnvSpec, RegenerationResult, save_set, write_rejection
+from .designer_source import EnvSpec, RegenerationResult, save_set, write_rejection
 from .rlve_settings import RLVESettings
 from .seeds import derive_seed
 from .settings import SelfPlaySettings

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from .designer_round import EnvSpec
+from .designer_source import EnvSpec
 from .plays import Play
 
 DIRECTORY = "trajectories"

@@ -1,4 +1,5 @@
-"""One regeneration (SPEC 1.1): designer attempts per slot, admission, hints, and the saved set.
+"""The designer's environment source (``selfplay.env_source: designer``): one regeneration (SPEC 1.1),
+that is designer attempts per slot, admission, hints, and the saved set.
 
 For each slot of the new set (slot ``i`` gets ``active[i % n_active]``) up to ``max_attempts``
 designer calls are made, one after the other; each attempt draws a fresh corpus document with an
@@ -7,7 +8,7 @@ designer prompt with the memory block for the slot's skill, generates, and runs 
 checks in the sandbox. The first admitted candidate fills the slot and gets one hint call; a slot
 whose attempts all fail stays empty. Slots run concurrently (the engine batches their calls).
 
-The designer, hint and model-screen calls go through one :class:`~.designer_generators.TextGenerator`:
+The designer, hint and model-screen calls go through one :class:`~.text_generators.TextGenerator`:
 our engine (token-exact; the designer call's trajectory becomes the designer sample), or with
 ``selfplay.designer_endpoint`` an external OpenAI-compatible endpoint (the "Fixed ED" ablation:
 same prompts, corpus documents and memory, no trajectory, nothing trained).
@@ -46,11 +47,11 @@ from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
 from ..rl.samples import Trajectory
-from .designer_generators import GenerationFailed, TextGenerator, TextSampling, text_generator
 from .role_thinking import role_chat_format
 from .seeds import derive_seed
 from .settings import SelfPlaySettings
 from .step import Step
+from .text_generators import GenerationFailed, TextGenerator, TextSampling, text_generator
 
 
 @dataclass
