@@ -182,7 +182,7 @@ def _agent_trajectory(settings, tokenizer, engine, eos) -> Trajectory:
     env = EnvSpec(env_id="e0", slot=0, skill="s", source="", hint="", class_name="GuessEnv", max_turns=2,
                   generated_step=0)
     (play,) = asyncio.run(player.play_all(0, [PlayRequest(env, False, 0)]))
-    return play.trajectory.scored(role=Role.AGENT, env_id="e0", advantage=1.0)
+    return play.trajectory.replace(role=Role.AGENT, env_id="e0", advantage=1.0)
 
 
 def _designer_trajectory(settings, tokenizer, engine, eos) -> Trajectory:
@@ -192,7 +192,7 @@ def _designer_trajectory(settings, tokenizer, engine, eos) -> Trajectory:
                             max_tokens=settings.designer_max_tokens, timeout_s=120.0, seed=11)
     messages = [{"role": "system", "content": "You design games."}, {"role": "user", "content": "Write one."}]
     generated = asyncio.run(generator.generate(messages, sampling))
-    return generated.trajectory.scored(role=Role.DESIGNER, env_id="e1", advantage=-1.0)
+    return generated.trajectory.replace(role=Role.DESIGNER, env_id="e1", advantage=-1.0)
 
 
 @pytest.mark.parametrize("temperature", [0.6, 1.0])

@@ -86,7 +86,7 @@ class Trajectory:
         """At least one target token and one loss token: something to learn from."""
         return len(self.token_ids) >= 2 and any(self.loss_mask)
 
-    def scored(self, **changes: Any) -> "Trajectory":
+    def replace(self, **changes: Any) -> "Trajectory":
         """A copy with ``changes`` (``reward``, ``advantage``, ``env_id`` ...) applied."""
         return dataclasses.replace(self, **changes)
 

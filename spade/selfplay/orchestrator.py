@@ -208,7 +208,7 @@ class Orchestrator:
                 if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
                     masked += 1
                     continue
-                out.samples.append(play.trajectory.scored(
+                out.samples.append(play.trajectory.replace(
                     role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
                     generated_step=out.step.updates_done, reward=play.episode_return, advantage=advantage))
         if s.drop_equal_return_groups:
@@ -240,8 +240,8 @@ class Orchestrator:
             self.buffer.add(n, env.env_id, env.skill, env.env_id, h, nohint)
             design = designs.get(env.env_id)
             if design is not None:  # an external designer has no trajectory: its rewards are still measured
-                self.pending_samples[env.env_id] = design.scored(role=Role.DESIGNER, env_id=env.env_id,
-                                                                 skill=env.skill, generated_step=n)
+                self.pending_samples[env.env_id] = design.replace(role=Role.DESIGNER, env_id=env.env_id,
+                                                                  skill=env.skill, generated_step=n)
 
     def update_memory(self, step: Step, plays: StepPlays) -> None:
         """6. One memory record per environment played: win rate and hint regret at this step."""
@@ -323,9 +323,9 @@ class Orchestrator:
             design = self.pending_samples.pop(entry.sample_ref, None)
             if not self.settings.train_designer or design is None or not design.trainable:
                 continue
-            out.samples.append(design.scored(role=Role.DESIGNER, env_id=entry.env_id, skill=entry.skill,
-                                             generated_step=entry.generated_step, reward=entry.reward,
-                                             advantage=advantage))
+            out.samples.append(design.replace(role=Role.DESIGNER, env_id=entry.env_id, skill=entry.skill,
+                                              generated_step=entry.generated_step, reward=entry.reward,
+                                              advantage=advantage))
 
     # ------------------------------------------------------------------ metrics
 
