@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from sglang_recording import Call, RecordingEngine, RecordingMemory
-from spade.rollout.backend import SGLangRolloutBackend
+from spade.rollout.manager import SGLangRolloutManager
 from spade.rollout.sglang.deployment import ServerPlan, SGLangDeployment
 from spade.rollout.sglang.settings import SGLangSection
 
@@ -32,14 +32,14 @@ def stream():
     return iter(WEIGHTS.items())
 
 
-def backend_over(log: list, tmp_path: Path, servers: int = 2, engine=None, memory=None) -> SGLangRolloutBackend:
+def backend_over(log: list, tmp_path: Path, servers: int = 2, engine=None, memory=None) -> SGLangRolloutManager:
     """A colocated deployment of ``servers`` recorded servers in a world of one."""
     deployment = SGLangDeployment(SGLangSection(bucket_mb=1), model_dir=tmp_path, log_dir=tmp_path,
                                   device=torch.device("cpu"), local_rank=0)
     deployment.plans = [ServerPlan(index=i, url=f"http://127.0.0.1:{40000 + i}", owner_rank=0, port=40000 + i,
                                    ipc_ranks=(0,)) for i in range(servers)]
     deployment.engine = engine or RecordingEngine(servers, log)
-    backend = SGLangRolloutBackend(deployment, is_main=True, device=torch.device("cpu"))
+    backend = SGLangRolloutManager(deployment, is_main=True, device=torch.device("cpu"))
     backend.engine = deployment.engine
     backend.use_training_memory(memory or RecordingMemory(log))
     return backend
@@ -53,7 +53,7 @@ def last(log: list, what: str, tags: tuple[str, ...] = ()) -> int:
     return max(i for i, call in enumerate(log) if call.what == what and call.tags == tags)
 
 
-async def one_step(backend: SGLangRolloutBackend, version: int, *, changed: bool = True) -> list:
+async def one_step(backend: SGLangRolloutManager, version: int, *, changed: bool = True) -> list:
     samples = await backend.switch_to_training(["sample"])
     assert samples == ["sample"]
     await backend.publish(stream, version, changed=changed)

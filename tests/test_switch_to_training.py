@@ -1,4 +1,4 @@
-"""Between the rollouts and the update, the rollout backend's three named stages, in slime's order.
+"""Between the rollouts and the update, the rollout manager's three named stages, in slime's order.
 
 ``switch_to_training`` = ``offload_engine`` (rank 0: the SGLang servers release weights and KV
 cache) -> ``share_samples`` (every rank gets rank 0's samples) -> ``onload_training`` (the
@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from sglang_recording import Call, RecordingEngine, RecordingMemory
-from spade.rollout.backend import HFRolloutBackend, SGLangRolloutBackend
+from spade.rollout.manager import HFRolloutManager, SGLangRolloutManager
 from spade.rollout.sglang.deployment import ServerPlan, SGLangDeployment
 from spade.rollout.sglang.settings import SGLangSection
 
 
-class StageLog(SGLangRolloutBackend):
-    """The real SGLang backend, its stages also written to the log as they start."""
+class StageLog(SGLangRolloutManager):
+    """The real SGLang manager, its stages also written to the log as they start."""
 
     async def offload_engine(self) -> None:
         self.deployment.engine.calls.append(Call(None, "stage:offload_engine"))
@@ -70,6 +70,6 @@ def test_a_step_without_samples_moves_no_memory(tmp_path):
 
 
 def test_the_in_process_engine_only_shares():
-    backend = HFRolloutBackend(None, is_main=True, device=torch.device("cpu"))
+    backend = HFRolloutManager(None, is_main=True, device=torch.device("cpu"))
     assert asyncio.run(backend.switch_to_training(["x"])) == ["x"]
     assert backend.step_metrics() == {}

@@ -20,7 +20,7 @@ serve rollouts from identical weights. Then every step is Algorithm 1::
 weight version the step publishes and the number of the checkpoint written after it.
 
 What each engine does around the update (release, offload, restart, weight transport) is the
-rollout backend's (``spade.rollout.backend``); what the update does (sharding over data-parallel
+rollout manager's (``spade.rollout.manager``); what the update does (sharding over data-parallel
 ranks, reference-model scoring, micro-batches) is the learner's (``spade.training.learner``).
 Every sample records the weight version that generated it (``train/policy_lag_*``).
 """
@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 
 from ..collectives import broadcast_object
-from ..rollout.backend import HFRolloutBackend, RolloutBackend, SGLangRolloutBackend
+from ..rollout.manager import HFRolloutManager, RolloutManager, SGLangRolloutManager
 from ..selfplay.step import Step
 from ..train_config import EMBEDDED, TrainConfig
 from ..training.learner import Learner, LearnerOptions
@@ -88,7 +88,7 @@ class Trainer:
         self.progress = progress
         self.rank = 0
         self.sandbox = None
-        self.rollout: Optional[RolloutBackend] = None
+        self.rollout: Optional[RolloutManager] = None
         self.learner: Optional[Learner] = None
         self.orchestrator = None
         self.memory = None
@@ -127,12 +127,12 @@ class Trainer:
         self.hf_config = json.loads((self.hf_dir / "config.json").read_text())
         if cfg.engine.kind == "sglang":
             self.progress.phase("starting", what="sglang servers")
-            self.rollout = self._sglang_backend()
+            self.rollout = self._sglang_manager()
             await self.rollout.start()
 
         self.progress.phase("starting", what="model")
         self.learner = Learner.build(self.hf_dir, self.hf_config, self.layout, self.ctx, self._learner_options())
-        if isinstance(self.rollout, SGLangRolloutBackend):
+        if isinstance(self.rollout, SGLangRolloutManager):
             self.rollout.use_training_memory(self.learner.memory)
         if self.is_main:
             from transformers import AutoTokenizer
@@ -140,7 +140,7 @@ class Trainer:
             self.progress.phase("starting", what="engine")
             self.tokenizer = AutoTokenizer.from_pretrained(self.hf_dir)
         if self.rollout is None:
-            self.rollout = HFRolloutBackend(self._hf_engine() if self.is_main else None, is_main=self.is_main,
+            self.rollout = HFRolloutManager(self._hf_engine() if self.is_main else None, is_main=self.is_main,
                                             device=self.ctx.device)
         if self.is_main:
             self._build_selfplay()
@@ -156,13 +156,13 @@ class Trainer:
                               offload=cfg.engine.kind == "sglang" and sglang.colocated and sglang.offload_training,
                               offload_on_host=os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1")
 
-    def _sglang_backend(self) -> SGLangRolloutBackend:
+    def _sglang_manager(self) -> SGLangRolloutManager:
         from ..rollout.sglang.deployment import SGLangDeployment
 
         deployment = SGLangDeployment(self.config.engine.sglang, model_dir=self.hf_dir,
                                       log_dir=self.run_dir.root / "logs", device=self.ctx.device,
                                       local_rank=self.ctx.local_rank)
-        return SGLangRolloutBackend(deployment, is_main=self.is_main, device=self.ctx.device)
+        return SGLangRolloutManager(deployment, is_main=self.is_main, device=self.ctx.device)
 
     def _hf_engine(self):
         from ..rollout import HFEngine

@@ -16,7 +16,7 @@ memory cannot fit (``memory_plan``). Then, once per step:
   EP shards gathered, other pipeline stages broadcast), for the rollout engine.
 
 ``memory`` is the training state's offloader when the rollout engine shares the GPUs (None
-otherwise): the rollout backend moves it around the engine's generation phase.
+otherwise): the rollout manager moves it around the engine's generation phase.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ through torchrun's variables (``env://``) with a default-group timeout of ``TIME
 In each scenario rank 0 takes ``DELAY_S`` (> ``TIMEOUT_S``) before it acts, as it does while it runs
 rollouts and evaluation in a real run, while rank 1 waits:
 
-1. ``samples``: rank 1 in ``share_samples`` (the rollout backend's command wait) until rank 0 shares
+1. ``samples``: rank 1 in ``share_samples`` (the rollout manager's command wait) until rank 0 shares
    the step's samples;
 2. ``recover``: rank 0 tells rank 1 to restart a server and re-send the weights, then shares the
    samples; during the CUDA-IPC weight update rank 0's post to the server takes ``DELAY_S`` while
@@ -45,7 +45,7 @@ from megatron.core import parallel_state  # noqa: E402,F401
 from sglang_recording import RecordingEngine, RecordingMemory  # noqa: E402
 from spade import collectives  # noqa: E402
 from spade.models import ParallelLayout  # noqa: E402
-from spade.rollout.backend import HFRolloutBackend, SGLangRolloutBackend  # noqa: E402
+from spade.rollout.manager import HFRolloutManager, SGLangRolloutManager  # noqa: E402
 from spade.rollout.sglang.deployment import ServerPlan, SGLangDeployment  # noqa: E402
 from spade.rollout.sglang.settings import SGLangSection  # noqa: E402
 from spade.training.parallel import init_parallel  # noqa: E402
@@ -55,7 +55,7 @@ WEIGHTS = {"embed.weight": torch.arange(24, dtype=torch.float32).reshape(6, 4),
 SAMPLES = [{"id": i, "tokens": list(range(i + 2)), "advantage": torch.tensor([0.5 * i])} for i in range(3)]
 
 
-def deployment_for(rank: int, work: Path, delay: float, log: list, phase: dict) -> SGLangRolloutBackend:
+def deployment_for(rank: int, work: Path, delay: float, log: list, phase: dict) -> SGLangRolloutManager:
     """One colocated TP=2 server whose workers are fed by ranks 0 and 1 (rank 0 holds the engine)."""
     deployment = SGLangDeployment(SGLangSection(bucket_mb=1), model_dir=work, log_dir=work,
                                   device=torch.device("cpu"), local_rank=rank)
@@ -78,7 +78,7 @@ def deployment_for(rank: int, work: Path, delay: float, log: list, phase: dict) 
 
     if rank == 0:
         deployment.engine = RecordingEngine(1, [], on_call=on_call)
-    backend = SGLangRolloutBackend(deployment, is_main=rank == 0, device=torch.device("cpu"))
+    backend = SGLangRolloutManager(deployment, is_main=rank == 0, device=torch.device("cpu"))
     backend.engine = deployment.engine
     backend.use_training_memory(RecordingMemory([], on_move=on_move))
     return backend
@@ -100,7 +100,7 @@ async def scenarios(rank: int, work: Path, delay: float) -> dict:
     cpu = torch.device("cpu")
 
     async def samples():
-        backend = HFRolloutBackend(None, is_main=rank == 0, device=cpu)
+        backend = HFRolloutManager(None, is_main=rank == 0, device=cpu)
         if rank == 0:
             await asyncio.sleep(delay)  # rollouts and evaluation
             got = await backend.switch_to_training(SAMPLES)

@@ -1,4 +1,4 @@
-"""One rollout backend per engine kind: the engine's lifecycle around a train step.
+"""One rollout manager per engine kind: the engine's lifecycle around a train step.
 
 The trainer's step reads the same for every engine::
 
@@ -7,9 +7,9 @@ The trainer's step reads the same for every engine::
     metrics = learner.update(samples)
     await rollout.publish(learner.weight_stream, version)      # the engine serves the new weights
 
-``switch_to_training`` is three stages, named as slime's loop names them: :meth:`~RolloutBackend.
-offload_engine` (rank 0: the engine gives up its device memory), :meth:`~RolloutBackend.share_samples`
-(rank 0's samples reach every rank) and :meth:`~RolloutBackend.onload_training` (every rank: the
+``switch_to_training`` is three stages, named as slime's loop names them: :meth:`~RolloutManager.
+offload_engine` (rank 0: the engine gives up its device memory), :meth:`~RolloutManager.share_samples`
+(rank 0's samples reach every rank) and :meth:`~RolloutManager.onload_training` (every rank: the
 training state back onto the device). A step without samples trains nothing, so it moves no memory.
 While rank 0 runs rollouts the other ranks wait inside ``share_samples`` for rank 0's commands: the
 samples (then it returns), or, with SGLang, "a server died: restart it and send it the current
@@ -17,9 +17,9 @@ weights" (every rank takes part in the weight sync). The commands go over the co
 (``collectives``: gloo, long timeout), so the wait may last as long as the rollouts and evaluation
 take.
 
-* :class:`HFRolloutBackend` (``engine.kind: hf``): an in-process engine on rank 0; ``publish`` copies
+* :class:`HFRolloutManager` (``engine.kind: hf``): an in-process engine on rank 0; ``publish`` copies
   the weights into it (every rank takes part in the gathers of the weight stream).
-* :class:`SGLangRolloutBackend` (``engine.kind: sglang``): owns the ``SGLangDeployment``. Before the
+* :class:`SGLangRolloutManager` (``engine.kind: sglang``): owns the ``SGLangDeployment``. Before the
   update it releases the servers' weights and KV cache (``offload_engine``) and brings the training
   state back to the device (``onload_training``); ``publish`` moves the optimizer state and gradients to host, restarts dead servers,
   resumes their weights' memory, sends the weights (CUDA IPC colocated, NCCL broadcast otherwise),
@@ -27,7 +27,7 @@ take.
   servers' KV cache and continues generation. A server that dies mid-rollout is restarted and
   re-sent the current weights (``recover``), marked healthy only afterwards.
 
-The training state's offloader reaches the SGLang backend as a :class:`TrainingMemory`; this layer
+The training state's offloader reaches the SGLang manager as a :class:`TrainingMemory`; this layer
 never imports the trainer.
 """
 
@@ -77,7 +77,7 @@ class _Command:
     servers: tuple[int, ...] = ()
 
 
-class RolloutBackend:
+class RolloutManager:
     """The lifecycle of one engine kind around a train step (see the module docstring)."""
 
     def __init__(self, *, is_main: bool, device: Any):
@@ -137,7 +137,7 @@ class RolloutBackend:
         raise RuntimeError(f"rollout command {command.kind!r} is not served by {type(self).__name__}")
 
 
-class HFRolloutBackend(RolloutBackend):
+class HFRolloutManager(RolloutManager):
     """The in-process transformers engine on rank 0 (CPU, or one GPU)."""
 
     def __init__(self, engine: Optional[RolloutEngine], *, is_main: bool, device: Any):
@@ -159,7 +159,7 @@ class HFRolloutBackend(RolloutBackend):
             self.engine.close()
 
 
-class SGLangRolloutBackend(RolloutBackend):
+class SGLangRolloutManager(RolloutManager):
     """SGLang servers launched on (or reached from) the training nodes."""
 
     def __init__(self, deployment: Any, *, is_main: bool, device: Any):
