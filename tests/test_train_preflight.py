@@ -30,7 +30,8 @@ def test_an_empty_config_is_refused_unless_defaults_are_meant(tmp_path):
 
 @pytest.mark.parametrize("body, key", [
     ("model: {hf_dir: /no/such/model}\n", "model.hf_dir"),
-    ("corpus: {paths: [/no/such/corpus.jsonl]}\n", "corpus.paths"),
+    # the smoke config leaves the document out of its prompts (use_corpus: false): the corpus is read when on
+    ("corpus: {paths: [/no/such/corpus.jsonl]}\nselfplay: {use_corpus: true}\n", "corpus.paths"),
     ("selfplay: {designer_enabled: false, fixed_env_dir: /no/such/pool}\n", "selfplay.fixed_env_dir"),
 ])
 def test_bad_inputs_fail_before_the_run_directory_exists(tmp_path, body, key):
@@ -46,7 +47,8 @@ def test_a_corpus_without_usable_records_is_refused_early(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"title": "no text field"}\n')
     config = tmp_path / "c.yaml"
-    config.write_text(f"include: {ROOT / 'examples' / 'smoke_cpu.yaml'}\ncorpus: {{paths: [{corpus}]}}\n")
+    config.write_text(f"include: {ROOT / 'examples' / 'smoke_cpu.yaml'}\ncorpus: {{paths: [{corpus}]}}\n"
+                      "selfplay: {use_corpus: true}\n")
     proc = spade_train("--config", str(config), "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 2 and "corpus" in proc.stderr
     assert not (tmp_path / "run").exists()
