@@ -39,3 +39,8 @@ def test_the_delayed_designer_window():
 def test_a_step_is_a_non_negative_integer(bad):
     with pytest.raises(ValueError, match="step: must be an integer >= 0"):
         Step(bad)
+
+
+def test_ordinal_is_the_step_as_a_person_counts_it():
+    """The console's 'step N/total' is 1 for the first step (0 updates done)."""
+    assert [Step(s).ordinal for s in (0, 1, 9)] == [1, 2, 10]

@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..selfplay.step import Step
+
 SHOW_WARNINGS_VARIABLE = "SPADE_SHOW_WARNINGS"
 
 # (category, message regex matched at the start of the warning text, why it is harmless)
@@ -175,7 +177,7 @@ def step_line(step: int, total_steps: int, metrics: Mapping[str, Any], env_sourc
     """One line that says what step ``step`` (0-based) did, from its metrics, in the words of
     ``env_source`` (``designer``, ``fixed_pool``, ``rlve``; None: see :func:`source_of`)."""
     source = source_of(metrics, env_source)
-    parts = [f"step {step + 1}/{total_steps}"]
+    parts = [f"step {Step(step).ordinal}/{total_steps}"]
     made = set_text(metrics, source)
     controller = rlve_text(metrics) if source == "rlve" else None
     if made and controller:

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
+from ..selfplay.step import Step
 from .console import step_line
 
 
@@ -66,7 +67,7 @@ class Progress:
 
     def end_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step_s = metrics.get("time/step_s")
-        if (step + 1) % self.log_every == 0 or step + 1 == self.total_steps:
+        if Step(step).after.every(self.log_every) or Step(step).ordinal == self.total_steps:
             line = step_line(step, self.total_steps, metrics, self.env_source)
             if self.tty:
                 self.message(f"[{time.strftime('%H:%M:%S')}] {line}")
@@ -94,10 +95,10 @@ class Progress:
 
     # -- drawing
     def _loud(self) -> bool:
-        return self.step is None or self.step % self.log_every == 0
+        return self.step is None or Step(self.step).every(self.log_every)
 
     def _step_text(self) -> str:
-        shown = "-" if self.step is None else str(self.step + 1)
+        shown = "-" if self.step is None else str(Step(self.step).ordinal)
         return f"{shown}/{self.total_steps}"
 
     def _counter_text(self) -> str:

@@ -1,6 +1,6 @@
 """Algorithm 1's step counter: a step is named by the policy updates done before it.
 
-The first step runs with 0 updates done, step ``s`` with ``s``. That one count is read six ways;
+The first step runs with 0 updates done, step ``s`` with ``s``. That one count is read seven ways;
 each reading has its name here, and no other module does arithmetic on a step:
 
 * :meth:`Step.regenerates` (``s % k == 0``): the step designs a new environment set;
@@ -11,6 +11,7 @@ each reading has its name here, and no other module does arithmetic on a step:
   version the engine serves next, the checkpoint written after the step, the next step;
 * :attr:`Step.last_run` (``s - 1``): the step before, what a resumed run keeps (memory records,
   trajectory files, metrics lines); -1 at the start of a run;
+* :attr:`Step.ordinal` (``s + 1``): the step as a person counts it, in the console's ``step N/total``;
 * :meth:`Step.release_step` (``s + k``), :meth:`Step.in_window` and :meth:`Step.window_overlaps`:
   when a design of this step is scored, which later steps' plays count for it, and whether two
   windows share a step (the delay buffer's rules).
@@ -51,6 +52,11 @@ class Step:
     def after(self) -> "Step":
         """The updates done once this step's update is in (weight version, checkpoint, next step)."""
         return Step(self.updates_done + 1)
+
+    @property
+    def ordinal(self) -> int:
+        """The step as a person counts it: 1 for the first step (the console's ``step N/total``)."""
+        return self.updates_done + 1
 
     @property
     def last_run(self) -> int:
