@@ -32,12 +32,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(hf_dir: Path, layout: str) -> dict[int, dict]:
+def launch(hf_dir: Path, layout: str, out_dir: Path) -> dict[int, dict]:
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
-           str(free_port()), str(WORKER), "--hf-dir", str(hf_dir), "--layout", layout]
+           str(free_port()), str(WORKER), "--hf-dir", str(hf_dir), "--layout", layout, "--out-dir", str(out_dir)]
     process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
     try:
@@ -49,10 +49,9 @@ def launch(hf_dir: Path, layout: str) -> dict[int, dict]:
     if process.returncode != 0:
         pytest.fail(f"rank_read_worker {layout} exited with {process.returncode}\n{output[-8000:]}")
     found = {}
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-            found[result["rank"]] = result
+    for path in sorted(out_dir.glob("rank*.json")):
+        result = json.loads(path.read_text())
+        found[result["rank"]] = result
     assert sorted(found) == [0, 1], output[-4000:]
     return found
 
@@ -60,7 +59,9 @@ def launch(hf_dir: Path, layout: str) -> dict[int, dict]:
 @pytest.mark.parametrize("name,layout", [("qwen3", "tp2"), ("llama-tied", "pp2")])
 def test_learner_build_reads_only_this_ranks_part(tmp_path, name, layout):
     hf_dir = save_tiny_hf(name, tmp_path / name)
-    for rank, result in launch(hf_dir, layout).items():
+    out_dir = tmp_path / "results"
+    out_dir.mkdir()
+    for rank, result in launch(hf_dir, layout, out_dir).items():
         assert result["same_names"] and not result["mismatched"], (rank, result)
         # the rank's shards (vocabulary padding rows are zeros, not read) and nothing else
         assert 0 < result["bytes_read"] <= result["shard_bytes"], (rank, result)

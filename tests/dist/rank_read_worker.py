@@ -4,7 +4,8 @@ each rank's part of the checkpoint.
 Run with ``torchrun --nproc_per_node 2 tests/dist/rank_read_worker.py --hf-dir DIR --layout tp2``.
 ``safetensors.safe_open`` is wrapped so that every tensor (part) a rank takes from the files is
 counted; the learner's parameters are compared with the shards the full-read path gives this
-rank. Prints one ``RESULT {json}`` line per rank.
+rank. Each rank writes its result to ``OUT_DIR/rank<r>.json`` (two ranks printing at once can
+interleave their lines on the shared stdout).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
     parser.add_argument("--layout", choices=sorted(LAYOUTS), required=True)
+    parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     layout = ParallelLayout(**LAYOUTS[args.layout])
     ctx = init_parallel(layout, seed=0, backend="gloo")
@@ -96,12 +98,12 @@ def main() -> None:
     expected = hf_to_megatron(full, spec, layout, RankCoords.current())
     params = {name: p.detach() for name, p in unwrap_model(learner.chunks[0]).named_parameters()}
     mismatched = sorted(name for name in expected if not torch.equal(params[name].cpu(), expected[name]))
-    print("RESULT " + json.dumps({
+    (Path(args.out_dir) / f"rank{ctx.rank}.json").write_text(json.dumps({
         "rank": ctx.rank, "bytes_read": read,
         "checkpoint_bytes": sum(t.numel() * t.element_size() for t in full.values()),
         "shard_bytes": sum(t.numel() * t.element_size() for t in expected.values()),
         "same_names": sorted(params) == sorted(expected), "mismatched": mismatched[:5],
-    }), flush=True)
+    }))
 
 
 if __name__ == "__main__":
