@@ -126,3 +126,33 @@ def test_rlve_without_its_package_is_refused_before_anything(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "Gym" else real(name, *a))
     with pytest.raises(RunDirError, match=r"selfplay\.env_source: rlve.*pip install rlve-gym==0\.0\.1"):
         preflight(config)
+
+
+SWALLOWING_LOOP = """
+import sys, time
+from pathlib import Path
+from spade.cli.train import _interrupts_say_how_to_resume, _terminate_by_exception
+_terminate_by_exception()
+with _interrupts_say_how_to_resume(Path(sys.argv[1])):
+    print("ready", flush=True)
+    while True:  # what a library's retry loop or import fallback does
+        try:
+            time.sleep(0.01)
+        except Exception:
+            pass
+"""
+
+
+def test_sigterm_is_not_swallowed_by_an_except_exception_block(tmp_path):
+    """SIGTERM arriving inside library code that catches Exception still stops the run, with 143."""
+    proc = subprocess.Popen([sys.executable, "-c", SWALLOWING_LOOP, str(tmp_path / "run")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 143, proc.stderr.read()[-2000:]
+    assert f"spade train --resume {tmp_path / 'run'}" in proc.stderr.read()

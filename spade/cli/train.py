@@ -74,6 +74,7 @@ def _terminate_by_exception():
     """SIGTERM raises ``_Terminated`` in the main thread, so the run unwinds (servers, sandbox and
     writers closed by their ``finally`` blocks) like after Ctrl-C."""
     def on_term(signum, frame):  # noqa: ARG001
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the unwinding short
         raise _Terminated()
 
     if threading.current_thread() is threading.main_thread():
@@ -81,8 +82,9 @@ def _terminate_by_exception():
     return None
 
 
-class _Terminated(Exception):
-    pass
+class _Terminated(BaseException):
+    """A BaseException, as KeyboardInterrupt is: the ``except Exception`` blocks of libraries (an
+    import fallback, a retry loop) would otherwise swallow it and the run would go on."""
 
 
 def _checked(check, config, error: type) -> None:
