@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..config import require
-from ..designer.prompts import DIFFICULTIES
+from ..designer.prompts import DIFFICULTIES, PROMPT_ORDERS
 from ..designer.skills import DOMAINS, Domain, SkillSettings
 from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_THRESHOLD, ProbeSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
@@ -200,8 +200,8 @@ class SelfPlaySettings:
                 f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
         require(self.no_corpus_prompt in ("concepts", "corpus_without_document"), key("no_corpus_prompt"),
                 f"{self.no_corpus_prompt!r} is not allowed; choose one of: concepts, corpus_without_document")
-        require(self.designer_prompt_order in ("released", "shared_prefix"), key("designer_prompt_order"),
-                f"{self.designer_prompt_order!r} is not allowed; choose one of: released, shared_prefix")
+        require(self.designer_prompt_order in PROMPT_ORDERS, key("designer_prompt_order"),
+                f"{self.designer_prompt_order!r} is not allowed; choose one of: {', '.join(PROMPT_ORDERS)}")
         require(self.env_source in ENV_SOURCES, key("env_source"),
                 f"{self.env_source!r} is not allowed; choose one of: {', '.join(ENV_SOURCES)}")
         if self.env_source == "designer" and not self.designer_enabled:
