@@ -194,9 +194,11 @@ def difficulty_line(request: DesignerRequest) -> str:
            f"{DIFFICULTIES[request.difficulty]}."
 
 
-def _with_memory(parts: list[str], request: DesignerRequest) -> list[Message]:
+def _with_memory(parts: list[str], request: DesignerRequest, after: tuple[str, ...] = ()) -> list[Message]:
+    """The designer messages: ``parts``, then the memory block (when there is one), then ``after``."""
     if request.memory_block:
         parts.append(request.memory_block)
+    parts.extend(after)
     return [{"role": "system", "content": DESIGNER_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
@@ -229,10 +231,7 @@ def designer_messages(request: DesignerRequest, *, no_corpus: str | None = None,
         # the same sections, the document moved behind everything one regeneration's slots share
         parts = ["You are given a reference document (at the end). Build an interactive, multi-turn Python game "
                  "environment around a concept or technique from it.", GAME_SPEC, difficulty_line(request)]
-        if request.memory_block:
-            parts.append(request.memory_block)
-        parts += [f"<document>\n{request.document}\n</document>", _CLOSING]
-        return [{"role": "system", "content": DESIGNER_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+        return _with_memory(parts, request, after=(f"<document>\n{request.document}\n</document>", _CLOSING))
     else:
         parts = ["You are given a reference document. Build an interactive, multi-turn Python game environment "
                  "around a concept or technique from it.\n\n"
