@@ -40,7 +40,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Optional, Sequence
 
 from spade.rollout.conversation import thinking_template_kwargs
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
@@ -314,19 +314,14 @@ class ModelService:
                 unsent[i] = []
             return sent
 
+        def usage(completion_tokens: int) -> bytes:
+            return chunk([], usage=protocol.usage(len(prepared.prompt_ids), completion_tokens))
+
         yield chunk([delta(i, {"role": "assistant", "content": ""}) for i in range(n)])
-        async with self._streams([prepared], request.sampling) as steps:
-            async for item in steps:
-                if isinstance(item, APIError):
-                    yield _event(item.body())
-                    yield _DONE
-                    return
-                k, step, final = item
-                for event in events(k, step, final):
-                    yield event
-            if request.include_usage:
-                yield chunk([], usage=protocol.usage(len(prepared.prompt_ids), steps.completion_tokens))
-        yield _DONE
+        async with contextlib.aclosing(self._step_events(
+                [prepared], request.sampling, events, usage if request.include_usage else None)) as rest:
+            async for event in rest:
+                yield event
 
     # ------------------------------------------------------------------ completions
 
@@ -386,24 +381,42 @@ class ModelService:
                 body["usage"] = None
             return _event(body)
 
+        def events(k: int, step: Delta, final: bool) -> list[bytes]:
+            if step.text or step.logprobs or final:
+                return [chunk(k, step.text, step.finish_reason if final else None, step.logprobs)]
+            return []
+
+        def usage(completion_tokens: int) -> bytes:
+            return _event({**head, "choices": [], "usage": protocol.usage(prompt_tokens, completion_tokens)})
+
         for k, text in enumerate(echo):
             if text:
                 yield chunk(k, text)
-        async with self._streams(prepared, request.sampling) as steps:
+        async with contextlib.aclosing(self._step_events(
+                prepared, request.sampling, events, usage if request.include_usage else None)) as rest:
+            async for event in rest:
+                yield event
+
+    # ------------------------------------------------------------------ streaming choices
+
+    async def _step_events(self, prepared: Sequence[_Prepared], sampling: Sampling,
+                           events: Callable[[int, Delta, bool], list[bytes]],
+                           usage: Optional[Callable[[int], bytes]]) -> AsyncIterator[bytes]:
+        """The rest of a streamed response: ``events(k, step, final)`` for every step of the
+        choices, then ``usage(completion tokens)`` when given, then ``[DONE]``; at an engine error,
+        its error event and ``[DONE]`` instead."""
+        async with self._streams(prepared, sampling) as steps:
             async for item in steps:
                 if isinstance(item, APIError):
                     yield _event(item.body())
                     yield _DONE
                     return
                 k, step, final = item
-                if step.text or step.logprobs or final:
-                    yield chunk(k, step.text, step.finish_reason if final else None, step.logprobs)
-            if request.include_usage:
-                yield _event({**head, "choices": [], "usage": protocol.usage(
-                    prompt_tokens, steps.completion_tokens)})
+                for event in events(k, step, final):
+                    yield event
+            if usage is not None:
+                yield usage(steps.completion_tokens)
         yield _DONE
-
-    # ------------------------------------------------------------------ streaming choices
 
     @contextlib.asynccontextmanager
     async def _streams(self, prepared: Sequence[_Prepared], sampling: Sampling) -> AsyncIterator["_Steps"]:
