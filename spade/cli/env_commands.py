@@ -24,7 +24,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ..agent.actions import parse_action
 from ..agent.tool_calls import CLOSE, OPEN, Qwen3ToolCallParser, UnknownToolFormat, parser_for_template
@@ -32,7 +32,7 @@ from ..designer.extract import extract_code
 from ..envs.admission import admit, not_text_error
 from ..envs.protocol import EnvFault, InfrastructureFault, episode_return
 from ..envs.runner import DEFAULT_MAX_TURNS, EpisodeResult, StopEpisode, play_tool_episode, turn_budget
-from ..envs.sandbox.client import SandboxService
+from ..envs.sandbox.client import SandboxedEnv, SandboxService
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from ..envs.tool_use.local import is_tool_source
 from .common import UsageError, read_text, sandbox_config
@@ -416,67 +416,66 @@ def typed_response(line: str, tool_names: list[str]) -> str:
     return text
 
 
-async def _play_tool(args: argparse.Namespace, source: str, parser: Any) -> int:
+async def _play_in_sandbox(args: argparse.Namespace, source: str,
+                           play: Callable[[SandboxedEnv], Awaitable[int]]) -> int:
+    """Open ``source`` in a sandbox and return ``play(env)``'s exit status; an environment fault
+    is printed and exits 1 (a fault of the sandbox itself propagates)."""
     async with await SandboxService.start(sandbox_config(args)) as service:
         try:
-            env = await service.open(source, max_turns=args.max_turns)
-            print(f"{env.class_name} (tool environment, {parser.name} tool-call parser). Type a response: "
-                  f"<tool_call>\\n{{\"name\": ..., \"arguments\": {{...}}}}\\n</tool_call> (\\n: a new line), "
-                  f"or TOOL {{json arguments}}; "
-                  f"answer TEXT (or <answer>TEXT</answer>) to finish; 'quit' or Ctrl-D ends.\ntools:")
-            episode = await play_tool_episode(env, _Typed([]), parser=parser, seed=args.seed,
-                                              max_turns=args.max_turns)
-            report = _tool_report(episode, env, [], parser)
-            if episode.turns and episode.end_reason.value in ("terminated", "truncated"):
-                print(episode.turns[-1].observation)
-            rewards = ", ".join(f"{step['reward']:g}" for step in report["steps"])
-            print(f"rewards per turn: {rewards or 'none'}; ended: {report['end_reason']}")
-            print(f"return: {report['return']:g}")
-            await env.close()
-            if episode.error is not None:
-                print(f"the environment failed: {episode.error.kind.value}: {episode.error.message}", file=sys.stderr)
-                return 1
+            return await play(await service.open(source, max_turns=args.max_turns))
         except InfrastructureFault:
             raise
         except EnvFault as fault:
             print(f"the environment failed: {fault}", file=sys.stderr)
             return 1
+
+
+async def _play_tool(env: SandboxedEnv, args: argparse.Namespace, parser: Any) -> int:
+    print(f"{env.class_name} (tool environment, {parser.name} tool-call parser). Type a response: "
+          f"<tool_call>\\n{{\"name\": ..., \"arguments\": {{...}}}}\\n</tool_call> (\\n: a new line), "
+          f"or TOOL {{json arguments}}; "
+          f"answer TEXT (or <answer>TEXT</answer>) to finish; 'quit' or Ctrl-D ends.\ntools:")
+    episode = await play_tool_episode(env, _Typed([]), parser=parser, seed=args.seed,
+                                      max_turns=args.max_turns)
+    report = _tool_report(episode, env, [], parser)
+    if episode.turns and episode.end_reason.value in ("terminated", "truncated"):
+        print(episode.turns[-1].observation)
+    rewards = ", ".join(f"{step['reward']:g}" for step in report["steps"])
+    print(f"rewards per turn: {rewards or 'none'}; ended: {report['end_reason']}")
+    print(f"return: {report['return']:g}")
+    await env.close()
+    if episode.error is not None:
+        print(f"the environment failed: {episode.error.kind.value}: {episode.error.message}", file=sys.stderr)
+        return 1
     return 0
 
 
 def run_play(args: argparse.Namespace) -> int:
     source = _read_source(args.path)
     if is_tool_source(source):
-        return asyncio.run(_play_tool(args, source, tool_parser(args)))
-    return asyncio.run(_play(args, source))
+        parser = tool_parser(args)
+        return asyncio.run(_play_in_sandbox(args, source, lambda env: _play_tool(env, args, parser)))
+    return asyncio.run(_play_in_sandbox(args, source, lambda env: _play(env, args)))
 
 
-async def _play(args: argparse.Namespace, source: str) -> int:
-    async with await SandboxService.start(sandbox_config(args)) as service:
-        try:
-            env = await service.open(source, max_turns=args.max_turns)
-            print(f"{env.class_name} (type an action, with or without \\boxed{{}}; 'quit' or Ctrl-D ends)\n")
-            print((await env.reset(seed=args.seed)).observation)
-            rewards: list[float] = []
-            terminated = False
-            for turn in range(1, turn_budget(args.max_turns, env.max_turns) + 1):
-                line = await asyncio.to_thread(_prompt, turn)
-                if line is None or line.strip().lower() in ("quit", "exit"):
-                    break
-                result = await env.step(parse_action(line))
-                rewards.append(result.reward)
-                print(f"{result.observation}\n[reward {result.reward:g}]")
-                if result.terminated or result.truncated:
-                    terminated = result.terminated
-                    print("The episode is over (terminated)." if terminated else "The episode is over (truncated).")
-                    break
-            print(f"return: {episode_return(rewards, terminated):g}")
-            await env.close()
-        except InfrastructureFault:
-            raise
-        except EnvFault as fault:
-            print(f"the environment failed: {fault}", file=sys.stderr)
-            return 1
+async def _play(env: SandboxedEnv, args: argparse.Namespace) -> int:
+    print(f"{env.class_name} (type an action, with or without \\boxed{{}}; 'quit' or Ctrl-D ends)\n")
+    print((await env.reset(seed=args.seed)).observation)
+    rewards: list[float] = []
+    terminated = False
+    for turn in range(1, turn_budget(args.max_turns, env.max_turns) + 1):
+        line = await asyncio.to_thread(_prompt, turn)
+        if line is None or line.strip().lower() in ("quit", "exit"):
+            break
+        result = await env.step(parse_action(line))
+        rewards.append(result.reward)
+        print(f"{result.observation}\n[reward {result.reward:g}]")
+        if result.terminated or result.truncated:
+            terminated = result.terminated
+            print("The episode is over (terminated)." if terminated else "The episode is over (truncated).")
+            break
+    print(f"return: {episode_return(rewards, terminated):g}")
+    await env.close()
     return 0
 
 
