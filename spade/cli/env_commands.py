@@ -30,7 +30,7 @@ from ..agent.actions import parse_action
 from ..agent.tool_calls import CLOSE, OPEN, Qwen3ToolCallParser, UnknownToolFormat, parser_for_template
 from ..designer.extract import extract_code
 from ..envs.admission import admit, not_text_error
-from ..envs.protocol import EnvFault, InfrastructureFault, episode_return
+from ..envs.protocol import EnvError, EnvFault, InfrastructureFault, episode_return
 from ..envs.runner import DEFAULT_MAX_TURNS, EpisodeResult, StopEpisode, play_tool_episode, turn_budget
 from ..envs.sandbox.client import SandboxedEnv, SandboxService
 from ..envs.tool_use.admission import ToolAdmissionSettings
@@ -238,9 +238,13 @@ async def _run(args: argparse.Namespace, source: str, actions: list[str]) -> dic
             report["return"] = episode_return([step["reward"] for step in steps], terminated)
             await env.close()
         except EnvFault as fault:
-            error = fault.error
-            report["error"] = {"kind": error.kind.value, "stage": error.stage.value, "message": error.message}
+            report["error"] = _error_fields(fault.error)
     return report
+
+
+def _error_fields(error: EnvError) -> dict[str, str]:
+    """An environment error as the run reports print and write it."""
+    return {"kind": error.kind.value, "stage": error.stage.value, "message": error.message}
 
 
 def _print_run(report: dict[str, Any]) -> None:
@@ -300,8 +304,7 @@ def _tool_report(episode: EpisodeResult, env: Any, tools: list[dict[str, Any]], 
               "steps": _tool_steps(episode), "end_reason": episode.end_reason.value, "stop_detail": episode.stop_detail,
               "return": episode_return(episode.rewards, terminated), "error": None}
     if episode.error is not None:
-        error = episode.error
-        report["error"] = {"kind": error.kind.value, "stage": error.stage.value, "message": error.message}
+        report["error"] = _error_fields(episode.error)
     return report
 
 
@@ -319,8 +322,7 @@ async def _run_tool(args: argparse.Namespace, source: str, responses: list[str],
             report = _tool_report(episode, env, tools, parser)
             await env.close()
         except EnvFault as fault:
-            error = fault.error
-            report["error"] = {"kind": error.kind.value, "stage": error.stage.value, "message": error.message}
+            report["error"] = _error_fields(fault.error)
     return report
 
 
