@@ -190,11 +190,11 @@ def hf_state(model, spec, layout) -> dict[str, torch.Tensor]:
     """The model's full HF-named tensors (gathered over TP; this rank's stage / experts only)."""
     import megatron_patches
     from spade.models import RankCoords
-    from spade.models.loading import group_gather, hf_weights
+    from spade.models.loading import RankExport, group_gather, hf_weights
 
     with megatron_patches.cpu_device_mode():
-        return {name: t.clone() for name, t in hf_weights(model, spec, layout, RankCoords.current(),
-                                                          group_gather())}
+        return {name: t.clone() for name, t in hf_weights(model, spec,
+                                                          RankExport(layout, RankCoords.current(), group_gather()))}
 
 
 def batch(seed: int, rows: int = 2, length: int = 12) -> torch.Tensor:

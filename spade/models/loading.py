@@ -2,7 +2,8 @@
 
 ``load_hf_state`` copies this rank's shards (``weight_map.hf_to_megatron``) into a model and
 insists that every parameter was covered. ``hf_weights`` reads a model's local parameters and
-yields ``(hf_name, full tensor)`` through ``weight_map.iter_hf_weights``; ``group_gather`` builds
+yields ``(hf_name, full tensor)`` through ``weight_map.iter_hf_weights`` (the rank's place and
+gather in a :class:`RankExport`); ``group_gather`` builds
 the all-gather that needs, from Megatron's TP / expert-TP process groups. DDP and Float16Module
 wrappers are unwrapped first.
 """
@@ -10,6 +11,7 @@ wrappers are unwrapped first.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional
 
 import torch
@@ -80,18 +82,23 @@ def _all_gather(tensor: Tensor, group) -> list[Tensor]:
     return out
 
 
+@dataclass(frozen=True)
+class RankExport:
+    """How one rank's parameters become HF tensors: the model's parallel layout, this rank's
+    coordinates in it, the all-gather over its TP / expert-TP groups (``group_gather``; may be
+    omitted when both sizes are 1) and the model's Megatron naming."""
+
+    layout: ParallelLayout = ParallelLayout()
+    coords: RankCoords = RankCoords()
+    gather: Optional[Gather] = None
+    naming: MegatronNaming = MegatronNaming()
+
+
 @torch.no_grad()
-def hf_weights(
-    model: torch.nn.Module,
-    spec: ModelSpec,
-    layout: ParallelLayout = ParallelLayout(),
-    coords: RankCoords = RankCoords(),
-    gather: Optional[Gather] = None,
-    naming: MegatronNaming = MegatronNaming(),
-) -> Iterator[tuple[str, Tensor]]:
+def hf_weights(model: torch.nn.Module, spec: ModelSpec, rank: RankExport = RankExport()) -> Iterator[tuple[str, Tensor]]:
     """(HF name, full tensor) for the parameters this rank's stage / expert rank owns."""
     local = {name: param.detach() for name, param in _unwrap(model).named_parameters()}
-    yield from iter_hf_weights(local, spec, layout, coords, gather, naming)
+    yield from iter_hf_weights(local, spec, rank.layout, rank.coords, rank.gather, rank.naming)
 
 
 def ep_all_gather() -> "EPGather":
@@ -143,10 +150,7 @@ class StageBroadcast:
 def all_hf_weights(
     model: torch.nn.Module,
     spec: ModelSpec,
-    layout: ParallelLayout = ParallelLayout(),
-    coords: RankCoords = RankCoords(),
-    gather: Optional[Gather] = None,
-    naming: MegatronNaming = MegatronNaming(),
+    rank: RankExport = RankExport(),
     ep_gather: Optional[EPGather] = None,
     stages: Optional[StageBroadcast] = None,
 ) -> Iterator[tuple[str, Tensor]]:
@@ -159,14 +163,15 @@ def all_hf_weights(
     order at the place the local experts would have been; stages follow each other in order.
     Every rank of the world must iterate to the end.
     """
+    layout = rank.layout
     if layout.pp == 1:
-        yield from _stage_weights(model, spec, layout, coords, gather, naming, ep_gather)
+        yield from _stage_weights(model, spec, rank, ep_gather)
         return
     if stages is None:
         raise ValueError(f"pipeline parallelism pp={layout.pp}: pass stages (StageBroadcast)")
     for stage in range(layout.pp):
-        if stage == coords.pp:
-            for name, tensor in _stage_weights(model, spec, layout, coords, gather, naming, ep_gather):
+        if stage == rank.coords.pp:
+            for name, tensor in _stage_weights(model, spec, rank, ep_gather):
                 stages.header((name, tuple(tensor.shape), tensor.dtype), stage)
                 yield name, stages.tensor(tensor, stage, tensor.shape, tensor.dtype)
             stages.header(None, stage)
@@ -176,16 +181,19 @@ def all_hf_weights(
             yield name, stages.tensor(None, stage, shape, dtype)
 
 
-def _stage_weights(model, spec, layout, coords, gather, naming, ep_gather) -> Iterator[tuple[str, Tensor]]:
+def _stage_weights(model: torch.nn.Module, spec: ModelSpec, rank: RankExport,
+                   ep_gather: Optional[EPGather]) -> Iterator[tuple[str, Tensor]]:
     """This stage's tensors with every expert-parallel rank's experts."""
-    stream = hf_weights(model, spec, layout, coords, gather, naming)
+    layout, coords = rank.layout, rank.coords
+    stream = hf_weights(model, spec, rank)
     if layout.ep == 1:
         yield from stream
         return
     if ep_gather is None:
         raise ValueError(f"expert parallelism ep={layout.ep}: pass ep_gather")
     names_by_rank = [
-        [name for b in bindings(spec, layout, dataclasses.replace(coords, ep=e), naming) if b.export for name in b.hf]
+        [name for b in bindings(spec, layout, dataclasses.replace(coords, ep=e), rank.naming) if b.export
+         for name in b.hf]
         for e in range(layout.ep)
     ]
     for index, (name, tensor) in enumerate(stream):

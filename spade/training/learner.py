@@ -149,7 +149,7 @@ class Learner:
         offloaded parameters are brought back to the device first."""
         from ..models import RankCoords
         from ..models.builder import naming_for
-        from ..models.loading import StageBroadcast, all_hf_weights, ep_all_gather, group_gather
+        from ..models.loading import RankExport, StageBroadcast, all_hf_weights, ep_all_gather, group_gather
 
         if len(self.model.chunks) > 1:
             raise NotImplementedError("weight sync with virtual pipeline stages (several model chunks per rank)")
@@ -157,8 +157,9 @@ class Learner:
             self.memory.onload_params()
         layout = self.layout
         gather = group_gather() if max(layout.tp, layout.expert_tp) > 1 else None
-        return all_hf_weights(self.model.chunks[0], self.spec, layout, RankCoords.current(), gather,
-                              naming_for(self.build_options), ep_gather=ep_all_gather() if layout.ep > 1 else None,
+        return all_hf_weights(self.model.chunks[0], self.spec,
+                              RankExport(layout, RankCoords.current(), gather, naming_for(self.build_options)),
+                              ep_gather=ep_all_gather() if layout.ep > 1 else None,
                               stages=StageBroadcast(self.ctx.device) if layout.pp > 1 else None)
 
     # ------------------------------------------------------------------ checkpoints

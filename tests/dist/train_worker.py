@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from spade.models import ParallelLayout, RankCoords  # noqa: E402
 from spade.models.builder import BuildOptions, naming_for  # noqa: E402
-from spade.models.loading import StageBroadcast, all_hf_weights, ep_all_gather, group_gather  # noqa: E402
+from spade.models.loading import RankExport, StageBroadcast, all_hf_weights, ep_all_gather, group_gather  # noqa: E402
 from spade.models.weight_map import iter_hf_weights  # noqa: E402
 from spade.training import (  # noqa: E402
     LossSettings,
@@ -131,7 +131,7 @@ def run_case(name: str, case: Case, reference: bool, out_dir: Path) -> dict:
     )
     # what live weight sync streams: the whole model on every rank
     full = {name: tensor.clone() for name, tensor in all_hf_weights(
-        model.chunks[0], spec, layout, RankCoords.current(), group_gather(), naming_for(model.options),
+        model.chunks[0], spec, RankExport(layout, RankCoords.current(), group_gather(), naming_for(model.options)),
         ep_gather=ep_all_gather(), stages=StageBroadcast(ctx.device) if layout.pp > 1 else None)}
     multiple = layout.tp if layout.sequence_parallel else 1
     samples = make_samples(case.per_token_advantages)
