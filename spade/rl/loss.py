@@ -20,12 +20,16 @@ KL_CLAMP = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
-class LossMetrics:
-    """Diagnostics of one ``policy_loss`` call, computed without gradients over masked tokens.
+class LossStats:
+    """The loss statistics that one ``policy_loss`` call (:class:`LossMetrics`) and a whole train
+    step (``spade.training.train_step.LossSummary``) report, computed without gradients over
+    masked tokens.
 
     A token counts as *masked* (trained on) where ``loss_mask`` is non-zero. Every mean below is
     a plain mean over those tokens; with no masked token at all, every value is 0.0.
 
+    - ``loss``: the value returned as the loss.
+    - ``pg_loss``: the policy-gradient part of the loss (no KL), aggregated like the loss.
     - ``clip_frac_low``: share of masked tokens with ``A < 0`` and ``ratio < 1 - eps_low``
       (the clipped branch is selected, so the token gives no policy gradient).
     - ``clip_frac_high``: share of masked tokens with ``A > 0`` and ``ratio > 1 + eps_high``.
@@ -40,22 +44,18 @@ class LossMetrics:
       policy drew, mean of ``exp(d) - d - 1`` with ``d = old_logprobs - rollout_logprobs`` (verl's
       ``rollout_corr/k3_kl``); 0.0 without rollout log-probs. Both are ~0 when the engine and the
       trainer hold the same weights and compute the same distribution.
-    - ``pg_loss``: the policy-gradient part of the loss (no KL), aggregated like the loss.
-    - ``loss``: the value returned as the loss.
-    - ``num_tokens``: number of masked tokens.
     """
 
+    loss: float
+    pg_loss: float
     clip_frac_low: float
     clip_frac_high: float
     ratio_mean: float
     tis_weight_mean: float
     tis_clip_frac: float
     kl_mean: float
-    pg_loss: float
-    loss: float
-    num_tokens: float
-    rollout_logprob_abs_diff: float = 0.0
-    rollout_kl: float = 0.0
+    rollout_logprob_abs_diff: float
+    rollout_kl: float
 
     @property
     def clip_frac(self) -> float:
@@ -66,6 +66,19 @@ class LossMetrics:
         out = dataclasses.asdict(self)
         out["clip_frac"] = self.clip_frac
         return out
+
+
+# The statistics that are means over masked tokens (all but the two losses): a train step weights
+# each micro-batch's value by its masked tokens.
+TOKEN_MEANS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LossStats) if f.name not in ("loss", "pg_loss"))
+
+
+@dataclasses.dataclass(frozen=True)
+class LossMetrics(LossStats):
+    """Diagnostics of one ``policy_loss`` call (:class:`LossStats`) and its number of masked
+    tokens, ``num_tokens``."""
+
+    num_tokens: float
 
 
 def policy_loss(

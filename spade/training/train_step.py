@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from spade.config import require
-from spade.rl.loss import AGGREGATIONS, policy_loss
+from spade.rl.loss import AGGREGATIONS, TOKEN_MEANS, LossStats, policy_loss
 
 from .batching import MicroBatch
 from .forward_logprobs import is_last_stage, micro_batch_logprobs, stage_forward
@@ -67,26 +67,13 @@ class LossSettings:
 
 
 @dataclass(frozen=True)
-class LossSummary:
-    """Loss metrics of a whole step (global batch), as ``LossMetrics`` would give for one call."""
+class LossSummary(LossStats):
+    """Loss statistics of a whole step (global batch), as ``LossMetrics`` would give for one call,
+    with the step's masked tokens, all tokens and samples."""
 
-    loss: float
-    pg_loss: float
-    clip_frac_low: float
-    clip_frac_high: float
-    ratio_mean: float
-    tis_weight_mean: float
-    tis_clip_frac: float
-    kl_mean: float
-    rollout_logprob_abs_diff: float
-    rollout_kl: float
     loss_tokens: int
     tokens: int
     samples: int
-
-    @property
-    def clip_frac(self) -> float:
-        return self.clip_frac_low + self.clip_frac_high
 
 
 @dataclass(frozen=True)
@@ -104,9 +91,7 @@ class TrainStepMetrics(LossSummary):
         return out
 
 
-_TOKEN_WEIGHTED = ("clip_frac_low", "clip_frac_high", "ratio_mean", "tis_weight_mean", "tis_clip_frac", "kl_mean",
-                   "rollout_logprob_abs_diff", "rollout_kl")
-_FIELDS = ("loss", "pg_loss", *_TOKEN_WEIGHTED, "count", "loss_tokens", "tokens", "samples")
+_FIELDS = ("loss", "pg_loss", *TOKEN_MEANS, "count", "loss_tokens", "tokens", "samples")
 
 
 class _Totals:
@@ -120,7 +105,7 @@ class _Totals:
         row = dict(loss=metrics.loss * count, pg_loss=metrics.pg_loss * count, count=count,
                    loss_tokens=tokens, tokens=micro_batch.num_tokens,
                    samples=len(micro_batch.sample_indices))
-        row.update({name: getattr(metrics, name) * tokens for name in _TOKEN_WEIGHTED})
+        row.update({name: getattr(metrics, name) * tokens for name in TOKEN_MEANS})
         self.values += torch.tensor([row[name] for name in _FIELDS], dtype=torch.float64)
 
     def add_counts(self, micro_batch: MicroBatch) -> None:
@@ -143,7 +128,7 @@ class _Totals:
         return LossSummary(
             loss=total["loss"] / count,
             pg_loss=total["pg_loss"] / count,
-            **{name: total[name] / tokens for name in _TOKEN_WEIGHTED},
+            **{name: total[name] / tokens for name in TOKEN_MEANS},
             loss_tokens=int(round(total["loss_tokens"])),
             tokens=int(round(total["tokens"])),
             samples=int(round(total["samples"])),
