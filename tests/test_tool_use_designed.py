@@ -329,7 +329,8 @@ def test_an_admitted_environment_turning_hostile_in_play_is_a_failed_play(sandbo
     from spade.envs.runner import EndReason, play_tool_episode
 
     source = SNEAKY.replace("HOSTILE", body)
-    verdict = sandbox.run(admit(sandbox.service, source, max_turns=5, require_tool_env=True))
+    # the degenerate-policy probes call set_mode with the "b" the first instruction names: off here
+    verdict = sandbox.run(admit(sandbox.service, source, max_turns=5, require_tool_env=True, probes=None))
     assert verdict.admitted and verdict.tool_use, verdict.error
 
     replies = iter(['<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>',

@@ -122,6 +122,7 @@ selfplay:
   designer_max_tokens: 16
   max_turns: 2
   max_context_tokens: {16384 if designer else 4096}
+  admission_probes: false   # QuickAnswerEnv accepts any answer on purpose (the probes would reject it)
 sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
 corpus: {{paths: [examples/corpus/demo.jsonl.gz], max_words: 4000}}
 engine: {{max_batch_size: 1}}   # batch-invariant rollout log-probs: exact resume down to the last bit

@@ -170,7 +170,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
 
             try:
                 report = await tool_stages(env, code, tool_settings or ToolAdmissionSettings(), timer.timings,
-                                           screen=screen, clock=clock)
+                                           screen=screen, clock=clock, probes=probes, max_turns=max_turns)
             except ToolRejection as rejection:
                 raise _Rejection(rejection.error) from None
             except InfrastructureFault:

@@ -6,13 +6,17 @@
    one required parameter (distractor tools are allowed, nothing checks they go unused).
 2. ``reset_gate``: reject when some criterion raises on the freshly reset state under every one of
    seeds 0, 1, 2 (one seed raising is a quirk of that draw; all three is a broken criterion).
-3. ``tool_probes`` (beyond the paper; reported in every verdict, a rejection only when switched on):
+3. ``degenerate_probe`` (spade's addition, issue 23; on with the games probes, off with
+   ``selfplay.admission_probes: false`` or ``admission_paper_exact``): answering done without a tool
+   call, or calling one tool over and over, must not complete the instructions
+   (:mod:`.degenerate_probes`); a policy that does is named in the ``degenerate_win`` rejection.
+4. ``tool_probes`` (beyond the paper; reported in every verdict, a rejection only when switched on):
    criteria already true at reset; criteria that no probe call changes (each tool called once on a
    fresh reset with arguments built from its schema: the first enum value, else a placeholder of
    the declared type); instructions whose criterion holds after every probe call (met by any
    first call). The probes are a coarse screen: a placeholder argument rarely names a real record,
    so "unchangeable" over-reports; that is why the default keeps the paper's behaviour.
-4. ``model_screen``: an injected callable (the policy through the engine) judges whether every
+5. ``model_screen``: an injected callable (the policy through the engine) judges whether every
    criterion can be met with the tools; ``None`` (no verdict: timeout, unparsable reply, no
    engine) counts as accept, ``False`` rejects.
 
@@ -26,7 +30,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..degenerate_probes import ProbeReport, ProbeSettings
 from ..protocol import EnvError, ErrorKind, Stage
+from .degenerate_probes import run_tool_probes, win_message
 
 GATE_SEEDS = (0, 1, 2)
 MIN_TOOLS, MAX_TOOLS = 3, 8
@@ -65,11 +71,13 @@ class ToolReport:
     trivial: list[int] = field(default_factory=list)
     gate_errors: dict[int, int] = field(default_factory=dict)  # criterion -> seeds on which it raised
     screen: Optional[bool] = None  # the model screen's verdict (None: no verdict or not asked)
+    probes: Optional[ProbeReport] = None  # the degenerate-policy probes' scores (None: probes off)
 
     def to_json(self) -> dict[str, Any]:
         return {"tools": self.tools, "instructions": self.instructions, "true_at_reset": self.true_at_reset,
                 "unchangeable": self.unchangeable, "trivial": self.trivial,
-                "gate_errors": {str(k): v for k, v in self.gate_errors.items()}, "screen": self.screen}
+                "gate_errors": {str(k): v for k, v in self.gate_errors.items()}, "screen": self.screen,
+                "probe_report": None if self.probes is None else self.probes.to_json()}
 
 
 class ToolRejection(Exception):
@@ -150,8 +158,10 @@ def probe_arguments(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 async def tool_stages(env: Any, source: str, settings: ToolAdmissionSettings, timings: dict[str, float],
-                      screen: ModelScreen | None = None, clock: Any = None) -> ToolReport:
-    """Run stages 1-4 on an open tool environment; raises :class:`ToolRejection` with the stage.
+                      screen: ModelScreen | None = None, clock: Any = None, probes: ProbeSettings | None = None,
+                      max_turns: int | None = None) -> ToolReport:
+    """Run stages 1-5 on an open tool environment; raises :class:`ToolRejection` with the stage.
+    ``probes`` None leaves out the degenerate-policy probes; ``max_turns`` is the run's turn budget.
 
     ``env`` is a ``ToolEnvInstance``; sandbox faults propagate as ``EnvFault`` (the caller labels
     them with the stage it is in, read from ``timings``' last key) or ``InfrastructureFault``.
@@ -184,6 +194,12 @@ async def tool_stages(env: Any, source: str, settings: ToolAdmissionSettings, ti
             raise ToolRejection(EnvError(ErrorKind.CRITERION_ERROR, Stage.RESET_GATE,
                                          f"criteria {broken} raise on the freshly reset state under every "
                                          f"seed of {list(GATE_SEEDS)}"))
+    if probes is not None:
+        with clock(Stage.DEGENERATE_PROBE):
+            report.probes = await run_tool_probes(env, schemas.tools, report.instructions, probes,
+                                                  max_turns=max_turns)
+        if report.probes.winner is not None:
+            raise ToolRejection(EnvError(ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE, win_message(report.probes)))
     with clock(Stage.TOOL_PROBES):
         await env.reset(seed=settings.probe_seed)
         at_reset = [c.value for c in (await env.criteria()).criteria]

@@ -1,0 +1,202 @@
+"""Admission's degenerate-policy probes for tool environments (issue 23) through the real sandbox.
+
+Answering done without a tool call, or calling one tool over and over, must not complete the
+instructions: environments where it does are rejected as ``degenerate_win`` naming the policy;
+the example tool environments and the tests' honest fixture are admitted with every policy's
+score in the tool report. The games probes' switches govern these too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_harness
+from spade.envs.admission import admit
+from spade.envs.degenerate_probes import ProbeSettings
+from spade.envs.protocol import ErrorKind, Stage
+from spade.envs.tool_use.degenerate_probes import ANSWER_DONE, observed_arguments, tool_probe_policies
+from spade.envs.tool_use.local import example_paths
+from spade.selfplay.settings import SelfPlaySettings
+
+
+@pytest.fixture(scope="module")
+def harness():
+    h = make_harness()
+    yield h
+    h.close()
+
+
+TOOLS = '''{
+            "set_mode": {"description": "Set the mode.", "parameters": {"type": "object", "properties": {
+                "mode": {"type": "string", "enum": ["a", "b", "c"]}}, "required": ["mode"]}},
+            "read": {"description": "Read the mode.", "parameters": {"type": "object", "properties": {}}},
+            "note": {"description": "Write a note.", "parameters": {"type": "object", "properties": {
+                "text": {"type": "string"}}, "required": ["text"]}},
+        }'''
+
+
+def tool_env(criteria: str, *, first: str = "Set mode b.", extra: str = "") -> str:
+    """Three tools over a small state: set_mode (an enum), read (counts reads), note (logs text);
+    every call is logged in ``calls``. Honest criteria need mode b, then two reads, then mode c."""
+    return f'''
+class ProbeTargetEnv(ToolUseBaseEnv):
+    def reset(self, seed=None):
+        self._state = {{"mode": "a", "reads": 0, "notes": [], "calls": 0}}
+        self._tools = {TOOLS}
+        self._user_messages = ["{first}", "Read it twice.", "Now set mode c."]
+        self._message_criteria = {criteria}
+        self._current_msg = 0
+        return self._user_messages[0], {{}}
+
+    def tool_set_mode(self, mode):
+        self._state["calls"] += 1
+        self._state["mode"] = mode
+        return "mode is " + mode
+
+    def tool_read(self):
+        self._state["calls"] += 1
+        self._state["reads"] += 1
+        return self._state["mode"]
+
+    def tool_note(self, text):
+        self._state["calls"] += 1
+        self._state["notes"].append(text)
+        return "noted"
+
+    def solution(self):
+        return 'set_mode({{"mode": "b"}}) -> read({{}}) -> read({{}}) -> set_mode({{"mode": "c"}}) -> <answer>done</answer>'
+{extra}
+'''
+
+
+HONEST = tool_env('[lambda s: s["mode"] == "b", lambda s: s["mode"] == "b" and s["reads"] >= 2, '
+                  'lambda s: s["mode"] == "c" and s["reads"] >= 2]')
+
+# name -> (source, the policy that wins, instructions it completes out of 3)
+EXPLOITS = {
+    "done accepted without calls": (HONEST.replace("    def solution(self):", '''    def _check_answer(self, answer):
+        return "done" in answer.lower()
+
+    def solution(self):'''), ANSWER_DONE, 0),
+    "any reply pays": (HONEST.replace("    def solution(self):", '''    def step(self, action):
+        return "Thanks!", 1.0, True, False, {}
+
+    def solution(self):'''), ANSWER_DONE, 0),
+    "one repeated call completes everything": (
+        tool_env('[lambda s: s["reads"] >= 1, lambda s: s["reads"] >= 2, lambda s: s["reads"] >= 3]'), "repeat_read", 3),
+    "steps advance on any call": (
+        tool_env('[lambda s: s["calls"] >= 1, lambda s: s["calls"] >= 1, lambda s: s["calls"] >= 1]'),
+        "repeat_set_mode", 3),
+    # the argument the first instruction names (mode b, not the enum's first value a) is enough
+    "the first instruction's argument completes everything": (
+        tool_env('[lambda s: s["mode"] == "b", lambda s: s["mode"] == "b", lambda s: s["mode"] == "b"]'),
+        "repeat_set_mode", 3),
+}
+
+
+def verdict_for(harness, source: str, **kwargs):
+    return harness.run(admit(harness.service, source, max_turns=12, require_tool_env=True, **kwargs), timeout=120)
+
+
+@pytest.mark.parametrize("name", list(EXPLOITS), ids=lambda n: n.replace(" ", "_"))
+def test_exploitable_tool_environment_is_rejected_naming_the_policy(harness, name):
+    source, policy, completed = EXPLOITS[name]
+    verdict = verdict_for(harness, source)
+    assert not verdict.admitted
+    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE)
+    assert f"'{policy}'" in verdict.error.message
+    assert f"instructions completed per seed {completed} of 3" in verdict.error.message
+    assert "degenerate_probe" in verdict.timings_ms
+
+
+def test_the_rejection_says_with_which_arguments(harness):
+    verdict = verdict_for(harness, EXPLOITS["the first instruction's argument completes everything"][0])
+    assert "with arguments {'mode': 'b'}" in verdict.error.message
+
+
+def test_honest_fixture_and_examples_are_admitted_with_every_policy_reported(harness):
+    sources = {"honest fixture": HONEST, **{p.stem: p.read_text() for p in example_paths()}}
+    assert len(sources) == 6
+    for name, source in sources.items():
+        verdict = verdict_for(harness, source, probes=ProbeSettings())
+        assert verdict.admitted, (name, verdict.error)
+        report = verdict.tool_report.probes
+        assert report.winner is None and not report.budget_exhausted, name
+        names = [r.policy for r in report.results]
+        assert names == [ANSWER_DONE] + [f"repeat_{t}" for t in _tool_names(source)], name
+        assert all(r.mean_return < 0.5 for r in report.results), name
+        data = verdict.to_json()["tool_report"]["probe_report"]
+        assert data["winner"] is None and [p["policy"] for p in data["policies"]] == names
+
+
+def _tool_names(source: str) -> list[str]:
+    from spade.envs.tool_use.local import load_trusted
+
+    env = load_trusted(source)()
+    env.reset(seed=1)
+    return [t["function"]["name"] for t in env.get_tools()]
+
+
+def test_a_policy_completing_some_steps_only_is_admitted(harness):
+    """note() completes the first of three steps (any note), not the rest: scored by its return, 0."""
+    source = tool_env('[lambda s: len(s["notes"]) > 0, lambda s: s["reads"] >= 2, lambda s: s["mode"] == "c"]')
+    verdict = verdict_for(harness, source)
+    assert verdict.admitted, verdict.error
+    note = next(r for r in verdict.tool_report.probes.results if r.policy == "repeat_note")
+    assert note.completed == [1, 1] and note.mean_return == 0.0
+
+
+def test_a_tool_hanging_on_a_probe_call_is_rejected_at_the_probe_stage(harness):
+    source = HONEST.replace('''        self._state["notes"].append(text)''', '''        while True:
+            pass''')
+    verdict = verdict_for(harness, source)
+    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.TIMEOUT, Stage.DEGENERATE_PROBE)
+
+
+def test_the_games_switches_govern_the_tool_probes(harness):
+    from spade.selfplay.designer_source import admit_candidate
+
+    source = EXPLOITS["one repeated call completes everything"][0]
+
+    def verdict(**settings):
+        sp = SelfPlaySettings(domain="tool_use", max_turns=12, **settings)
+        return harness.run(admit_candidate(harness.service, sp, source), timeout=120)
+
+    assert verdict().error.kind is ErrorKind.DEGENERATE_WIN
+    for off in ({"admission_probes": False}, {"admission_paper_exact": True}):
+        admitted = verdict(**off)
+        assert admitted.admitted and admitted.tool_report.probes is None, off
+        assert "degenerate_probe" not in admitted.timings_ms
+
+
+def test_the_turn_budget_bounds_the_repeated_calls(harness):
+    """Five reads complete everything: a run budget of 5 turns leaves four calls and the answer
+    (as in training, where the answer takes a turn), so the environment is admitted; 6 turns are enough."""
+    source = tool_env('[lambda s: s["reads"] >= 3, lambda s: s["reads"] >= 4, lambda s: s["reads"] >= 5]')
+    short = harness.run(admit(harness.service, source, max_turns=5, require_tool_env=True), timeout=120)
+    assert short.admitted and short.tool_report.probes.turns == 5
+    assert next(r for r in short.tool_report.probes.results if r.policy == "repeat_read").completed == [2, 2]
+    longer = harness.run(admit(harness.service, source, max_turns=6, require_tool_env=True), timeout=120)
+    assert longer.error.kind is ErrorKind.DEGENERATE_WIN and "'repeat_read'" in longer.error.message
+
+
+def test_observed_arguments():
+    tool = {"function": {"name": "t", "parameters": {"type": "object", "properties": {
+        "account": {"type": "string", "enum": ["checking", "savings"]},
+        "amount": {"type": "integer"}, "rate": {"type": "number"}, "order": {"type": "string"},
+        "flag": {"type": "boolean"}, "kind": {"type": "string", "default": "basic"},
+        "optional": {"type": "string"}},
+        "required": ["account", "amount", "rate", "order", "flag"]}}}
+    observation = "Move 150 from savings to checking for order ORD-77, rate 2.5."
+    assert observed_arguments(tool, observation) == {"account": "savings", "amount": 150, "rate": 150.0,
+                                                     "order": "ORD-77", "flag": True, "kind": "basic"}
+    assert observed_arguments(tool, "Nothing to see.") == {"account": "checking", "amount": 1, "rate": 1.0,
+                                                           "order": "probe", "flag": True, "kind": "basic"}
+    assert observed_arguments(tool, "Cancel 'the blue lamp' for 12.")["order"] == "the blue lamp"
+    assert observed_arguments(tool, "Cancel 12 lamps.")["order"] == "12"
+    # an enum value counts as mentioned only as a word of its own
+    single = {"function": {"name": "m", "parameters": {"type": "object", "properties": {
+        "mode": {"type": "string", "enum": ["a", "b"]}}, "required": ["mode"]}}}
+    assert observed_arguments(single, "Set the mode to b.") == {"mode": "b"}
+    assert observed_arguments(single, "Set the mode to bravo.") == {"mode": "a"}
+    assert [p.name for p in tool_probe_policies([tool, single])] == [ANSWER_DONE, "repeat_t", "repeat_m"]
