@@ -53,7 +53,7 @@ from typing import Any
 
 from ..designer.corpus import Corpus
 from ..designer.memory import Memory, MemoryRecord, win_rate
-from ..envs.protocol import Sandbox
+from ..envs.protocol import ErrorKind, Sandbox
 from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
@@ -333,7 +333,10 @@ class Orchestrator:
         metrics["designer/attempts"] = float(regen.attempts)
         metrics["env/admitted"] = float(len(regen.envs))
         metrics["env/rejected"] = float(len(regen.rejections))
-        for kind, count in sorted(Counter(r.kind.value for r in regen.rejections).items()):
+        counts = Counter(r.kind.value for r in regen.rejections)
+        if self.settings.admission_probe_settings() is not None:  # a gate that is on reports 0 too
+            counts.setdefault(ErrorKind.DEGENERATE_WIN.value, 0)
+        for kind, count in sorted(counts.items()):
             metrics[f"env/rejected_{kind}"] = float(count)
         reports = [env.tool_report for env in regen.envs if env.tool_report is not None]
         if self.settings.domain == "tool_use":
@@ -343,6 +346,12 @@ class Orchestrator:
             for key in ("true_at_reset", "unchangeable", "trivial"):
                 metrics[f"env/tool_{key}"] = float(sum(1 for r in reports if r.get(key)))
             metrics["env/tool_screen_no_verdict"] = float(sum(1 for r in reports if r.get("screen") is None))
+            # admitted environments where a degenerate probe policy completed some instruction (not all:
+            # that rejects); absent when the probes are off
+            probed = [r["probe_report"] for r in reports if r.get("probe_report")]
+            if probed:
+                metrics["env/tool_probe_partial"] = float(sum(
+                    1 for probes in probed if any(any(policy.get("completed") or []) for policy in probes["policies"])))
 
     def _step_metrics(self, out: StepOutput, plays: StepPlays, regenerate: bool) -> None:
         """The source's and the plays' figures, and the counts every step carries: ``agent/samples`` and

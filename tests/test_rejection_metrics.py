@@ -1,0 +1,75 @@
+"""Per-gate rejection metrics (issue 23): a step whose set lost a game to the degenerate-policy
+probes logs ``env/rejected_degenerate_win``; the counter is there (0) on every regeneration step
+while the probes are on, and absent when they are off; tool sets count admitted environments in
+which a probe policy completed some instruction (``env/tool_probe_partial``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from spade.selfplay.designer_source import EnvSpec, RegenerationResult
+from spade.selfplay.orchestrator import Orchestrator
+from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.step import Step
+
+from test_orchestrator import EXAMPLE_SOURCE, engine, make, tokenizer  # noqa: F401 - fixtures
+
+# pays any reply at once: the probes' first policy (\boxed{0}) wins it
+FREE_LUNCH = '''
+class FreeLunchEnv:
+    def __init__(self, max_turns=3):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Say anything at all.", {}
+
+    def step(self, action):
+        return "Well said.", 1.0, True, False, {}
+'''
+
+
+def _pool(tmp_path):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "free_lunch.py").write_text(FREE_LUNCH)
+    (pool / "remainder_oracle.py").write_text(EXAMPLE_SOURCE)
+    return pool
+
+
+def test_a_step_with_a_degenerate_game_rejected_logs_the_counter(sandbox, engine, tokenizer, tmp_path):  # noqa: F811
+    orch = make(sandbox, engine, tokenizer, tmp_path / "run", None, designer_enabled=False,
+                fixed_env_dir=str(_pool(tmp_path)), admission_probes=True)
+    out = sandbox.run(orch.run_step(Step(0)), timeout=180)
+    m = out.metrics
+    assert m["env/admitted"] == 1 and m["env/rejected"] == 1 and m["env/rejected_degenerate_win"] == 1
+    assert [env.env_id for env in orch.envs] == ["fixed-remainder_oracle"]
+
+
+def test_the_counter_is_zero_while_the_probes_are_on_and_absent_when_off():
+    def metrics(**settings):
+        out: dict[str, float] = {}
+        Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings(**settings)),
+                                           RegenerationResult(attempts=1), out)
+        return out
+
+    assert metrics()["env/rejected_degenerate_win"] == 0.0
+    assert "env/rejected_degenerate_win" not in metrics(admission_probes=False)
+    assert "env/rejected_degenerate_win" not in metrics(admission_paper_exact=True)
+
+
+def test_tool_sets_count_partial_completions_by_a_probe_policy():
+    def spec(slot: int, completed: list[list[int]] | None) -> EnvSpec:
+        probes = None if completed is None else {"policies": [{"policy": f"p{i}", "completed": c}
+                                                              for i, c in enumerate(completed)]}
+        return EnvSpec(env_id=f"e{slot}", slot=slot, skill="s", source="", hint="", class_name="E", max_turns=5,
+                       generated_step=0, tool_report={"true_at_reset": [], "unchangeable": [], "trivial": [],
+                                                      "screen": None, "probe_report": probes})
+
+    out: dict[str, float] = {}
+    regen = RegenerationResult(envs=[spec(0, [[0, 0], [1, 0]]), spec(1, [[0, 0], [0, 0]]), spec(2, [[2, 1]])])
+    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings(domain="tool_use")), regen, out)
+    assert out["env/tool_probe_partial"] == 2.0
+    out = {}
+    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings(domain="tool_use")),
+                                       RegenerationResult(envs=[spec(0, None)]), out)
+    assert "env/tool_probe_partial" not in out
