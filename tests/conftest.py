@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Awaitable, TypeVar
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from spade.envs.sandbox.client import SandboxService
 from spade.envs.sandbox.config import SandboxConfig
@@ -16,6 +18,12 @@ from spade.envs.sandbox.config import SandboxConfig
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ENVS = sorted((ROOT / "examples" / "envs").glob("*.py"))
+
+# Hypothesis: no per-example deadline (its 200 ms default fails property tests on a loaded CI
+# machine for no fault of the code) and derandomized, so a run is reproducible; each test keeps
+# its own max_examples. HYPOTHESIS_PROFILE=default brings hypothesis' own settings back.
+hypothesis_settings.register_profile("spade", deadline=None, derandomize=True, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "spade"))
 
 # Short timeouts so hostile tests finish fast; the defaults (30 s) are for real runs.
 FAST_LIMITS = dict(load_timeout_s=5.0, reset_timeout_s=3.0, step_timeout_s=3.0, memory_limit_mb=256)

@@ -33,8 +33,8 @@ from spade.run.progress import Progress
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240
 POOL = ("hidden_sequence.py", "remainder_oracle.py", "switchboard.py")
-HAS_RLVE = importlib.util.find_spec("Gym") is not None
-needs_rlve = pytest.mark.skipif(not HAS_RLVE, reason="rlve-gym is not installed (make setup installs it)")
+if importlib.util.find_spec("Gym") is None:  # found, not imported: rlve-gym reseeds global random state
+    raise ImportError("rlve-gym is not installed (make setup installs it)")
 NOT_FOR_RLVE = {"vendi", "map", "program_size", "formula_reveal", "state_gating", "hint_leakage", "regret", "collapse"}
 
 
@@ -100,9 +100,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     pool.mkdir()
     for name in POOL:
         shutil.copy(ROOT / "examples" / "envs" / name, pool / name)
-    configs = {"fixed_pool": COMMON.format(hf=work / "hf") + FIXED_POOL.format(pool=pool)}
-    if HAS_RLVE:
-        configs["rlve"] = COMMON.format(hf=work / "hf") + RLVE.format()
+    configs = {"fixed_pool": COMMON.format(hf=work / "hf") + FIXED_POOL.format(pool=pool),
+               "rlve": COMMON.format(hf=work / "hf") + RLVE.format()}
     procs = {}
     for name, text in configs.items():
         (work / f"{name}.yaml").write_text(text)
@@ -156,7 +155,6 @@ def site_data(site: Path) -> dict:
 # ---------------------------------------------------------------------------- rlve
 
 
-@needs_rlve
 def test_rlve_analysis_gives_accuracy_by_level_and_names_what_does_not_apply(runs, tmp_path, capsys):
     run = tmp_path / "rlve"
     shutil.copytree(runs["rlve"], run, ignore=shutil.ignore_patterns("checkpoints"))
@@ -225,7 +223,6 @@ def test_rlve_analysis_gives_accuracy_by_level_and_names_what_does_not_apply(run
     assert (tmp_path / "out" / "rlve_levels.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@needs_rlve
 def test_explore_export_of_an_rlve_run_and_a_pool_run(runs, tmp_path, capsys):
     site = tmp_path / "site"
     assert main(["explore", str(runs["rlve"]), str(runs["fixed_pool"]), "--export", str(site),
@@ -252,7 +249,6 @@ def test_explore_export_of_an_rlve_run_and_a_pool_run(runs, tmp_path, capsys):
     assert '\\"rlve\\"' in text  # the problem spec is the source shown
 
 
-@needs_rlve
 def test_rlve_step_lines_and_summary_on_the_real_metrics(runs):
     run = runs["rlve"]
     rows, specs = metrics_rows(run), saved_specs(run)

@@ -14,8 +14,6 @@ from typing import Any, Sequence
 
 import pytest
 
-pytest.importorskip("bfcl_eval")
-
 from spade.eval.bfcl import CATEGORIES, BFCLMultiTurn  # noqa: E402
 from spade.eval.chat_interface import Completion  # noqa: E402
 

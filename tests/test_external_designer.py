@@ -36,7 +36,6 @@ from spade.selfplay.seeds import derive_seed
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 
-pytest.importorskip("openai")
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -35,9 +35,9 @@ from spade.selfplay.settings import SelfPlaySettings
 
 ROOT = Path(__file__).resolve().parent.parent
 # rlve-gym runs only in worker processes (it reseeds global random state): found, not imported here
-pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.skipif(importlib.util.find_spec("Gym") is None,
-                                 reason="rlve-gym is not installed (make setup installs it)")]
+if importlib.util.find_spec("Gym") is None:
+    raise ImportError("rlve-gym is not installed (make setup installs it)")
+pytestmark = pytest.mark.timeout(300)
 
 REFERENCE = r'''
 import json, sys

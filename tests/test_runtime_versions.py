@@ -1,14 +1,19 @@
 """spade.rollout.sglang.runtime_versions: the start-up check that trainer and SGLang share one torch and NCCL.
 
 The comparison rule on made-up version records (matching, torch / NCCL / CUDA differing, an
-unreadable side, sglang missing), then the real subprocess probe against this interpreter: this
-venv has a CPU torch and no sglang, which must come back as a clear finding, not a crash.
+unreadable side, sglang missing), then the real subprocess probe against this interpreter. The
+CPU venv has no sglang, which must come back as a clear finding, not a crash; the GPU image has
+one, which must be read. Each real-interpreter test asserts what is really installed here, and
+the other case runs too with a stand-in ``sglang`` package put on the probe's PYTHONPATH.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 from dataclasses import replace
+from importlib import metadata
 
 import pytest
 import torch
@@ -24,6 +29,28 @@ from spade.rollout.sglang.runtime_versions import (
 )
 
 pytestmark = pytest.mark.timeout(300)
+
+FAKE_VERSION = "0.5.23+stand-in"
+
+
+def installed_sglang() -> str | None:
+    """The sglang this venv really has (its metadata), None without one."""
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    return metadata.version("sglang")
+
+
+@pytest.fixture(scope="module")
+def fake_sglang(tmp_path_factory) -> dict[str, str]:
+    """An environment whose PYTHONPATH holds an importable ``sglang`` with its metadata: the probe
+    of this interpreter then sees sglang present, as in the GPU image."""
+    root = tmp_path_factory.mktemp("fake-sglang")
+    (root / "sglang").mkdir()
+    (root / "sglang" / "__init__.py").write_text(f"__version__ = {FAKE_VERSION!r}\n")
+    info = root / "sglang-0.5.23.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {FAKE_VERSION}\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 TRAINER = RuntimeVersions(python="/usr/bin/python3", python_version="3.12.3", torch="2.14.1+cu130", cuda="13.0",
                           nccl="2.30.7", sglang="0.5.23")
@@ -86,17 +113,30 @@ def test_missing_sglang_fails_only_when_required():
 # ------------------------------------------------------------------------------- real interpreters
 
 
-def test_probe_of_this_venv_reports_its_torch_and_no_sglang():
+def test_probe_of_this_venv_reports_its_torch_and_its_sglang():
     seen = probe_interpreter(sys.executable)
     assert seen.usable, seen.error
     assert seen.python == sys.executable and seen.torch == torch.__version__ and seen.cuda == torch.version.cuda
     if torch.version.cuda is None:
         assert seen.nccl is None  # a CPU torch has no NCCL
-    assert seen.sglang is None and "No module named 'sglang'" in seen.sglang_error
     here = current_versions()
     assert (here.torch, here.cuda, here.nccl) == (seen.torch, seen.cuda, seen.nccl)
-    assert here.sglang is None and here.sglang_error == "not installed"  # read from metadata, not imported
-    assert "sglang unavailable" in seen.describe()
+    real = installed_sglang()
+    if real is None:  # the CPU venv
+        assert seen.sglang is None and "No module named 'sglang'" in seen.sglang_error
+        assert here.sglang is None and here.sglang_error == "not installed"  # read from metadata, not imported
+        assert "sglang unavailable" in seen.describe()
+    else:  # the GPU image
+        assert seen.sglang == here.sglang == real and seen.sglang_error is None
+        assert "sglang unavailable" not in seen.describe()
+
+
+def test_probe_sees_an_sglang_on_the_path(fake_sglang):
+    """The present case wherever this runs: the probe imports the stand-in and reports its version."""
+    seen = probe_interpreter(sys.executable, env=fake_sglang)
+    assert seen.usable, seen.error
+    assert seen.sglang == FAKE_VERSION and seen.sglang_error is None and seen.torch == torch.__version__
+    assert "sglang unavailable" not in seen.describe()
 
 
 def test_probe_of_an_interpreter_whose_torch_fails_to_import(tmp_path):
@@ -116,14 +156,24 @@ def test_probe_of_a_missing_or_crashing_interpreter(tmp_path):
 
 
 def test_startup_check_against_this_venv(capsys):
-    with pytest.raises(RuntimeVersionMismatch) as caught:
-        check_sglang_runtime(sys.executable)
-    assert "sglang: not importable" in str(caught.value) and torch.__version__ in str(caught.value)
     lines: list[str] = []
     check = check_sglang_runtime(sys.executable, require_sglang=False, emit=lines.append)
     assert check.ok and len(lines) == 1 and lines[0].count(f"torch {torch.__version__}") == 2
-
-    assert main(["--python", sys.executable]) == 1
     assert main(["--python", sys.executable, "--allow-missing-sglang", "--json"]) == 0
-    out = capsys.readouterr().out
-    assert "runtime check failed" in out and "run one torch and one NCCL" in out and '"mismatches": []' in out
+    if installed_sglang() is None:  # the CPU venv: required, the missing sglang fails the check
+        with pytest.raises(RuntimeVersionMismatch) as caught:
+            check_sglang_runtime(sys.executable)
+        assert "sglang: not importable" in str(caught.value) and torch.__version__ in str(caught.value)
+        assert main(["--python", sys.executable]) == 1
+        out = capsys.readouterr().out
+        assert "runtime check failed" in out and "run one torch and one NCCL" in out and '"mismatches": []' in out
+    else:  # the GPU image: one interpreter, one torch, sglang importable
+        assert check_sglang_runtime(sys.executable, emit=None).ok
+        assert main(["--python", sys.executable]) == 0
+
+
+def test_startup_check_passes_where_sglang_is_importable(fake_sglang):
+    """Required and present (the stand-in on the probe's path): the same interpreter passes."""
+    lines: list[str] = []
+    check = check_sglang_runtime(sys.executable, env=fake_sglang, emit=lines.append)
+    assert check.ok and check.sglang.sglang == FAKE_VERSION and len(lines) == 1 and FAKE_VERSION in lines[0]

@@ -113,7 +113,7 @@ def _tau2_python() -> str:
     try:
         package_version(python)
     except BenchmarkUnavailable as exc:
-        pytest.skip(f"end-to-end tau2 needs its venv: {exc}")
+        pytest.fail(f"end-to-end tau2 needs its venv (make tau2 builds it; .ci/run does): {exc}")
     return str(python)
 
 

@@ -93,7 +93,6 @@ def test_micro_batches_carry_each_samples_temperature():
     (same,) = make_micro_batches([samples[0], TrainSample([7, 8, 9], [1, 1], 0.5, temperature=0.6)], 1000,
                                  packed=False)
     assert batch_temperature(same) == pytest.approx(0.6)  # one value: the scalar path
-    pytest.importorskip("megatron.core")
     (packed,) = make_micro_batches(samples, 1000, packed=True)
     for row, index in enumerate(packed.sample_indices):
         slots = packed.unpack_index[row, : samples[index].num_targets]

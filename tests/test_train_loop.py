@@ -611,10 +611,16 @@ def test_sglang_run_with_a_kl_reference_model_offloads_it(graded_config, tmp_pat
 def test_sglang_run_refuses_an_interpreter_without_sglang_before_launching(graded_config, tmp_path):
     """Colocated servers launched with spade's own command line: the start-up check compares this
     process's torch/NCCL with the SGLang interpreter's and refuses before any server or model is
-    started. This venv has no sglang, so the run stops at once with both sides named."""
+    started. The servers' interpreter cannot import sglang (a shadowing package on their PYTHONPATH
+    makes that so here and in the GPU image, where sglang is installed), so the run stops at once
+    with both sides named."""
     run = tmp_path / "run"
+    shadow = tmp_path / "no-sglang"
+    (shadow / "sglang").mkdir(parents=True)
+    (shadow / "sglang" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'sglang'\", name='sglang')\n")
     proc = subprocess.run(spade_cmd("--config", str(graded_config), "--run-dir", str(run), "engine.kind=sglang",
-                                    f"engine.sglang.port={free_port()}"),
+                                    f"engine.sglang.port={free_port()}",
+                                    f"engine.sglang.server_env={{PYTHONPATH: {shadow}}}"),
                           cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode != 0
     assert "sglang: not importable" in proc.stderr, proc.stderr[-3000:]
