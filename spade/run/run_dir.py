@@ -43,7 +43,7 @@ from typing import Any, Mapping, Optional
 
 from ..training.checkpoint_info import INFO_FILE, CheckpointError, read_checkpoint_info
 from ..training.checkpoint_manifest import add_to_manifest, verify_checkpoint
-from ..training.durable_files import fsync_dir
+from ..durable_files import atomic_write_text
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -55,19 +55,6 @@ TRAINER_STATE_FILE = "trainer_state.json"
 
 class RunDirError(RuntimeError):
     """A run directory that cannot be used as asked (exists, missing, incomplete)."""
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a fsync'ed temp file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def json_safe(value: Any) -> Any:

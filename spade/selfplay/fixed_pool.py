@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ..config import ConfigError
+from ..durable_files import atomic_write_text
 from ..designer.skills import slot_skills
 from ..envs.admission import AdmissionVerdict
 from ..envs.protocol import ErrorKind, Sandbox, Stage
@@ -148,17 +149,6 @@ def append_manifest(directory: Path | str, record: dict[str, Any]) -> None:
         handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old or
-    the new content, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def read_pool(directory: Path | str) -> list[PoolEntry]:
@@ -454,7 +444,7 @@ class FixedPool:
                        "fallback": d.fallback, "pass": d.pass_number,
                        "admitted": bool(v is not None and v.admitted)} for d, v in zip(draws, verdicts)],
         }
-        write_atomic(directory / f"step_{step:06d}.json", json.dumps(data, indent=1))
+        atomic_write_text(directory / f"step_{step:06d}.json", json.dumps(data, indent=1))
 
     def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
         self._observed = step

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..designer.skills import Skill
+from ..durable_files import atomic_write_text
 from ..envs.admission import AdmissionVerdict
 from .designer_source import DesignerRound, EnvSpec
-from .fixed_pool import GENERATION_DIR, HINT_SUFFIX, append_manifest, read_manifest, write_atomic
+from .fixed_pool import GENERATION_DIR, HINT_SUFFIX, append_manifest, read_manifest
 from .settings import SelfPlaySettings
 
 STATE_FILE = "state.json"
@@ -154,7 +155,7 @@ class PoolGenerator:
         state = {"done_below": below, "done_above": sorted(a for a in progress.done if a > below),
                  "requested": self.n, "skills": [s.name for s in self.skills], "origin": self.origin,
                  "seed": self.round.seed}
-        write_atomic(self.work / STATE_FILE, json.dumps(state))
+        atomic_write_text(self.work / STATE_FILE, json.dumps(state))
 
     # ------------------------------------------------------------------ the loop
 
@@ -221,8 +222,8 @@ class PoolGenerator:
 
     def _store(self, attempt: int, spec: EnvSpec, timings: dict[str, Any], progress: _Progress) -> None:
         name = pool_name(attempt)
-        write_atomic(self.out / f"{name}.py", spec.source)
-        write_atomic(self.out / f"{name}{HINT_SUFFIX}", spec.hint)
+        atomic_write_text(self.out / f"{name}.py", spec.source)
+        atomic_write_text(self.out / f"{name}{HINT_SUFFIX}", spec.hint)
         total = timings.get("total", 0.0)
         admission, hint = timings.get("admission", 0.0), timings.get("hint", 0.0)
         record = {
@@ -315,8 +316,8 @@ def assemble_pool(runs: list[Path], out: Path, *, steps: tuple[int | None, int |
                 name = f"{label}-{env_id}"
                 while name in names:
                     name += "_"
-                write_atomic(out / f"{name}.py", source)
-                write_atomic(out / f"{name}{HINT_SUFFIX}", hint)
+                atomic_write_text(out / f"{name}.py", source)
+                atomic_write_text(out / f"{name}{HINT_SUFFIX}", hint)
                 append_manifest(out, {
                     "name": name, "skill": meta.get("skill"), "class_name": meta.get("class_name"), "hint": hint,
                     "source": {"run": str(run.resolve()), "env_id": env_id, "step": step},

@@ -50,11 +50,11 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import barrier, broadcast_object, gather_object_to_0
+from ..durable_files import fsync_dir, write_json
 from ..models import ParallelLayout, read_model_spec
 from .checkpoint_info import (FORMAT_VERSION, HF_SUBDIR, INFO_FILE, CheckpointError, CheckpointInfo, PathLike,
                               layout_to_json, read_checkpoint_info)
 from .checkpoint_manifest import file_entry, write_manifest
-from .durable_files import fsync_dir, write_json
 from .hf_directory import copy_hf_side_files
 from .in_process_writes import in_process_writes
 from .rng_state import RNG_KEY, capture_rng, reseed, restore_rng, rng_grid, rng_object

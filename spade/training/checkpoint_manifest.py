@@ -12,14 +12,12 @@ them back mostly hits the page cache.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from ..durable_files import atomic_write_text
 from .checkpoint_info import CheckpointError, PathLike
-from .durable_files import fsync_dir, write_json
 
 MANIFEST_FILE = "spade_manifest.json"
 MANIFEST_VERSION = 1
@@ -46,11 +44,9 @@ def _listed_files(directory: Path) -> list[str]:
 
 def _write_manifest(directory: Path, entries: Mapping[str, Mapping[str, Any]]) -> None:
     """Write ``DIR/spade_manifest.json`` atomically (temp file, fsync, rename)."""
-    tmp = directory / f".{MANIFEST_FILE}.tmp-{uuid.uuid4().hex[:8]}"
-    write_json(tmp, {"manifest_version": MANIFEST_VERSION, "checksum": "crc32",
-                      "files": {name: dict(entries[name]) for name in sorted(entries)}})
-    os.replace(tmp, directory / MANIFEST_FILE)
-    fsync_dir(directory)
+    atomic_write_text(directory / MANIFEST_FILE, json.dumps(
+        {"manifest_version": MANIFEST_VERSION, "checksum": "crc32",
+         "files": {name: dict(entries[name]) for name in sorted(entries)}}, indent=2) + "\n")
 
 
 def write_manifest(directory: PathLike, known: Optional[Mapping[str, Mapping[str, Any]]] = None) -> dict:
