@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages model benchmark clean tau2 acebench
+.PHONY: demo test setup system-packages model benchmark clean tau2 acebench sglang-src
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -17,7 +17,7 @@ demo: setup model
 	$(BIN)/spade demo
 	$(BIN)/spade train --config examples/smoke_cpu.yaml --run-dir $(RUN_DIR)
 
-test: setup
+test: setup sglang-src
 	$(BIN)/python -m pytest -q
 
 setup: system-packages $(STAMP)
@@ -50,6 +50,19 @@ $(TAU2_STAMP): requirements/tau2.txt
 	$(TAU2_VENV)/bin/pip install --quiet -r requirements/tau2.txt
 	touch $(TAU2_STAMP)
 
+# SGLang 0.5.23's own code (the wheel, without its CUDA dependencies, plus the five small packages
+# its request structs and ServerArgs import; requirements/sglang-test.txt), for the tests that check
+# spade's SGLang client, launcher flags and test stand-in against it. A few seconds; no GPU.
+SGLANG_SRC ?= .sglang-src
+SGLANG_SRC_STAMP := $(SGLANG_SRC)/.installed
+
+sglang-src: $(SGLANG_SRC_STAMP)
+
+$(SGLANG_SRC_STAMP): requirements/sglang-test.txt $(STAMP)
+	rm -rf $(SGLANG_SRC)
+	$(BIN)/pip install --quiet --no-deps --no-compile --target $(SGLANG_SRC) -r requirements/sglang-test.txt
+	touch $(SGLANG_SRC_STAMP)
+
 # ACEBench's dependencies (pandas, openpyxl, wcwidth, openai 1.x, every version pinned), kept apart
 # from .venv; spade eval runs ACEBench's own code (a checkout: $$SPADE_ACEBENCH_DIR) in its Python.
 ACEBENCH_VENV ?= .venv-acebench
@@ -81,4 +94,4 @@ benchmark: setup
 	$(BIN)/python benchmarks/sandbox_bench.py
 
 clean:
-	rm -rf $(VENV) $(TAU2_VENV) build *.egg-info
+	rm -rf $(VENV) $(TAU2_VENV) $(SGLANG_SRC) build *.egg-info

@@ -63,6 +63,8 @@ class RecordingEngine(SGLangEngine):
             if hasattr(result, "__await__"):
                 await result
         self.calls.append(call)
+        if path == "/update_weight_version":  # http_server.py: the version comes back as new_version
+            return 200, {"success": True, "message": "", "new_version": (payload or {}).get("new_version")}
         if path in _WEIGHT_PATHS:
             return 200, {"success": True, "message": ""}
         if path in ("/pause_generation", "/continue_generation"):

@@ -555,12 +555,14 @@ class Standin:
         if mode == "abort":
             for rid in list(self.inflight):
                 self._abort(rid, "aborted by /pause_generation")
-        return Reply(200)
+        # srt/entrypoints/http_server.py:1839 (pause_generation) answers this object
+        return Reply(200, {"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, _body: dict) -> Reply:
         self.paused = False
         self.unpaused.set()
-        return Reply(200)
+        # srt/entrypoints/http_server.py:1852 (continue_generation)
+        return Reply(200, {"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush_cache(self, _body: dict) -> Reply:
         if self.inflight:
