@@ -5,7 +5,8 @@ The templates are written for these tests: ``CHATML`` (the plain ``<|im_start|>r
 when the conversation has none, as SmolLM2's does) and ``QWEN3_STYLE`` (ChatML plus Qwen3's habits:
 ``<think>...</think>`` is removed from assistant turns that come before the latest user message,
 consecutive tool results share one user turn wrapped in ``<tool_response>`` tags, and
-``enable_thinking=False`` appends an empty think block to the generation prompt).
+``enable_thinking=False`` appends an empty think block to the generation prompt);
+``chatml_with_tools`` builds the serve tests' templates (ChatML with a tools system turn).
 
 ``bpe_tokenizer`` trains a byte-level BPE (deterministic, offline) on a small corpus in which
 "hello" is frequent, so "hello" is one token while "he" + "llo" is another valid spelling.
@@ -56,6 +57,29 @@ QWEN3_STYLE = r"""
   {%- endif -%}
 {%- endif -%}
 """.strip()
+
+# The serve tests' templates: a system turn that lists the tools as JSON lines (only with tools; the
+# heading, in Jinja string text, opens it), the ChatML turns, then a generation prompt of the test's.
+_TOOLS_AND_TURNS = r"""
+{%- if tools -%}
+{{- '<|im_start|>system\nTOOLS_HEADING<tools>' -}}
+{%- for t in tools -%}{{- '\n' + (t | tojson) -}}{%- endfor -%}
+{{- '\n</tools><|im_end|>\n' -}}
+{%- endif -%}
+{%- for m in messages -%}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
+{%- endfor -%}
+"""
+GENERATION_PROMPT = r"""
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"""
+# Qwen3-Thinking-2507's: the generation prompt opens <think>, the reply starts inside the reasoning
+GENERATION_PROMPT_OPENS_THINK = r"""
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}"""
+
+
+def chatml_with_tools(generation_prompt: str, tools_heading: str = "") -> str:
+    return (_TOOLS_AND_TURNS.replace("TOOLS_HEADING", tools_heading) + generation_prompt).strip()
+
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PLAIN_ADDED_TOKENS = ["<think>", "</think>", "<tool_response>", "</tool_response>"]

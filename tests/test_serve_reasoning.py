@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from chat_templates import CORPUS, SPECIAL_TOKENS, bpe_tokenizer
+from chat_templates import CORPUS, GENERATION_PROMPT_OPENS_THINK, SPECIAL_TOKENS, bpe_tokenizer, chatml_with_tools
 from spade.rollout.engine import GenerationChunk, GenerationResult
 from test_serve import HELLO, MODEL_NAME, WEATHER, ScriptedEngine, model_dir  # noqa: F401
 
@@ -26,24 +26,14 @@ import openai  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-_TOOLS_AND_TURNS = r"""
-{%- if tools -%}
-{{- '<|im_start|>system\n# Tools\n<tools>' -}}
-{%- for t in tools -%}{{- '\n' + (t | tojson) -}}{%- endfor -%}
-{{- '\n</tools><|im_end|>\n' -}}
-{%- endif -%}
-{%- for m in messages -%}
-{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
-{%- endfor -%}
-"""
+_TOOLS_HEADING = r"# Tools\n"
 # Qwen3's hybrid models: the model opens <think> itself; enable_thinking=false closes an empty block
-HYBRID = (_TOOLS_AND_TURNS + r"""
+HYBRID = chatml_with_tools(r"""
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}
 {%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}
-{%- endif -%}""").strip()
+{%- endif -%}""", _TOOLS_HEADING)
 # Qwen3-Thinking-2507: the generation prompt opens <think>, the reply starts inside the reasoning
-OPENS_THINK = (_TOOLS_AND_TURNS + r"""
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}""").strip()
+OPENS_THINK = chatml_with_tools(GENERATION_PROMPT_OPENS_THINK, _TOOLS_HEADING)
 
 REASONING = "\nTwo plus two: count up from two.\n"
 ANSWER = "\n\nThe answer is 4."

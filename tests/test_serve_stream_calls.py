@@ -34,23 +34,11 @@ from typing import Any, Optional
 
 import pytest
 
-from chat_templates import bpe_tokenizer
+from chat_templates import GENERATION_PROMPT, GENERATION_PROMPT_OPENS_THINK, bpe_tokenizer, chatml_with_tools
 from spade.rollout.engine import GenerationChunk, GenerationResult, RolloutEngine
 
-_TOOLS_AND_TURNS = r"""
-{%- if tools -%}
-{{- '<|im_start|>system\n<tools>' -}}
-{%- for t in tools -%}{{- '\n' + (t | tojson) -}}{%- endfor -%}
-{{- '\n</tools><|im_end|>\n' -}}
-{%- endif -%}
-{%- for m in messages -%}
-{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
-{%- endfor -%}
-"""
-OWN_THINK = (_TOOLS_AND_TURNS + r"""
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}""").strip()
-PREFILLS_THINK = (_TOOLS_AND_TURNS + r"""
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}""").strip()
+OWN_THINK = chatml_with_tools(GENERATION_PROMPT)
+PREFILLS_THINK = chatml_with_tools(GENERATION_PROMPT_OPENS_THINK)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}}}}}
