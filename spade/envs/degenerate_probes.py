@@ -199,7 +199,10 @@ def probe_policies() -> tuple[ProbePolicy, ...]:
     return tuple(policies)
 
 
-class _Budget:
+class ProbeBudget:
+    """The probes' shared allowance of step calls and wall-clock seconds (ProbeSettings.max_steps,
+    max_seconds); ``used`` counts the calls taken, ``exhausted`` says one was refused."""
+
     def __init__(self, steps: int, seconds: float):
         self.left, self.used, self.exhausted = steps, 0, False
         self.deadline = time.monotonic() + seconds
@@ -213,7 +216,7 @@ class _Budget:
         return True
 
 
-async def _episode(env: EnvInstance, policy: ProbePolicy, seed: int, turns: int, budget: _Budget,
+async def _episode(env: EnvInstance, policy: ProbePolicy, seed: int, turns: int, budget: ProbeBudget,
                    played: dict[tuple[int, str], float]) -> tuple[float, bool, str | None] | None:
     """(return, ended by an environment fault, the constant reply) of one episode; None when the
     policy has nothing to play on this seed or the budget ran out. A constant reply already played
@@ -255,7 +258,7 @@ async def run_probes(env: EnvInstance, settings: ProbeSettings, *, max_turns: in
     first policy at or above the threshold is the winner (probing stops there)."""
     turns = turn_budget(max_turns or DEFAULT_MAX_TURNS, env.max_turns)
     report = ProbeReport(settings.threshold, turns)
-    budget = _Budget(settings.max_steps, settings.max_seconds)
+    budget = ProbeBudget(settings.max_steps, settings.max_seconds)
     played: dict[tuple[int, str], float] = {}  # (seed, constant reply) -> return
     for policy in probe_policies():
         result = PolicyResult(policy.name, policy.description)

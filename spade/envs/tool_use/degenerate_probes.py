@@ -26,11 +26,10 @@ environment with its kind at this stage, as every tool stage does.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..degenerate_probes import PolicyResult, ProbeReport, ProbeSettings
+from ..degenerate_probes import PolicyResult, ProbeBudget, ProbeReport, ProbeSettings
 from ..protocol import episode_return
 from ..runner import DEFAULT_MAX_TURNS, turn_budget
 
@@ -141,20 +140,7 @@ class _Outcome:
     arguments: dict[str, Any] | None
 
 
-class _Budget:
-    def __init__(self, calls: int, seconds: float):
-        self.left, self.used, self.exhausted = calls, 0, False
-        self.deadline = time.monotonic() + seconds
-
-    def take(self) -> bool:
-        if self.left <= 0 or time.monotonic() > self.deadline:
-            self.exhausted = True
-            return False
-        self.left, self.used = self.left - 1, self.used + 1
-        return True
-
-
-async def _episode(env: Any, policy: ToolProbePolicy, seed: int, turns: int, budget: _Budget) -> _Outcome | None:
+async def _episode(env: Any, policy: ToolProbePolicy, seed: int, turns: int, budget: ProbeBudget) -> _Outcome | None:
     """One probe episode; None when the budget ran out before it ended. An environment fault
     propagates: a tool environment that crashes, hangs or overflows on a probe call is rejected
     for it, as in the other tool stages."""
@@ -183,7 +169,7 @@ async def run_tool_probes(env: Any, tools: list[dict[str, Any]], instructions: i
     ``steps`` in the report counts the sandbox calls (tool calls and answers) the probes made."""
     turns = turn_budget(max_turns or DEFAULT_MAX_TURNS, env.max_turns)
     report = ProbeReport(settings.threshold, turns)
-    budget = _Budget(settings.max_steps, settings.max_seconds)
+    budget = ProbeBudget(settings.max_steps, settings.max_seconds)
     for policy in tool_probe_policies(tools):
         result = ToolPolicyResult(policy.name, policy.description, instructions=instructions)
         report.results.append(result)
