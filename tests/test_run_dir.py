@@ -147,3 +147,61 @@ def test_trainer_state_is_recorded_in_the_manifest(run):
     assert run.newest_intact_checkpoint() == (3, [])
     (run.checkpoint_dir(3) / "trainer_state.json").write_text('{"step": 3}')  # edited behind our back
     assert run.newest_intact_checkpoint()[0] == 2
+
+
+# ------------------------------------------------------------------ spade train --resume with no step left
+
+
+class Reached(Exception):
+    """Raised by the preflight and the trainer stand-ins: the resume went on to load and train."""
+
+
+@pytest.fixture
+def cli_without_training(monkeypatch, capsys):
+    """``spade train`` in process, its preflight and trainer replaced by ``Reached``; returns a
+    function running ``--resume RUN [overrides]`` that gives (exit status, stderr)."""
+    import spade.run.preflight
+    import spade.run.trainer
+    from spade.cli import main
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(spade.run.preflight, "preflight", reached)
+    monkeypatch.setattr(spade.run.trainer, "train", reached)
+
+    def resume(run, *overrides: str) -> tuple[int, str]:
+        status = main(["train", "--resume", str(run.root), *overrides])
+        return status, capsys.readouterr().err
+
+    return resume
+
+
+def test_resume_of_a_finished_run_says_so_and_exits_4_before_loading(run, cli_without_training):
+    """The run's config asks for 3 steps and step_3 is intact: nothing to train. The next save
+    would come 16 steps on (run.checkpoint_every's default), so that is the run.steps offered."""
+    status, err = cli_without_training(run)
+    assert status == 4
+    assert err.strip() == (f"spade train: nothing to do: {run.root} finished step 3 of 3; raise run.steps=19 to "
+                           f"continue (spade train --resume {run.root} run.steps=19)")
+
+
+def test_resume_with_run_steps_below_the_checkpoint_says_so(run, cli_without_training):
+    status, err = cli_without_training(run, "run.steps=2")
+    assert status == 4 and f"{run.root} is at step 3, past run.steps=2; raise run.steps=19 to continue" in err
+    assert run.config_path.read_text() == "run: {steps: 3}\n"  # a resume that ran nothing leaves it as it was
+
+
+@pytest.mark.parametrize("setup", ["more-steps", "latest-before-the-end", "newest-damaged"])
+def test_resume_with_a_step_left_goes_on_to_train(run, cli_without_training, setup):
+    """Where the trainer would start before run.steps, the resume goes on (to the preflight)."""
+    overrides = ["run.steps=4"] if setup == "more-steps" else []
+    if setup == "latest-before-the-end":  # step_3 was being saved when the run stopped: it does not count
+        (run.checkpoints_dir / "latest").write_text("step_2\n")
+    if setup == "newest-damaged":  # a flipped byte only the CRC-32 finds: the trainer resumes from step_2
+        path = distcp(run, 3)
+        data = bytearray(path.read_bytes())
+        data[-10] ^= 0x01
+        path.write_bytes(bytes(data))
+    with pytest.raises(Reached):
+        cli_without_training(run, *overrides)

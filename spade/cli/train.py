@@ -4,6 +4,11 @@
     spade train --resume DIR [run.steps=N] [a later phase: selfplay.max_context_tokens=N selfplay.rewards.plateau_*=X]
     spade train --config FILE --check [key.sub=value ...]     # validate and print the resolved config
 
+Exit status: 0 trained (or ``--check``), 2 a usage or config error, 3 the sandbox cannot run, 4
+nothing to do: ``--resume`` of a run whose checkpoint to resume from is at or past ``run.steps``
+(the line on stderr says which step it finished and the ``run.steps=M`` that continues it; told
+before the model is loaded), 130 / 143 interrupted.
+
 Known harmless warnings (Megatron-core without Transformer Engine / Apex on CPU) and model-loading
 progress bars are hidden unless ``--show-warnings`` (``spade.run.console``); after the run rank 0
 prints a summary with the next commands.
@@ -36,6 +41,9 @@ PHASE_OVERRIDABLE = ("selfplay.max_context_tokens", "selfplay.rewards.plateau_lo
                      "selfplay.rewards.plateau_ramp")
 RESUME_OVERRIDABLE = ("run.steps", *PHASE_OVERRIDABLE)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# ``--resume`` of a run with no step left: not a usage error (2) nor a failure (1), so that a
+# script retrying a resume until it succeeds can tell "already finished" apart.
+EXIT_NOTHING_TO_DO = 4
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -109,6 +117,23 @@ def _snapshot(data: dict) -> dict:
     return data
 
 
+def _nothing_left(run_dir, steps: int, checkpoint_every: int) -> str | None:
+    """The "nothing to do" line when the checkpoint a resume starts from (the trainer's choice:
+    the newest intact one, CRC-32s checked as it does) has ``steps`` or more updates done; None
+    when there is a step to train. Nothing is loaded; no file is read unless a checkpoint that far exists."""
+    if max(run_dir.checkpoint_steps(), default=-1) < steps:
+        return None
+    done, _ = run_dir.newest_intact_checkpoint()
+    if done is None or done < steps:
+        return None
+    more = f"run.steps={done + checkpoint_every}"
+    if done == steps:
+        return (f"nothing to do: {run_dir.root} finished step {done} of {steps}; raise {more} to continue "
+                f"(spade train --resume {run_dir.root} {more})")
+    return (f"nothing to do: {run_dir.root} is at step {done}, past run.steps={steps}; raise {more} to continue "
+            f"(spade train --resume {run_dir.root} {more})")
+
+
 def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -166,6 +191,11 @@ def _run_train(args: argparse.Namespace) -> int:
         if args.check:
             sys.stdout.write(config.to_yaml())
             return 0
+        finished = _nothing_left(run_dir, config.run.steps, config.run.checkpoint_every)
+        if finished is not None:  # before preflight and the model: a resume that would train no step
+            if _rank() == 0:
+                print(f"spade train: {finished}", file=sys.stderr)
+            return EXIT_NOTHING_TO_DO
         _checked(preflight, config, RunDirError)
         resume = True
     else:
