@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import collapse, diversity, learnability
+from .degenerate_share import DegenerateVerdict, recorded_verdicts
+from .degenerate_share import summary as degenerate_summary
 from .embeddings import Embedder
 from .formula import is_physics, states_formula
 from .hint_leakage import hint_leakage
@@ -52,7 +54,8 @@ def _share(values: Sequence[bool | None]) -> float | None:
     return sum(1 for v in known if v) / len(known) if known else None
 
 
-def env_row(env: EnvRecord, gating: GatingVerdict | None) -> dict[str, Any]:
+def env_row(env: EnvRecord, gating: GatingVerdict | None,
+            degenerate: DegenerateVerdict | None = None) -> dict[str, Any]:
     source = env.env_source
     nohint = env.episodes_of("nohint")
     opening = nohint[0].opening if nohint else None
@@ -90,6 +93,8 @@ def env_row(env: EnvRecord, gating: GatingVerdict | None) -> dict[str, Any]:
         # rlve: the problem's level and the share of its no-hint plays at its step that RLVE counts accurate
         "level": None if problem is None else problem.difficulty,
         "accuracy": None if problem is None else rlve_accuracy(env.gen_nohint, problem.threshold),
+        # won by a degenerate policy (spade.analysis.degenerate_share): None when unknown
+        **(degenerate or DegenerateVerdict(None, None)).to_json(),
     }
 
 
@@ -186,8 +191,12 @@ def _rlve_grid(rows: list[dict[str, Any]], ids: list[int]) -> dict[int, tuple[fl
 
 def analyze(runs: list[Run], embedder: Embedder, gating: dict[str, GatingVerdict] | None = None,
             window: int = DEFAULT_WINDOW, seed: int = 0, with_map: bool = True,
-            progress: Callable[[str], None] | None = None) -> Analysis:
+            progress: Callable[[str], None] | None = None,
+            probed: dict[str, DegenerateVerdict] | None = None) -> Analysis:
+    """``probed``: verdicts of the degenerate-policy probes played after the fact (``--probe``),
+    by ``EnvRecord.uid``; they take the place of the run's recorded ones."""
     say = progress or (lambda _msg: None)
+    degenerate = {**recorded_verdicts(runs), **(probed or {})}
     envs = [env for run in runs for env in run.envs]
     code = [i for i, env in enumerate(envs) if applies("vendi", env.env_source)]
     vectors = np.zeros((len(envs), 1), dtype=np.float32)
@@ -196,7 +205,7 @@ def analyze(runs: list[Run], embedder: Embedder, gating: dict[str, GatingVerdict
         embedded = embedder.embed([envs[i].source for i in code])
         vectors = np.zeros((len(envs), embedded.shape[1]), dtype=np.float32)
         vectors[code] = embedded
-    rows = [env_row(env, (gating or {}).get(env.uid)) for env in envs]
+    rows = [env_row(env, (gating or {}).get(env.uid), degenerate.get(env.uid)) for env in envs]
     if with_map and envs:
         if code:
             say("t-SNE map")
@@ -224,7 +233,8 @@ def analyze(runs: list[Run], embedder: Embedder, gating: dict[str, GatingVerdict
             ids = [i for i in mine if envs[i].generated_step == step]
             counts = rejected_by_step.get(step, Counter())
             steps.append({"step": step, **group(ids, False), "rejected": sum(counts.values()),
-                          "rejected_by_kind": dict(counts)})
+                          "rejected_by_kind": dict(counts),
+                          **degenerate_summary([degenerate[envs[i].uid] for i in ids], counts["degenerate_win"])})
         windows = []
         if run.regeneration_steps:
             last = max(run.regeneration_steps)
@@ -233,6 +243,8 @@ def analyze(runs: list[Run], embedder: Embedder, gating: dict[str, GatingVerdict
                 if ids:
                     windows.append({"start": start, "end": start + window - 1, **group(ids, True)})
         whole = group(mine, True)
+        whole.update(degenerate_summary([degenerate[envs[i].uid] for i in mine],
+                                        sum(1 for r in run.rejections if r.kind == "degenerate_win")))
         skipped = not_applicable(source)
         if "collapse" in skipped:
             collapse_info: dict[str, Any] = {"not_applicable": skipped["collapse"]}
@@ -273,6 +285,11 @@ def run_line(run: dict[str, Any]) -> str:
         parts.append(f"state-gated {_fmt(whole['state_gated_share'])} (of {whole['state_gating_known']})")
     if "collapse" not in skipped:
         parts.append(f"longest duplicate streak {run['collapse']['longest_streak']}")
+    if whole.get("degenerate_known"):
+        parts.append(f"won by a degenerate policy {_fmt(whole['degenerate_share'])} (of {whole['degenerate_known']}, "
+                     f"{whole['degenerate_from']}; {whole['rejected_degenerate_win']} rejected for it)")
+    elif run["env_source"] != RLVE:
+        parts.append("won by a degenerate policy: unknown (spade analyze --probe)")
     line = ", ".join(parts)
     if skipped:
         line += f"\n  not applicable to env_source {run['env_source']}: " + ", ".join(

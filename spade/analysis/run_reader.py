@@ -72,6 +72,7 @@ class EnvRecord:
     memory_win_rate: float | None = None
     memory_regret: float | None = None
     env_source: str = "designer"  # the run's selfplay.env_source (spade.analysis.sources)
+    tool_report: dict[str, Any] | None = None  # tool use: what admission's tool stages found (its probe scores)
 
     @property
     def uid(self) -> str:
@@ -227,7 +228,8 @@ def read_envs(run_dir: Path, run: str) -> list[EnvRecord]:
                 slot=int(meta.get("slot", 0)), skill=str(meta.get("skill") or ""),
                 class_name=str(meta.get("class_name") or ""), source=_read_text(source_path),
                 hint=_read_text(directory / f"{env_id}.hint.txt"), document=meta.get("document"),
-                max_turns=meta.get("max_turns"), attempts=int(meta.get("attempts") or 1)))
+                max_turns=meta.get("max_turns"), attempts=int(meta.get("attempts") or 1),
+                tool_report=meta.get("tool_report") if isinstance(meta.get("tool_report"), dict) else None))
     envs.sort(key=lambda e: (e.generated_step, e.slot, e.env_id))
     return envs
 

@@ -15,7 +15,7 @@ ENV_COLUMNS = ("run", "uid", "env_id", "generated_step", "slot", "skill", "class
                "level", "accuracy", "win_rate",
                "window_win", "regret", "learnable", "n_nohint_plays", "n_hint_plays", "kept_episodes",
                "reward_levels", "partial_levels", "physics", "formula_revealed", "state_gated", "gating_reason",
-               "lines", "code_lines", "state_variables", "turns", "hint_contains_answer", "hint_one_turn_win_rate",
+               "degenerate_won", "degenerate_policy", "degenerate_source", "lines", "code_lines", "state_variables", "turns", "hint_contains_answer", "hint_one_turn_win_rate",
                "nohint_one_turn_win_rate", "x", "y", "map")
 
 

@@ -22,6 +22,10 @@ def add_parser(subparsers: Any) -> None:
                         help="all-MiniLM-L6-v2 (default, as the paper) or a model-free hashing stand-in")
     parser.add_argument("--no-gating", action="store_true",
                         help="skip the state-gating replays (no sandbox needed)")
+    parser.add_argument("--probe", action="store_true",
+                        help="play the degenerate-policy probes in the sandbox on the saved environments of runs "
+                        "whose admission did not (probes off, or runs older than them); a few hundred ms per "
+                        "environment")
     parser.add_argument("--no-plots", action="store_true", help="JSON and CSV only")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Vendi draws and the t-SNE layout")
     parser.add_argument("--config", metavar="FILE", help="YAML file whose 'sandbox:' section sets the limits")
@@ -60,7 +64,14 @@ def run_analyze(args: argparse.Namespace) -> int:
         envs = [env for run in runs for env in run.envs]
         say("state gating: replaying winning actions in the sandbox")
         gating = run_gating(envs, sandbox_config(args))
-    analysis = analyze(runs, make_embedder(args.embedding), gating, window=window, seed=args.seed, progress=say)
+    probed = None
+    if args.probe:
+        from ..analysis.degenerate_share import recorded_verdicts, run_probes_after_the_fact
+
+        say("degenerate-policy probes: playing the saved environments whose admission did not")
+        probed = run_probes_after_the_fact(runs, sandbox_config(args), only_unknown=recorded_verdicts(runs))
+    analysis = analyze(runs, make_embedder(args.embedding), gating, window=window, seed=args.seed, progress=say,
+                       probed=probed)
     written = write_all(analysis.data, out)
     if not args.no_plots:
         say("plots")
