@@ -179,6 +179,10 @@ def _print_tool_verdict(verdict: Any) -> None:
     print(f"  reset gate errors: {errors or 'none'}")
     print("  model screen: " + {None: "not asked (no model here; no verdict counts as accept)",
                                 True: "accepted", False: "rejected"}[report.screen], flush=True)
+    if report.probes is not None:  # the degenerate-policy probes: one line per policy
+        print(f"  degenerate-policy probes ({report.probes.turns} turns, threshold {report.probes.threshold:g}):")
+        for line in report.probes.lines():
+            print(f"    {line}", flush=True)
 
 
 def _indices(found: list[int]) -> str:
