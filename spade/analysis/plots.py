@@ -84,22 +84,33 @@ def _get(summary: dict[str, Any], key: str) -> Any:
     return value
 
 
+def _step_axis(ax: Any, xlabel: str = "regeneration step") -> None:
+    """A step x axis: labelled, whole numbers only, with a light grid."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay the figure out, write it at the plots' resolution and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    _pyplot().close(fig)
+    return path
+
+
 def _finish(fig: Any, ax: Any, path: Path, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> Path:
     ax.set_title(title, fontsize=10)
-    ax.set_xlabel("regeneration step")
     ax.set_ylabel(ylabel)
     if ylim:
         ax.set_ylim(*ylim)
-    ax.grid(alpha=0.3)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _step_axis(ax)
     handles, _ = ax.get_legend_handles_labels()
     if handles:
         ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    return path
+    return _save(fig, path)
 
 
 def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> list[Path]:
@@ -112,14 +123,12 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
         _curve(ax, data, key, "", band=band)
         _notes(ax, data, *((family,) if family else ()), empty_key=key)
         written.append(_finish(fig, ax, out / name, title, ylabel, ylim))
-        plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     _curve(ax, data, "n_envs", "", label_for=lambda run: _admission_labels(run)[0])
     _curve(ax, data, "rejected", "", style="--", label_for=lambda run: _admission_labels(run)[1])
     written.append(_finish(fig, ax, out / "admission.png", "Environments per regeneration and the candidates refused",
                            "count"))
-    plt.close(fig)
 
     single("vendi.png", "vendi_per_n", "Vendi/n of each regenerated set (1/n: all alike, 1: all different)",
            "Vendi / n", (0, 1.05), family="vendi")
@@ -142,23 +151,18 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
         ax.set_ylabel("share of environments")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "distributions.png", dpi=80)
-    written.append(out / "distributions.png")
-    plt.close(fig)
+    written.append(_save(fig, out / "distributions.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     _curve(ax, data, "reward_levels_mean", "all levels")
     _curve(ax, data, "partial_levels_mean", "strictly partial", style="--")
     written.append(_finish(fig, ax, out / "reward_levels.png", "Distinct reward values per environment (mean)", "values"))
-    plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     _curve(ax, data, "formula_reveal_share", "formula reveal (physics envs)")
     _curve(ax, data, "state_gated_share", "state-gated", style="--")
     _notes(ax, data, "state_gating", "formula_reveal", empty_key="state_gated_share")
     written.append(_finish(fig, ax, out / "reveal_gating.png", "Formula reveal and state gating", "share", (-0.02, 1.05)))
-    plt.close(fig)
 
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
     for ax, key, title in zip(axes, ("lines_mean", "state_variables_mean", "turns_mean"),
@@ -167,20 +171,13 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
         if key != "turns_mean":
             _notes(ax, data, "program_size", width=45)
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("regeneration step")
-        ax.grid(alpha=0.3)
-        from matplotlib.ticker import MaxNLocator
-
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _step_axis(ax)
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
             break
     fig.suptitle("Program size (means per set)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "program_size.png", dpi=80)
-    written.append(out / "program_size.png")
-    plt.close(fig)
+    written.append(_save(fig, out / "program_size.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     _curve(ax, data, "duplicate_share", "near-duplicate share in set")
@@ -192,7 +189,6 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
                 color=PALETTE[i % len(PALETTE)], va="top")
     _notes(ax, data, "vendi")
     written.append(_finish(fig, ax, out / "collapse.png", "Collapse: near-duplicates within a set", "share", (-0.02, 1.05)))
-    plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     _curve(ax, data, "hint_contains_answer_share", "hint contains a winning action")
@@ -200,7 +196,6 @@ def plot_all(data: dict[str, Any], embeddings: np.ndarray | None, out: Path) -> 
     _curve(ax, data, "nohint_one_turn_win_rate", "one-turn wins, no hint", style=":")
     _notes(ax, data, "hint_leakage")
     written.append(_finish(fig, ax, out / "hint_leakage.png", "Hint leakage", "share", (-0.02, 1.05)))
-    plt.close(fig)
 
     written.append(plot_map(data, out / "tsne.png"))
     if any("rlve" in run for run in data["runs"]):
@@ -216,7 +211,6 @@ def plot_rlve_levels(data: dict[str, Any], path: Path) -> Path:
     per step, one line per (run, level); right: the controller's highest level and the
     environments raised so far (``rlve/*`` metrics)."""
     plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     ax = axes[0]
@@ -247,15 +241,10 @@ def plot_rlve_levels(data: dict[str, Any], path: Path) -> Path:
             axes[0].text(0.01, 0.02 + 0.07 * i, f"{run['name']}: env_source {run.get('env_source')}, no rlve levels",
                          transform=axes[0].transAxes, fontsize=6, color=PALETTE[i % len(PALETTE)])
     for ax in axes:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _step_axis(ax, "step")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_map(data: dict[str, Any], path: Path) -> Path:
@@ -291,7 +280,4 @@ def plot_map(data: dict[str, Any], path: Path) -> Path:
         ax.set_yticks([])
     _notes(axes[0], data, "map", width=60)
     fig.suptitle(f"t-SNE map of {len(rows)} environments ({data.get('embedding')})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
