@@ -200,3 +200,19 @@ def test_observed_arguments():
     assert observed_arguments(single, "Set the mode to b.") == {"mode": "b"}
     assert observed_arguments(single, "Set the mode to bravo.") == {"mode": "a"}
     assert [p.name for p in tool_probe_policies([tool, single])] == [ANSWER_DONE, "repeat_t", "repeat_m"]
+
+
+def test_env_check_prints_the_tool_probes_one_line_per_policy(tmp_path, capsys):
+    from spade.cli import main
+
+    exploit = tmp_path / "reads.py"
+    exploit.write_text(EXPLOITS["one repeated call completes everything"][0])
+    banking = next(p for p in example_paths() if p.stem == "banking")
+    assert main(["env", "check", str(banking), str(exploit)]) == 1
+    admitted, rejected = capsys.readouterr().out.split(f"{exploit}: ")
+    assert "ok   degenerate_probe" in admitted
+    for name in (ANSWER_DONE, "repeat_get_balance", "repeat_transfer", "repeat_pay", "repeat_decline_request",
+                 "repeat_stock_quote"):
+        assert len([line for line in admitted.splitlines() if line.strip().startswith(name + " ")]) == 1, name
+    assert "rejected at degenerate_probe: degenerate_win" in rejected and "'repeat_read'" in rejected
+    assert "FAIL degenerate_probe" in rejected
