@@ -120,27 +120,66 @@ class SGLang:
     io_struct: types.ModuleType
     server_args: types.ModuleType
     api_contract: types.ModuleType
+    api_types: types.ModuleType  # sglang.api.v1.api_types: the /generate schema
     sampling_params: types.ModuleType
     schedule_batch_part: types.ModuleType  # the FINISH_* classes, from schedule_batch.py
+    serializer: type  # srt/utils/common.py MultiprocessingSerializer (tensor payloads)
     version: str
+
+
+def _import_all() -> tuple:
+    import sglang.api.v1.api_types as api_types
+    import sglang.srt.entrypoints.api_contract as api_contract
+    import sglang.srt.managers.io_struct as io_struct
+    import sglang.srt.sampling.sampling_params as sampling_params
+    import sglang.srt.server_args as server_args
+    from sglang.srt.utils.common import MultiprocessingSerializer
+    from sglang.version import __version__
+
+    return io_struct, server_args, api_contract, api_types, sampling_params, MultiprocessingSerializer, __version__
+
+
+_LOADED: list[str] = []  # the sys.path entry and module names load() added, for unload()
 
 
 @functools.lru_cache(maxsize=1)
 def load() -> SGLang:
-    pkg = package_dir()
+    """SGLang's modules (see the module docstring). They stay in ``sys.modules`` (SGLang imports
+    some of its own modules lazily) until ``unload()``; a test module calls that when it is done,
+    so the rest of the test process sees no ``sglang`` (``tests/test_runtime_versions.py`` checks
+    that this venv has none)."""
+    present = sys.modules.get("sglang")
+    if present is not None:  # a real installation already imported (the GPU image): use it as it is
+        modules = _import_all()
+        if modules[-1] != PINNED:
+            raise RuntimeError(f"the imported sglang is {modules[-1]}, spade pins {PINNED}")
+        pkg = Path(present.__path__[0])
+    else:
+        pkg = package_dir()
+        modules = _load_from(pkg)
+    finish = from_source("sglang_finish_reasons", pkg / "srt/managers/schedule_batch.py",
+                         ["BaseFinishReason", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR", "FINISH_LENGTH",
+                          "FINISH_ABORT"])
+    io_struct, server_args, api_contract, api_types, sampling_params, serializer, version = modules
+    if version != PINNED:
+        unload()
+        raise RuntimeError(f"{pkg} is SGLang {version}, spade pins {PINNED}: rerun `make sglang-src`")
+    return SGLang(io_struct, server_args, api_contract, api_types, sampling_params, finish, serializer, version)
+
+
+def _load_from(pkg: Path) -> tuple:
     import torch  # noqa: F401 - imported before the triton placeholder exists: torch sees no triton
 
     root = str(pkg.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    present = sys.modules.get("sglang")
-    if present is not None and getattr(present, "__path__", [None])[0] != str(pkg):
-        raise RuntimeError(f"another sglang is already imported ({present!r}); these tests need {pkg}")
-    if present is None:
-        top = types.ModuleType("sglang")
-        top.__path__ = [str(pkg)]
-        top.__file__ = str(pkg / "__init__.py")
-        sys.modules["sglang"] = top
+    before = set(sys.modules)
+    sys.path.insert(0, root)
+    _LOADED.append(root)
+    top = types.ModuleType("sglang")
+    top.__path__ = [str(pkg)]
+    top.__file__ = str(pkg / "__init__.py")
+    top.__spec__ = importlib.machinery.ModuleSpec("sglang", None, origin=top.__file__, is_package=True)
+    top.__spec__.submodule_search_locations = [str(pkg)]
+    sys.modules["sglang"] = top
     had_triton = "triton" in sys.modules
     if not had_triton:
         triton = _Inert("triton")
@@ -161,21 +200,28 @@ def load() -> SGLang:
         mm = from_source("sglang.srt.multimodal.mm_utils", srt / "multimodal/mm_utils.py", ["has_valid_data"],
                          {"flatten_nested_list": flatten_nested_list})
         sys.modules[mm.__name__] = mm
-        import sglang.srt.entrypoints.api_contract as api_contract
-        import sglang.srt.managers.io_struct as io_struct
-        import sglang.srt.sampling.sampling_params as sampling_params
-        import sglang.srt.server_args as server_args
-        from sglang.version import __version__
+        return _import_all()
     finally:
         if not had_triton:
             for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
                 del sys.modules[name]
-    finish = from_source("sglang_finish_reasons", srt / "managers/schedule_batch.py",
-                         ["BaseFinishReason", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR", "FINISH_LENGTH",
-                          "FINISH_ABORT"])
-    if __version__ != PINNED:
-        raise RuntimeError(f"{pkg} is SGLang {__version__}, spade pins {PINNED}: rerun `make sglang-src`")
-    return SGLang(io_struct, server_args, api_contract, sampling_params, finish, __version__)
+        # SGLang's modules and the few packages .sglang-src adds (msgspec, orjson, ...), not the
+        # modules of .venv they imported (torch, pydantic, ...): those stay as they are
+        _LOADED.extend(sorted(name for name in set(sys.modules) - before
+                              if name == "sglang" or name.startswith("sglang.")
+                              or str(getattr(sys.modules[name], "__file__", None) or "").startswith(root)))
+
+
+def unload() -> None:
+    """Take out of ``sys.path`` and ``sys.modules`` what ``load()`` put there (the objects already
+    handed out keep working; a new ``load()`` imports afresh)."""
+    while _LOADED:
+        entry = _LOADED.pop()
+        if entry in sys.modules:
+            del sys.modules[entry]
+        elif entry in sys.path:
+            sys.path.remove(entry)
+    load.cache_clear()
 
 
 # ------------------------------------------------------------------------------ read by ast

@@ -50,7 +50,8 @@ SERVER_TP = 2  # what the recording servers report in /get_server_info
 
 @pytest.fixture(scope="module")
 def sg() -> upstream.SGLang:
-    return upstream.load()
+    yield upstream.load()
+    upstream.unload()
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +139,7 @@ class RecordingServers:
             self._reply(writer, 200, {"tp_size": SERVER_TP, "dp_size": 1, "version": self.sg.version,
                                       "weight_version": "default"})
         elif path == "/update_weights_from_tensor":
-            serializer = _sglang_serializer()
-            self.decoded.append([serializer.deserialize(entry) for entry in body["serialized_named_tensors"]])
+            self.decoded.append([self.sg.serializer.deserialize(entry) for entry in body["serialized_named_tensors"]])
             self._reply(writer, 200, {"success": True, "message": "Success"})
         elif path in ("/begin_weight_update", "/end_weight_update", "/init_weights_update_group",
                       "/destroy_weights_update_group", "/update_weights_from_distributed"):
@@ -173,12 +173,6 @@ class RecordingServers:
         for event in (standin._sse(out), standin._sse(standin.STREAM_DONE)):
             writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
         writer.write(b"0\r\n\r\n")
-
-
-def _sglang_serializer() -> Any:
-    from sglang.srt.utils.common import MultiprocessingSerializer
-
-    return MultiprocessingSerializer
 
 
 def _request(**kw: Any) -> GenerationRequest:
@@ -626,6 +620,5 @@ def test_the_hand_written_answers_of_test_sglang_protocol_have_sglangs_layout(sg
         finish = body["meta_info"]["finish_reason"]
         assert set(finish) <= finish_keys[finish["type"]], (name, finish)
     import msgspec
-    from sglang.api.v1 import api_types
 
-    assert hand.SGLANG_SAMPLING_KEYS == {f.name for f in msgspec.structs.fields(api_types.SamplingParams)}
+    assert hand.SGLANG_SAMPLING_KEYS == {f.name for f in msgspec.structs.fields(sg.api_types.SamplingParams)}
