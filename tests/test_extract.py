@@ -344,10 +344,34 @@ def test_extract_never_raises_on_code_like_text(text):
         ast.parse(result.code)
 
 
-@given(st.lists(CODE_ALPHABET, max_size=30).map("".join))
+def _braces(code: str) -> int:
+    return code.count("{") + code.count("}")
+
+
+def _without_braces(code: str) -> str:
+    return code.replace("{", "").replace("}", "")
+
+
+# f-strings whose fields are often broken, so that about a third of the examples need a repair
+# (the code-like text alone almost never does)
+BROKEN_FIELDS = st.lists(st.sampled_from(list("ab1 {}{}:!.()'") + ["{a b}", "{x}", "}", "{"]), max_size=12)
+FSTRING_LINE = st.builds(lambda lead, quote, body: f"{lead}f{quote}{body}{quote}",
+                         st.sampled_from(["", "x = ", "print(", "y = 1\nz = "]), st.sampled_from(['"', "'"]),
+                         BROKEN_FIELDS.map("".join))
+
+
+@given(st.one_of(st.lists(CODE_ALPHABET, max_size=30).map("".join), FSTRING_LINE))
 def test_repair_result_parses_when_no_error_reported(text):
     result = extract_code(fenced(text))
-    assert result.repairs >= 0
+    selected = extract_code(fenced(text), max_repair_passes=0).code  # the same code, nothing repaired
+    if result.repairs == 0:
+        assert result.code == selected
+    else:  # only code that does not parse is repaired, and only by escaping braces: one or two per repair
+        with pytest.raises((SyntaxError, ValueError)):
+            ast.parse(selected)
+        assert _without_braces(result.code) == _without_braces(selected)
+        added = _braces(result.code) - _braces(selected)
+        assert result.repairs <= added <= 2 * result.repairs
     if result.syntax_error is None:
         ast.parse(result.code)
     else:

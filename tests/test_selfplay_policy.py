@@ -29,12 +29,19 @@ ECHO = textwrap.dedent('''
 ''')
 
 
-def tiny_engine(tokenizer) -> HFEngine:
+def tiny_engine(tokenizer, eos_bias: float = 0.0) -> HFEngine:
+    """A random tiny Qwen3; ``eos_bias`` is added to end-of-turn's logit so replies end (several turns)."""
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                          tie_word_embeddings=False)
-    return HFEngine((Qwen3ForCausalLM(config).eval(), tokenizer), eos_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
+    model = Qwen3ForCausalLM(config).eval()
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if eos_bias:
+        model.lm_head.bias = torch.nn.Parameter(torch.zeros(config.vocab_size))
+        with torch.no_grad():
+            model.lm_head.bias[eos] = eos_bias
+    return HFEngine((model, tokenizer), eos_token_ids=(eos,))
 
 
 def play(sandbox, tokenizer, engine, sampling, max_context_tokens=400):
@@ -54,21 +61,38 @@ def play(sandbox, tokenizer, engine, sampling, max_context_tokens=400):
     return sandbox.run(go(), timeout=120)
 
 
+class Recording:
+    """The engine, keeping every request it was sent and the result it returned."""
+
+    def __init__(self, engine) -> None:
+        self.inner = engine
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, request):
+        result = await self.inner.generate(request)
+        self.calls.append((request, result))
+        return result
+
+
 def test_episode_tokens_are_exactly_what_the_engine_produced(sandbox):
     tokenizer = bpe_tokenizer()
-    engine = tiny_engine(tokenizer)
+    engine = Recording(tiny_engine(tokenizer, eos_bias=5.0))
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(eos,), seed=11)
     result, policy = play(sandbox, tokenizer, engine, sampling)
     conversation = policy.conversation
     assert conversation is not None
-    # Every assistant message the runner recorded is the decoded text of the generated ids.
     assistant = [m.content for m in result.messages if m.role == "assistant"]
-    assert len(assistant) == conversation.turns == len(policy.weight_versions)
+    assert len(assistant) == conversation.turns == len(policy.weight_versions) == len(engine.calls) >= 2
     ids, mask = conversation.token_ids, conversation.loss_mask
-    generated_runs, run = [], []
-    for token, flag in zip(ids, mask):
+    generated_runs, starts, run = [], [], []
+    for position, (token, flag) in enumerate(zip(ids, mask)):
         if flag:
+            if not run:
+                starts.append(position)
             run.append(token)
         elif run:
             generated_runs.append(run)
@@ -76,6 +100,14 @@ def test_episode_tokens_are_exactly_what_the_engine_produced(sandbox):
     if run:
         generated_runs.append(run)
     assert len(generated_runs) == conversation.turns
+    logprobs = conversation.rollout_logprobs
+    for (request, produced), generated, start, reply in zip(engine.calls, generated_runs, starts, assistant):
+        # the trained tokens of each turn are the engine's ids and log-probs, unchanged; its prompt
+        # was the whole conversation before them; the runner's message is their decoded text
+        assert generated == list(produced.token_ids)
+        assert logprobs[start:start + len(generated)] == list(produced.logprobs)
+        assert list(request.prompt_ids) == ids[:start]
+        assert reply == tokenizer.decode([t for t in produced.token_ids if t != eos])
     # The opening prompt is the chat template's rendering of the runner's first messages.
     first = [m.to_dict() for m in result.messages[:1]]
     assert ids[:len(conversation.prompt_ids)] == tokenizer.apply_chat_template(first, add_generation_prompt=True,
