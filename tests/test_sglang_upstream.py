@@ -622,3 +622,30 @@ def test_the_hand_written_answers_of_test_sglang_protocol_have_sglangs_layout(sg
     import msgspec
 
     assert hand.SGLANG_SAMPLING_KEYS == {f.name for f in msgspec.structs.fields(sg.api_types.SamplingParams)}
+
+
+def test_the_standins_info_answers_have_sglangs_keys(sg, route_table):
+    """``/get_server_info``: ServerArgs' fields plus what ``server_info`` and
+    ``srt/utils/common.py::build_server_info`` add (the stand-in's own ``standin`` block aside);
+    ``/get_model_info``: the keys ``model_info`` answers with."""
+    import threading
+
+    st = _bare_standin()
+    st.opts = standin.Options(model_path="/m", host="127.0.0.1", port=1, tp_size=2, weight_version="default",
+                              skip_tokenizer_init=True, weights_cpu_backup=False, incremental_streaming=False,
+                              die_after_generates=None, die_once_file=None)
+    st.version_names, st.version, st.released, st.generates, st.hung_rids = {0: "default"}, 0, set(), 0, []
+    st.held, st.faults = threading.Event(), {}
+    st.engine = types.SimpleNamespace(stats=types.SimpleNamespace(running=0, generated_tokens=0, aborted=0))
+    server_info = asyncio.run(st.server_info({})).body
+    model_info = asyncio.run(st.model_info({})).body
+
+    args = {f.name for f in sg.server_args.record_fields(sg.server_args.ServerArgs)}
+    common = upstream.source("srt/utils/common.py")
+    added = set(upstream.dict_keys_written(upstream.function_def(common, "build_server_info"), "result"))
+    sglang_server_info = args | added | _answer_keys(route_table["/server_info"])
+    assert "tp_size" in sglang_server_info and "version" in sglang_server_info
+    extra = set(server_info) - {"standin"} - sglang_server_info
+    assert not extra, f"the stand-in's /get_server_info has keys SGLang's has not: {sorted(extra)}"
+    extra = set(model_info) - _answer_keys(route_table["/model_info"])
+    assert not extra, f"the stand-in's /get_model_info has keys SGLang's has not: {sorted(extra)}"

@@ -514,6 +514,14 @@ class Standin:
 
     def _output(self, rid: str, request: GenerationRequest, ids, logprobs, finish: dict,
                 version: str, body: dict) -> dict:
+        """A /generate answer as SGLang 0.5.23 builds it (paths in the wheel, ``sglang/srt/...``):
+        ``{"output_ids", "meta_info"}`` for a server without a tokenizer
+        (``managers/tokenizer_manager.py:2706``, ``"text"`` added with one, :2666); ``meta_info``
+        from ``_handle_batch_output`` (``id``, ``finish_reason``, ``prompt_tokens``,
+        ``weight_version`` at :2508-2511; ``completion_tokens``, ``cached_tokens`` at :2556-2557)
+        and, with ``return_logprob``, ``add_logprob_to_meta_info`` (:2868-2869) whose triples are
+        ``detokenize_logprob_tokens``' ``(logprob, token_id, None)`` (:3104-3108). A subset of
+        SGLang's keys: ``tests/test_sglang_upstream.py`` checks them against that source."""
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": finish,
@@ -754,7 +762,8 @@ def _sse(value: Any) -> bytes:
 
 
 def _finish(reason: str, ids) -> dict:
-    """SGLang's ``FINISH_*.to_json()`` for one of our finish reasons."""
+    """SGLang's ``FINISH_*.to_json()`` for one of our finish reasons (``srt/managers/schedule_batch.py``:
+    ``FINISH_MATCHED_TOKEN`` :289, ``FINISH_LENGTH`` :325, ``FINISH_ABORT`` :339)."""
     if reason == "stop":
         return {"type": "stop", "matched": ids[-1]}
     if reason == "length":
