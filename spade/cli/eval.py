@@ -7,6 +7,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .common import UsageError
 
@@ -100,26 +101,28 @@ def run_eval(args: argparse.Namespace) -> int:
         from .common import sandbox_config
 
         sandbox = sandbox_config(args)
-    tau2 = None
-    if args.tau2:
+    tau2 = acebench = None
+    if args.tau2 or args.acebench:
+        from ..eval.acebench import AceBenchSettings
         from ..eval.tau2_bench import Tau2Settings
 
-        try:
-            tau2 = Tau2Settings.from_pairs(args.tau2)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    acebench = None
-    if args.acebench:
-        from ..eval.acebench import AceBenchSettings
-
-        try:
-            acebench = AceBenchSettings.from_pairs(args.acebench)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        tau2 = _harness_settings(args.tau2, Tau2Settings)
+        acebench = _harness_settings(args.acebench, AceBenchSettings)
     options = BenchmarkOptions(data_dir=Path(args.data) if args.data else None, n=args.samples,
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                rg_episodes=args.rg_episodes, sandbox=sandbox, tau2=tau2, acebench=acebench)
     return asyncio.run(_evaluate(args, names, options))
+
+
+def _harness_settings(pairs: list[str] | None, settings: Any) -> Any:
+    """``--tau2`` / ``--acebench`` ``KEY=VALUE`` pairs as ``settings.from_pairs`` reads them; None
+    without pairs."""
+    if not pairs:
+        return None
+    try:
+        return settings.from_pairs(pairs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 async def _evaluate(args: argparse.Namespace, names: list[str], options) -> int:
