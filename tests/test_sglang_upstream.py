@@ -81,6 +81,7 @@ class RecordingServers:
         self.count = count
         self.sent: list[Sent] = []
         self.decoded: list[list] = []
+        self.errors: list[str] = []  # what the handlers raised
         self.held = asyncio.Event()
         self.release = asyncio.Event()
         self.servers: list[asyncio.AbstractServer] = []
@@ -116,7 +117,11 @@ class RecordingServers:
                 path = target.split("?", 1)[0]
                 body = json.loads(raw) if raw else None
                 self.sent.append(Sent(index, method, path, body, raw))
-                await self._answer(writer, path, body)
+                try:
+                    await self._answer(writer, path, body)
+                except Exception as exc:  # a payload SGLang's code cannot take: say which
+                    self.errors.append(f"{path}: {exc!r}")
+                    self._reply(writer, 500, {"error": {"message": repr(exc)}})
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
@@ -216,7 +221,10 @@ def recorded(sg) -> RecordingServers:
 
     async def run() -> RecordingServers:
         async with RecordingServers(sg, 2) as rec:
-            await asyncio.wait_for(_drive_client(rec), 120)
+            try:
+                await asyncio.wait_for(_drive_client(rec), 120)
+            finally:
+                assert not rec.errors, rec.errors
             return rec
 
     with pytest.MonkeyPatch.context() as mp:
