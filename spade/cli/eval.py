@@ -96,6 +96,8 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be >= 1")
+    if args.out:
+        _make_out_dir(Path(args.out))
     sandbox = None
     if "lcb_v6" in names:
         from .common import sandbox_config
@@ -112,6 +114,15 @@ def run_eval(args: argparse.Namespace) -> int:
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                rg_episodes=args.rg_episodes, sandbox=sandbox, tau2=tau2, acebench=acebench)
     return asyncio.run(_evaluate(args, names, options))
+
+
+def _make_out_dir(out: Path) -> None:
+    """``--out`` with any missing parents, before the model loads (a skipped benchmark writes only the
+    summary, which found no directory to go in)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot be made a directory ({exc.strerror})") from None
 
 
 def _harness_settings(pairs: list[str] | None, settings: Any) -> Any:
