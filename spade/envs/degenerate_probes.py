@@ -99,6 +99,12 @@ class PolicyResult:
     def mean_return(self) -> float | None:
         return sum(self.returns) / len(self.returns) if self.returns else None
 
+    def cannot_reach(self, threshold: float, seeds_left: int) -> bool:
+        """Even a return of 1.0 on every seed left would keep the mean below ``threshold``."""
+        if not self.returns:
+            return False
+        return (sum(self.returns) + seeds_left * 1.0) / (len(self.returns) + seeds_left) < threshold
+
     def to_json(self) -> dict[str, Any]:
         mean = self.mean_return
         return {"policy": self.policy, "description": self.description,
@@ -264,9 +270,8 @@ async def run_probes(env: EnvInstance, settings: ProbeSettings, *, max_turns: in
         result = PolicyResult(policy.name, policy.description)
         report.results.append(result)
         for position, seed in enumerate(settings.seeds):
-            left = len(settings.seeds) - position
-            if result.returns and (sum(result.returns) + left * 1.0) / (len(result.returns) + left) < settings.threshold:
-                break  # the seeds left cannot lift the mean to the threshold
+            if result.cannot_reach(settings.threshold, len(settings.seeds) - position):
+                break
             outcome = await _episode(env, policy, seed, turns, budget, played)
             if outcome is None:
                 if budget.exhausted:

@@ -174,9 +174,8 @@ async def run_tool_probes(env: Any, tools: list[dict[str, Any]], instructions: i
         result = ToolPolicyResult(policy.name, policy.description, instructions=instructions)
         report.results.append(result)
         for position, seed in enumerate(settings.seeds):
-            left = len(settings.seeds) - position
-            if result.returns and (sum(result.returns) + left * 1.0) / (len(result.returns) + left) < settings.threshold:
-                break  # the seeds left cannot lift the mean to the threshold
+            if result.cannot_reach(settings.threshold, len(settings.seeds) - position):
+                break
             outcome = await _episode(env, policy, seed, turns, budget)
             if outcome is None:
                 break
