@@ -95,7 +95,8 @@ class RankExport:
 
 
 @torch.no_grad()
-def hf_weights(model: torch.nn.Module, spec: ModelSpec, rank: RankExport = RankExport()) -> Iterator[tuple[str, Tensor]]:
+def hf_weights(model: torch.nn.Module, spec: ModelSpec,
+               rank: RankExport = RankExport()) -> Iterator[tuple[str, Tensor]]:
     """(HF name, full tensor) for the parameters this rank's stage / expert rank owns."""
     local = {name: param.detach() for name, param in _unwrap(model).named_parameters()}
     yield from iter_hf_weights(local, spec, rank.layout, rank.coords, rank.gather, rank.naming)
