@@ -146,11 +146,11 @@ def test_a_policy_completing_some_steps_only_is_admitted(harness):
     assert note.completed == [1, 1] and note.mean_return == 0.0
 
 
-def test_a_tool_hanging_on_a_probe_call_is_rejected_at_the_probe_stage(harness):
-    source = HONEST.replace('''        self._state["notes"].append(text)''', '''        while True:
-            pass''')
+def test_a_tool_exiting_on_a_probe_call_is_rejected_at_the_probe_stage(harness):
+    """A fault during a probe call is the environment's (as in the other tool stages), not a 0 score."""
+    source = HONEST.replace('''        self._state["notes"].append(text)''', '''        raise SystemExit(3)''')
     verdict = verdict_for(harness, source)
-    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.TIMEOUT, Stage.DEGENERATE_PROBE)
+    assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.EXIT_CALLED, Stage.DEGENERATE_PROBE)
 
 
 def test_the_games_switches_govern_the_tool_probes(harness):
