@@ -657,3 +657,19 @@ def test_the_standins_info_answers_have_sglangs_keys(sg, route_table):
     assert not extra, f"the stand-in's /get_server_info has keys SGLang's has not: {sorted(extra)}"
     extra = set(model_info) - _answer_keys(route_table["/model_info"])
     assert not extra, f"the stand-in's /get_model_info has keys SGLang's has not: {sorted(extra)}"
+
+
+def test_extra_args_reach_the_server_args_fields_they_name(sg):
+    """``extra_argv``'s encoding (``True`` -> a bare flag, a list -> several values, a dict -> its
+    JSON) is how SGLang's parser reads those fields."""
+    from spade.rollout.sglang.launcher import sglang_argv
+
+    argv = sglang_argv("/models/qwen3", tp=4, ep=4, dp=1, mem_fraction=0.6, port=30001, python="python",
+                       extra_args={"base_gpu_id": 4, "context_length": 4096, "disable_radix_cache": True,
+                                   "cuda_graph_bs_decode": [1, 2, 4], "enable_torch_compile": False,
+                                   "json_model_override_args": {"rope_theta": 1e6}})
+    args = parse_server_argv(sg, argv)
+    assert (args.tp_size, args.ep_size, args.dp_size, args.base_gpu_id, args.port) == (4, 4, 1, 4, 30001)
+    assert args.mem_fraction_static == 0.6 and args.context_length == 4096 and args.disable_radix_cache is True
+    assert args.cuda_graph_bs_decode == [1, 2, 4] and args.enable_torch_compile is False
+    assert json.loads(args.json_model_override_args) == {"rope_theta": 1e6}
