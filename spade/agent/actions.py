@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import re
 
+from .reasoning import drop_leading_block
+
 __all__ = ["boxed_contents", "parse_action"]
 
 _BOX_OPEN = re.compile(r"\\boxed\s*\{")
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
 def parse_action(response: str) -> str:
     r"""The action in ``response``: ``\boxed{<last box content>}`` or the stripped text."""
-    answer = _strip_reasoning(response)
+    answer = drop_leading_block(response)
     contents = boxed_contents(answer)
     if contents:
         return "\\boxed{" + contents[-1].strip() + "}"
@@ -51,14 +52,3 @@ def _matching_braces(text: str) -> dict[int, int]:
         elif char == "}" and open_braces:
             closing[open_braces.pop()] = index
     return closing
-
-
-def _strip_reasoning(response: str) -> str:
-    """Drop a leading ``<think>...</think>`` block, or just the tag if unclosed."""
-    body = response.lstrip()
-    if not body.startswith(_THINK_OPEN):
-        return response
-    end = body.find(_THINK_CLOSE)
-    if end == -1:
-        return body[len(_THINK_OPEN):]
-    return body[end + len(_THINK_CLOSE):]

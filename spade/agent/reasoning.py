@@ -81,6 +81,19 @@ def split(text: str, *, inside: bool) -> ReasoningSplit:
     return ReasoningSplit(reasoning or None, answer)
 
 
+def drop_leading_block(text: str) -> str:
+    """``text`` without a leading ``<think>...</think>`` block (whitespace before it goes too); of an
+    unclosed one only the tag goes, and what follows is kept (``split`` would call it all reasoning).
+    How the agent's action parser and the designer's code extraction skip a thinking model's reasoning."""
+    body = text.lstrip()
+    if not body.startswith(OPEN):
+        return text
+    end = body.find(CLOSE)
+    if end == -1:
+        return body[len(OPEN):]
+    return body[end + len(CLOSE):]
+
+
 @dataclass
 class ReasoningDelta:
     reasoning: str = ""

@@ -22,12 +22,13 @@ import tokenize
 import warnings
 from dataclasses import dataclass
 
+from ..agent.reasoning import drop_leading_block
+
 __all__ = ["Extraction", "extract_code", "repair_fstring_braces"]
 
 _PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
 _OPEN_FENCE = re.compile(r"[ \t]*(?P<ticks>`{3,})[ \t]*(?P<lang>[^\s`]*)[^`]*")
 _STRING_HEAD = re.compile(r"(?P<prefix>[A-Za-z]*)(?P<quote>'''|\"\"\"|'|\")")
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
@@ -46,24 +47,13 @@ class Extraction:
 
 def extract_code(response: str, *, max_repair_passes: int = 20) -> Extraction:
     """Select the code in ``response``, repair f-string braces, report syntax."""
-    code, from_fence = _select_code(_strip_reasoning(response))
+    code, from_fence = _select_code(drop_leading_block(response))
     code, repairs = repair_fstring_braces(code, max_repair_passes)
     return Extraction(code, from_fence, repairs, _describe(_parse_error(code)))
 
 
 # --------------------------------------------------------------------------
 # Selecting the code
-
-
-def _strip_reasoning(text: str) -> str:
-    """Drop a leading ``<think>...</think>`` block (or just the tag if unclosed)."""
-    body = text.lstrip()
-    if not body.startswith(_THINK_OPEN):
-        return text
-    end = body.find(_THINK_CLOSE)
-    if end == -1:
-        return body[len(_THINK_OPEN):]
-    return body[end + len(_THINK_CLOSE):]
 
 
 @dataclass(frozen=True)
