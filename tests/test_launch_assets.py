@@ -6,9 +6,11 @@ scripts parse, and the Dockerfile pins its base image and megatron-core as requi
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,70 @@ def test_ablations_run_on_the_engine_and_layout_of_the_run_they_vary(path):
     changed = {name for name in ("selfplay", "loss", "run", "corpus", "sandbox")
                if getattr(config, name) != getattr(reference, name)}
     assert changed == {"selfplay"}, f"{path.name} changes {sorted(changed)}"
+
+
+# ------------------------------------------------------------------ what the scripts launch
+
+RECORDER = "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$RECORD\"\n"  # a stand-in torchrun / docker: its argv, one a line
+
+
+def _launch(tmp_path: Path, script: str, args: list[str], **env: str) -> list[str]:
+    """Run ``examples/launch/<script>`` with stand-ins for torchrun and docker on PATH; the argv
+    the stand-in was exec'd with."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("torchrun", "docker"):
+        (bin_dir / name).write_text(RECORDER)
+        (bin_dir / name).chmod(0o755)
+    record = tmp_path / "argv"
+    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "RECORD": str(record),
+                   "PYTHON": sys.executable, **env}
+    result = subprocess.run(["bash", str(ROOT / "examples" / "launch" / script), *args], capture_output=True,
+                            text=True, env=environment, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return record.read_text().splitlines()
+
+
+def _spade_train(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The ``-m spade train ...`` part of a torchrun command line, parsed by spade's own parser."""
+    from spade.cli import build_parser
+
+    start = argv.index("-m")
+    assert argv[start + 1:start + 3] == ["spade", "train"], argv
+    return build_parser().parse_args(argv[start + 2:]), argv[:start]
+
+
+def test_single_node_script_runs_spade_train_under_torchrun(tmp_path):
+    recipe = "examples/recipes/qwen3_8b_games_8gpu.yaml"
+    argv = _launch(tmp_path, "single_node.sh", [recipe, "runs/x", "run.steps=3"], HF_DIR="/models/qwen3-8b",
+                   MASTER_PORT="29611")
+    args, launcher = _spade_train(argv)
+    assert launcher == ["--nnodes", "1", "--nproc_per_node", "8", "--rdzv_backend", "c10d",
+                        "--rdzv_endpoint", "localhost:29611"]
+    assert (args.config, args.run_dir, args.overrides) == (recipe, "runs/x", ["run.steps=3",
+                                                                              "model.hf_dir=/models/qwen3-8b"])
+    config = load_train_config(ROOT / args.config, args.overrides)
+    assert config.run.steps == 3 and config.model.hf_dir == "/models/qwen3-8b"
+
+
+def test_multi_node_script_runs_spade_train_with_the_rendezvous(tmp_path):
+    argv = _launch(tmp_path, "multi_node.sh", ["examples/recipes/qwen3_4b_games_multinode.yaml", "/shared/run"],
+                   NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.1", NPROC="4")
+    args, launcher = _spade_train(argv)
+    assert launcher == ["--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "4",
+                        "--rdzv_id", "spade-qwen3_4b_games_multinode", "--rdzv_backend", "c10d",
+                        "--rdzv_endpoint", "10.0.0.1:29500"]
+    assert (args.config, args.run_dir, args.overrides) == ("examples/recipes/qwen3_4b_games_multinode.yaml",
+                                                           "/shared/run", [])
+
+
+def test_docker_script_runs_the_single_node_script_in_the_image(tmp_path):
+    argv = _launch(tmp_path, "docker_run.sh", ["single", "examples/recipes/qwen3_4b_games_8gpu.yaml", "runs/y"],
+                   IMAGE="spade:test", MODELS_DIR=str(tmp_path / "models"), RUNS_DIR=str(tmp_path / "runs"))
+    image = argv.index("spade:test")
+    assert argv[0] == "run" and argv[image + 1:] == ["examples/launch/single_node.sh",
+                                                     "examples/recipes/qwen3_4b_games_8gpu.yaml", "runs/y"]
+    flags = argv[1:image]
+    assert flags[flags.index("--gpus") + 1] == "all" and "--ipc=host" in flags
+    mounts = [flags[i + 1] for i, flag in enumerate(flags) if flag == "-v"]
+    assert mounts == [f"{tmp_path / 'models'}:/workspace/spade/models:ro", f"{tmp_path / 'runs'}:/workspace/spade/runs"]
