@@ -64,7 +64,8 @@ class ProbeTargetEnv(ToolUseBaseEnv):
         return "noted"
 
     def solution(self):
-        return 'set_mode({{"mode": "b"}}) -> read({{}}) -> read({{}}) -> set_mode({{"mode": "c"}}) -> <answer>done</answer>'
+        return ('set_mode({{"mode": "b"}}) -> read({{}}) -> read({{}}) -> set_mode({{"mode": "c"}}) '
+                '-> <answer>done</answer>')
 {extra}
 '''
 
@@ -83,7 +84,8 @@ EXPLOITS = {
 
     def solution(self):'''), ANSWER_DONE, 0),
     "one repeated call completes everything": (
-        tool_env('[lambda s: s["reads"] >= 1, lambda s: s["reads"] >= 2, lambda s: s["reads"] >= 3]'), "repeat_read", 3),
+        tool_env('[lambda s: s["reads"] >= 1, lambda s: s["reads"] >= 2, lambda s: s["reads"] >= 3]'),
+        "repeat_read", 3),
     "steps advance on any call": (
         tool_env('[lambda s: s["calls"] >= 1, lambda s: s["calls"] >= 1, lambda s: s["calls"] >= 1]'),
         "repeat_set_mode", 3),

@@ -126,7 +126,8 @@ async def probe_source(service: Any, source: str, settings: ProbeSettings, max_t
 
 
 def run_probes_after_the_fact(runs: Sequence[Any], sandbox_config: Any = None,
-                              only_unknown: Mapping[str, DegenerateVerdict] | None = None) -> dict[str, DegenerateVerdict]:
+                              only_unknown: Mapping[str, DegenerateVerdict] | None = None
+                              ) -> dict[str, DegenerateVerdict]:
     """Probe every saved environment of ``runs`` (rlve problems aside) in a sandbox service started
     here; with ``only_unknown`` (the recorded verdicts), only those whose verdict is unknown.
     Raises SandboxUnavailable when the sandbox cannot start."""
