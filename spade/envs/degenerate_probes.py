@@ -121,6 +121,15 @@ class ProbeReport:
     budget_exhausted: bool = False
     winner: PolicyResult | None = None
 
+    def judge(self, result: PolicyResult, budget: ProbeBudget) -> bool:
+        """After a policy's episodes: it is the winner when its mean return reaches the threshold.
+        True when probing stops (a winner, or the budget ran out)."""
+        mean = result.mean_return
+        if mean is not None and mean >= self.threshold:
+            self.winner = result
+        self.steps, self.budget_exhausted = budget.used, budget.exhausted
+        return self.winner is not None or budget.exhausted
+
     def to_json(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "turns": self.turns, "steps": self.steps,
                 "budget_exhausted": self.budget_exhausted,
@@ -283,11 +292,6 @@ async def run_probes(env: EnvInstance, settings: ProbeSettings, *, max_turns: in
             result.errors += int(fault)
             if reply is not None:
                 played[(seed, reply)] = value
-        mean = result.mean_return
-        if mean is not None and mean >= settings.threshold and report.winner is None:
-            report.winner = result
+        if report.judge(result, budget):
             break
-        if budget.exhausted:
-            break
-    report.steps, report.budget_exhausted = budget.used, budget.exhausted
     return report

@@ -184,13 +184,8 @@ async def run_tool_probes(env: Any, tools: list[dict[str, Any]], instructions: i
             result.completed.append(outcome.completed)
             if outcome.arguments is not None:
                 result.arguments.append(outcome.arguments)
-        mean = result.mean_return
-        if mean is not None and mean >= settings.threshold:
-            report.winner = result
+        if report.judge(result, budget):
             break
-        if budget.exhausted:
-            break
-    report.steps, report.budget_exhausted = budget.used, budget.exhausted
     return report
 
 
