@@ -55,6 +55,7 @@ def test_the_counter_is_zero_while_the_probes_are_on_and_absent_when_off():
     assert metrics()["env/rejected_degenerate_win"] == 0.0
     assert "env/rejected_degenerate_win" not in metrics(admission_probes=False)
     assert "env/rejected_degenerate_win" not in metrics(admission_paper_exact=True)
+    assert "env/rejected_degenerate_win" not in metrics(env_source="rlve")
 
 
 def test_tool_sets_count_partial_completions_by_a_probe_policy():

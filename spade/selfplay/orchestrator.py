@@ -334,7 +334,8 @@ class Orchestrator:
         metrics["env/admitted"] = float(len(regen.envs))
         metrics["env/rejected"] = float(len(regen.rejections))
         counts = Counter(r.kind.value for r in regen.rejections)
-        if self.settings.admission_probe_settings() is not None:  # a gate that is on reports 0 too
+        # a gate that is on reports 0 too (rlve problems are not admitted through the sandbox)
+        if self.settings.admission_probe_settings() is not None and self.settings.env_source != "rlve":
             counts.setdefault(ErrorKind.DEGENERATE_WIN.value, 0)
         for kind, count in sorted(counts.items()):
             metrics[f"env/rejected_{kind}"] = float(count)
