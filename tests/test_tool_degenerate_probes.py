@@ -116,9 +116,11 @@ def test_the_rejection_says_with_which_arguments(harness):
     assert "with arguments {'mode': 'b'}" in verdict.error.message
 
 
-def test_honest_fixture_and_examples_are_admitted_with_every_policy_reported(harness):
-    sources = {"honest fixture": HONEST, **{p.stem: p.read_text() for p in example_paths()}}
-    assert len(sources) == 6
+def test_honest_fixtures_and_examples_are_admitted_with_every_policy_reported(harness):
+    from test_tool_sandbox import PAPER_STYLE  # written the way the paper's generated environments are
+
+    sources = {"honest fixture": HONEST, "paper style": PAPER_STYLE, **{p.stem: p.read_text() for p in example_paths()}}
+    assert len(sources) == 7
     for name, source in sources.items():
         verdict = verdict_for(harness, source, probes=ProbeSettings())
         assert verdict.admitted, (name, verdict.error)
