@@ -117,10 +117,15 @@ def test_the_rejection_says_with_which_arguments(harness):
 
 
 def test_honest_fixtures_and_examples_are_admitted_with_every_policy_reported(harness):
+    from spade.designer.tool_prompts import _EXAMPLE as PROMPT_EXAMPLE  # the designer prompt's worked example
+    from spade.envs.tool_use.local import is_tool_source
     from test_tool_sandbox import PAPER_STYLE  # written the way the paper's generated environments are
 
     sources = {"honest fixture": HONEST, "paper style": PAPER_STYLE, **{p.stem: p.read_text() for p in example_paths()}}
     assert len(sources) == 7
+    verdict = verdict_for(harness, PROMPT_EXAMPLE)
+    assert verdict.admitted and is_tool_source(verdict.code), verdict.error
+    sources["designer prompt example"] = verdict.code
     for name, source in sources.items():
         verdict = verdict_for(harness, source, probes=ProbeSettings())
         assert verdict.admitted, (name, verdict.error)
