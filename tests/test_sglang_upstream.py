@@ -673,3 +673,15 @@ def test_extra_args_reach_the_server_args_fields_they_name(sg):
     assert args.mem_fraction_static == 0.6 and args.context_length == 4096 and args.disable_radix_cache is True
     assert args.cuda_graph_bs_decode == [1, 2, 4] and args.enable_torch_compile is False
     assert json.loads(args.json_model_override_args) == {"rope_theta": 1e6}
+
+
+def test_the_standins_errors_have_sglangs_layout():
+    """``error()`` answers ``{"error": {"message"}}`` as ``http_server.py::_create_error_response``
+    builds it, and the client reads SGLang's message out of it."""
+    fn = upstream.function_def(upstream.source("srt/entrypoints/http_server.py"), "_create_error_response")
+    sglang = [node for node in ast.walk(fn) if isinstance(node, ast.Dict)]
+    outer = {k.value for k in sglang[0].keys}
+    inner = {k.value for k in sglang[0].values[0].keys}
+    body = standin.error(400, "boom").body
+    assert set(body) == outer and set(body["error"]) == inner, (body, outer, inner)
+    assert proto.error_message(body) == "boom"
