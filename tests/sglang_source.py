@@ -75,7 +75,8 @@ def _defined_name(node: ast.stmt) -> Optional[str]:
     return None
 
 
-def from_source(module_name: str, path: Path, names: Iterable[str], namespace: Optional[dict] = None) -> types.ModuleType:
+def from_source(module_name: str, path: Path, names: Iterable[str],
+                namespace: Optional[dict] = None) -> types.ModuleType:
     """A module holding only the top-level definitions ``names`` of SGLang's file ``path``, run as
     written there (with ``from __future__ import annotations`` and ``typing``'s names, as the
     file has them) in ``namespace``'s globals. A name the file no longer defines is an error."""

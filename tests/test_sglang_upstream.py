@@ -26,7 +26,7 @@ import dataclasses
 import json
 import types
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pydantic
 import pytest
@@ -315,7 +315,8 @@ def test_what_sglang_makes_of_the_bodies(sg, route_table, sent):
         by_path.setdefault(s.path, []).append(parse_like_sglang(sg, route_table, s.method, s.path, s.body))
     assert [p.mode for p in by_path["/pause_generation"]] == ["abort", "abort"]
     assert sorted(tuple(p.tags) for p in by_path["/release_memory_occupation"]) == [("weights", "kv_cache")] * 2
-    assert sorted(tuple(p.tags) for p in by_path["/resume_memory_occupation"]) == [("kv_cache",)] * 2 + [("weights",)] * 2
+    resumed = sorted(tuple(p.tags) for p in by_path["/resume_memory_occupation"])
+    assert resumed == [("kv_cache",)] * 2 + [("weights",)] * 2
     assert all(p.rid and not p.abort_all for p in by_path["/abort_request"])
     dist = by_path["/update_weights_from_distributed"]
     assert {tuple(p.names) for p in dist} == {("model.w", "model.h")}
@@ -358,7 +359,8 @@ def test_every_option_of_the_body_builders_parses(sg, route_table, body):
     paths = {frozenset(control.pause_generation_payload("abort")): "/pause_generation",
              frozenset(control.continue_generation_payload(torch_empty_cache=False)): "/continue_generation",
              frozenset({"tags"}): "/release_memory_occupation", frozenset({"rid", "abort_all"}): "/abort_request",
-             frozenset({"selector"}): "/begin_weight_update", frozenset({"group_name"}): "/destroy_weights_update_group"}
+             frozenset({"selector"}): "/begin_weight_update",
+             frozenset({"group_name"}): "/destroy_weights_update_group"}
     if "names" in body:
         path = "/update_weights_from_distributed"
     elif "serialized_named_tensors" in body:
@@ -483,7 +485,8 @@ def test_logprob_triples_have_sglangs_layout(sg):
     sglang_triples = namespace["detokenize_logprob_tokens"](None, [-0.1, -0.2, -0.3], [5, 6, 7], False)
     out = _standin_output(standin._finish("length", [5, 6, 7]))
     assert out["meta_info"]["output_token_logprobs"] == json.loads(json.dumps(sglang_triples))
-    result = proto.parse_generate_response(json.loads(json.dumps(out)), GenerationRequest((1, 2), SamplingParams(max_new_tokens=3)))
+    request = GenerationRequest((1, 2), SamplingParams(max_new_tokens=3))
+    result = proto.parse_generate_response(json.loads(json.dumps(out)), request)
     assert result.logprobs == (-0.1, -0.2, -0.3) and result.weight_version == 4
 
 
