@@ -224,13 +224,17 @@ def test_spade_eval_end_to_end_with_limit_and_resume_after_kill(tiny_model, tmp_
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
-    kept = results.read_text().splitlines() if results.is_file() else []
+    assert process.returncode == -signal.SIGKILL  # killed while it ran, not after it had finished
+    text = results.read_text() if results.is_file() else ""
+    kept = text[:text.rfind("\n") + 1].splitlines()  # whole lines only: the kill may cut the last one
     assert kept, "the first run wrote no item before the kill"
     done = subprocess.run(_spade(*common, "--limit", "3"), cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     lines = results.read_text().splitlines()
-    assert lines[:len(kept)] == kept[:len(lines)] or lines[:1] == kept[:1]
+    assert lines[:len(kept)] == kept  # the finished items are kept as they were, the rest appended
+    progress = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith("aime25:")]
+    assert progress[0] == f"aime25: {len(kept)}/3 items"  # the resumed run started past them
     ids = [json.loads(line)["item_id"] for line in lines]
     assert sorted(ids) == ["fx-1", "fx-2", "fx-3"]  # no item twice
     summary = json.loads((out / "summary.json").read_text())["benchmarks"]
