@@ -3,7 +3,8 @@
     spade pool generate --designer (MODEL_DIR | URL) --n N --out DIR [--skills A,B] [--config YAML]
                         [--model NAME] [--concurrency C] [--max-attempts M] [key.sub=value ...]
     spade pool assemble --from RUN_DIR [RUN_DIR ...] --out DIR [--steps a:b]
-    spade pool import --from RELEASED_DIR --out DIR [--expect N]
+    spade pool import --from (RELEASED_DIR | EXPORT_DIR) --out DIR [--expect N]
+    spade pool export (RUN_DIR | POOL_DIR) --out DIR [--format jsonl|parquet]
 
 ``generate`` writes ``N`` admitted environments through the training's designer prompts, admission
 and hint calls (:mod:`spade.selfplay.pool_build`). The settings are those of ``--config`` (a train
@@ -17,6 +18,10 @@ per admitted environment; rerunning with the same ``--out`` continues where it s
 the pool holds ``N`` environments, 1 when ``--max-attempts`` (default ``10 * N``) ran out first.
 
 ``assemble`` builds (or extends) a pool from the admitted environments of earlier runs.
+
+``export`` writes the admitted environments of a run or a pool, with their metadata and play
+statistics, as a JSONL or Parquet dataset (:mod:`spade.selfplay.pool_export`, docs/export.md);
+``import`` reads such an export back into a pool directory as well as the paper's released pool.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ ISOLATION_VARIABLE = "SPADE_SANDBOX_ISOLATION"
 
 
 def add_parser(subparsers: Any) -> None:
-    pool = subparsers.add_parser("pool", help="generate, assemble or import a static environment pool (Fixed-env GRPO)")
+    pool = subparsers.add_parser("pool", help="generate, assemble, import or export a static environment pool (Fixed-env GRPO)")
     commands = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True)
 
     generate = commands.add_parser(
@@ -64,16 +69,32 @@ def add_parser(subparsers: Any) -> None:
     assemble.set_defaults(handler=run_assemble)
 
     imported = commands.add_parser(
-        "import", help="copy the released pool (a local copy of its files) into a new pool directory",
+        "import", help="copy the released pool (a local copy of its files) or a spade export into a new pool "
+                       "directory",
         description="Import the paper's released pool (spare-rl/spare-gpt55-static-corpus: games/game_*.py, "
                     "manifest.jsonl, checksums.sha256) into a new pool directory; checksums and manifest "
-                    "hashes are verified, and nothing is left behind when a file is missing or malformed.")
-    imported.add_argument("--from", dest="source", required=True, metavar="RELEASED_DIR",
-                          help="the directory the data set was downloaded to, or its games/ directory")
+                    "hashes are verified, and nothing is left behind when a file is missing or malformed. "
+                    "A directory written by 'spade pool export' (it holds spade_export.json) is read back "
+                    "with its metadata and play statistics.")
+    imported.add_argument("--from", dest="source", required=True, metavar="RELEASED_DIR|EXPORT_DIR",
+                          help="the directory the data set was downloaded to, or its games/ directory; or a "
+                               "'spade pool export' directory")
     imported.add_argument("--out", required=True, metavar="DIR", help="the pool directory to create (must not exist)")
     imported.add_argument("--expect", type=int, metavar="N",
                           help="refuse unless the copy holds exactly N games (the paper's pool: 7872)")
     imported.set_defaults(handler=run_import)
+
+    exported = commands.add_parser(
+        "export", help="write the admitted environments of a run or a pool as a JSONL/Parquet dataset",
+        description="Write the admitted environments of a run directory (envs/step_N/) or a pool directory, "
+                    "with hint, skill, step, seed document and play statistics, as a dataset that "
+                    "datasets.load_dataset('json' or 'parquet', data_files=...) and 'spade pool import' read "
+                    "(docs/export.md).")
+    exported.add_argument("source", metavar="RUN_OR_POOL", help="a run directory or a pool directory")
+    exported.add_argument("--out", required=True, metavar="DIR", help="the dataset directory to create (must not exist)")
+    exported.add_argument("--format", dest="fmt", choices=("jsonl", "parquet"), default="jsonl",
+                          help="the data file's format (default jsonl)")
+    exported.set_defaults(handler=run_export)
 
 
 # ---------------------------------------------------------------------------- generate
@@ -238,10 +259,13 @@ def run_assemble(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    from ..selfplay.pool_export import is_export
     from ..selfplay.pool_import import PAPER_POOL_SIZE, PoolImportError, import_released_pool
 
     if args.expect is not None and args.expect < 1:
         raise UsageError(f"--expect: must be >= 1, got {args.expect}")
+    if is_export(args.source):
+        return _import_export(args)
     try:
         summary = import_released_pool(Path(args.source), Path(args.out), expect=args.expect,
                                        report=lambda line: print(line, file=sys.stderr, flush=True))
@@ -253,4 +277,32 @@ def run_import(args: argparse.Namespace) -> int:
           file=sys.stderr)
     if summary.total != PAPER_POOL_SIZE:
         print(f"spade pool import: note: the paper's pool holds {PAPER_POOL_SIZE} environments", file=sys.stderr)
+    return 0
+
+
+def _import_export(args: argparse.Namespace) -> int:
+    from ..selfplay.pool_export import PoolExportError, import_export
+
+    try:
+        summary = import_export(Path(args.source), Path(args.out), expect=args.expect)
+    except (PoolExportError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    skills = ", ".join(f"{skill} {count}" for skill, count in sorted(summary.per_skill.items()))
+    print(f"spade pool import: {summary.total} environments into {summary.out} ({skills}) from the export "
+          f"{args.source}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------- export
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from ..selfplay.pool_export import PoolExportError, export_dataset
+
+    try:
+        summary = export_dataset(Path(args.source), Path(args.out), fmt=args.fmt)
+    except (PoolExportError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    print(f"spade pool export: {summary.rows} environments of the {summary.kind} {args.source} into "
+          f"{summary.data_file} ({summary.with_plays} with play statistics)", file=sys.stderr)
     return 0
