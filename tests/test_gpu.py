@@ -66,5 +66,12 @@ def test_bf16_te_logprobs_close_to_transformers():
     hf_model, model = gpu_model("qwen3", dtype=torch.bfloat16, use_te=True)
     samples = random_samples([40, 12])
     got = compute_logprobs(model.chunks, make_micro_batches(samples, 4096))
+    # Mean and max absolute error per sample against transformers fp32. The same model and samples
+    # in bf16 with the local spec on CPU give mean 0.005 / max 0.021 (40 tokens) and 0.004 / 0.013
+    # (12 tokens): rounding spreads over every token and the max is ~4x the mean. The bounds keep
+    # 10x headroom over that (TE's fused kernels round differently), while one wrong position (a
+    # packing or sequence-boundary fault: a nat or more on one token) moves the mean by only ~1/40
+    # nat, under its bound: the max bound is what catches it.
     for ours, ref in zip(got, hf_reference(hf_model, samples)):
-        assert (ours.cpu() - ref).abs().mean() < 5e-2
+        error = (ours.cpu().float() - ref).abs()
+        assert error.mean() < 5e-2 and error.max() < 0.25, (float(error.mean()), float(error.max()))
