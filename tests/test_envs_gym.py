@@ -18,15 +18,15 @@ from gymnasium.utils.env_checker import check_env
 import spade.envs.gym as spade_gym
 from spade.envs.gym import DesignedEnv, DesignedEnvError
 
-from conftest import FAST_LIMITS
-
 ROOT = Path(__file__).resolve().parents[1]
 ENV_DIR = ROOT / "examples" / "envs"
 _spec = importlib.util.spec_from_file_location("example_solvers_gym", ROOT / "examples" / "solvers.py")
 solvers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(solvers)
 
-FAST = dict(FAST_LIMITS)
+# the sandbox's default limits (30 s per call): these games are well behaved, and a loaded CI machine
+# must not turn a slow step into a timeout
+SANDBOX: dict = {}
 
 
 def _env_class(path: Path):
@@ -41,7 +41,7 @@ def _env_class(path: Path):
 def test_gymnasium_make_and_check_env_without_warnings():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        env = gymnasium.make(spade_gym.ENV_ID, source=str(ENV_DIR / "foggy_grid.py"), sandbox_config=FAST)
+        env = gymnasium.make(spade_gym.ENV_ID, source=str(ENV_DIR / "foggy_grid.py"), sandbox_config=SANDBOX)
         try:
             check_env(env.unwrapped)
             observation, info = env.reset(seed=5)
@@ -58,7 +58,7 @@ def test_gymnasium_make_and_check_env_without_warnings():
 def test_solver_transcript_matches_the_class_played_directly(stem):
     path = ENV_DIR / f"{stem}.py"
     solve = solvers.SOLVERS[stem]
-    env = DesignedEnv(path, sandbox_config=FAST)
+    env = DesignedEnv(path, sandbox_config=SANDBOX)
     try:
         for seed in (0, 3):
             expected = solve(_env_class(path)(), seed)
@@ -89,7 +89,7 @@ class ScoreEnv:
 
 
 def test_info_carries_the_spec_return_and_the_turn_budget_truncates():
-    env = DesignedEnv(code=RETURN_RULE_ENV, sandbox_config=FAST, max_turns=25)
+    env = DesignedEnv(code=RETURN_RULE_ENV, sandbox_config=SANDBOX, max_turns=25)
     try:
         assert env.turn_budget == 4  # the environment's own max_turns is smaller than 25
         env.reset(seed=1)
@@ -118,7 +118,7 @@ def test_info_carries_the_spec_return_and_the_turn_budget_truncates():
 
 
 def test_unseeded_resets_draw_from_np_random():
-    env = DesignedEnv(code=RETURN_RULE_ENV, sandbox_config=FAST)
+    env = DesignedEnv(code=RETURN_RULE_ENV, sandbox_config=SANDBOX)
     try:
         _, first = env.reset(seed=11)
         assert first["seed"] == 11 and first["env"] == {"seed": 11}
@@ -149,7 +149,7 @@ class MarkerEnv:
 def test_the_class_runs_in_the_sandbox_and_close_stops_it():
     import random
 
-    env = DesignedEnv(code=MARKER_ENV, sandbox_config=FAST)
+    env = DesignedEnv(code=MARKER_ENV, sandbox_config=SANDBOX)
     runner = env._runner
     process = runner.service._process
     observation, _ = env.reset(seed=0)
@@ -164,7 +164,7 @@ def test_the_class_runs_in_the_sandbox_and_close_stops_it():
 def test_tool_use_environments_are_refused():
     path = ENV_DIR / "tool_use" / "banking.py"
     with pytest.raises(DesignedEnvError, match="tool-use"):
-        DesignedEnv(path, sandbox_config=FAST)
+        DesignedEnv(path, sandbox_config=SANDBOX)
 
 
 def test_a_pool_entry_by_name_with_its_hint_and_skill(tmp_path):
@@ -172,8 +172,8 @@ def test_a_pool_entry_by_name_with_its_hint_and_skill(tmp_path):
     (tmp_path / "env_000001.hint.txt").write_text("flip each switch once\n")
     (tmp_path / "pool.jsonl").write_text(json.dumps({"name": "env_000001", "skill": "Causal Inference"}) + "\n")
     with pytest.raises(ValueError, match="name=NAME"):
-        DesignedEnv(tmp_path, sandbox_config=FAST)
-    env = DesignedEnv(tmp_path, name="env_000001", sandbox_config=FAST)
+        DesignedEnv(tmp_path, sandbox_config=SANDBOX)
+    env = DesignedEnv(tmp_path, name="env_000001", sandbox_config=SANDBOX)
     try:
         assert env.hint == "flip each switch once" and env.skill == "Causal Inference"
         assert env.class_name == "SwitchboardEnv"
@@ -183,5 +183,27 @@ def test_a_pool_entry_by_name_with_its_hint_and_skill(tmp_path):
 
 def test_a_broken_source_fails_at_make_with_the_classified_error():
     with pytest.raises(DesignedEnvError) as caught:
-        DesignedEnv(code="class Broken(:\n", sandbox_config=FAST)
+        DesignedEnv(code="class Broken(:\n", sandbox_config=SANDBOX)
     assert caught.value.error.kind.value == "syntax_error"
+
+
+NEEDS_MAX_TURNS_ENV = '''
+class StrictEnv:
+    def __init__(self, max_turns):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return f"budget {self.max_turns}", {}
+
+    def step(self, action):
+        return "again", 0.0, False, False, {}
+'''
+
+
+def test_a_class_that_needs_max_turns_is_built_with_the_budget_as_in_training():
+    env = DesignedEnv(code=NEEDS_MAX_TURNS_ENV, sandbox_config=SANDBOX, max_turns=3)
+    try:
+        assert env.reset(seed=0)[0] == "budget 3" and env.turn_budget == 3
+        assert [env.step("x")[3] for _ in range(3)] == [False, False, True]
+    finally:
+        env.close()

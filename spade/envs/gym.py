@@ -27,7 +27,9 @@ is ``info["episode_return"]`` on every step. ``info`` also holds ``turn`` (steps
 ``turn_budget`` and ``env`` (the environment's own info dict), and, on the step that ends the
 episode, ``end_reason`` (``terminated``, ``truncated`` or ``turn_budget``). The turn budget is
 ``max_turns`` (default 25, ``selfplay.max_turns``), or the environment's own smaller ``max_turns``;
-reaching it without termination truncates the episode. ``reset`` passes ``seed`` to the
+reaching it without termination truncates the episode. The class is built as training builds a game
+for a play: with its own default ``max_turns``, or with the budget when it cannot be built without
+the argument. ``reset`` passes ``seed`` to the
 environment; without one it draws the environment's seed from ``self.np_random``, so a seeded
 reset followed by unseeded ones replays exactly (``info["seed"]`` says which seed was used).
 
@@ -48,7 +50,7 @@ from typing import Any, Coroutine, TypeVar
 import gymnasium
 from gymnasium import spaces
 
-from .protocol import EnvFault, episode_return
+from .protocol import EnvFault, ErrorKind, episode_return
 from .runner import DEFAULT_MAX_TURNS, EndReason, turn_budget
 from .sandbox.client import SandboxService, SandboxedEnv
 from .sandbox.config import SandboxConfig
@@ -191,6 +193,7 @@ class DesignedEnv(gymnasium.Env[str, str]):
         self.render_mode = None
         self._timeout = max(config.load_timeout_s, config.reset_timeout_s, config.step_timeout_s) \
             + CALL_TIMEOUT_MARGIN_S
+        self._max_turns = max_turns
         self._runner = _LoopThread()
         self._finalizer = weakref.finalize(self, self._runner.shutdown)
         try:
@@ -226,7 +229,15 @@ class DesignedEnv(gymnasium.Env[str, str]):
         if service is None:
             raise DesignedEnvError(f"{self.source.name}: the environment is closed")
         options = {"released_loader_names": True} if self.released_loader_names else {}
-        return self._call(service.open(self.source.code, max_turns=None, **options))
+        try:
+            return self._call(service.open(self.source.code, max_turns=None, **options))
+        except DesignedEnvError as exc:
+            # as training opens a game for a play: built with its own default, or, when the class
+            # cannot be built without the argument, with the turn budget
+            error = exc.error
+            if error is None or error.kind is not ErrorKind.INIT_ERROR or "max_turns" not in error.message:
+                raise
+        return self._call(service.open(self.source.code, max_turns=self._max_turns, **options))
 
     # ------------------------------------------------------------------ the Gymnasium API
 
