@@ -14,6 +14,7 @@ and seccomp code use it), so ``sys.modules['ctypes']`` reaches it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -100,11 +101,17 @@ def assert_no_secret(*values: Any) -> None:
         assert SECRET not in text, "the host secret leaked into what the environment returned"
 
 
-def assert_healthy(harness: SandboxHarness) -> None:
-    """The supervisor is up, every sandbox is alive, and a benign env works end to end."""
-    service = harness.service
-    assert service.running, "the supervisor died"
-    env = harness.run(service.open(BENIGN))
+# The quick service's 1.5 s limits also bound the benign game that checks its health right after
+# a hog. That game needs milliseconds, but a loaded 2-core CI machine can stall one call past
+# 1.5 s: on the quick service a benign game that times out is played again, at most
+# QUICK_BENIGN_TRIES times. Any other fault, a wrong value, or a timeout every time fails: a
+# service the hog left broken (dead supervisor, a slot never freed, a sandbox still busy with
+# the hog) fails each try the same way.
+QUICK_BENIGN_TRIES = 3
+
+
+def _play_benign(harness: SandboxHarness) -> None:
+    env = harness.run(harness.service.open(BENIGN))
     try:
         first = harness.run(env.reset(seed=7))
         assert (first.observation, first.info) == ("count=0", {"seed": 7})
@@ -113,7 +120,22 @@ def assert_healthy(harness: SandboxHarness) -> None:
         two = harness.run(env.step("b"))
         assert two.as_tuple() == ("count=2", 1.0, True, False, {"action": "b"})
     finally:
-        harness.run(env.close())
+        with contextlib.suppress(EnvFault):  # a timed-out environment is already gone
+            harness.run(env.close())
+
+
+def assert_healthy(harness: SandboxHarness) -> None:
+    """The supervisor is up, every sandbox is alive, and a benign env works end to end."""
+    service = harness.service
+    assert service.running, "the supervisor died"
+    tries = QUICK_BENIGN_TRIES if harness.config.step_timeout_s == QUICK_TIMEOUTS["step_timeout_s"] else 1
+    for attempt in range(1, tries + 1):
+        try:
+            _play_benign(harness)
+            break
+        except EnvFault as exc:
+            if exc.error.kind is not K.TIMEOUT or attempt == tries:
+                raise
     stats = harness.run(service.stats())
     assert stats["sandboxes_alive"] == harness.config.pool_size
     assert service.running

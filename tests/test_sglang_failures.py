@@ -26,9 +26,16 @@ from spade.rollout.sglang.engine import NoHealthyServer, SGLangEngine
 pytestmark = pytest.mark.timeout(180)
 T = TypeVar("T")
 
-# Small enough that a healthy stand-in answers well within REQUEST_TIMEOUT_S on a busy machine.
 GREEDY = GenerationRequest((3, 9, 4, 17), SamplingParams(temperature=0.0, max_new_tokens=4))
-REQUEST_TIMEOUT_S = 3.0
+# Where no request hangs, the timeout is never meant to fire: far above any healthy answer.
+REQUEST_TIMEOUT_S = 60.0
+# Where requests hang, the timeout must fire on each hung one (the test then waits for it) and
+# never on a healthy one. It is the larger of 3 s and 20x the slowest healthy answer measured
+# just before on the same servers (a cold first request, so an overestimate): a loaded CI machine
+# that answers slowly gets a proportionally longer timeout instead of a spurious third retry,
+# and a hung request still takes the whole timeout, so "exactly two retries" keeps its meaning.
+HANG_TIMEOUT_FLOOR_S = 3.0
+HEALTHY_MARGIN = 20.0
 
 
 class Servers:
@@ -112,7 +119,9 @@ def test_a_hung_request_times_out_is_aborted_and_re_sent_to_the_other_server(cle
 
     async def main():
         engine = SGLangEngine(servers.urls, max_retries=2, request_timeout_s=REQUEST_TIMEOUT_S)
+        began = time.monotonic()
         await asyncio.gather(engine.generate(GREEDY), engine.generate(GREEDY))  # both servers warm
+        engine.request_timeout_s = max(HANG_TIMEOUT_FLOOR_S, HEALTHY_MARGIN * (time.monotonic() - began))
         for index in range(2):
             servers.fault(index, "/generate", hang=True)
         # attempt 1 hangs on one server, attempt 2 goes to the other (not tried yet) and hangs
