@@ -37,7 +37,6 @@ from test_external_designer import MODEL, CannedEndpoint
 from test_train_loop import metrics, run_spade
 from test_train_tool_use import FIXTURES, tool_hf  # noqa: F401  (the tiny Qwen3 with the Qwen3 template)
 
-pytest.importorskip("openai")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = {path.stem: path.read_text() for path in sorted((ROOT / "examples" / "envs" / "tool_use").glob("*.py"))}
