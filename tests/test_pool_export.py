@@ -47,6 +47,9 @@ def run(tmp_path: Path) -> Path:
                    + _plays("s000000-e01", [0.0, 0.0], [0.25, 0.75]))
     log.write_step(1, first, _plays("s000000-e00", [0.0, 1.0], []) + _plays("s000000-e01", [0.5], []))
     log.write_step(2, later, _plays("s000002-e00", [-0.5], [0.5]))
+    # an environment a live run is still saving: its source is there, its metadata only in part
+    (run / "envs" / "step_000002" / "s000002-e01.py").write_text(EXAMPLES["hidden_sequence"])
+    (run / "envs" / "step_000002" / "s000002-e01.json").write_text('{"env_id": "s0')
     return run
 
 

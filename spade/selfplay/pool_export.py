@@ -184,7 +184,12 @@ def _run_rows(run: Path) -> Iterator[ExportRow]:
             source_path = directory / f"{env_id}.py"
             if not source_path.is_file():
                 continue  # being written by a live run
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except ValueError:
+                continue  # its metadata is being written (save_set writes it last)
+            if not isinstance(meta, dict):
+                continue
             hint_path = directory / f"{env_id}{HINT_SUFFIX}"
             generated = _integer(meta.get("generated_step"))
             generated = step if generated is None else generated
