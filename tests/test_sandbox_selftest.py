@@ -26,7 +26,8 @@ from spade.envs.sandbox.launcher import LaunchPlan
 
 NAMESPACES = ("pid", "net", "ipc", "uts", "cgroup")
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+if shutil.which("bwrap") is None:  # a failure, as in conftest.make_harness: make setup installs it
+    raise RuntimeError("bubblewrap is not installed: run 'make test', which installs it")
 
 
 def self_test(monkeypatch, *, argv=None, hello=None, probe=None, seccomp=None, isolation="bubblewrap"):
