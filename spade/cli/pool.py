@@ -40,7 +40,8 @@ ISOLATION_VARIABLE = "SPADE_SANDBOX_ISOLATION"
 
 
 def add_parser(subparsers: Any) -> None:
-    pool = subparsers.add_parser("pool", help="generate, assemble, import or export a static environment pool (Fixed-env GRPO)")
+    pool = subparsers.add_parser("pool", help="generate, assemble, import or export a static environment pool "
+                                              "(Fixed-env GRPO)")
     commands = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True)
 
     generate = commands.add_parser(
@@ -91,7 +92,8 @@ def add_parser(subparsers: Any) -> None:
                     "datasets.load_dataset('json' or 'parquet', data_files=...) and 'spade pool import' read "
                     "(docs/export.md).")
     exported.add_argument("source", metavar="RUN_OR_POOL", help="a run directory or a pool directory")
-    exported.add_argument("--out", required=True, metavar="DIR", help="the dataset directory to create (must not exist)")
+    exported.add_argument("--out", required=True, metavar="DIR",
+                          help="the dataset directory to create (must not exist)")
     exported.add_argument("--format", dest="fmt", choices=("jsonl", "parquet"), default="jsonl",
                           help="the data file's format (default jsonl)")
     exported.set_defaults(handler=run_export)
