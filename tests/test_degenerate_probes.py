@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spade.envs.admission import admit
-from spade.envs.degenerate_probes import PROBE_SEEDS, ProbeSettings, probe_policies
+from spade.envs.degenerate_probes import PROBE_SEEDS, ProbeSettings, probe_policies, run_probes
 from spade.envs.protocol import ErrorKind, Stage
 from spade.selfplay.settings import SelfPlaySettings
 
@@ -375,3 +375,138 @@ def test_a_degenerate_win_is_counted_per_step_as_its_own_metric(sandbox, tmp_pat
     Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings()),
                                        RegenerationResult(attempts=1, rejections=[rejection]), metrics)
     assert metrics["env/rejected"] == 1.0 and metrics["env/rejected_degenerate_win"] == 1.0
+
+
+# -- the probes in one sandbox request (issue 23: under 50 ms per candidate) --------------------
+
+def _benchmark():
+    """benchmarks/admission_probes.py: it keeps the old per-call loop, the reference here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("admission_probes_bench", ROOT / "benchmarks" / "admission_probes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# raises on the empty reply (the third policy): that episode scores 0 and, as after any failed
+# call, every later one too
+RAISES_ON_EMPTY = game('''
+    class TouchyEnv:
+        def __init__(self, max_turns=4):
+            self.max_turns = max_turns
+        def reset(self, seed=None):
+            self.secret = random.Random(seed).randint(1, 9)
+            return "Guess a digit: \\\\boxed{D}.", {}
+        def step(self, action):
+            if not action:
+                raise ValueError("no action")
+            return "Thanks.", 1.0 if "sure" in action else 0.0, True, False, {}
+''')
+
+
+def _probe_both_ways(sandbox, source: str, settings: ProbeSettings = ProbeSettings()):
+    bench = _benchmark()
+
+    async def both():
+        reports = []
+        for probe in (bench.per_call_probes, run_probes):
+            env = await sandbox.service.open(source, max_turns=25)
+            try:
+                reports.append(await probe(env, settings, max_turns=25))
+            finally:
+                await env.close()
+        return reports
+
+    old, new = sandbox.run(both(), timeout=120)
+    return bench.comparable(old), bench.comparable(new), new
+
+
+def test_one_request_gives_the_per_call_loops_reports(sandbox):
+    """Every exploit, three honest games and a game that raises on one reply: the same report
+    (every policy's returns, seeds, errors, the winner, the steps) from both paths."""
+    sources = [source for source, _ in EXPLOITS.values()] + [GOOD, GRADED, HONEST["guess_number"], RAISES_ON_EMPTY]
+    for source in sources:
+        old, new, _ = _probe_both_ways(sandbox, source)
+        assert old == new
+    _, _, touchy = _probe_both_ways(sandbox, RAISES_ON_EMPTY)
+    empty = next(r for r in touchy.results if r.policy == "empty")
+    # seed 1 raises (0), seed 2 cannot reset any more (0): two seeds cannot reach 0.5 with one left
+    assert (empty.returns, empty.errors, empty.endings) == ([0.0, 0.0], 2, ["step_fault", "reset_fault"])
+    assert touchy.winner is None and touchy.results[-1].endings[0] == "reset_fault"
+
+
+def test_an_honest_game_is_probed_in_one_sandbox_request(sandbox):
+    """The guessing game's probes play hundreds of steps: they cost one request, not one per step."""
+    from spade.envs.sandbox.client import SandboxService
+
+    calls: list[str] = []
+    original = SandboxService._request
+
+    async def counted(self, op, **payload):
+        calls.append(op)
+        return await original(self, op, **payload)
+
+    async def probe():
+        env = await sandbox.service.open(HONEST["guess_number"], max_turns=25)
+        try:
+            calls.clear()
+            report = await run_probes(env, ProbeSettings(), max_turns=25)
+            return report, list(calls)
+        finally:
+            await env.close()
+
+    SandboxService._request = counted
+    try:
+        report, made = sandbox.run(probe(), timeout=60)
+    finally:
+        SandboxService._request = original
+    assert report.steps > 100 and made == ["probe"]
+
+
+@pytest.fixture(scope="module")
+def quick_sandbox():
+    """A service whose calls time out after 0.5 s, for games that never return."""
+    from conftest import make_harness
+
+    harness = make_harness(step_timeout_s=0.5, reset_timeout_s=0.5)
+    yield harness
+    harness.close()
+
+
+# pays any reply on seeds 1 and 2 and never returns on seed 3: boxed_0 wins 1, 1, then a timeout (0)
+HANGS_ON_SEED_3 = game('''
+    class SometimesEnv:
+        def __init__(self, max_turns=3):
+            self.max_turns = max_turns
+        def reset(self, seed=None):
+            self.seed = seed
+            return "Say anything: \\\\boxed{x}.", {}
+        def step(self, action):
+            while self.seed == 3 and action == "\\\\boxed{0}":
+                pass
+            return "Fine.", 1.0 if self.seed in (1, 2) else 0.0, True, False, {}
+''')
+
+
+def test_a_step_that_never_returns_is_killed_and_the_episodes_before_it_count(quick_sandbox):
+    """The child is killed once the probes' time budget and one step's timeout have passed; the
+    episodes it reported stand, the hung one scores 0 and every later call fails, as per call."""
+    settings = ProbeSettings(max_seconds=0.3)
+    old, new, report = _probe_both_ways(quick_sandbox, HANGS_ON_SEED_3, settings)
+    # the one difference: the step the kill cut short is not counted (the child could not report it)
+    assert (old.pop("steps"), new.pop("steps")) == (3, 2)
+    assert old == new
+    assert report.winner.policy == "boxed_0" and report.winner.returns == [1.0, 1.0, 0.0]
+    assert report.winner.errors == 1 and report.winner.endings == ["terminated", "terminated", "killed"]
+
+
+def test_the_probe_plan_is_checked_field_by_field():
+    from spade.envs.sandbox.runtime.probe_play import ProbePlan
+
+    good = ProbePlan(("boxed_0",), (1, 2), 5, 0.5, 100, 1.0, 1.0, 1.0).to_json()
+    assert ProbePlan.from_json(good).policies == ("boxed_0",)
+    for field_, value, says in (("policies", ["cheat"], "policies"), ("seeds", [1.5], "seeds"),
+                                ("turns", 0, "turns"), ("threshold", float("nan"), "threshold")):
+        with pytest.raises(ValueError, match=says):
+            ProbePlan.from_json({**good, field_: value})

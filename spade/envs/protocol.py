@@ -13,9 +13,10 @@ isolation technology can stand in where the real one cannot run.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Protocol, runtime_checkable
+
+from .sandbox.runtime.returns import episode_return  # SPEC 1.3; in the runtime so the sandbox shares it
 
 
 class ErrorKind(str, enum.Enum):
@@ -127,19 +128,6 @@ class StepResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def episode_return(rewards: list[float], terminated: bool) -> float:
-    """SPEC 1.3: the last step's reward clipped to [-1, 1] if the episode terminated, else 0.
-
-    Intermediate rewards are progress signals and are not summed.
-    """
-    if not terminated or not rewards:
-        return 0.0
-    last = float(rewards[-1])
-    if not math.isfinite(last):
-        return 0.0
-    return max(-1.0, min(1.0, last))
 
 
 @runtime_checkable

@@ -28,9 +28,20 @@ from ..protocol import EnvError, ErrorKind, InfrastructureFault, ResetResult, St
 from ..tool_use.protocol import CriteriaResult, CriterionValue, Progress, ToolResult, ToolSchemas
 from .config import SandboxConfig
 from .runtime import framing
+from .runtime.probe_play import Episode, ProbeOutcome, ProbePlan
 
 log = logging.getLogger("spade.sandbox")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """What a ``probe`` request gave: the whole outcome, or, when the child was killed on the way
+    (``cut``: why), only the episodes it had reported."""
+
+    outcome: ProbeOutcome | None
+    episodes: tuple[Episode, ...] = ()
+    cut: EnvError | None = None
 
 
 class SandboxUnavailable(RuntimeError):
@@ -217,6 +228,18 @@ class SandboxedEnv:
         result = await self._call("step", action=action)
         return StepResult(result["observation"], float(result["reward"]), result["terminated"],
                           result["truncated"], result["info"], result.get("output", ""))
+
+    async def probe(self, plan: ProbePlan) -> ProbeRun:
+        """Play the degenerate-policy probes' ``plan`` in the sandbox, in one request
+        (:mod:`.runtime.probe_play`). The plan's call timeouts are the sandbox's own."""
+        result = await self._call("probe", plan=plan.to_json())
+        episodes = tuple(Episode.from_json(e) for e in result["episodes"])
+        if result.get("cut") is not None:
+            return ProbeRun(None, episodes, _error_from_json(result["cut"]))
+        fault = result.get("fault")
+        outcome = ProbeOutcome(list(episodes), result["steps"], result["budget_exhausted"],
+                               None if fault is None else (fault["kind"], fault["message"]))
+        return ProbeRun(outcome, episodes)
 
     # -- tool environments (spade.envs.tool_use.protocol) ----------------------------------------
 

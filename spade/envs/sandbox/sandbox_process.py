@@ -8,6 +8,7 @@ every child ended. A sandbox whose zygote stops answering is killed whole and re
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import os
 import signal
@@ -18,9 +19,21 @@ from typing import Any
 
 from .config import SandboxConfig
 from .launcher import plan_launch
-from .runtime import framing
+from .runtime import framing, host_modules
 
 RECORD_BYTES = 1 << 16
+
+
+def host_module_sources() -> dict[str, str]:
+    """The source of each module the sandbox shares with the trainer (:mod:`.runtime.host_modules`),
+    read from this installation's package, for the zygote's start record."""
+    sources = {}
+    for name, module in host_modules.SHARED:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        with open(spec.origin, encoding="utf-8") as handle:
+            sources[name] = handle.read()
+    return sources
 STDERR_TAIL_BYTES = 4_096
 
 
@@ -76,7 +89,8 @@ class Sandbox:
         limits = self.config.child_limits(self.readable_paths)
         try:  # a bubblewrap that cannot set up the sandbox has exited by now: say what it said
             self._send({"limits": limits.to_json(), "warm_children": self.config.warm_children,
-                        "tmp_probe": self.tmp_probe, "probe_filesystem": self.bubblewrap})
+                        "tmp_probe": self.tmp_probe, "probe_filesystem": self.bubblewrap,
+                        "host_modules": host_module_sources()})
             self.hello = await asyncio.wait_for(self._hello, self.config.start_timeout_s)
         except (asyncio.TimeoutError, SandboxDied):
             await self.destroy()

@@ -24,7 +24,7 @@ import os
 import resource
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..protocol import EnvError, ErrorKind, Stage
@@ -32,6 +32,7 @@ from .config import SandboxConfig
 from .sandbox_process import ChildExit, Sandbox, SandboxDied
 from .runtime import child as child_runtime
 from .runtime import framing
+from .runtime.probe_play import Episode, ProbePlan
 from .selftest import SelfTestReport, check_probe_child, check_seccomp_probe, check_zygote
 
 CHILD_REPORTABLE_KINDS = frozenset({
@@ -252,6 +253,74 @@ class Supervisor:
             raise ConnectionError("the child closed its socket")
         return reply
 
+    async def probe(self, env: ChildEnv, plan: ProbePlan) -> dict[str, Any]:
+        """One ``probe`` request (:mod:`.runtime.probe_play`): the child plays every episode and
+        sends one progress frame per episode. It is bounded by the probes' time budget plus one
+        call's timeout; a child killed on the way (that timeout, a crash, the memory limit) gives
+        the episodes it reported and ``cut``, the error, for the caller to finish the loop with
+        (every later call fails). After an environment fault the environment is discarded, as
+        after a failed call."""
+        plan = replace(plan, reset_timeout_s=self.config.reset_timeout_s, step_timeout_s=self.config.step_timeout_s)
+        timeout = plan.max_seconds + max(plan.reset_timeout_s, plan.step_timeout_s)
+        async with env.lock:
+            if env.failed is not None:
+                raise Fault(env.failed)
+            if env.closed:
+                raise fault(ErrorKind.PROTOCOL_ERROR, Stage.STEP, "the environment is closed")
+            env.seq += 1
+            episodes: list[Episode] = []
+            cut: EnvError | None = None
+            try:
+                reply = await asyncio.wait_for(self._probe_frames(env, env.seq, plan, episodes), timeout)
+            except asyncio.TimeoutError:
+                await self._kill(env)
+                cut = EnvError(ErrorKind.TIMEOUT, Stage.STEP, f"the probe episodes did not finish within {timeout:g} s")
+            except (framing.FrameError, ValueError) as exc:
+                await self._kill(env)
+                await self._fail(env, EnvError(ErrorKind.PROTOCOL_ERROR, Stage.STEP, str(exc)))
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                status = await env.sandbox.wait_exit(env.pid, EXIT_WAIT_S)
+                cut = self._classify_exit(env, status, Stage.STEP)
+                if cut.infrastructure:
+                    await self._fail(env, cut)
+            if cut is not None:
+                await self._fail(env, cut, raise_it=False)
+                return {"episodes": [e.to_json() for e in episodes], "cut": cut.to_json()}
+            problem = _reply_problem(reply, "probe", env.seq, self.config)
+            if problem is not None:
+                await self._kill(env)
+                await self._fail(env, EnvError(ErrorKind.PROTOCOL_ERROR, Stage.STEP, problem))
+            if not reply["ok"]:
+                error = reply["error"]
+                await self._fail(env, EnvError(ErrorKind(error["kind"]), Stage.STEP, error["message"]))
+            result = reply["result"]
+            if result["fault"] is not None:
+                await self._fail(env, EnvError(ErrorKind(result["fault"]["kind"]), Stage.STEP,
+                                               result["fault"]["message"]), raise_it=False)
+            return result
+
+    async def _probe_frames(self, env: ChildEnv, seq: int, plan: ProbePlan, episodes: list[Episode]) -> Any:
+        """Send the probe request; collect progress frames into ``episodes``; return the final reply."""
+        env.writer.write(framing.encode({"op": "probe", "seq": seq, "plan": plan.to_json()}))
+        await env.writer.drain()
+        while True:
+            frame = await _read_frame(env.reader, self.config.max_frame_bytes)
+            if frame is None:
+                raise ConnectionError("the child closed its socket")
+            if not (isinstance(frame, dict) and "progress" in frame):
+                return frame
+            if frame.get("seq") != seq:
+                raise framing.FrameError(f"progress frame carries sequence number {frame.get('seq')!r}, expected {seq}")
+            episodes.append(Episode.from_json(frame["progress"]))
+
+    async def _fail(self, env: ChildEnv, error: EnvError, *, raise_it: bool = True) -> None:
+        """Mark ``env`` failed with ``error`` and discard it (later calls raise it); raise it as a Fault."""
+        env.failed = error
+        self.counters["faults"] += 1
+        await self._discard(env)
+        if raise_it:
+            raise Fault(error)
+
     def _classify_exit(self, env: ChildEnv, status: ChildExit | None, stage: Stage) -> EnvError:
         if status is None:
             if not env.sandbox.alive:
@@ -348,6 +417,13 @@ class Supervisor:
                             f"action must be a string of at most {self.config.max_action_chars} characters")
             reply = await self.call(env, "step", {"action": action}, self.config.step_timeout_s, Stage.STEP)
             return _with_output(reply)
+        if op == "probe":
+            env = self.get_env(request.get("env"), Stage.STEP)
+            try:
+                plan = ProbePlan.from_json(request.get("plan"))
+            except ValueError as exc:
+                raise fault(ErrorKind.PROTOCOL_ERROR, Stage.STEP, f"probe: {exc}") from None
+            return await self.probe(env, plan)
         if op in ("tools", "criteria"):
             stage = Stage.RESET if op == "tools" else Stage.STEP
             env = self.get_env(request.get("env"), stage)
@@ -463,6 +539,8 @@ def _reply_problem(reply: Any, op: str, seq: int, config: SandboxConfig) -> str 
         return None
     if op in ("tools", "call_tool", "criteria"):
         return _tool_reply_problem(result, op, config)
+    if op == "probe":
+        return _probe_reply_problem(result)
     observation = result.get("observation")
     if not isinstance(observation, str) or not isinstance(result.get("info"), dict):
         return f"{op} result needs observation (str) and info (object)"
@@ -473,6 +551,25 @@ def _reply_problem(reply: Any, op: str, seq: int, config: SandboxConfig) -> str 
             return "step reward is not a finite number"
         if not isinstance(result.get("terminated"), bool) or not isinstance(result.get("truncated"), bool):
             return "step terminated/truncated must be booleans"
+    return None
+
+
+PROBE_FAULT_KINDS = frozenset({kind.value for kind in CHILD_REPORTABLE_KINDS} | {ErrorKind.TIMEOUT.value})
+
+
+def _probe_reply_problem(result: dict[str, Any]) -> str | None:
+    episodes, fault_ = result.get("episodes"), result.get("fault")
+    if not isinstance(episodes, list) or not _is_int(result.get("steps")) \
+            or not isinstance(result.get("budget_exhausted"), bool):
+        return "probe result needs episodes (list), steps (int) and budget_exhausted (bool)"
+    try:
+        for episode in episodes:
+            Episode.from_json(episode)
+    except ValueError as exc:
+        return str(exc)
+    if fault_ is not None and not (isinstance(fault_, dict) and fault_.get("kind") in PROBE_FAULT_KINDS
+                                   and isinstance(fault_.get("message"), str)):
+        return "probe result's fault needs a kind a child may report and a message"
     return None
 
 

@@ -3,7 +3,8 @@
 After fork the child locks itself down (``harden``) before it sees any generated code, then
 serves requests on its socket: ``load`` (compile, execute, pick and instantiate the class; with
 ``released_loader_names`` the released loader's standard-library names are bound first),
-``reset``, ``step``, ``close``, and the two self-test probes. Everything the environment returns
+``reset``, ``step``, ``probe`` (every degenerate-policy probe episode in one request, one progress
+frame per episode; :mod:`.probe_play`), ``close``, and the two self-test probes. Everything the environment returns
 is checked here first, so the common mistakes come back with a precise kind; the supervisor
 checks again, because code running here can forge anything this process would send.
 """
@@ -19,11 +20,12 @@ import os
 import resource
 import socket
 import sys
+import time
 import traceback
 import types
 from typing import Any, NoReturn
 
-from . import framing, landlock, loader_names, seccomp, tool_base
+from . import framing, host_modules, landlock, loader_names, probe_play, seccomp, tool_base
 from .limits import ChildLimits
 
 EXIT_HARDENING_FAILED = 70
@@ -39,6 +41,14 @@ MAX_TOOL_OUTPUT_CHARS = 20_000
 
 class ImportBlocked(ImportError):
     pass
+
+
+class _StopAfterReply(Exception):
+    """A handler's result, after which this process must stop (its environment failed)."""
+
+    def __init__(self, result: dict[str, Any]):
+        super().__init__("stop after reply")
+        self.result = result
 
 
 class Rejected(Exception):
@@ -155,6 +165,7 @@ class EnvHost:
             "load": self._load,
             "reset": self._reset,
             "step": self._step,
+            "probe": self._probe,
             "tools": self._tools,
             "call_tool": self._call_tool,
             "criteria": self._criteria,
@@ -182,6 +193,8 @@ class EnvHost:
             result = handler(request)
         except Rejected as exc:
             return self._reply(seq, error=(exc.kind, exc.message))
+        except _StopAfterReply as stop:
+            return self._reply(seq, result=stop.result) or True
         except MemoryError:
             self.env = None
             gc.collect()
@@ -275,6 +288,59 @@ class EnvHost:
             "truncated": _check_flag(truncated, "truncated"),
             "info": _check_info(info, "step"),
         }
+
+    def _probe(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Play the probe plan through this environment's own ``reset`` / ``step`` handlers (the
+        same checks as one request each), sending a progress frame after each episode so that the
+        supervisor keeps what was played if it must kill this process. After an environment fault
+        every later call fails the same way and this process ends after its reply."""
+        self._require_env()
+        if isinstance(self.env, tool_base.ToolUseBaseEnv):
+            raise Rejected("protocol_error", "the probe request is for games, not tool environments")
+        parse = host_modules.parse_action()
+        if parse is None:
+            raise Rejected("protocol_error", "the reply parser (host.actions) was not installed in this sandbox")
+        try:
+            plan = probe_play.ProbePlan.from_json(request.get("plan"))
+        except ValueError as exc:
+            raise Rejected("protocol_error", f"probe: {exc}") from None
+        failed: list[probe_play.EnvFailed] = []
+
+        def guarded(call: Any, kind: str, timeout: float) -> Any:
+            if failed:
+                raise failed[0]
+            start = time.monotonic()
+            try:
+                result = call()
+            except Rejected as exc:
+                failed.append(probe_play.EnvFailed(exc.kind, exc.message))
+            except MemoryError:
+                self.env = None
+                gc.collect()
+                failed.append(probe_play.EnvFailed("memory_limit", "the environment ran out of memory"))
+            except BaseException as exc:  # noqa: BLE001 - generated code may raise anything
+                failed.append(probe_play.EnvFailed(_classify(exc, kind), _describe(exc)))
+            else:
+                if time.monotonic() - start <= timeout:
+                    return result
+                failed.append(probe_play.EnvFailed("timeout", f"{kind.partition('_')[0]} did not finish within "
+                                                               f"{timeout:g} s"))
+            raise failed[0]
+
+        def reset(seed: int) -> str:
+            return guarded(lambda: self._reset({"seed": seed}), "reset_error", plan.reset_timeout_s)["observation"]
+
+        def step(action: str) -> tuple[str, float, bool, bool]:
+            result = guarded(lambda: self._step({"action": action}), "step_error", plan.step_timeout_s)
+            return result["observation"], result["reward"], result["terminated"], result["truncated"]
+
+        def progress(episode: probe_play.Episode) -> None:
+            self.channel.sendall(framing.encode({"seq": request.get("seq"), "progress": episode.to_json()}))
+
+        outcome = probe_play.play(plan, reset, step, parse, on_episode=progress)
+        if failed:
+            raise _StopAfterReply(outcome.to_json())
+        return outcome.to_json()
 
     # -- tool environments --------------------------------------------------------------------
 

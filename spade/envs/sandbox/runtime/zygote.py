@@ -20,7 +20,7 @@ import socket
 import sys
 from typing import Any
 
-from . import child, framing, landlock
+from . import child, framing, host_modules, landlock
 from .limits import ChildLimits
 
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
@@ -43,6 +43,7 @@ class Zygote:
         self.probe_filesystem = bool(config.get("probe_filesystem", False))
         self.hardening_failures = 0
         _preload(self.limits.allowed_imports)
+        host_modules.install(config.get("host_modules") or {})  # before any fork: children inherit them
 
     def _recv(self) -> dict[str, Any] | None:
         record = self.channel.recv(RECORD_BYTES)
