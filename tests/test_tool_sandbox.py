@@ -4,6 +4,7 @@ classified fault with the supervisor and the next environment unaffected."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import textwrap
@@ -407,11 +408,22 @@ def test_criteria_report_raising_criteria(harness):
         harness.run(env.close())
 
 
-def assert_next_env_works(harness) -> None:
-    env = harness.run(harness.service.open(PAPER_STYLE))
-    try:
-        harness.run(env.reset(seed=0))
-        assert harness.run(env.call_tool("find_book", {"title": "Dune"})).returncode == 0
-    finally:
-        harness.run(env.close())
+def assert_next_env_works(harness, tries: int = 3) -> None:
+    """A benign environment works after a hostile one. Under QUICK's 2-3 s limits a loaded CI
+    machine can stall one benign call past them, so a timeout (only) is tried again; any other
+    fault, a wrong answer, or a timeout on every try fails."""
+    for attempt in range(1, tries + 1):
+        env = None
+        try:
+            env = harness.run(harness.service.open(PAPER_STYLE))
+            harness.run(env.reset(seed=0))
+            assert harness.run(env.call_tool("find_book", {"title": "Dune"})).returncode == 0
+            break
+        except EnvFault as exc:
+            if exc.error.kind is not ErrorKind.TIMEOUT or attempt == tries:
+                raise
+        finally:
+            if env is not None:
+                with contextlib.suppress(EnvFault):  # a timed-out environment is already gone
+                    harness.run(env.close())
     assert harness.service.running
