@@ -52,6 +52,7 @@ class DesignerRequest:
     memory_block: str = ""  # "" when memory is empty or disabled
     difficulty: str = "medium"
     max_turns: int = 25  # the run's turn budget (selfplay.max_turns); the concepts prompt quotes it
+    reference_policy: bool = False  # ask for a reference_policy() method (selfplay.require_reference_policy)
 
 
 # The released code's difficulty line: "the goal should need N+ interaction steps", 2 for easy and
@@ -183,6 +184,21 @@ GAME_SPEC_NO_DOCUMENT = GAME_SPEC.replace("\n\n" + _GROUNDING, "")
 
 _CLOSING = "Write the complete module in one ```python block."
 
+# selfplay.require_reference_policy (spade's addition, issue 23; off in the paper recipes): the class
+# proves its game winnable; admission plays the method and admits only when it wins.
+REFERENCE_POLICY_SPEC = """## Reference policy (required)
+Add a method `reference_policy(self, observation)` to the class. Given the latest observation (the \
+one `reset()` returned, then each one `step()` returned), it returns the reply a perfect player \
+would send, as a string such as "\\boxed{go east}". It may read the hidden state of the instance. \
+Before admission the game is played with these replies on several seeds: they must win (full \
+reward at the end) every time. Keep it short and deterministic, and never let `step()` behave \
+differently because the reference policy exists."""
+
+
+def _game_spec(request: DesignerRequest, spec: str) -> str:
+    """The specification, with the reference-policy section when the request asks for one."""
+    return f"{spec}\n\n{REFERENCE_POLICY_SPEC}" if request.reference_policy else spec
+
 
 def _check_difficulty(difficulty: str) -> None:
     if difficulty not in DIFFICULTIES:
@@ -226,16 +242,18 @@ def designer_messages(request: DesignerRequest, *, no_corpus: str | None = None,
         raise ValueError(f"selfplay.designer_prompt_order: {order!r} is not allowed; choose one of: "
                          f"{', '.join(PROMPT_ORDERS)}")
     if request.document is None:
-        parts = ["Build an interactive, multi-turn Python game environment.", GAME_SPEC_NO_DOCUMENT]
+        parts = ["Build an interactive, multi-turn Python game environment.",
+                 _game_spec(request, GAME_SPEC_NO_DOCUMENT)]
     elif order == "shared_prefix":
         # the same sections, the document moved behind everything one regeneration's slots share
         parts = ["You are given a reference document (at the end). Build an interactive, multi-turn Python game "
-                 "environment around a concept or technique from it.", GAME_SPEC, difficulty_line(request)]
+                 "environment around a concept or technique from it.", _game_spec(request, GAME_SPEC),
+                 difficulty_line(request)]
         return _with_memory(parts, request, after=(f"<document>\n{request.document}\n</document>", _CLOSING))
     else:
         parts = ["You are given a reference document. Build an interactive, multi-turn Python game environment "
                  "around a concept or technique from it.\n\n"
-                 f"<document>\n{request.document}\n</document>", GAME_SPEC]
+                 f"<document>\n{request.document}\n</document>", _game_spec(request, GAME_SPEC)]
     parts.append(f"{difficulty_line(request)}\n\n{_CLOSING}")
     return _with_memory(parts, request)
 
@@ -325,7 +343,7 @@ def concepts_designer_messages(request: DesignerRequest, rng: random.Random) -> 
              f"({request.skill.description})",
              f"## Concept ideas for {request.skill.name}\nStart from one of these or invent a similar one:\n"
              f"{concepts}",
-             concepts_spec(request.max_turns),
+             _game_spec(request, concepts_spec(request.max_turns)),
              f"{_CLOSING} Each turn must offer choices that lead to different outcomes: a game with only one "
              "sensible action per turn does not qualify."]
     return _with_memory(parts, request)

@@ -1,7 +1,8 @@
 """Admitting a generated environment (SPEC section 3), stage by stage.
 
-extract -> syntax -> load -> smoke -> determinism -> degenerate_probe (``admit(determinism=False)``
-and ``admit(probes=None)`` leave those two out; the probes run for games, not tool environments).
+extract -> syntax -> load -> smoke -> determinism -> degenerate_probe -> reference_policy
+(``admit(determinism=False)``, ``admit(probes=None)`` and ``admit(reference=None)``, the default for
+the last, leave those out; the probes and the reference policy run for games, not tool environments).
 The first failing stage rejects the candidate and is named in the verdict with the error kind.
 Everything past ``syntax`` runs in the sandbox.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from ..designer.extract import extract_code
 from .degenerate_probes import ProbeReport, ProbeSettings, run_probes
 from .protocol import EnvError, EnvFault, ErrorKind, InfrastructureFault, Stage, StepResult
+from .reference_policy import ReferenceReport, ReferenceSettings, run_reference
 from .sandbox.client import SandboxedEnv, SandboxService
 from .tool_use.admission import ModelScreen, ToolAdmissionSettings, ToolRejection, ToolReport, tool_stages
 
@@ -38,6 +40,7 @@ class AdmissionVerdict:
     tool_use: bool = False
     tool_report: ToolReport | None = None  # the tool stages' findings (tool environments only)
     probe_report: ProbeReport | None = None  # the degenerate-policy probes' returns (games, probes on)
+    reference_report: ReferenceReport | None = None  # the reference policy's returns (games, when required)
 
     def to_json(self, path: str | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {} if path is None else {"path": path}
@@ -51,6 +54,8 @@ class AdmissionVerdict:
         )
         if self.probe_report is not None:
             data["probe_report"] = self.probe_report.to_json()
+        if self.reference_report is not None:
+            data["reference_report"] = self.reference_report.to_json()
         if self.tool_use:
             data["tool_use"] = True
             data["tool_report"] = None if self.tool_report is None else self.tool_report.to_json()
@@ -106,7 +111,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 max_repair_passes: int = 20, require_tool_env: bool = False,
                 tool_settings: ToolAdmissionSettings | None = None,
                 screen: ModelScreen | None = None, determinism: bool = True,
-                probes: ProbeSettings | None = ProbeSettings()) -> AdmissionVerdict:
+                probes: ProbeSettings | None = ProbeSettings(),
+                reference: ReferenceSettings | None = None) -> AdmissionVerdict:
     """Run every admission stage on a designer response (or plain source).
 
     A tool environment (its class subclasses ``ToolUseBaseEnv``) also goes through the tool-use
@@ -115,7 +121,9 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     ``determinism`` False leaves out the determinism stage, this project's addition (SPEC 3.5;
     ``selfplay.admission_determinism``). ``probes`` are the settings of
     the degenerate-policy probes (another addition, :mod:`spade.envs.degenerate_probes`); None
-    leaves them out (``selfplay.admission_probes``, ``selfplay.admission_paper_exact``).
+    leaves them out (``selfplay.admission_probes``, ``selfplay.admission_paper_exact``). ``reference``
+    are the settings of the reference-policy stage (:mod:`spade.envs.reference_policy`;
+    ``selfplay.require_reference_policy``); None, the default, leaves it out.
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
     """
@@ -139,6 +147,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     first_observation: str | None = None
     report: ToolReport | None = None
     probe_report: ProbeReport | None = None
+    reference_report: ReferenceReport | None = None
     try:
         with timer.stage(Stage.LOAD):
             env = await _staged(service.open(code, max_turns=max_turns), Stage.LOAD)
@@ -161,6 +170,11 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
             if probe_report.winner is not None:
                 raise _Rejection(EnvError(ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE,
                                           _win_message(probe_report)))
+        if reference is not None and not getattr(env, "tool_use", False):
+            with timer.stage(Stage.REFERENCE_POLICY):
+                reference_report = await _reference_stage(env, reference, max_turns, probe_report)
+            if not reference_report.won:
+                raise _Rejection(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY, reference_report.message()))
         if getattr(env, "tool_use", False):
             current = [Stage.TOOL_SCHEMA]
 
@@ -181,13 +195,37 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     except _Rejection as rejection:
         return AdmissionVerdict(False, class_name=env.class_name if env else None, error=rejection.error,
                                 first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
-                                tool_report=report, probe_report=probe_report, **partial)
+                                tool_report=report, probe_report=probe_report, reference_report=reference_report,
+                                **partial)
     finally:
         if env is not None:
             await env.close()
     return AdmissionVerdict(True, class_name=env.class_name, max_turns=env.max_turns,
                             first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
-                            tool_report=report, probe_report=probe_report, **partial)
+                            tool_report=report, probe_report=probe_report, reference_report=reference_report,
+                            **partial)
+
+
+async def _reference_stage(env: SandboxedEnv, settings: ReferenceSettings, max_turns: int | None,
+                           probes: ProbeReport | None) -> ReferenceReport:
+    """Play the reference policy; a class without one is rejected as ``reference_missing``, an
+    environment that already failed (in the probes) as ``reference_lost``."""
+    try:
+        report = await run_reference(env, settings, max_turns=max_turns)
+    except InfrastructureFault:
+        raise
+    except EnvFault as fault:
+        error = fault.error
+        if error.kind is ErrorKind.REFERENCE_MISSING:
+            raise _Rejection(EnvError(ErrorKind.REFERENCE_MISSING, Stage.REFERENCE_POLICY,
+                                      f"{error.message}: selfplay.require_reference_policy asks every game for one"
+                                      )) from None
+        raise _Rejection(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY,
+                                  f"the environment failed before its reference policy could win ({error.kind.value}: "
+                                  f"{error.message})"[:2_000])) from None
+    played = [r.mean_return for r in probes.results if r.mean_return is not None] if probes is not None else []
+    report.probes_best_return = max(played) if played else None
+    return report
 
 
 def _win_message(report: ProbeReport) -> str:

@@ -24,7 +24,7 @@ from .sandbox.client import SandboxedEnv
 from .sandbox.runtime.probe_play import (DEFAULT_MAX_SECONDS, DEFAULT_MAX_STEPS, DEFAULT_THRESHOLD, PROBE_SEEDS,
                                          EnvFailed, Episode, ProbeBudget, ProbeOutcome, ProbePlan, ProbePolicy,
                                          ProbeView, cannot_reach, observation_numbers, observation_words, play,
-                                         probe_policies)
+                                         probe_policies, reference_policy)
 
 __all__ = ["DEFAULT_MAX_SECONDS", "DEFAULT_MAX_STEPS", "DEFAULT_THRESHOLD", "PROBE_SEEDS", "PolicyResult",
            "ProbeBudget", "ProbePolicy", "ProbeReport", "ProbeSettings", "ProbeView", "observation_numbers",
@@ -131,7 +131,7 @@ def finish_cut(plan: ProbePlan, episodes: tuple[Episode, ...], kind: str, messag
     def failed(_: Any) -> Any:
         raise EnvFailed(kind, message)
 
-    outcome = play(plan, failed, failed, parse_action, prior=episodes)
+    outcome = play(plan, failed, failed, parse_action, prior=episodes, extra=(reference_policy(failed),))
     if len(outcome.episodes) > len(episodes):
         cut = outcome.episodes[len(episodes)]
         outcome.episodes[len(episodes)] = Episode(cut.policy, cut.seed, cut.value, "killed", cut.steps, cut.reply)

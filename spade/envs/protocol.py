@@ -48,6 +48,8 @@ class ErrorKind(str, enum.Enum):
     CRITERION_UNCHANGEABLE = "criterion_unchangeable"
     TRIVIAL_INSTRUCTION = "trivial_instruction"
     DEGENERATE_WIN = "degenerate_win"  # a policy that knows nothing of the game wins it (issue 23)
+    REFERENCE_LOST = "reference_lost"  # the game's own reference_policy() does not win it (issue 23)
+    REFERENCE_MISSING = "reference_missing"  # required, but the class has no reference_policy() (issue 23)
 
 
 class Stage(str, enum.Enum):
@@ -60,6 +62,7 @@ class Stage(str, enum.Enum):
     SMOKE = "smoke"
     DETERMINISM = "determinism"
     DEGENERATE_PROBE = "degenerate_probe"  # games only, after determinism (spade.envs.degenerate_probes)
+    REFERENCE_POLICY = "reference_policy"  # games only, after the probes, when required (spade.envs.reference_policy)
     TOOL_SCHEMA = "tool_schema"  # tool environments only, after determinism
     RESET_GATE = "reset_gate"
     TOOL_PROBES = "tool_probes"

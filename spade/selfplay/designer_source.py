@@ -195,7 +195,8 @@ class DesignerRound:
                 selection = self.memory.select_examples(skill.name, attempt_rng(self.seed, "memory", step, slot, attempt))
                 block = format_memory_block(selection)
             request = DesignerRequest(skill=skill, document=None if document is None else document.text,
-                                      memory_block=block, difficulty=s.difficulty, max_turns=s.max_turns)
+                                      memory_block=block, difficulty=s.difficulty, max_turns=s.max_turns,
+                                      reference_policy=s.asks_reference_policy)
             record: dict[str, Any] = {"step": step, "slot": slot, "attempt": attempt, "skill": skill.name,
                                       "document": None if document is None else document.key}
             if s.domain == "tool_use":
@@ -307,7 +308,8 @@ async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response
                       require_tool_env=settings.domain == "tool_use",
                       tool_settings=settings.tool_admission, screen=screen,
                       determinism=settings.admission_checks_determinism,
-                      probes=settings.admission_probe_settings()),
+                      probes=settings.admission_probe_settings(),
+                      reference=settings.admission_reference_settings()),
                 settings.admission_timeout_s)
         except (InfrastructureFault, asyncio.TimeoutError):
             continue

@@ -337,6 +337,9 @@ class Orchestrator:
         # a gate that is on reports 0 too (rlve problems are not admitted through the sandbox)
         if self.settings.admission_probe_settings() is not None and self.settings.env_source != "rlve":
             counts.setdefault(ErrorKind.DEGENERATE_WIN.value, 0)
+        if self.settings.admission_reference_settings() is not None:
+            for kind in (ErrorKind.REFERENCE_LOST, ErrorKind.REFERENCE_MISSING):
+                counts.setdefault(kind.value, 0)
         for kind, count in sorted(counts.items()):
             metrics[f"env/rejected_{kind}"] = float(count)
         reports = [env.tool_report for env in regen.envs if env.tool_report is not None]

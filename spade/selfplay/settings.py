@@ -21,6 +21,7 @@ from ..config import require
 from ..designer.prompts import DIFFICULTIES, PROMPT_ORDERS
 from ..designer.skills import DOMAINS, Domain, SkillSettings
 from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_THRESHOLD, ProbeSettings
+from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .reward_settings import RewardSettings
@@ -95,8 +96,14 @@ class SelfPlaySettings:
     admission_probes: bool = True
     degenerate_threshold: float = DEFAULT_THRESHOLD
     degenerate_probe_steps: int = DEFAULT_MAX_STEPS
-    # true: every admission gate the paper lacks is off (determinism and the probes, whatever their
-    # own switches say): the paper's admission exactly, for a reproduction row.
+    # Optional winnability proof (spade.envs.reference_policy; games designed in the run only): the
+    # designer prompt asks for a reference_policy(observation) method, and admission plays it on the
+    # probes' seeds after the probes; a mean return below reference_min_return rejects the game
+    # (reference_lost; no method: reference_missing). spade's addition, off here and in the paper recipes.
+    require_reference_policy: bool = False
+    reference_min_return: float = DEFAULT_MIN_RETURN
+    # true: every admission gate the paper lacks is off (determinism, the probes and the reference
+    # policy, whatever their own switches say): the paper's admission exactly, for a reproduction row.
     admission_paper_exact: bool = False
     keep_trajectories: int = 4        # episodes kept on disk per arm per env per step (0: returns only)
     memory_capacity: int = 200
@@ -167,12 +174,16 @@ class SelfPlaySettings:
                     f"{value!r} is not allowed; choose one of: {', '.join(THINKING_CHOICES)}")
         require(isinstance(self.admission_determinism, bool), key("admission_determinism"),
                 f"must be true or false, got {self.admission_determinism!r}")
-        for name in ("admission_probes", "admission_paper_exact"):
+        for name in ("admission_probes", "admission_paper_exact", "require_reference_policy"):
             require(isinstance(getattr(self, name), bool), key(name),
                     f"must be true or false, got {getattr(self, name)!r}")
         require(isinstance(self.degenerate_threshold, (int, float)) and not isinstance(self.degenerate_threshold, bool)
                 and 0.0 < self.degenerate_threshold <= 1.0, key("degenerate_threshold"),
                 f"must be a number in (0, 1] (a mean episode return, clipped to [-1, 1]), got {self.degenerate_threshold!r}")
+        minimum = self.reference_min_return
+        require(isinstance(minimum, (int, float)) and not isinstance(minimum, bool) and 0.0 < minimum <= 1.0,
+                key("reference_min_return"),
+                f"must be a number in (0, 1] (a mean episode return, clipped to [-1, 1]), got {minimum!r}")
         require(isinstance(self.degenerate_probe_steps, int) and not isinstance(self.degenerate_probe_steps, bool)
                 and self.degenerate_probe_steps >= 1, key("degenerate_probe_steps"),
                 f"must be an integer >= 1, got {self.degenerate_probe_steps!r}")
@@ -233,3 +244,17 @@ class SelfPlaySettings:
         # policies played by then instead of timing out of admission
         return ProbeSettings(threshold=float(self.degenerate_threshold), max_steps=self.degenerate_probe_steps,
                              max_seconds=self.admission_timeout_s / 4)
+
+    @property
+    def asks_reference_policy(self) -> bool:
+        """The games designer prompt asks for a reference_policy() method and admission plays it
+        (the switch on, the paper-exact switch off, games the designer writes in this run)."""
+        return (self.require_reference_policy and not self.admission_paper_exact and self.domain == "games"
+                and self.env_source == "designer")
+
+    def admission_reference_settings(self) -> ReferenceSettings | None:
+        """The reference-policy stage's settings (the probes' step and time budgets), or None when it is off."""
+        if not self.asks_reference_policy:
+            return None
+        return ReferenceSettings(min_return=float(self.reference_min_return), max_steps=self.degenerate_probe_steps,
+                                 max_seconds=self.admission_timeout_s / 4)

@@ -39,6 +39,7 @@ CHILD_REPORTABLE_KINDS = frozenset({
     ErrorKind.SYNTAX_ERROR, ErrorKind.NO_ENV_CLASS, ErrorKind.IMPORT_BLOCKED, ErrorKind.INIT_ERROR,
     ErrorKind.RESET_ERROR, ErrorKind.STEP_ERROR, ErrorKind.BAD_RETURN, ErrorKind.NOT_SERIALIZABLE,
     ErrorKind.OUTPUT_TOO_LARGE, ErrorKind.EXIT_CALLED, ErrorKind.MEMORY_LIMIT,
+    ErrorKind.REFERENCE_MISSING,  # a probe request for the reference policy of a class without one
 })
 EXIT_WAIT_S = 3.0
 MAX_TOOL_NAME_CHARS = 200

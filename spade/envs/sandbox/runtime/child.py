@@ -337,7 +337,23 @@ class EnvHost:
         def progress(episode: probe_play.Episode) -> None:
             self.channel.sendall(framing.encode({"seq": request.get("seq"), "progress": episode.to_json()}))
 
-        outcome = probe_play.play(plan, reset, step, parse, on_episode=progress)
+        extra = ()
+        if probe_play.REFERENCE_POLICY in plan.policies:
+            method = getattr(self.env, "reference_policy", None)
+            if not callable(method):
+                raise Rejected("reference_missing", f"class {type(self.env).__name__} has no "
+                                                    "reference_policy(observation) method")
+
+            def reference(observation: str) -> str:
+                def call() -> str:
+                    reply = method(observation)
+                    if not isinstance(reply, str):
+                        raise Rejected("bad_return", f"reference_policy() must return str, got {type(reply).__name__}")
+                    return reply
+                return guarded(call, "step_error", plan.step_timeout_s)
+
+            extra = (probe_play.reference_policy(reference),)
+        outcome = probe_play.play(plan, reset, step, parse, on_episode=progress, extra=extra)
         if failed:
             raise _StopAfterReply(outcome.to_json())
         return outcome.to_json()

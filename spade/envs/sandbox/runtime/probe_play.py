@@ -150,6 +150,17 @@ def probe_policies() -> tuple[ProbePolicy, ...]:
     return tuple(policies)
 
 
+REFERENCE_POLICY = "reference_policy"
+
+
+def reference_policy(reply: Callable[[str], str]) -> ProbePolicy:
+    """The game's own ``reference_policy(observation)`` as a policy of this loop (the admission
+    stage of that name, :mod:`spade.envs.reference_policy`); ``reply`` calls it and may raise
+    :class:`EnvFailed`."""
+    return ProbePolicy(REFERENCE_POLICY, "the game's own reference_policy(observation)",
+                       lambda view: reply(view.observation))
+
+
 # -- the loop ----------------------------------------------------------------------------------
 
 
@@ -204,7 +215,7 @@ class ProbePlan:
         """Raises ValueError naming the field that is missing or of the wrong type."""
         if not isinstance(data, dict):
             raise ValueError("the probe plan must be an object")
-        known = {p.name for p in probe_policies()}
+        known = {p.name for p in probe_policies()} | {REFERENCE_POLICY}
         policies, seeds = data.get("policies"), data.get("seeds")
         if not isinstance(policies, list) or not all(isinstance(p, str) and p in known for p in policies):
             raise ValueError(f"policies must be a list of names from: {', '.join(sorted(known))}")
@@ -220,9 +231,10 @@ class ProbePlan:
 
 
 # How an episode ended: the game ended it (terminated / truncated), the turn budget ran out
-# (turns), a fault (reset_fault / step_fault; killed: the sandbox killed the child during this
-# episode, whose steps are then not counted), the same constant reply was already played on
-# this seed (same_reply), the policy had nothing to say (nothing_to_play), the budget ran out (budget).
+# (turns), a fault (reset_fault / step_fault / policy_fault: the reference policy failed; killed:
+# the sandbox killed the child during this episode, whose steps are then not counted), the same
+# constant reply was already played on this seed (same_reply), the policy had nothing to say
+# (nothing_to_play), the budget ran out (budget).
 UNPLAYED = ("nothing_to_play", "budget")
 
 
@@ -240,7 +252,7 @@ class Episode:
 
     @property
     def fault(self) -> bool:
-        return self.ending in ("reset_fault", "step_fault", "killed")
+        return self.ending in ("reset_fault", "step_fault", "policy_fault", "killed")
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "seed": self.seed, "value": self.value, "ending": self.ending,
@@ -278,11 +290,12 @@ Step = Callable[[str], tuple[str, float, bool, bool]]  # action -> observation, 
 
 
 def play(plan: ProbePlan, reset: Reset, step: Step, parse: Callable[[str], str], *,
-         prior: tuple[Episode, ...] = (), on_episode: Optional[Callable[[Episode], None]] = None) -> ProbeOutcome:
+         prior: tuple[Episode, ...] = (), on_episode: Optional[Callable[[Episode], None]] = None,
+         extra: tuple[ProbePolicy, ...] = ()) -> ProbeOutcome:
     """Play the plan (module docstring). ``prior``: episodes already played, taken in order
     instead of playing them again (finishing a run that was cut); ``on_episode`` sees each
-    episode as it ends."""
-    family = {policy.name: policy for policy in probe_policies()}
+    episode as it ends; ``extra``: policies beside the family (the reference policy)."""
+    family = {policy.name: policy for policy in (*probe_policies(), *extra)}
     outcome = ProbeOutcome()
     budget = ProbeBudget(plan.max_steps, plan.max_seconds)
     played: dict[tuple[int, str], float] = {}  # (seed, constant reply) -> return
@@ -327,7 +340,11 @@ def _episode(plan: ProbePlan, policy: ProbePolicy, seed: int, reset: Reset, step
     rewards: list[float] = []
     terminated, ending, steps = False, "turns", 0
     for _ in range(plan.turns):
-        reply = policy.act(ProbeView(first, observation, previous, rng))
+        try:
+            reply = policy.act(ProbeView(first, observation, previous, rng))
+        except EnvFailed as failed:
+            outcome.fault = outcome.fault or (failed.kind, failed.message)
+            return Episode(policy.name, seed, 0.0, "policy_fault", steps)
         if reply is None:
             return Episode(policy.name, seed, None, "nothing_to_play", steps)
         if policy.constant and previous is None and (seed, reply) in played:
