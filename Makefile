@@ -17,8 +17,11 @@ demo: setup model
 	$(BIN)/spade demo
 	$(BIN)/spade train --config examples/smoke_cpu.yaml --run-dir $(RUN_DIR)
 
+# The suite on TEST_WORKERS processes (pytest-xdist): each test file runs whole in one worker, the
+# longest files first (tests/xdist_schedule.py). TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: setup sglang-src
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 setup: system-packages $(STAMP)
 

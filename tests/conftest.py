@@ -14,6 +14,7 @@ from hypothesis import settings as hypothesis_settings
 
 from spade.envs.sandbox.client import SandboxService
 from spade.envs.sandbox.config import SandboxConfig
+from xdist_schedule import longest_files_first
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,9 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU-marked tests run where CUDA is; elsewhere they are reported as skipped, with the reason."""
+    """GPU-marked tests run where CUDA is; elsewhere they are reported as skipped, with the reason.
+    Under pytest-xdist (``make test``) the files are handed out longest first."""
+    longest_files_first(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run tools/gpu_check.sh on a GPU machine)")
