@@ -312,6 +312,8 @@ class Supervisor:
                 return frame
             if frame.get("seq") != seq:
                 raise framing.FrameError(f"progress frame carries sequence number {frame.get('seq')!r}, expected {seq}")
+            if len(episodes) >= len(plan.policies) * len(plan.seeds):  # the child may be hostile: bound it
+                raise framing.FrameError("more progress frames than the plan has episodes")
             episodes.append(Episode.from_json(frame["progress"]))
 
     async def _fail(self, env: ChildEnv, error: EnvError, *, raise_it: bool = True) -> None:
