@@ -5,7 +5,8 @@ SPEC numbers)::
 
     include: base.yaml        # optional: a file (or list of files) merged underneath this one
     model:     {hf_dir: embedded | /path/to/hf, dtype: auto | float32 | bfloat16, recompute: none | full | selective,
-                recompute_method: uniform | block, recompute_num_layers: N, memory_check: true,
+                recompute_method: uniform | block, recompute_num_layers: N, core_attention: sdpa | unfused,
+                memory_check: true,
                 thinking: auto | on | off}
     parallel:  {tp, pp, ep, etp, sequence_parallel}
     optimizer: spade.training.OptimizerSettings
@@ -65,6 +66,9 @@ class ModelSection:
     # with recompute: full only (Megatron's --recompute-method / --recompute-num-layers); null = uniform, 1
     recompute_method: Optional[Literal["uniform", "block"]] = None
     recompute_num_layers: Optional[int] = None
+    # without Transformer Engine: "sdpa" = PyTorch's fused attention (keeps no [b*heads, s, s] scores),
+    # "unfused" = Megatron's DotProductAttention (spade.models.sdpa_attention)
+    core_attention: Literal["sdpa", "unfused"] = "sdpa"
     # refuse, before loading, a local-spec (no Transformer Engine) GPU run whose estimated step memory
     # exceeds the device (spade.training.memory_plan)
     memory_check: bool = True
@@ -112,7 +116,9 @@ class RunSection:
     seed: int = 1234
     micro_batch_tokens: int = 16384  # token budget of one micro-batch (B * S padded)
     log_every: int = 1  # plain progress lines every N steps (metrics.jsonl gets every step)
-    keep_checkpoints: int = 0  # 0 keeps all; N keeps the newest N
+    # checkpoints kept: the newest N, any marked best (RunDir.mark_best) and the one a resumed run
+    # started from; 0 keeps all
+    keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
         require(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")

@@ -252,7 +252,7 @@ def test_learner_refuses_a_local_spec_run_that_cannot_fit_before_reading_weights
 
     _pretend_cuda_without_te(monkeypatch)
     options = LearnerOptions(optimizer=OptimizerSettings(), loss=LossSettings(), micro_batch_tokens=8192,
-                             dtype=torch.bfloat16)
+                             dtype=torch.bfloat16, core_attention="unfused")
     ctx = SimpleNamespace(dp_size=1)
     # no weights in tmp_path: the refusal must come before anything is read
     with pytest.raises(MemoryPlanError, match=r"model\.recompute: selective.*run\.micro_batch_tokens \(now 1 x 8192"):
@@ -260,6 +260,8 @@ def test_learner_refuses_a_local_spec_run_that_cannot_fit_before_reading_weights
     selective = BuildOptions(params_dtype=torch.bfloat16, recompute="selective")
     estimate = check_local_spec_step(QWEN3_4B, ParallelLayout(), selective, 4096)
     assert estimate is not None and estimate.total < 139 * GIB  # one 4,096-token row with selective fits
+    # PyTorch's fused attention keeps no scores either: not checked
+    assert check_local_spec_step(QWEN3_4B, ParallelLayout(), BuildOptions(core_attention="sdpa"), 8192) is None
     monkeypatch.setattr(BuildOptions, "resolved_use_te", lambda self: True)  # TE keeps no scores: not checked
     assert check_local_spec_step(QWEN3_4B, ParallelLayout(), BuildOptions(recompute="none"), 8192) is None
 

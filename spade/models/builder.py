@@ -50,6 +50,10 @@ class BuildOptions:
     recompute: Literal["none", "full", "selective"] = "none"
     recompute_method: Literal["uniform", "block"] = "uniform"
     recompute_num_layers: int = 1
+    # The local spec's core attention: "sdpa" runs PyTorch's fused scaled_dot_product_attention
+    # (no [b*heads, s, s] scores kept; models/sdpa_attention.py), "unfused" Megatron's
+    # DotProductAttention. Transformer Engine's spec has its own fused attention and ignores this.
+    core_attention: Literal["sdpa", "unfused"] = "unfused"
 
     def resolved_dtype(self) -> torch.dtype:
         if self.params_dtype is not None:
@@ -157,8 +161,11 @@ def _recompute_fields(options: BuildOptions, layers_per_stage: int) -> dict:
     return {}
 
 
-def build_layer_spec(spec: ModelSpec, use_transformer_engine: bool):
-    """Layer ModuleSpec: TE modules on GPU with TE, Megatron's local modules otherwise."""
+def build_layer_spec(spec: ModelSpec, use_transformer_engine: bool, core_attention: str = "unfused"):
+    """Layer ModuleSpec: TE modules on GPU with TE, Megatron's local modules otherwise (their core
+    attention ``core_attention``: "sdpa" or "unfused", see ``BuildOptions``)."""
+    from .sdpa_attention import CORE_ATTENTION_CHOICES, use_sdpa_core_attention
+
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
@@ -169,12 +176,15 @@ def build_layer_spec(spec: ModelSpec, use_transformer_engine: bool):
         return get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm
         )
-    return get_gpt_layer_local_spec(
+    if core_attention not in CORE_ATTENTION_CHOICES:
+        raise ValueError(f"model.core_attention {core_attention!r}: allowed {', '.join(CORE_ATTENTION_CHOICES)}")
+    layer_spec = get_gpt_layer_local_spec(
         num_experts=num_experts,
         moe_grouped_gemm=False,
         qk_layernorm=spec.qk_norm,
         normalization="RMSNorm",
     )
+    return use_sdpa_core_attention(layer_spec) if core_attention == "sdpa" else layer_spec
 
 
 def build_gpt_model(
@@ -200,7 +210,7 @@ def build_gpt_model(
     config = build_transformer_config(spec, layout, options)
     return GPTModel(
         config=config,
-        transformer_layer_spec=build_layer_spec(spec, options.resolved_use_te()),
+        transformer_layer_spec=build_layer_spec(spec, options.resolved_use_te(), options.core_attention),
         vocab_size=layout.padded_vocab_size(spec.vocab_size),
         max_sequence_length=spec.max_position_embeddings,
         pre_process=pre_process,

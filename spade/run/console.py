@@ -209,7 +209,20 @@ def step_line(step: int, total_steps: int, metrics: Mapping[str, Any], env_sourc
         parts.append(f"designer: {int(metrics['designer/pending'])} waiting")
     if metrics.get("time/step_s") is not None:
         parts.append(f"{float(metrics['time/step_s']):.0f} s")
+    if metrics.get("memory/peak_rss_gb") is not None:
+        parts.append(peak_memory_text(metrics))
     return " | ".join(parts)
+
+
+def peak_memory_text(metrics: Mapping[str, Any]) -> str:
+    """``peak RSS 3.1 GB in forward_backward``: the step's largest phase (``memory/peak_rss_gb/*``)."""
+    prefix = "memory/peak_rss_gb/"
+    phases = {key[len(prefix):]: float(value) for key, value in metrics.items()
+              if key.startswith(prefix) and value is not None and key != prefix + "checkpoint"}
+    text = f"peak RSS {float(metrics['memory/peak_rss_gb']):.1f} GB"
+    if phases:
+        text += f" in {max(phases, key=phases.get)}"
+    return text
 
 
 # ---------------------------------------------------------------------------- summary

@@ -12,6 +12,7 @@ Layout::
         step_N/                a spade checkpoint (model, optimizer, RNG; spade.training.checkpoint)
           trainer_state.json   {"step": N, "orchestrator": ..., "scheduler": ..., ...}
         latest                 "step_N": the newest COMPLETE checkpoint (written last)
+        best                   optional JSON list of steps marked best (kept by pruning)
       ...                      whatever the orchestrator writes (environment sets, hints, rejects)
 
 Step numbering: steps are 0-based; ``checkpoints/step_N`` is saved after steps ``0 .. N-1``
@@ -39,7 +40,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from ..training.checkpoint_info import INFO_FILE, CheckpointError, read_checkpoint_info
 from ..training.checkpoint_manifest import add_to_manifest, verify_checkpoint
@@ -50,6 +51,7 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
+BEST_FILE = "best"  # JSON list of the steps whose checkpoints pruning keeps (RunDir.mark_best)
 TRAINER_STATE_FILE = "trainer_state.json"
 
 
@@ -256,18 +258,39 @@ class RunDir:
                 f"'spade train --config {self.config_path} --run-dir NEW_DIR'")
         return None, warnings
 
-    def prune_checkpoints(self, keep: int) -> list[Path]:
-        """Remove all but the newest ``keep`` complete checkpoints (0: keep all) and leftovers
-        of interrupted saves older than the latest."""
+    def best_steps(self) -> set[int]:
+        """The checkpoints marked best (``checkpoints/best``: a JSON list of steps); empty when none."""
+        path = self.checkpoints_dir / BEST_FILE
+        try:
+            return {int(step) for step in json.loads(path.read_text())}
+        except FileNotFoundError:
+            return set()
+        except (ValueError, TypeError) as exc:
+            raise RunDirError(f"{path}: not a JSON list of step numbers ({exc})") from exc
+
+    def mark_best(self, step: int) -> None:
+        """Mark ``checkpoints/step_<step>`` best: pruning keeps it whatever its age."""
+        if not self.checkpoint_dir(step).is_dir():
+            raise RunDirError(f"no checkpoint {self.checkpoint_dir(step)} to mark best")
+        steps = sorted(self.best_steps() | {step})
+        atomic_write_text(self.checkpoints_dir / BEST_FILE, json.dumps(steps) + "\n")
+
+    def prune_checkpoints(self, keep: int, *, protect: Iterable[int] = ()) -> list[Path]:
+        """Remove complete checkpoints older than ``latest`` except the newest ``keep`` of them
+        (``latest`` included; 0 keeps all), the ones marked best and ``protect`` (the checkpoint a
+        resumed run started from), and leftovers of interrupted saves. Directories newer than
+        ``latest`` (a save under way or cut off) are left alone."""
         latest = self.latest_step()
         if latest is None:
             return []
         removed = []
-        steps = sorted(self.checkpoint_steps())
-        doomed = [s for s in steps if s < latest and keep and s not in steps[-keep:]]
-        for step in doomed:
-            shutil.rmtree(self.checkpoint_dir(step), ignore_errors=True)
-            removed.append(self.checkpoint_dir(step))
+        if keep:
+            complete = [s for s in self.checkpoint_steps() if s <= latest]  # newest first
+            spared = set(complete[:keep]) | self.best_steps() | set(protect) | {latest}
+            for step in complete:
+                if step not in spared:
+                    shutil.rmtree(self.checkpoint_dir(step), ignore_errors=True)
+                    removed.append(self.checkpoint_dir(step))
         for leftover in self.checkpoints_dir.glob("step_*.tmp-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         return removed

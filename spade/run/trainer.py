@@ -39,6 +39,7 @@ from typing import Any, Optional
 import torch
 
 from ..collectives import broadcast_object
+from ..peak_memory import PhaseMemory
 from ..rollout.manager import HFRolloutManager, RolloutManager, SGLangRolloutManager
 from ..selfplay.step import Step
 from ..train_config import EMBEDDED, TrainConfig
@@ -93,6 +94,8 @@ class Trainer:
         self.orchestrator = None
         self.memory = None
         self.writers: Optional[MetricsWriter] = None
+        self.resumed_from: tuple[int, ...] = ()  # the checkpoint restore() loaded
+        self.phase_memory = PhaseMemory()  # peak RSS per phase of a step (memory/peak_rss_gb/*)
 
     @property
     def is_main(self) -> bool:
@@ -152,6 +155,7 @@ class Trainer:
                               dtype=torch_dtype(cfg), recompute=cfg.model.recompute,
                               recompute_method=cfg.model.recompute_method or "uniform",
                               recompute_num_layers=cfg.model.recompute_num_layers or 1,
+                              core_attention=cfg.model.core_attention,
                               memory_check=cfg.model.memory_check,
                               offload=cfg.engine.kind == "sglang" and sglang.colocated and sglang.offload_training,
                               offload_on_host=os.environ.get(OFFLOAD_ON_CPU_VARIABLE) == "1")
@@ -193,6 +197,7 @@ class Trainer:
                                          tokenizer=self.tokenizer, corpus=corpus, memory=self.memory,
                                          run_dir=self.run_dir.root, seed=cfg.run.seed,
                                          chat_template_kwargs=template_kwargs)
+        self.orchestrator.on_phase = self.phase_memory.mark
 
     def restore(self) -> Step:
         """Load the newest complete checkpoint; returns the step to start at (0 for a new run): the
@@ -216,6 +221,7 @@ class Trainer:
                     self.memory.rollback(start.last_run)
             return start
         start = Step(saved)
+        self.resumed_from = (saved,)  # pruning never removes it while this run goes on
         directory = self.run_dir.checkpoint_dir(start.updates_done)
         state = broadcast_object(self.run_dir.read_trainer_state(start.updates_done) if self.is_main else None)
         load_checkpoint(directory, self.learner.chunks, optimizer=self.learner.optimizer, load_rng=True)
@@ -265,17 +271,20 @@ class Trainer:
         n = step.updates_done
         started = time.perf_counter()
         self.progress.start_step(n)
+        checkpoint_memory = self.phase_memory.metrics()  # the checkpoint written after the step before
+        self.phase_memory.start()
         out = None
         if self.is_main:
             self.progress.phase("playing")
             out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
         samples = await self.rollout.switch_to_training(
             None if out is None else [t.to_train_sample() for t in out.samples])
+        self.phase_memory.mark("plays")
         rolled = time.perf_counter()
 
         self.progress.phase("training", samples=len(samples))
         lag = policy_lag(samples, self.rollout.version)
-        trained_metrics = self.learner.update(samples)
+        trained_metrics = self.learner.update(samples, on_phase=self.phase_memory.mark)
         if not samples:
             self.progress.message(f"step {n}: no samples, the update is skipped")
         trained = time.perf_counter()
@@ -283,6 +292,7 @@ class Trainer:
         self.progress.phase("syncing")
         version = step.after.updates_done if samples else self.rollout.version
         await self.rollout.publish(self.learner.weight_stream, version=version, changed=bool(samples))
+        self.phase_memory.mark("sync")
         synced = time.perf_counter()
         engine_metrics = self.rollout.step_metrics()
         evaluated = {}
@@ -290,11 +300,13 @@ class Trainer:
             evaluated = await self._evaluate(step.after)
 
         if self.is_main:
-            metrics = step_record(out, lag, trained_metrics, engine_metrics, evaluated,
+            memory = step_memory(self.phase_memory.metrics(), checkpoint_memory)
+            metrics = step_record(out, lag, trained_metrics, engine_metrics, evaluated, memory,
                                   times={"time/rollout_s": rolled - started, "time/train_s": trained - rolled,
                                          "time/sync_s": synced - trained, "time/step_s": synced - started})
             self.writers.write(n, metrics)
             self.progress.end_step(n, metrics)
+        self.phase_memory.start()  # a checkpoint, if one follows, starts its own figure
 
     async def _evaluate(self, done: Step) -> dict[str, Any]:
         """Rank 0: the configured held-out benchmarks on the rollout engine (``eval/*`` metrics);
@@ -316,6 +328,7 @@ class Trainer:
 
         step = done.updates_done
         self.progress.phase("checkpointing", at=step)
+        self.phase_memory.start()
         directory = self.run_dir.checkpoint_dir(step)
         if self.is_main:
             directory.parent.mkdir(parents=True, exist_ok=True)
@@ -336,10 +349,14 @@ class Trainer:
             try:
                 self.run_dir.write_trainer_state(step, state)
                 self.run_dir.mark_latest(step)  # the checkpoint counts from here on (verified first)
-                self.run_dir.prune_checkpoints(self.config.run.keep_checkpoints)
+                self.run_dir.prune_checkpoints(self.config.run.keep_checkpoints, protect=self.resumed_from)
             except RunDirError as exc:
                 error = str(exc)
         self.learner.off_device()  # back to host: the engine generates next
+        self.phase_memory.mark("checkpoint")  # reported on the next step's line (one_step)
+        if done == Step(self.config.run.steps) and self.is_main:
+            self.progress.message(f"checkpoint {step}: peak RSS "
+                                  f"{self.phase_memory.metrics()['memory/peak_rss_gb']:.2f} GB")
         error = broadcast_object(error)  # every rank stops together rather than waiting on rank 0
         if error is not None:
             raise RunDirError(error)
@@ -373,6 +390,15 @@ def step_record(out: Any, *parts: dict[str, Any], times: dict[str, float]) -> di
         record.update(part)
     record.update(times)
     return record
+
+
+def step_memory(phases: dict[str, float], checkpoint: dict[str, float]) -> dict[str, float]:
+    """The step's peak-RSS metrics: its phases, and the checkpoint written after the step before
+    (``memory/peak_rss_gb/checkpoint``: a checkpoint is written after its step's line)."""
+    out = dict(phases)
+    if "memory/peak_rss_gb" in checkpoint:
+        out["memory/peak_rss_gb/checkpoint"] = checkpoint["memory/peak_rss_gb"]
+    return out
 
 
 def policy_lag(samples: list, version: int) -> dict[str, float]:

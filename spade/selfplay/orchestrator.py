@@ -49,11 +49,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..designer.corpus import Corpus
 from ..designer.memory import Memory, MemoryRecord, win_rate
 from ..envs.protocol import ErrorKind, Sandbox
+from ..peak_memory import no_phase
 from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
@@ -147,6 +148,7 @@ class Orchestrator:
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
         self.last_step: int | None = None
         self.trajectory_log = TrajectoryLog(self.run_dir, settings.keep_trajectories)
+        self.on_phase: Callable[[str], None] = no_phase  # told when the designer batch ends (peak RSS)
 
     # ------------------------------------------------------------------ the step
 
@@ -157,6 +159,8 @@ class Orchestrator:
         started = time.perf_counter()
         designs = await self.regenerate_and_admit(step, out) if regenerate else {}   # 1
         designed = time.perf_counter()
+        if regenerate:
+            self.on_phase("designer")
         plays = await self.play(step, with_hint=regenerate)                            # 2
         played = time.perf_counter()
         self.score_agent_plays(out, plays)                                             # 3

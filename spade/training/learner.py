@@ -25,10 +25,11 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from ..peak_memory import no_phase
 from ..rl.samples import TrainSample
 from .optimizer import OptimizerSettings
 from .train_step import LossSettings
@@ -47,6 +48,7 @@ class LearnerOptions:
     recompute: str = "none"
     recompute_method: str = "uniform"  # with recompute "full": uniform | block
     recompute_num_layers: int = 1  # with recompute "full": layers per group (uniform) or recomputed (block)
+    core_attention: str = "sdpa"  # the local spec's core attention: sdpa | unfused (models.builder.BuildOptions)
     memory_check: bool = True  # refuse a local-spec GPU step whose memory estimate exceeds the device
     offload: bool = False  # keep the training state on the host while the engine generates
     offload_on_host: bool = False  # tests: really move (free and restore) on a CPU run
@@ -86,7 +88,8 @@ class Learner:
         spec = read_model_spec(dict(hf_config))
         build_options = BuildOptions(params_dtype=options.dtype, recompute=options.recompute,
                                      recompute_method=options.recompute_method,
-                                     recompute_num_layers=options.recompute_num_layers)
+                                     recompute_num_layers=options.recompute_num_layers,
+                                     core_attention=options.core_attention)
         if options.memory_check:  # before anything is read or allocated
             from .memory_plan import check_local_spec_step
 
@@ -114,8 +117,10 @@ class Learner:
 
     # ------------------------------------------------------------------ one update
 
-    def update(self, samples: Sequence[TrainSample]) -> dict[str, Any]:
-        """One GRPO step on ``samples`` (the same list on every rank); ``train/*`` metrics."""
+    def update(self, samples: Sequence[TrainSample], on_phase: Callable[[str], None] = no_phase) -> dict[str, Any]:
+        """One GRPO step on ``samples`` (the same list on every rank); ``train/*`` metrics.
+        ``on_phase`` is called as each phase ends: "logprobs" (the reference model's pass, with
+        the KL term), "forward_backward", "optimizer"."""
         from .batching import data_parallel_shard, filler_micro_batch, make_micro_batches
         from .train_step import compute_logprobs, train_step
 
@@ -135,9 +140,11 @@ class Learner:
                 self.ref_memory.offload()
             mine = [dataclasses.replace(s, ref_logprobs=lp) for s, lp in zip(mine, ref)]
             micro_batches = make_micro_batches(mine, budget, pad_to_multiple_of=multiple)
+            on_phase("logprobs")
         if not micro_batches:  # this rank got no sample: it still takes part in the collectives
             micro_batches = [filler_micro_batch(max(2, multiple))]
-        result = train_step(self.model.chunks, self.optimizer, self.scheduler, micro_batches, self.options.loss)
+        result = train_step(self.model.chunks, self.optimizer, self.scheduler, micro_batches, self.options.loss,
+                            on_phase=on_phase)
         metrics: dict[str, Any] = {f"train/{k}": v for k, v in result.to_dict().items()}
         metrics["train/skipped_no_samples"] = 0.0
         return metrics

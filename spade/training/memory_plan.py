@@ -244,13 +244,14 @@ def check_local_spec_step(spec: ModelSpec, layout: ParallelLayout, build_options
                           reference_model: bool = False,
                           names: SettingNames = SettingNames()) -> Optional[MemoryEstimate]:
     """Refuse a CUDA run of the local spec whose worst micro-batch cannot fit (None when not checked:
-    no CUDA, or Transformer Engine's fused attention, which keeps no scores).
+    no CUDA, Transformer Engine's fused attention or core attention "sdpa", which keep no scores).
 
     The worst micro-batch under ``micro_batch_tokens`` is one row of that many tokens (capped by the
     model's context): the most score elements the budget allows."""
     import torch
 
-    if not torch.cuda.is_available() or build_options.resolved_use_te():
+    if (not torch.cuda.is_available() or build_options.resolved_use_te()
+            or getattr(build_options, "core_attention", "unfused") == "sdpa"):
         return None
     dtype = build_options.resolved_dtype()
     shape = MicroBatchShape.worst_case(micro_batch_tokens, spec.max_position_embeddings)

@@ -29,13 +29,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from spade.config import require
+from spade.peak_memory import no_phase
 from spade.rl.loss import AGGREGATIONS, TOKEN_MEANS, LossStats, policy_loss
 
 from .batching import MicroBatch
@@ -205,14 +206,17 @@ def train_step(
     scheduler,
     micro_batches: Sequence[MicroBatch],
     loss_settings: LossSettings = LossSettings(),
+    on_phase: Callable[[str], None] = no_phase,
 ) -> TrainStepMetrics:
     """One optimizer update on this rank's micro-batches (the global batch is the union over
     data-parallel ranks). ``scheduler`` (an ``OptimizerParamScheduler``) advances after a
-    successful update; ``lr`` reports the rate used by this update."""
+    successful update; ``lr`` reports the rate used by this update. ``on_phase`` is called with
+    "forward_backward" and "optimizer" as each ends (``spade.peak_memory.PhaseMemory.mark``)."""
     import megatron_patches
 
     optimizer.zero_grad()
     summary = forward_backward(model_chunks, micro_batches, loss_settings)
+    on_phase("forward_backward")
     lr = float(optimizer.param_groups[0]["lr"]) if optimizer.param_groups else 0.0
     with megatron_patches.cpu_device_mode():
         updated, grad_norm, _ = optimizer.step()
@@ -220,6 +224,7 @@ def train_step(
             grad_norm = optimizer.get_grad_norm()
     if updated and scheduler is not None:
         scheduler.step(increment=1)
+    on_phase("optimizer")
     return TrainStepMetrics(
         **dataclasses.asdict(summary),
         grad_norm=float(grad_norm) if grad_norm is not None else math.nan,

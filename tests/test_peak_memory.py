@@ -1,0 +1,87 @@
+"""Peak RSS per phase (issue 25): ``memory/peak_rss_gb/<phase>`` from the kernel's resettable
+high-water mark, checked with an allocation of known size; the getrusage fallback; the step line.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import pytest
+
+from spade.peak_memory import GB, PeakRss, PhaseMemory
+from spade.run.console import step_line
+from spade.run.trainer import step_memory
+
+MB = 2**20
+BLOCK = 256 * MB
+
+
+def _touch(size: int) -> bytearray:
+    block = bytearray(size)  # zero pages are not resident until written
+    for i in range(0, size, 4096):
+        block[i] = 1
+    return block
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
+def test_each_phase_has_its_own_peak():
+    meter = PhaseMemory()
+    assert meter.probe.resettable, "/proc/self/clear_refs is not writable here"
+    gc.collect()
+    meter.start()
+    meter.mark("quiet")
+    block = _touch(BLOCK)
+    del block
+    gc.collect()
+    meter.mark("allocating")
+    meter.mark("after")
+    quiet, allocating, after = (meter.peaks[p] for p in ("quiet", "allocating", "after"))
+    assert allocating - quiet >= 0.9 * BLOCK  # the block was resident during "allocating"
+    assert after < allocating - 0.8 * BLOCK  # and the mark was reset once it was freed
+    metrics = meter.metrics()
+    assert metrics["memory/peak_rss_gb/allocating"] == pytest.approx(allocating / GB)
+    assert metrics["memory/peak_rss_gb"] == pytest.approx(allocating / GB)
+    assert meter.largest_phase() == "allocating" and "memory/peak_rss_since_start" not in metrics
+
+
+def test_without_clear_refs_the_peak_is_since_the_start_and_says_so(tmp_path):
+    probe = PeakRss(clear_refs=tmp_path)  # a directory: the write fails as on a locked-down kernel
+    assert not probe.resettable
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024
+    assert probe.peak_bytes() >= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    meter = PhaseMemory(probe=probe)
+    meter.start()
+    meter.mark("update")
+    assert meter.metrics()["memory/peak_rss_since_start"] == 1.0
+
+
+def test_a_phase_marked_twice_keeps_the_larger_peak():
+    class Fixed(PeakRss):
+        def __init__(self, values):
+            self.values, self.resettable = list(values), True
+
+        def reset(self):
+            return True
+
+        def peak_bytes(self):
+            return self.values.pop(0)
+
+    meter = PhaseMemory(probe=Fixed([3 * 10**9, 1 * 10**9, 2 * 10**9]))
+    meter.start()
+    for phase in ("logprobs", "update", "logprobs"):
+        meter.mark(phase)
+    assert meter.metrics() == {"memory/peak_rss_gb/logprobs": 3.0, "memory/peak_rss_gb/update": 1.0,
+                               "memory/peak_rss_gb": 3.0}
+
+
+def test_step_line_and_the_checkpoint_of_the_step_before():
+    phases = {"memory/peak_rss_gb/plays": 2.5, "memory/peak_rss_gb/forward_backward": 3.25,
+              "memory/peak_rss_gb": 3.25}
+    record = step_memory(phases, {"memory/peak_rss_gb/checkpoint": 3.9, "memory/peak_rss_gb": 3.9})
+    assert record["memory/peak_rss_gb/checkpoint"] == 3.9 and record["memory/peak_rss_gb"] == 3.25
+    assert step_memory(phases, {}) == phases
+    line = step_line(0, 3, {**record, "agent/episodes": 0})
+    assert line.endswith("peak RSS 3.2 GB in forward_backward")
