@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 
 from ..collectives import broadcast_object
-from ..peak_memory import PhaseMemory
+from ..peak_memory import PhaseMemory, large_allocations_from_mmap
 from ..rollout.manager import HFRolloutManager, RolloutManager, SGLangRolloutManager
 from ..selfplay.step import Step
 from ..train_config import EMBEDDED, TrainConfig
@@ -108,6 +108,7 @@ class Trainer:
         from ..training.parallel import init_parallel
 
         cfg = self.config
+        large_allocations_from_mmap()  # freed activations leave the process (peak_memory)
         self.layout = cfg.parallel.layout()
         self.ctx = init_parallel(self.layout, seed=cfg.run.seed)
         self.rank = self.ctx.rank
