@@ -4,9 +4,10 @@ Each file goes to one worker as a whole (its module fixtures are built once), an
 the next file when it runs dry, so the files are handed out longest first: a long file taken last
 would leave the other worker idle while it runs. The figures are seconds per file on 2 cores
 (CPU time of the file's process and its subprocesses, or its wall time where it mostly waits),
-measured with a per-test CPU-time plugin in December 2026; a file not listed counts as 0 and keeps
-its place in the usual (alphabetical) order. Stale figures only cost time, never a verdict: the
-order of the tests inside a file is unchanged, and a plain (serial) run is not reordered at all.
+measured in December 2026 with tools/pytest_file_times.py, which also prints this table; a file not
+listed counts as 0 and keeps its place in the usual (alphabetical) order. Stale figures only cost
+time, never a verdict: the order of the tests inside a file is unchanged, and a plain (serial) run
+is not reordered at all.
 """
 
 from __future__ import annotations
