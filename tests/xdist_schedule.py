@@ -4,10 +4,10 @@ Each file goes to one worker as a whole (its module fixtures are built once), an
 the next file when it runs dry, so the files are handed out longest first: a long file taken last
 would leave the other worker idle while it runs. The figures are seconds per file on 2 cores
 (CPU time of the file's process and its subprocesses, or its wall time where it mostly waits),
-measured in December 2026 with tools/pytest_file_times.py, which also prints this table; a file not
-listed counts as 0 and keeps its place in the usual (alphabetical) order. Stale figures only cost
-time, never a verdict: the order of the tests inside a file is unchanged, and a plain (serial) run
-is not reordered at all.
+measured in a full ``make test`` run (December 2026) with tools/pytest_file_times.py, which also
+prints this table; a file not listed counts as 0 and keeps its place in the usual (alphabetical)
+order. Stale figures only cost time, never a verdict: the order of the tests inside a file is
+unchanged, and a plain (serial) run is not reordered at all.
 """
 
 from __future__ import annotations
@@ -17,40 +17,38 @@ import os
 import pytest
 
 SECONDS: dict[str, float] = {
-    "test_train_loop.py": 288,
-    "test_resume_kills.py": 81,
-    "test_train_tool_use.py": 47,
-    "test_device_check.py": 45,
-    "test_sglang_deployment.py": 27,
-    "test_sandbox_hostile.py": 26,
-    "test_checkpoint_distributed.py": 25,
-    "test_weight_transport.py": 25,
-    "test_no_orphans.py": 25,
-    "test_training_distributed.py": 24,
-    "test_rank_reads_distributed.py": 24,
-    "test_control_group.py": 24,
-    "test_cli.py": 20,
-    "test_analysis_baselines.py": 20,
-    "test_sglang_failures.py": 19,
-    "test_conversion.py": 19,
-    "test_rlve.py": 19,
+    "test_train_loop.py": 233,
+    "test_resume_kills.py": 68,
+    "test_device_check.py": 49,
+    "test_train_tool_use.py": 40,
+    "test_sglang_deployment.py": 30,
+    "test_control_group.py": 25,
+    "test_sandbox_hostile.py": 25,
+    "test_checkpoint_distributed.py": 24,
+    "test_training_distributed.py": 23,
+    "test_weight_transport.py": 22,
+    "test_sglang_failures.py": 21,
+    "test_no_orphans.py": 21,
     "test_embedded_model.py": 19,
-    "test_serve_sglang.py": 18,
-    "test_score.py": 17,
-    "test_eval_runner.py": 17,
-    "test_sglang_standin.py": 16,
-    "test_megatron_patches.py": 15,
-    "test_tool_use_designed.py": 15,
-    "test_resume_before_update.py": 15,
-    "test_serve.py": 14,
-    "test_train_preflight.py": 13,
-    "test_checkpoint_first_step.py": 13,
+    "test_train_preflight.py": 19,
+    "test_rlve.py": 18,
+    "test_sglang_standin.py": 18,
+    "test_score.py": 18,
+    "test_conversion.py": 18,
+    "test_rank_reads_distributed.py": 17,
+    "test_serve_sglang.py": 17,
+    "test_analysis_baselines.py": 17,
+    "test_cli.py": 15,
+    "test_eval_runner.py": 15,
+    "test_megatron_patches.py": 14,
+    "test_resume_before_update.py": 13,
+    "test_tool_use_designed.py": 13,
+    "test_tau2_bench.py": 13,
     "test_analysis_cli.py": 12,
-    "test_tau2_bench.py": 12,
-    "test_pool_generate.py": 12,
-    "test_sglang_engine.py": 11,
+    "test_sglang_engine.py": 12,
     "test_external_designer.py": 11,
-    "test_runtime_versions.py": 10,
+    "test_checkpoint_first_step.py": 11,
+    "test_serve.py": 10,
 }
 
 
