@@ -6,6 +6,11 @@ resets it when a step starts and at each phase boundary, and reads it at the nex
 phase's figure is the largest RSS the process reached during that phase (all its threads; on a
 multi-rank run, this rank's process).
 
+The reset is the kernel's one high-water mark: ``getrusage``'s ``ru_maxrss`` and ``/usr/bin/time
+-v``'s "Maximum resident set size" read the same counter, so for a ``spade train`` process they
+report only the peak since the last phase boundary. The run's peak is the largest
+``memory/peak_rss_gb/*`` of its lines (``build`` on the first line, ``checkpoint`` on the next).
+
 Where ``clear_refs`` cannot be written (not Linux, a restricted container) the high-water mark
 cannot be reset: the figures fall back to ``resource.getrusage``'s maximum RSS, the peak since the
 process started, so a phase shows the largest of itself and everything before it

@@ -83,6 +83,8 @@ def test_step_line_and_the_checkpoint_of_the_step_before():
     record = step_memory(phases, {"memory/peak_rss_gb/checkpoint": 3.9, "memory/peak_rss_gb": 3.9})
     assert record["memory/peak_rss_gb/checkpoint"] == 3.9 and record["memory/peak_rss_gb"] == 3.25
     assert step_memory(phases, {}) == phases
+    first = step_memory(phases, {"memory/peak_rss_gb/build": 2.4, "memory/peak_rss_gb": 2.4})
+    assert first["memory/peak_rss_gb/build"] == 2.4 and first["memory/peak_rss_gb"] == 3.25
     line = step_line(0, 3, {**record, "agent/episodes": 0})
     assert line.endswith("peak RSS 3.2 GB in forward_backward")
 

@@ -97,7 +97,8 @@ def metrics(run: Path) -> list[dict]:
 
 
 def without_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+    """Without the measured figures: ``time/`` and the peak RSS ``memory/`` of each phase."""
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in records]
 
 
 def checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -134,7 +135,10 @@ def test_two_steps_write_the_run_directory(straight_run):
                     "time/train_s", "time/sync_s"):
             assert key in record, key
         assert {k.split("/")[0] for k in record if "/" in k} <= {"agent", "designer", "env", "train", "time", "engine",
-                                                                 "pool", "rlve"}  # the last two: a source's own
+                                                                 "pool", "rlve", "memory"}  # pool, rlve: a source's own
+        phases = {k.rsplit("/", 1)[1] for k in record if k.startswith("memory/peak_rss_gb/")}
+        assert {"plays", "forward_backward", "optimizer", "sync"} <= phases, phases  # issue 25
+        assert record["memory/peak_rss_gb"] >= record["memory/peak_rss_gb/forward_backward"] > 0
         assert record["engine/generated_tokens"] > 0 and record["time/engine_tokens_per_s"] > 0
     assert records[0]["env/admitted"] == 2
     assert records[0]["train/samples"] > 0 and records[0]["train/loss"] is not None

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from spade.peak_memory import PhaseMemory
 from spade.run.trainer import Trainer, step_record
 from spade.selfplay.step import Step
 
@@ -37,6 +38,7 @@ class Loop(Trainer):
         self.resume, self.rank, self.start = resume, 1, start
         self.rollout = self.progress = Recorder()
         self.learner = SimpleNamespace(weight_stream=None)
+        self.phase_memory = PhaseMemory()  # peak RSS per phase (issue 25)
         self.ran: list[Step] = []
         self.saved: list[Step] = []
 

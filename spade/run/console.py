@@ -218,7 +218,7 @@ def peak_memory_text(metrics: Mapping[str, Any]) -> str:
     """``peak RSS 3.1 GB in forward_backward``: the step's largest phase (``memory/peak_rss_gb/*``)."""
     prefix = "memory/peak_rss_gb/"
     phases = {key[len(prefix):]: float(value) for key, value in metrics.items()
-              if key.startswith(prefix) and value is not None and key != prefix + "checkpoint"}
+              if key.startswith(prefix) and value is not None and key not in (prefix + "checkpoint", prefix + "build")}
     text = f"peak RSS {float(metrics['memory/peak_rss_gb']):.1f} GB"
     if phases:
         text += f" in {max(phases, key=phases.get)}"

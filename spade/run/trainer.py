@@ -248,6 +248,7 @@ class Trainer:
                 self.writers = MetricsWriter(self.run_dir, purge_step=start.updates_done or None,
                                              progress=self.progress)
             await self.rollout.publish(self.learner.weight_stream, version=start.updates_done)
+            self.phase_memory.mark("build")  # reported on the first step's line
             end = Step(cfg.run.steps)
             ran = 0
             last_saved = start if self.resume else None
@@ -272,7 +273,7 @@ class Trainer:
         n = step.updates_done
         started = time.perf_counter()
         self.progress.start_step(n)
-        checkpoint_memory = self.phase_memory.metrics()  # the checkpoint written after the step before
+        before = self.phase_memory.metrics()  # the checkpoint after the step before, or the build (first step)
         self.phase_memory.start()
         out = None
         if self.is_main:
@@ -301,7 +302,7 @@ class Trainer:
             evaluated = await self._evaluate(step.after)
 
         if self.is_main:
-            memory = step_memory(self.phase_memory.metrics(), checkpoint_memory)
+            memory = step_memory(self.phase_memory.metrics(), before)
             metrics = step_record(out, lag, trained_metrics, engine_metrics, evaluated, memory,
                                   times={"time/rollout_s": rolled - started, "time/train_s": trained - rolled,
                                          "time/sync_s": synced - trained, "time/step_s": synced - started})
@@ -393,12 +394,14 @@ def step_record(out: Any, *parts: dict[str, Any], times: dict[str, float]) -> di
     return record
 
 
-def step_memory(phases: dict[str, float], checkpoint: dict[str, float]) -> dict[str, float]:
-    """The step's peak-RSS metrics: its phases, and the checkpoint written after the step before
-    (``memory/peak_rss_gb/checkpoint``: a checkpoint is written after its step's line)."""
+def step_memory(phases: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """The step's peak-RSS metrics: its own phases (``memory/peak_rss_gb`` is their largest) and
+    what ran between the line before and this step: the checkpoint written after the step before
+    (``memory/peak_rss_gb/checkpoint``) or, on the first line, building the model, engine and
+    sandbox (``memory/peak_rss_gb/build``). The run's peak is the largest ``memory/peak_rss_gb/*``."""
     out = dict(phases)
-    if "memory/peak_rss_gb" in checkpoint:
-        out["memory/peak_rss_gb/checkpoint"] = checkpoint["memory/peak_rss_gb"]
+    prefix = "memory/peak_rss_gb/"
+    out.update({key: value for key, value in before.items() if key.startswith(prefix)})
     return out
 
 
