@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages model benchmark clean tau2 acebench sglang-src
+.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -20,10 +20,22 @@ demo: setup model
 # The suite on TEST_WORKERS processes (pytest-xdist): each test file runs whole in one worker, the
 # longest files first (tests/xdist_schedule.py). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
-test: setup sglang-src
+test: setup sglang-src tau2 browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 setup: system-packages $(STAMP)
+
+# Headless Chromium for tests/test_explorer.py (the explorer's pages in a real browser): installed
+# from Debian's packages when missing and root, else the command to install it.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "the tests drive headless Chromium. Install it, then rerun: sudo apt-get install chromium"; \
+		exit 1; \
+	fi
 
 # The embedded demo model as a Hugging Face directory: converted once (about 20 s), then reused
 # while its cache marker matches (spade/models/embedded.py).
