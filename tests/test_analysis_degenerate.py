@@ -16,21 +16,9 @@ from spade.analysis.run_reader import read_run
 from spade.cli import main
 from spade.envs.sandbox.config import SandboxConfig
 from test_analysis_fixture import example_source, make_run
+from test_degenerate_probes import FREE_LUNCH
 from test_tool_degenerate_probes import EXPLOITS as TOOL_EXPLOITS
 from test_tool_degenerate_probes import HONEST as HONEST_TOOL
-
-# pays any reply at once: the games probes' first policy (\boxed{0}) wins it
-FREE_LUNCH = '''
-class FreeLunchEnv:
-    def __init__(self, max_turns=3):
-        self.max_turns = max_turns
-
-    def reset(self, seed=None):
-        return "Say anything at all.", {}
-
-    def step(self, action):
-        return "Well said.", 1.0, True, False, {}
-'''
 
 
 def _env(env_id: str, step: int, slot: int, source: str, class_name: str, **extra) -> dict:

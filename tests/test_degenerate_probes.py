@@ -31,6 +31,19 @@ def game(body: str) -> str:
     return "import random\nimport re\n\n" + textwrap.dedent(body)
 
 
+# pays any reply at once: the first probe policy (\boxed{0}) wins it (also used by the analysis and metrics tests)
+FREE_LUNCH = '''
+class FreeLunchEnv:
+    def __init__(self, max_turns=3):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Say anything at all.", {}
+
+    def step(self, action):
+        return "Well said.", 1.0, True, False, {}
+'''
+
 EXPLOITS = {
     # the issue's thermostat near-copy: the last turn pays max(1.0, ...) = 1.0 whatever the action
     "any action on the last turn": (game('''

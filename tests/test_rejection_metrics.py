@@ -12,20 +12,8 @@ from spade.selfplay.orchestrator import Orchestrator
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 
+from test_degenerate_probes import FREE_LUNCH
 from test_orchestrator import EXAMPLE_SOURCE, engine, make, tokenizer  # noqa: F401 - fixtures
-
-# pays any reply at once: the probes' first policy (\boxed{0}) wins it
-FREE_LUNCH = '''
-class FreeLunchEnv:
-    def __init__(self, max_turns=3):
-        self.max_turns = max_turns
-
-    def reset(self, seed=None):
-        return "Say anything at all.", {}
-
-    def step(self, action):
-        return "Well said.", 1.0, True, False, {}
-'''
 
 
 def _pool(tmp_path):
