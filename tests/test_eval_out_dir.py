@@ -4,25 +4,13 @@ and a DIR that cannot be a directory is a usage error naming --out, not a traceb
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-
-import pytest
 
 from spade.cli import main
 
+from test_eval_runner import tiny_model  # noqa: F401 - the fixture
+
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from hf_fixtures import make_tokenizer, save_tiny_hf
-
-    directory = tmp_path_factory.mktemp("tiny")
-    save_tiny_hf("llama-tied", directory)
-    make_tokenizer().save_pretrained(directory)
-    return directory
 
 
 def test_out_whose_parents_do_not_exist_is_created(tiny_model, tmp_path):
