@@ -2,7 +2,9 @@
 
 extract -> syntax -> load -> smoke -> determinism -> degenerate_probe -> reference_policy
 (``admit(determinism=False)``, ``admit(probes=None)`` and ``admit(reference=None)``, the default for
-the last, leave those out; the probes and the reference policy run for games, not tool environments).
+the last, leave those out). Games get the probes of ``spade.envs.degenerate_probes`` and, when asked
+for, the reference policy; tool environments go through their own stages
+(``spade.envs.tool_use.admission``), whose ``degenerate_probe`` is ``spade.envs.tool_use.degenerate_probes``.
 The first failing stage rejects the candidate and is named in the verdict with the error kind.
 Everything past ``syntax`` runs in the sandbox.
 """
