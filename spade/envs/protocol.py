@@ -61,7 +61,7 @@ class Stage(str, enum.Enum):
     LOAD = "load"
     SMOKE = "smoke"
     DETERMINISM = "determinism"
-    DEGENERATE_PROBE = "degenerate_probe"  # after determinism: games (envs.degenerate_probes), tools (envs.tool_use.degenerate_probes)
+    DEGENERATE_PROBE = "degenerate_probe"  # after determinism: games and tool environments (envs.*degenerate_probes)
     REFERENCE_POLICY = "reference_policy"  # games only, after the probes, when required (spade.envs.reference_policy)
     TOOL_SCHEMA = "tool_schema"  # tool environments only, after determinism
     RESET_GATE = "reset_gate"
