@@ -14,7 +14,8 @@ import pytest
 
 from spade.cli import main
 from spade.selfplay.designer_source import EnvSpec, save_set
-from spade.selfplay.fixed_pool import FixedPool, read_manifest, read_pool
+from spade.envs.pool_files import read_manifest
+from spade.selfplay.fixed_pool import FixedPool, read_pool
 from spade.selfplay.plays import Play
 from spade.selfplay.pool_export import COLUMNS, EXPORT_INFO, schema
 from spade.selfplay.settings import SelfPlaySettings

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from spade.cli import main
-from spade.selfplay.fixed_pool import FixedPool, read_manifest, read_pool
+from spade.envs.pool_files import read_manifest
+from spade.selfplay.fixed_pool import FixedPool, read_pool
 from spade.selfplay.pool_import import PoolImportError, import_released_pool, skill_from_file_name
 from spade.selfplay.settings import SelfPlaySettings
 

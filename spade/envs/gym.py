@@ -50,6 +50,7 @@ from typing import Any, Coroutine, TypeVar
 import gymnasium
 from gymnasium import spaces
 
+from .pool_files import HINT_SUFFIX, read_manifest
 from .protocol import EnvFault, ErrorKind, episode_return
 from .runner import DEFAULT_MAX_TURNS, EndReason, turn_budget
 from .sandbox.client import SandboxService, SandboxedEnv
@@ -57,8 +58,6 @@ from .sandbox.config import SandboxConfig
 
 ENV_ID = "spade/Designed-v0"
 CHARSET = "".join(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
-HINT_SUFFIX = ".hint.txt"   # the pool's and the run's hint file beside NAME.py
-POOL_MANIFEST = "pool.jsonl"
 SEED_BOUND = 2**31 - 1
 CALL_TIMEOUT_MARGIN_S = 30.0
 
@@ -86,17 +85,7 @@ class DesignedSource:
 
 
 def _manifest_record(directory: Path, name: str) -> dict[str, Any]:
-    path = directory / POOL_MANIFEST
-    if not path.is_file():
-        return {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if isinstance(record, dict) and record.get("name") == name:
-            return record
-    return {}
+    return next((record for record in read_manifest(directory) if record["name"] == name), {})
 
 
 def load_source(source: str | Path | None = None, *, name: str | None = None,

@@ -43,6 +43,7 @@ from ..designer.tool_prompts import (TOOL_APP_DOMAINS, draw_tool_variant, parse_
                                      tool_designer_messages, tool_hint_messages)
 from ..designer.skills import Skill, slot_skills
 from ..envs.admission import AdmissionVerdict, admit
+from ..envs.pool_files import HINT_SUFFIX
 from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
@@ -333,6 +334,6 @@ def save_set(run_dir: Path, step: int, envs: list[EnvSpec]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for env in envs:
         (directory / f"{env.env_id}.py").write_text(env.source)
-        (directory / f"{env.env_id}.hint.txt").write_text(env.hint)
+        (directory / f"{env.env_id}{HINT_SUFFIX}").write_text(env.hint)
         meta = {k: v for k, v in env.to_json().items() if k not in ("source", "hint")}
         (directory / f"{env.env_id}.json").write_text(json.dumps(meta, indent=1))

@@ -59,8 +59,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import logging
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,18 +68,15 @@ from ..config import ConfigError
 from ..durable_files import atomic_write_text
 from ..designer.skills import slot_skills
 from ..envs.admission import AdmissionVerdict
+from ..envs.pool_files import HINT_SUFFIX, manifest_path, read_manifest
 from ..envs.protocol import ErrorKind, Sandbox, Stage
 from .designer_source import EnvSpec, RegenerationResult, admit_candidate, save_set, tool_report_of, write_rejection
 from .seeds import derive_seed
 from .settings import SelfPlaySettings
 from .step import Step
 
-log = logging.getLogger("spade.pool")
-
 Screen = Callable[[str, list[dict[str, Any]]], Awaitable[bool | None]]
 
-MANIFEST = "pool.jsonl"
-HINT_SUFFIX = ".hint.txt"
 GENERATION_DIR = "generation"
 STATE_VERSION = 2  # 1: the balanced draw only (no "draw" key)
 UNKNOWN_SKILL = "unknown"  # the label of a drawn environment no manifest line names a skill for
@@ -102,53 +97,6 @@ class PoolEntry:
     def hint(self) -> str:
         hint_path = self.path.with_name(self.name + HINT_SUFFIX)
         return hint_path.read_text().strip() if hint_path.is_file() else ""
-
-
-def manifest_path(directory: Path | str) -> Path:
-    return Path(directory) / MANIFEST
-
-
-def read_manifest(directory: Path | str) -> list[dict[str, Any]]:
-    """The manifest's records in file order ([] without a manifest). A last line cut short by a
-    crash is left out; any other line that is not a JSON object with a ``name`` is an error."""
-    path = manifest_path(directory)
-    if not path.is_file():
-        return []
-    records = []
-    lines = path.read_text().split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):  # no newline after it: the append was cut short
-                log.warning("%s: ignoring the unfinished last line", path)
-                continue
-            raise ValueError(f"{path}:{number}: not a JSON line") from None
-        if not isinstance(record, dict) or not isinstance(record.get("name"), str):
-            raise ValueError(f"{path}:{number}: a manifest line must be a JSON object with a 'name'")
-        records.append(record)
-    return records
-
-
-def append_manifest(directory: Path | str, record: dict[str, Any]) -> None:
-    """Append one record as a single whole-line write, flushed to disk before returning. A line left
-    unfinished by a crash before (no trailing newline) is cut off first."""
-    path = manifest_path(directory)
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    with open(path, "ab+") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        if size:
-            handle.seek(size - 1)
-            if handle.read(1) != b"\n":
-                handle.seek(0)
-                keep = handle.read().rfind(b"\n") + 1
-                handle.truncate(keep)
-        handle.seek(0, os.SEEK_END)
-        handle.write(line)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def read_pool(directory: Path | str) -> list[PoolEntry]:

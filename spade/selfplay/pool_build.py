@@ -38,8 +38,9 @@ from typing import Any, Callable
 from ..designer.skills import Skill
 from ..durable_files import atomic_write_text
 from ..envs.admission import AdmissionVerdict
+from ..envs.pool_files import HINT_SUFFIX, append_manifest, read_manifest
 from .designer_source import DesignerRound, EnvSpec
-from .fixed_pool import GENERATION_DIR, HINT_SUFFIX, append_manifest, read_manifest
+from .fixed_pool import GENERATION_DIR
 from .settings import SelfPlaySettings
 
 STATE_FILE = "state.json"

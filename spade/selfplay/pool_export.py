@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterator, Literal
 
 from ..designer.memory import win_rate
 from ..durable_files import atomic_write_text
-from .fixed_pool import HINT_SUFFIX, MANIFEST, read_pool
+from ..envs.pool_files import HINT_SUFFIX, MANIFEST
+from .fixed_pool import read_pool
 from .trajectory_log import DIRECTORY as TRAJECTORIES
 
 ExportFormat = Literal["jsonl", "parquet"]

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..designer.skills import ALL_SKILLS
+from ..envs.pool_files import MANIFEST
 from ..envs.sandbox.runtime.limits import DEFAULT_ALLOWED_IMPORTS
 from ..envs.sandbox.runtime.loader_names import RELEASED_LOADER_NAMES, offered
-from .fixed_pool import MANIFEST
 
 GAMES_DIR = "games"
 GAME_GLOB = "game_*.py"  # the released trainer's glob
