@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..designer.corpus import Corpus, attempt_rng
 from ..designer.memory import Memory, format_memory_block, load_seed_records
@@ -337,3 +338,38 @@ def save_set(run_dir: Path, step: int, envs: list[EnvSpec]) -> None:
         (directory / f"{env.env_id}{HINT_SUFFIX}").write_text(env.hint)
         meta = {k: v for k, v in env.to_json().items() if k not in ("source", "hint")}
         (directory / f"{env.env_id}.json").write_text(json.dumps(meta, indent=1))
+
+
+@dataclass(frozen=True)
+class SavedEnv:
+    """One environment of a run's saved sets (what :func:`save_set` wrote): ``meta`` is its
+    ``ENV_ID.json`` (skill, class name, document, generated step, ...)."""
+
+    step: int
+    env_id: str
+    source: str
+    hint: str
+    meta: dict[str, Any]
+
+
+def read_saved_sets(run_dir: Path) -> Iterator[SavedEnv]:
+    """The environments under ``run_dir/envs/step_S/``, by step, then by id. An environment that a
+    live run is still writing (no source yet, or metadata not yet whole: save_set writes it last)
+    is left out."""
+    steps = sorted((int(found.group(1)), directory) for directory in (Path(run_dir) / "envs").glob("step_*")
+                   if directory.is_dir() and (found := re.fullmatch(r"step_(\d+)", directory.name)))
+    for step, directory in steps:
+        for meta_path in sorted(directory.glob("*.json"), key=lambda path: path.stem):
+            env_id = meta_path.stem
+            source_path = directory / f"{env_id}.py"
+            if not source_path.is_file():
+                continue
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except ValueError:
+                continue
+            if not isinstance(meta, dict):
+                continue
+            hint_path = directory / f"{env_id}{HINT_SUFFIX}"
+            yield SavedEnv(step, env_id, source_path.read_text(encoding="utf-8"),
+                           hint_path.read_text(encoding="utf-8").strip() if hint_path.is_file() else "", meta)

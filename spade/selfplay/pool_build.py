@@ -39,7 +39,7 @@ from ..designer.skills import Skill
 from ..durable_files import atomic_write_text
 from ..envs.admission import AdmissionVerdict
 from ..envs.pool_files import HINT_SUFFIX, append_manifest, read_manifest
-from .designer_source import DesignerRound, EnvSpec
+from .designer_source import DesignerRound, EnvSpec, read_saved_sets
 from .fixed_pool import GENERATION_DIR
 from .settings import SelfPlaySettings
 
@@ -294,38 +294,26 @@ def assemble_pool(runs: list[Path], out: Path, *, steps: tuple[int | None, int |
         labels[label] = labels.get(label, 0) + 1
         if labels[label] > 1:
             label = f"{label}{labels[label]}"
-        for directory in sorted(envs.glob("step_*")):
-            try:
-                step = int(directory.name.split("_", 1)[1])
-            except ValueError:
+        for saved in read_saved_sets(run):
+            if (lo is not None and saved.step < lo) or (hi is not None and saved.step >= hi):
                 continue
-            if (lo is not None and step < lo) or (hi is not None and step >= hi):
+            digest = _digest(saved.source)
+            if digest in seen:
+                duplicates += 1
                 continue
-            for meta_path in sorted(directory.glob("*.json")):
-                env_id = meta_path.stem
-                source_path = directory / f"{env_id}.py"
-                if not source_path.is_file():
-                    continue  # being written by a live run
-                source = source_path.read_text()
-                digest = _digest(source)
-                if digest in seen:
-                    duplicates += 1
-                    continue
-                meta = json.loads(meta_path.read_text())
-                hint_path = directory / f"{env_id}{HINT_SUFFIX}"
-                hint = hint_path.read_text().strip() if hint_path.is_file() else ""
-                name = f"{label}-{env_id}"
-                while name in names:
-                    name += "_"
-                atomic_write_text(out / f"{name}.py", source)
-                atomic_write_text(out / f"{name}{HINT_SUFFIX}", hint)
-                append_manifest(out, {
-                    "name": name, "skill": meta.get("skill"), "class_name": meta.get("class_name"), "hint": hint,
-                    "source": {"run": str(run.resolve()), "env_id": env_id, "step": step},
-                    "document": meta.get("document"), "max_turns": meta.get("max_turns"),
-                })
-                names.add(name)
-                seen.add(digest)
-                added += 1
-                report(f"[{added}] {name} {meta.get('skill')} ({meta.get('class_name')}) from {run} step {step}")
+            meta = saved.meta
+            name = f"{label}-{saved.env_id}"
+            while name in names:
+                name += "_"
+            atomic_write_text(out / f"{name}.py", saved.source)
+            atomic_write_text(out / f"{name}{HINT_SUFFIX}", saved.hint)
+            append_manifest(out, {
+                "name": name, "skill": meta.get("skill"), "class_name": meta.get("class_name"), "hint": saved.hint,
+                "source": {"run": str(run.resolve()), "env_id": saved.env_id, "step": saved.step},
+                "document": meta.get("document"), "max_turns": meta.get("max_turns"),
+            })
+            names.add(name)
+            seen.add(digest)
+            added += 1
+            report(f"[{added}] {name} {meta.get('skill')} ({meta.get('class_name')}) from {run} step {saved.step}")
     return AssemblySummary(added, duplicates, len(runs))

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Literal
 from ..designer.memory import win_rate
 from ..durable_files import atomic_write_text
 from ..envs.pool_files import HINT_SUFFIX, MANIFEST
+from .designer_source import read_saved_sets
 from .fixed_pool import read_pool
 from .trajectory_log import DIRECTORY as TRAJECTORIES
 
@@ -45,7 +46,6 @@ CARD = "README.md"
 EXPORT_INFO = "spade_export.json"
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-STEP_DIR = re.compile(r"step_(\d+)")
 
 Report = Callable[[str], None]
 
@@ -177,30 +177,16 @@ def _run_plays(run: Path) -> dict[tuple[int, str], PlayStats]:
 
 def _run_rows(run: Path) -> Iterator[ExportRow]:
     plays = _run_plays(run)
-    steps = sorted((int(m.group(1)), d) for d in (run / "envs").iterdir()
-                   if d.is_dir() and (m := STEP_DIR.fullmatch(d.name)))
-    for step, directory in steps:
-        for meta_path in sorted(directory.glob("*.json"), key=lambda p: p.stem):
-            env_id = meta_path.stem
-            source_path = directory / f"{env_id}.py"
-            if not source_path.is_file():
-                continue  # being written by a live run
-            try:
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            except ValueError:
-                continue  # its metadata is being written (save_set writes it last)
-            if not isinstance(meta, dict):
-                continue
-            hint_path = directory / f"{env_id}{HINT_SUFFIX}"
-            generated = _integer(meta.get("generated_step"))
-            generated = step if generated is None else generated
-            yield ExportRow.build(
-                name=f"step_{step:06d}-{env_id}", code=source_path.read_text(encoding="utf-8"),
-                hint=hint_path.read_text(encoding="utf-8").strip() if hint_path.is_file() else "",
-                skill=meta.get("skill"), class_name=meta.get("class_name"), step=generated,
-                document=meta.get("document"), max_turns=meta.get("max_turns"),
-                origin={"run": str(run.resolve()), "env_id": env_id, "step": step},
-                plays=plays.get((generated, env_id), PlayStats()))
+    for saved in read_saved_sets(run):
+        meta = saved.meta
+        generated = _integer(meta.get("generated_step"))
+        generated = saved.step if generated is None else generated
+        yield ExportRow.build(
+            name=f"step_{saved.step:06d}-{saved.env_id}", code=saved.source, hint=saved.hint,
+            skill=meta.get("skill"), class_name=meta.get("class_name"), step=generated,
+            document=meta.get("document"), max_turns=meta.get("max_turns"),
+            origin={"run": str(run.resolve()), "env_id": saved.env_id, "step": saved.step},
+            plays=plays.get((generated, saved.env_id), PlayStats()))
 
 
 def _pool_rows(pool: Path) -> Iterator[ExportRow]:
