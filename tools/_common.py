@@ -92,32 +92,3 @@ def write_safetensors_shards(tensors: Mapping[str, torch.Tensor], out_dir: Path,
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return files
-
-
-
-def build_model(spec, layout, options):
-    """``spade.models.builder.build_gpt_model``, also for pp > 1.
-
-    The builder leaves ``TransformerConfig.pipeline_dtype`` unset, which Megatron refuses with
-    several pipeline stages; until it sets it, the config is built for one stage and re-made with
-    the stage count and the parameter dtype.
-    """
-    import dataclasses
-
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-
-    from spade.models.builder import build_gpt_model, build_layer_spec, build_transformer_config
-
-    if layout.pp == 1:
-        return build_gpt_model(spec, layout, options)
-    config = build_transformer_config(spec, dataclasses.replace(layout, pp=1), options)
-    config = dataclasses.replace(config, pipeline_model_parallel_size=layout.pp,
-                                 pipeline_dtype=config.params_dtype)
-    return GPTModel(
-        config=config, transformer_layer_spec=build_layer_spec(spec, options.resolved_use_te()),
-        vocab_size=layout.padded_vocab_size(spec.vocab_size),
-        max_sequence_length=spec.max_position_embeddings,
-        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-        parallel_output=True, share_embeddings_and_output_weights=spec.tie_embeddings,
-        position_embedding_type="rope", rotary_percent=1.0, rotary_base=spec.rope_theta)

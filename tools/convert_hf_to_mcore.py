@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DTYPES, ToolError, build_model, run, safetensors_dtype  # noqa: E402
+from _common import DTYPES, ToolError, run, safetensors_dtype  # noqa: E402
 
 DESCRIPTION = """\
 HF safetensors checkpoint -> spade Megatron distributed checkpoint (torch_dist, model only, step 0).
@@ -61,7 +61,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     hf_config = json.loads(config_path.read_text())
 
     from spade.models import ParallelLayout, RankCoords, read_model_spec
-    from spade.models.builder import BuildOptions, naming_for
+    from spade.models.builder import BuildOptions, build_gpt_model, naming_for
     from spade.models.loading import load_hf_state
     from spade.models.weight_map import bindings
     from spade.training.checkpoint import save_checkpoint
@@ -84,7 +84,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         options = BuildOptions(params_dtype=dtype)  # the random init is overwritten below
         coords, naming = RankCoords.current(), naming_for(options)
         with megatron_patches.cpu_device_mode():
-            model = build_model(spec, layout, options)
+            model = build_gpt_model(spec, layout, options)
         needed = {name for b in bindings(spec, layout, coords, naming) for name in b.hf}
         load_hf_state(model, read_hf_tensors(hf_dir, spec, needed), spec, layout, coords, naming)
         save_checkpoint(args.out, [model], hf_config=hf_config, layout=layout, step=0,
