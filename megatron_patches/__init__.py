@@ -25,7 +25,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import (
+from .deferred_compile import import_megatron_core
+
+import_megatron_core()  # before the patch modules below import megatron.core
+
+from . import (  # noqa: E402
     all_to_all,
     causal_mask,
     distrib_optimizer_steps,
@@ -37,8 +41,8 @@ from . import (
     rng,
     rotary,
 )
-from .cuda_device_mode import CudaToCpuMode, cpu_device_mode
-from .rng import seed_model_parallel_rng
+from .cuda_device_mode import CudaToCpuMode, cpu_device_mode  # noqa: E402
+from .rng import seed_model_parallel_rng  # noqa: E402
 
 EXPECTED_MEGATRON_CORE_VERSION = "0.16.1"
 
