@@ -236,7 +236,8 @@ def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
     first = chat_format.closing[0]
     stop = (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
     engine = HFEngine(path, tokenizer, device=engine_device(config), dtype=torch_dtype(config),
-                      max_batch_size=config.engine.max_batch_size, batch_wait_ms=config.engine.batch_wait_ms)
+                      max_batch_size=config.engine.max_batch_size, batch_wait_ms=config.engine.batch_wait_ms,
+                      prefill_chunk_tokens=config.engine.prefill_chunk_tokens)
     return engine, dict(engine=engine, tokenizer=tokenizer, chat_format=chat_format, stop_token_ids=stop)
 
 

@@ -38,6 +38,7 @@ from ..engine import (
     GenerationStats,
     RolloutEngine,
 )
+from ..settings import DEFAULT_PREFILL_CHUNK_TOKENS
 from .scheduler import BatchScheduler, HFEngineStats, _Pending, _Sink
 
 _PER_EXPERT = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -52,7 +53,8 @@ class HFEngine(BatchScheduler, RolloutEngine):
     is moved to ``device``/``dtype`` in place. ``eos_token_ids``: ids that always end a completion
     (default: the generation config's and tokenizer's EOS; ``()`` for none).
     ``max_context_tokens``: prompt plus completion limit (default: the config's
-    ``max_position_embeddings``).
+    ``max_position_embeddings``). ``prefill_chunk_tokens``: padded prompt tokens per prefill forward
+    (rows are computed in groups; 0: every row at once), see ``scheduler``'s docstring.
     """
 
     def __init__(
@@ -66,9 +68,12 @@ class HFEngine(BatchScheduler, RolloutEngine):
         batch_wait_ms: float = 2.0,
         eos_token_ids: Optional[Sequence[int]] = None,
         max_context_tokens: Optional[int] = None,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefill_chunk_tokens < 0:
+            raise ValueError(f"prefill_chunk_tokens must be >= 0 (0: all rows at once), got {prefill_chunk_tokens}")
         if batch_wait_ms < 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
         if isinstance(dtype, str):
@@ -92,6 +97,7 @@ class HFEngine(BatchScheduler, RolloutEngine):
             max_context_tokens or getattr(self.model.config, "max_position_embeddings", 1 << 30)
         )
         self.max_batch_size = max_batch_size
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.stats = HFEngineStats()
         self._weight_version = 0
