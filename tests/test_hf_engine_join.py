@@ -137,6 +137,46 @@ def test_joiners_share_the_batch_prefix_as_far_as_their_prompts_allow():
     assert_same(got, alone(first + whole + part + none))
 
 
+def test_a_joiner_that_would_copy_too_much_prefix_into_the_rows_waits_until_they_leave():
+    """prefill_chunk_tokens bounds the prefix tokens a join moves into the running rows' caches
+    (moved x rows): the joiner sharing 25 of the 30 prefix tokens moves 5 x 3 = 15 <= 30 and joins
+    at once; the one that shares nothing would move 25 per running row and joins only when every
+    earlier row has left (no copy at all). Results still match alone."""
+    first = [sampled(PREFIX + [11, 12], seed=1, max_new_tokens=14), sampled(PREFIX + [150, 3, 4], seed=2,
+                                                                            max_new_tokens=14)]
+    whole = [sampled(PREFIX + [77], seed=3)]
+    part = [sampled(PREFIX[:25] + [60, 61, 62], seed=4)]
+    none = [sampled([101, 102, 103, 104], seed=5, max_new_tokens=6)]
+    engine = HFEngine(tiny_model("qwen3"), max_batch_size=8, batch_wait_ms=200.0, eos_token_ids=(),
+                      prefill_chunk_tokens=30)
+    holds = hold_at_forwards(engine.model, (3, 5, 7))
+    rows_per_forward: list[tuple[int, list[int]]] = []
+    engine.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: rows_per_forward.append((kwargs["input_ids"].shape[0], kwargs["input_ids"][0].tolist())),
+        with_kwargs=True)
+
+    async def main():
+        early = [asyncio.ensure_future(engine.generate(r)) for r in first]
+        joined = []
+        for (reached, go), group in zip(holds, (whole, part, none)):
+            await until_set(reached)
+            joined += [asyncio.ensure_future(engine.generate(r)) for r in group]
+            await asyncio.sleep(0)
+            go.set()
+        return await asyncio.gather(*early, *joined)
+
+    try:
+        got = asyncio.run(main())
+        assert engine.stats.batch_sizes == [2] and engine.stats.join_sizes == [1, 1, 1]
+        assert engine.stats.shared_prefix_tokens == 30 + 30 + 25
+    finally:
+        engine.close()
+    joined_at = next(i for i, (_, ids) in enumerate(rows_per_forward) if ids == [101, 102, 103, 104])
+    assert rows_per_forward[joined_at - 1][0] > 1  # the earlier rows ran on without it
+    assert all(rows == 1 for rows, _ in rows_per_forward[joined_at:])  # it joined an empty batch
+    assert_same(got, alone(first + whole + part + none))
+
+
 def test_a_waiting_weight_update_stops_joins_and_every_result_has_one_version():
     engine = HFEngine(tiny_model("qwen3"), max_batch_size=8, eos_token_ids=())
     reached, go = pause_at_forward(engine.model, 3)
