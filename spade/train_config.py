@@ -109,6 +109,9 @@ class ParallelSection:
                               sequence_parallel=self.sequence_parallel)
 
 
+RUN_LOGGERS = ("tensorboard", "wandb", "mlflow")
+
+
 @dataclass(frozen=True)
 class RunSection:
     steps: int = 400
@@ -119,6 +122,9 @@ class RunSection:
     # checkpoints kept: the newest N, any marked best (RunDir.mark_best) and the one a resumed run
     # started from; 0 keeps all
     keep_checkpoints: int = 2
+    # experiment trackers each step's metrics and the config go to (metrics.jsonl always): tensorboard,
+    # wandb, mlflow (docs/trackers.md)
+    loggers: tuple[str, ...] = ("tensorboard",)
 
     def __post_init__(self) -> None:
         require(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
@@ -126,6 +132,9 @@ class RunSection:
         require(self.micro_batch_tokens >= 2, "run.micro_batch_tokens", f"must be >= 2, got {self.micro_batch_tokens}")
         require(self.log_every >= 1, "run.log_every", f"must be >= 1, got {self.log_every}")
         require(self.keep_checkpoints >= 0, "run.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
+        for name in self.loggers:
+            require(name in RUN_LOGGERS, "run.loggers", f"unknown tracker {name!r}; allowed: {', '.join(RUN_LOGGERS)}")
+        require(len(set(self.loggers)) == len(self.loggers), "run.loggers", f"lists a tracker twice: {list(self.loggers)}")
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from ..train_config import EMBEDDED, TrainConfig
 from ..training.learner import Learner, LearnerOptions
 from .engine_meter import measured_step
 from .metrics_writer import MetricsWriter
+from .trackers import check_installed
 from .progress import Progress
 from .run_dir import RunDir, RunDirError
 
@@ -243,11 +244,14 @@ class Trainer:
         """Build, restore, train; returns the number of steps this process ran."""
         cfg = self.config
         try:
+            # a missing tracker fails here on every rank, before any model loads
+            check_installed(tuple(n for n in cfg.run.loggers if n != "tensorboard"))
             await self.build()
             start = self.restore()
             if self.is_main:
                 self.writers = MetricsWriter(self.run_dir, purge_step=start.updates_done or None,
-                                             progress=self.progress)
+                                             progress=self.progress, loggers=cfg.run.loggers,
+                                             config=cfg.to_dict())
             await self.rollout.publish(self.learner.weight_stream, version=start.updates_done)
             self.phase_memory.mark("build")  # reported on the first step's line
             end = Step(cfg.run.steps)
