@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src
+.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -64,6 +64,18 @@ $(TAU2_STAMP): requirements/tau2.txt
 	$(TAU2_VENV)/bin/pip install --quiet --upgrade pip==24.3.1
 	$(TAU2_VENV)/bin/pip install --quiet -r requirements/tau2.txt
 	touch $(TAU2_STAMP)
+
+# verifiers 0.4.0's own venv (requirements/verifiers.txt, every version pinned), for the
+# spade.envs.verifiers_env adapter and its test (docs/export.md). About 40 s from the local index.
+VERIFIERS_VENV ?= .venv-verifiers
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
+
+verifiers: $(VERIFIERS_STAMP)
+
+$(VERIFIERS_STAMP): requirements/verifiers.txt
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/pip install --quiet -r requirements/verifiers.txt
+	touch $(VERIFIERS_STAMP)
 
 # SGLang 0.5.23's own code (the wheel, without its CUDA dependencies, plus the five small packages
 # its request structs and ServerArgs import; requirements/sglang-test.txt), for the tests that check
