@@ -56,11 +56,18 @@ def episodes(tmp_path_factory):
     out = subprocess.run([str(PYTHON), str(ROOT / "tests" / "verifiers_env_probe.py"), str(pool),
                           json.dumps(SCRIPTS)], capture_output=True, text=True, timeout=240, env=env, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    return pool, [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return pool, lines[0], lines[1:]
+
+
+def test_load_environment_through_verifiers_loader(episodes):
+    _, loaded, _ = episodes
+    assert loaded == {"loaded": "SpadePoolEnv", "tasks": [f"score_env#{i}" for i in range(4)],
+                      "harnesses": ["NullHarness"]}
 
 
 def test_rollouts_play_the_sandboxed_game_and_score_the_spec_return(episodes):
-    _, results = episodes
+    _, _, results = episodes
     assert [r["name"] for r in results] == [f"score_env#{i}" for i in range(4)]
     for result, (expected_return, turns) in zip(results, EXPECTED):
         assert result["prompt"] is None  # the env opens the exchange with the first observation
@@ -73,7 +80,7 @@ def test_rollouts_play_the_sandboxed_game_and_score_the_spec_return(episodes):
 def test_return_equals_replaying_the_actions_through_the_gymnasium_env(episodes):
     from spade.envs.gym import DesignedEnv
 
-    pool, results = episodes
+    pool, _, results = episodes
     env = DesignedEnv(pool / "score_env.py")
     try:
         for seed, result in enumerate(results):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import verifiers.v1 as vf  # noqa: F401  (the real package, imported as the adapter does)
 
-from spade.envs.verifiers_env import SpadePoolConfig, SpadePoolEnv, SpadePoolTaskset, TASKSET_ID
+from spade.envs.verifiers_env import SpadePoolConfig, SpadePoolEnv, SpadePoolTaskset, TASKSET_ID, load_environment
 
 
 class Segment:
@@ -55,6 +55,9 @@ class Agents:
 
 
 async def main(source: str, scripts: list[list[str]]) -> None:
+    loaded = load_environment(source, seeds=len(scripts))  # through verifiers' own loader
+    print(json.dumps({"loaded": type(loaded).__name__, "tasks": [t.data.name for t in loaded.taskset],
+                      "harnesses": sorted(type(h).__name__ for h in loaded._harnesses.values())}))
     taskset = SpadePoolTaskset(SpadePoolConfig(id=TASKSET_ID, source=source, seeds=len(scripts)))
     tasks = list(taskset.load())
     env = object.__new__(SpadePoolEnv)  # run() needs only the sandbox service, not a harness

@@ -3,9 +3,10 @@
 A *taskset* of one task per environment file and seed, and an *env* whose rollout plays the game
 in spade's sandbox (docs/export.md)::
 
-    vf-eval spade.envs.verifiers_env --env.taskset.source RUN/envs/step_000004 ...
+    from spade.envs.verifiers_env import load_environment
+    env = load_environment("RUN/envs/step_000004", seeds=2)
 
-or, in Python, ``load_environment(source="POOL_DIR", seeds=2)``. ``source`` is a pool directory, a
+(taskset id ``spade_pool``, registered when this module is imported). ``source`` is a pool directory, a
 run's ``envs/step_N/`` or one environment file. Each rollout opens a fresh sandboxed instance of
 its game (the sandbox service starts once per env, in ``start()``), resets it with the task's seed,
 sends the first observation as the opening user turn, parses each model reply with spade's action
@@ -18,10 +19,12 @@ verifiers is imported only here; it lives in ``.venv-verifiers`` (``make verifie
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
 import verifiers.v1 as vf
+from verifiers.v1.harnesses.null import NullHarnessConfig
 
 from .pool_files import HINT_SUFFIX
 from .protocol import ErrorKind, EnvFault
@@ -31,7 +34,11 @@ from .sandbox.config import SandboxConfig
 
 __all__ = ["SpadePoolConfig", "SpadePoolTaskset", "SpadePoolEnvConfig", "SpadePoolEnv", "load_environment"]
 
-TASKSET_ID = __name__
+# verifiers imports a taskset by a top-level module name (a dotted id is looked up under
+# verifiers.v1.tasksets first, and that lookup fails on a missing parent package), so this module
+# is also registered under a plain name once imported
+TASKSET_ID = "spade_pool"
+sys.modules.setdefault(TASKSET_ID, sys.modules[__name__])
 
 
 def environment_files(source: str | Path) -> list[Path]:
@@ -79,7 +86,9 @@ class SpadePoolTaskset(vf.Taskset[SpadePoolTask, SpadePoolConfig]):
 
 
 class SpadePoolEnvConfig(vf.EnvConfig):
-    player: vf.AgentConfig = vf.AgentConfig()
+    # verifiers' plain chat program: the model only talks, the game runs here (its default for a
+    # taskset without a harness would be the bash agent)
+    player: vf.AgentConfig = vf.AgentConfig(harness=NullHarnessConfig(id="null"))
 
 
 class _InteractionPolicy:
