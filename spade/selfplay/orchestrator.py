@@ -61,6 +61,7 @@ from ..rollout.engine import RolloutEngine
 from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .designer_source import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
+from .partial_rollout_settings import refuse_unbuilt
 from .plays import Play, Player, PlayRequest
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
@@ -127,6 +128,7 @@ class Orchestrator:
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
                  stop_token_ids: tuple[int, ...] | None = None, chat_template_kwargs: dict[str, Any] | None = None):
+        refuse_unbuilt(settings.partial_rollouts)
         self.settings = settings
         self.memory = memory
         self.run_dir = Path(run_dir)

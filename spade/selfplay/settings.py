@@ -25,6 +25,7 @@ from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .reward_settings import RewardSettings
+from .partial_rollout_settings import PartialRolloutSettings
 from .pool_settings import PoolSettings
 from .rlve_settings import RLVESettings
 
@@ -131,6 +132,8 @@ class SelfPlaySettings:
     fixed_env_dir: str | None = None
     pool: PoolSettings = field(default_factory=PoolSettings)  # env_source fixed_pool: how sets are drawn
     rlve: RLVESettings = field(default_factory=RLVESettings)  # env_source rlve: its difficulty controller
+    # Partial rollouts (issue 26; spade.selfplay.partial_rollout_settings): off = the synchronous schedule.
+    partial_rollouts: PartialRolloutSettings = field(default_factory=PartialRolloutSettings)
     # Stabilisers (off in the paper's games recipes): leave out the agent samples of an environment
     # whose no-hint returns are all equal (zero advantage, nothing to learn), and give a sample
     # whose episode was cut by the token or turn budget no loss (the paper's tool-use runs did).

@@ -1,0 +1,35 @@
+"""selfplay.partial_rollouts (issue 26): the setting loads nested, is off by default, names its key in
+every error, and ``enabled: true`` is refused by the orchestrator until carrying is built."""
+
+import pytest
+
+from spade.config import ConfigError, from_mapping
+from spade.selfplay.orchestrator import Orchestrator
+from spade.selfplay.partial_rollout_settings import PartialRolloutSettings
+from spade.selfplay.settings import SelfPlaySettings
+
+
+def test_default_is_off_and_nested_section_loads():
+    assert SelfPlaySettings().partial_rollouts == PartialRolloutSettings(enabled=False)
+    s = from_mapping(SelfPlaySettings, {"partial_rollouts": {"complete_fraction": 0.5, "max_carry_steps": 2}},
+                     where="selfplay")
+    assert s.partial_rollouts.complete_fraction == 0.5 and s.partial_rollouts.max_carry_steps == 2
+    assert s.partial_rollouts.enabled is False
+
+
+@pytest.mark.parametrize("section, key", [
+    ({"complete_fraction": 0.0}, "selfplay.partial_rollouts.complete_fraction"),
+    ({"complete_fraction": 1.5}, "selfplay.partial_rollouts.complete_fraction"),
+    ({"max_carry_steps": 0}, "selfplay.partial_rollouts.max_carry_steps"),
+    ({"enabled": "yes"}, "selfplay.partial_rollouts.enabled"),
+])
+def test_bad_values_name_the_key(section, key):
+    with pytest.raises(ConfigError, match=key):
+        from_mapping(SelfPlaySettings, {"partial_rollouts": section}, where="selfplay")
+
+
+def test_enabled_is_refused_by_the_orchestrator(tmp_path):
+    settings = SelfPlaySettings(partial_rollouts=PartialRolloutSettings(enabled=True))
+    with pytest.raises(ConfigError, match=r"selfplay\.partial_rollouts\.enabled"):
+        Orchestrator(settings, sandbox=None, engine=None, tokenizer=None, corpus=None, memory=None,
+                     run_dir=tmp_path, seed=0)
