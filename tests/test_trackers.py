@@ -142,3 +142,21 @@ def test_wandb_offline(tmp_path, monkeypatch):
                 config.update({i.key: json.loads(i.value_json) for i in record.config.update})
     assert logged == _expected(run_dir)
     assert config["run"] == CONFIG["run"] and config["loss"] == CONFIG["loss"]
+
+
+def test_trainer_refuses_a_missing_tracker_before_building(tmp_path, monkeypatch):
+    import asyncio
+    import importlib.util
+
+    from spade.run.trainer import Trainer
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+
+    async def build(self):
+        raise AssertionError("the model was being built")
+
+    monkeypatch.setattr(Trainer, "build", build)
+    trainer = Trainer(from_dict({"run": {"loggers": ["tensorboard", "mlflow"]}}), tmp_path / "run")
+    with pytest.raises(TrackerNotInstalled, match=r"run\.loggers: 'mlflow'"):
+        asyncio.run(trainer.run())
