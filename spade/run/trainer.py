@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -415,7 +416,10 @@ def policy_lag(samples: list, version: int) -> dict[str, float]:
     lags = [version - s.weight_version for s in samples if s.weight_version is not None]
     if not lags:
         return {}
-    return {"train/policy_lag_mean": sum(lags) / len(lags), "train/policy_lag_max": float(max(lags))}
+    out = {"train/policy_lag_mean": sum(lags) / len(lags), "train/policy_lag_max": float(max(lags))}
+    # The histogram: samples per lag (partial rollouts and overlap make lags above 0 common).
+    out.update({f"train/policy_lag_count/{lag}": float(n) for lag, n in sorted(Counter(lags).items())})
+    return out
 
 
 def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
