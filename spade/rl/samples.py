@@ -63,6 +63,10 @@ class Trajectory:
     generated_step: Optional[int] = None
     reward: Optional[float] = None
     advantage: Optional[float] = None
+    # Target-aligned weight version of each generated token (None entries: not generated), kept
+    # only when the sample's generated tokens come from more than one version (a play carried
+    # across steps by partial rollouts); None: every generated token is from ``weight_version``.
+    token_weight_versions: Optional[tuple[Optional[int], ...]] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
@@ -77,6 +81,11 @@ class Trajectory:
         if len(self.token_ids) and len(self.loss_mask) != len(self.token_ids) - 1:
             raise ValueError(f"loss_mask has {len(self.loss_mask)} entries, expected one per target "
                              f"({len(self.token_ids) - 1})")
+        if self.token_weight_versions is not None:
+            versions = tuple(None if v is None else int(v) for v in self.token_weight_versions)
+            object.__setattr__(self, "token_weight_versions", versions)
+            if len(versions) != len(self.loss_mask):
+                raise ValueError(f"token_weight_versions has {len(versions)} entries, expected {len(self.loss_mask)}")
         if self.rollout_logprobs is not None and len(self.rollout_logprobs) != len(self.loss_mask):
             raise ValueError(f"rollout_logprobs has {len(self.rollout_logprobs)} entries, expected "
                              f"{len(self.loss_mask)}")
@@ -109,6 +118,10 @@ class Trajectory:
         for name in ("token_ids", "loss_mask", "rollout_logprobs"):
             if data[name] is not None:
                 data[name] = list(data[name])
+        if data["token_weight_versions"] is None:  # one version: the record is as before the field
+            del data["token_weight_versions"]
+        else:
+            data["token_weight_versions"] = list(data["token_weight_versions"])
         return data
 
     @classmethod

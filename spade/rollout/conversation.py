@@ -193,6 +193,7 @@ class Conversation:
         self._tokens: list[int] = list(prompt)
         self._mask: list[int] = [0] * len(prompt)
         self._logprobs: list[float] = [0.0] * len(prompt)
+        self._versions: list[Optional[int]] = [None] * len(prompt)  # per id: the weights that generated it
         self._all_logprobs_known = True
         self.turns = 0
         self.weight_versions: list[int] = []  # the engine weight version of each generated turn
@@ -240,13 +241,16 @@ class Conversation:
 
     def train_fields(self) -> dict[str, Any]:
         """``token_ids`` with target-aligned ``loss_mask`` / ``rollout_logprobs`` (entry ``i`` is
-        about ``token_ids[i + 1]``), the layout ``spade.training.batching.TrainSample`` takes."""
+        about ``token_ids[i + 1]``), the layout ``spade.training.batching.TrainSample`` takes, and
+        ``token_weight_versions`` (target-aligned: the weight version that generated each target id,
+        None for ids the policy did not generate or whose version is unknown)."""
         logprobs = self.rollout_logprobs
         return {
             "token_ids": self.token_ids,
             "loss_mask": self._mask[1:],
             "rollout_logprobs": None if logprobs is None else logprobs[1:],
             "weight_version": min(self.weight_versions) if self.weight_versions else None,
+            "token_weight_versions": self._versions[1:],
         }
 
     # ------------------------------------------------------------------ growing
@@ -283,6 +287,7 @@ class Conversation:
             self._logprobs += [float(x) for x in logprobs]
         if weight_version is not None:
             self.weight_versions.append(int(weight_version))
+        self._versions += [None if weight_version is None else int(weight_version)] * len(token_ids)
         self.turns += 1
         self._awaiting_reply = False
         self._last_generated = tuple(token_ids)
@@ -332,6 +337,7 @@ class Conversation:
         self._tokens += piece
         self._mask += [0] * len(piece)
         self._logprobs += [0.0] * len(piece)
+        self._versions += [None] * len(piece)
         self.messages += [dict(m) for m in messages]
         self._awaiting_reply = True
         return piece
