@@ -32,17 +32,19 @@ def test_each_phase_has_its_own_peak():
     meter.start()
     meter.mark("quiet")
     block = _touch(BLOCK)
-    del block
+    meter.mark("allocating")  # read while the block is resident (a freed block's peak is not
+    del block                 # always kept by the kernel once it is unmapped)
     gc.collect()
-    meter.mark("allocating")
+    meter.mark("freeing")  # reset while the block was still resident, so it counts here too
     meter.mark("after")
     quiet, allocating, after = (meter.peaks[p] for p in ("quiet", "allocating", "after"))
     assert allocating - quiet >= 0.9 * BLOCK  # the block was resident during "allocating"
     assert after < allocating - 0.8 * BLOCK  # and the mark was reset once it was freed
     metrics = meter.metrics()
     assert metrics["memory/peak_rss_gb/allocating"] == pytest.approx(allocating / GB)
-    assert metrics["memory/peak_rss_gb"] == pytest.approx(allocating / GB)
-    assert meter.largest_phase() == "allocating" and "memory/peak_rss_since_start" not in metrics
+    largest = max(allocating, meter.peaks["freeing"])  # both saw the block resident
+    assert metrics["memory/peak_rss_gb"] == pytest.approx(largest / GB)
+    assert meter.largest_phase() in ("allocating", "freeing") and "memory/peak_rss_since_start" not in metrics
 
 
 def test_without_clear_refs_the_peak_is_since_the_start_and_says_so(tmp_path):
