@@ -130,7 +130,9 @@ def test_wandb_offline(tmp_path, monkeypatch):
     logged: dict[str, dict[int, float]] = {}
     config: dict[str, object] = {}
     for path in files:  # in time order: the resumed file's values replace the dropped steps
-        for record in _wandb_records(path):
+        records = list(_wandb_records(path))
+        assert records and records[-1].WhichOneof("record_type") == "exit", f"{path} was not closed"
+        for record in records:
             kind = record.WhichOneof("record_type")
             if kind == "history":
                 items = {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json)

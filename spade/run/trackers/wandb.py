@@ -32,4 +32,9 @@ class WandbTracker:
         self.run.log(dict(scalars), step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() can return before W&B's service has closed the run's file (seen under load: the
+        # offline file of a resumed run still lacked its history); teardown waits for the service
+        wandb.teardown()
