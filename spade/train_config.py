@@ -15,7 +15,8 @@ SPEC numbers)::
     sandbox:   spade.envs.sandbox.SandboxConfig
     engine:    spade.rollout.settings.EngineSection (sglang: spade.rollout.sglang.settings.SGLangSection)
     corpus:    spade.designer.corpus.CorpusSettings
-    run:       {steps, checkpoint_every, seed, micro_batch_tokens, log_every, keep_checkpoints}
+    run:       {steps, checkpoint_every, seed, micro_batch_tokens, log_every, keep_checkpoints, best_metric,
+                best_mode: max | min, loggers}
     eval:      spade.eval.in_loop.EvalSettings (held-out evaluation between steps; every: 0 = off)
 
 ``load_train_config(path, overrides)`` reads the file (resolving ``include:`` relative to the
@@ -44,6 +45,7 @@ import yaml
 from .config import ConfigError, from_mapping, load_yaml, require
 from .designer.corpus import CorpusSettings
 from .eval.in_loop import EvalSettings
+from .eval.suites import benchmark_names
 from .envs.sandbox.config import SandboxConfig
 from .rollout.settings import EngineSection
 from .selfplay.settings import SelfPlaySettings
@@ -110,6 +112,7 @@ class ParallelSection:
 
 
 RUN_LOGGERS = ("tensorboard", "wandb", "mlflow")
+BEST_METRIC_DEFAULT = "eval/mean"
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,11 @@ class RunSection:
     # checkpoints kept: the newest N, any marked best (RunDir.mark_best) and the one a resumed run
     # started from; 0 keeps all
     keep_checkpoints: int = 2
+    # the checkpoint marked best (kept by pruning): the one whose in-loop evaluation (eval.every)
+    # scored best on this metric: eval/mean (the suite average, the paper's checkpoint selection),
+    # eval/<benchmark>, or none; only checkpointed steps that were evaluated take part
+    best_metric: str = BEST_METRIC_DEFAULT
+    best_mode: Literal["max", "min"] = "max"  # max: the highest score is best
     # experiment trackers each step's metrics and the config go to (metrics.jsonl always): tensorboard,
     # wandb, mlflow (docs/trackers.md)
     loggers: tuple[str, ...] = ("tensorboard",)
@@ -132,6 +140,10 @@ class RunSection:
         require(self.micro_batch_tokens >= 2, "run.micro_batch_tokens", f"must be >= 2, got {self.micro_batch_tokens}")
         require(self.log_every >= 1, "run.log_every", f"must be >= 1, got {self.log_every}")
         require(self.keep_checkpoints >= 0, "run.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
+        require(self.best_metric == "none" or (self.best_metric.startswith("eval/") and "/" not in self.best_metric[5:]
+                                                and len(self.best_metric) > 5),
+                "run.best_metric", f"allowed: {BEST_METRIC_DEFAULT} (the in-loop evaluation's mean), "
+                                   f"eval/<benchmark> or none; got {self.best_metric!r}")
         for name in self.loggers:
             require(name in RUN_LOGGERS, "run.loggers", f"unknown tracker {name!r}; allowed: {', '.join(RUN_LOGGERS)}")
         require(len(set(self.loggers)) == len(self.loggers), "run.loggers", f"lists a tracker twice: {list(self.loggers)}")
@@ -151,6 +163,15 @@ class TrainConfig:
     corpus: CorpusSettings = field(default_factory=CorpusSettings)
     run: RunSection = field(default_factory=RunSection)
     eval: EvalSettings = field(default_factory=EvalSettings)
+
+    def __post_init__(self) -> None:
+        metric = self.run.best_metric
+        if metric not in ("none", BEST_METRIC_DEFAULT):
+            names = benchmark_names(self.eval.suite, list(self.eval.benchmarks) or None)
+            allowed = ", ".join([BEST_METRIC_DEFAULT, *(f"eval/{name}" for name in names), "none"])
+            require(metric[len("eval/"):] in names, "run.best_metric",
+                    f"{metric!r} is not a benchmark of the in-loop evaluation (eval.suite / eval.benchmarks); "
+                    f"allowed: {allowed}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML/JSON-able data (tuples become lists) that ``from_dict`` reads back."""

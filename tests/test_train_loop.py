@@ -646,3 +646,8 @@ def test_in_loop_evaluation_logs_held_out_scores(graded_config, tmp_path):
     (sample,) = item["samples"]
     assert sample["completion_tokens"] <= 8 and sample["score"] == float(sample["correct"])
     assert records[1]["eval/step"] == 2 and records[1]["eval/aime25"] == sample["score"]
+    # run.best_metric (default eval/mean, the suite average of the scored benchmarks): the score of
+    # checkpoint step_2, whose weights were evaluated, is recorded and marks it best
+    assert records[1]["eval/mean"] == records[1]["eval/aime25"]
+    best = json.loads((run / "checkpoints" / "best").read_text())
+    assert best["scores"] == {"2": records[1]["eval/mean"]} and (run / "checkpoints" / "step_2").is_dir()

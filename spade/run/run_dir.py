@@ -12,7 +12,7 @@ Layout::
         step_N/                a spade checkpoint (model, optimizer, RNG; spade.training.checkpoint)
           trainer_state.json   {"step": N, "orchestrator": ..., "scheduler": ..., ...}
         latest                 "step_N": the newest COMPLETE checkpoint (written last)
-        best                   optional JSON list of steps marked best (kept by pruning)
+        best                   optional: the checkpoints pruning keeps whatever their age (below)
       ...                      whatever the orchestrator writes (environment sets, hints, rejects)
 
 Step numbering: steps are 0-based; ``checkpoints/step_N`` is saved after steps ``0 .. N-1``
@@ -27,6 +27,14 @@ atomically into it and recorded in the checkpoint's manifest (``spade_manifest.j
 file's size and CRC-32, rewritten last), and ``latest`` is replaced atomically last, only after the
 checkpoint passed verification against its manifest.
 
+``checkpoints/best`` is JSON ``{"steps": [...], "metric": M, "mode": "max"|"min", "scores":
+{"N": score}}``: ``steps`` are checkpoints marked best by hand (``mark_best``), ``scores`` the
+in-loop evaluation score ``M`` of each checkpoint evaluated (``record_score``, called by the
+trainer for ``run.best_metric``); the best-scoring of them (the earliest on a tie) is marked best
+too. It is the whole state of the comparison, so a resumed run continues it (``forget_scores_after``
+drops the scores of steps the resumed run redoes). A plain JSON list of steps (the older form)
+reads as ``steps``.
+
 Resume takes ``newest_intact_checkpoint()``: the newest checkpoint at or before ``latest`` that
 passes verification (every file of the manifest present, of its size and CRC-32, with
 ``trainer_state.json`` and ``spade_checkpoint.json`` among them); each newer one that fails is
@@ -39,6 +47,7 @@ import json
 import math
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -51,7 +60,8 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
-BEST_FILE = "best"  # JSON list of the steps whose checkpoints pruning keeps (RunDir.mark_best)
+BEST_FILE = "best"  # the checkpoints pruning keeps whatever their age (BestRecord)
+BEST_MODES = ("max", "min")
 TRAINER_STATE_FILE = "trainer_state.json"
 
 
@@ -76,6 +86,43 @@ def json_safe(value: Any) -> Any:
         except (TypeError, ValueError, RuntimeError):
             pass
     return str(value)
+
+
+@dataclass
+class BestRecord:
+    """The content of ``checkpoints/best``: steps marked by hand and the evaluation scores."""
+
+    steps: set[int] = field(default_factory=set)
+    metric: Optional[str] = None
+    mode: str = "max"
+    scores: dict[int, float] = field(default_factory=dict)
+
+    def best_scored(self) -> Optional[int]:
+        """The step with the best score (the earliest of equals), None without scores."""
+        if not self.scores:
+            return None
+        sign = 1.0 if self.mode == "max" else -1.0
+        return min(self.scores, key=lambda step: (-sign * self.scores[step], step))
+
+    def kept(self) -> set[int]:
+        best = self.best_scored()
+        return self.steps | ({best} if best is not None else set())
+
+    def to_json(self) -> str:
+        return json.dumps({"steps": sorted(self.steps), "metric": self.metric, "mode": self.mode,
+                           "scores": {str(s): self.scores[s] for s in sorted(self.scores)}}) + "\n"
+
+    @classmethod
+    def from_json(cls, data: Any) -> "BestRecord":
+        if isinstance(data, list):  # the older form: the marked steps only
+            return cls(steps={int(step) for step in data})
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON object or list, got {type(data).__name__}")
+        mode = data.get("mode", "max")
+        if mode not in BEST_MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(BEST_MODES)}")
+        return cls(steps={int(step) for step in data.get("steps", [])}, metric=data.get("metric"), mode=mode,
+                   scores={int(step): float(score) for step, score in (data.get("scores") or {}).items()})
 
 
 class RunDir:
@@ -258,22 +305,56 @@ class RunDir:
                 f"'spade train --config {self.config_path} --run-dir NEW_DIR'")
         return None, warnings
 
-    def best_steps(self) -> set[int]:
-        """The checkpoints marked best (``checkpoints/best``: a JSON list of steps); empty when none."""
+    def read_best(self) -> BestRecord:
+        """``checkpoints/best`` (an empty record when the file is missing)."""
         path = self.checkpoints_dir / BEST_FILE
         try:
-            return {int(step) for step in json.loads(path.read_text())}
+            return BestRecord.from_json(json.loads(path.read_text()))
         except FileNotFoundError:
-            return set()
-        except (ValueError, TypeError) as exc:
-            raise RunDirError(f"{path}: not a JSON list of step numbers ({exc})") from exc
+            return BestRecord()
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise RunDirError(f"{path}: not a record of the best checkpoints ({exc})") from exc
+
+    def _write_best(self, record: BestRecord) -> None:
+        atomic_write_text(self.checkpoints_dir / BEST_FILE, record.to_json())
+
+    def best_steps(self) -> set[int]:
+        """The checkpoints marked best: by hand and the best-scoring one; empty when none."""
+        return self.read_best().kept()
 
     def mark_best(self, step: int) -> None:
         """Mark ``checkpoints/step_<step>`` best: pruning keeps it whatever its age."""
         if not self.checkpoint_dir(step).is_dir():
             raise RunDirError(f"no checkpoint {self.checkpoint_dir(step)} to mark best")
-        steps = sorted(self.best_steps() | {step})
-        atomic_write_text(self.checkpoints_dir / BEST_FILE, json.dumps(steps) + "\n")
+        record = self.read_best()
+        record.steps.add(step)
+        self._write_best(record)
+
+    def record_score(self, step: int, score: float, *, metric: str, mode: str) -> bool:
+        """Record checkpoint ``step``'s evaluation score on ``metric``; returns whether it is now the
+        best-scoring checkpoint (``mode`` max: the highest). Scores recorded under another metric or
+        mode are dropped first (they do not compare); a non-finite score is not recorded."""
+        if mode not in BEST_MODES:
+            raise RunDirError(f"best mode {mode!r} is not one of {', '.join(BEST_MODES)}")
+        if not self.checkpoint_dir(step).is_dir():
+            raise RunDirError(f"no checkpoint {self.checkpoint_dir(step)} to score")
+        if not math.isfinite(score):
+            return False
+        record = self.read_best()
+        if (record.metric, record.mode) != (metric, mode):
+            record.metric, record.mode, record.scores = metric, mode, {}
+        record.scores[step] = float(score)
+        self._write_best(record)
+        return record.best_scored() == step
+
+    def forget_scores_after(self, step: int) -> None:
+        """Drop the scores of checkpoints after ``step`` (a resumed run redoes those steps)."""
+        record = self.read_best()
+        later = [s for s in record.scores if s > step]
+        if later:
+            for s in later:
+                del record.scores[s]
+            self._write_best(record)
 
     def prune_checkpoints(self, keep: int, *, protect: Iterable[int] = ()) -> list[Path]:
         """Remove complete checkpoints older than ``latest`` except the newest ``keep`` of them

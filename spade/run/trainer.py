@@ -45,6 +45,7 @@ from ..rollout.manager import HFRolloutManager, RolloutManager, SGLangRolloutMan
 from ..selfplay.step import Step
 from ..train_config import EMBEDDED, TrainConfig
 from ..training.learner import Learner, LearnerOptions
+from .best_checkpoint import checkpoint_score, suite_mean
 from .engine_meter import measured_step
 from .metrics_writer import MetricsWriter
 from .trackers import check_installed
@@ -97,6 +98,7 @@ class Trainer:
         self.memory = None
         self.writers: Optional[MetricsWriter] = None
         self.resumed_from: tuple[int, ...] = ()  # the checkpoint restore() loaded
+        self.eval_score: Optional[tuple[int, float]] = None  # (step, run.best_metric) of the last evaluation
         self.phase_memory = PhaseMemory()  # peak RSS per phase of a step (memory/peak_rss_gb/*)
 
     @property
@@ -221,6 +223,7 @@ class Trainer:
             start = Step(0)
             if self.is_main:
                 self.run_dir.truncate_metrics(start.updates_done)
+                self.run_dir.forget_scores_after(start.updates_done)
                 if self.memory is not None:
                     self.memory.rollback(start.last_run)
             return start
@@ -235,6 +238,7 @@ class Trainer:
             self.orchestrator.load_state_dict(state["orchestrator"])
             self.memory.rollback(start.last_run)
             dropped = self.run_dir.truncate_metrics(start.updates_done)
+            self.run_dir.forget_scores_after(start.updates_done)  # the best so far goes on from here
             self.progress.message(f"resumed from {directory} (step {start.updates_done}; dropped {dropped} "
                                   "metrics lines written after it)")
         return start
@@ -255,6 +259,7 @@ class Trainer:
                                              config=cfg.to_dict())
             await self.rollout.publish(self.learner.weight_stream, version=start.updates_done)
             self.phase_memory.mark("build")  # reported on the first step's line
+            self._warn_unaligned_best()
             end = Step(cfg.run.steps)
             ran = 0
             last_saved = start if self.resume else None
@@ -306,6 +311,8 @@ class Trainer:
         evaluated = {}
         if self.is_main and self.config.eval.due(step.after.updates_done):  # the policy just published
             evaluated = await self._evaluate(step.after)
+            score = checkpoint_score(evaluated, self.config.run.best_metric)
+            self.eval_score = None if score is None else (step.after.updates_done, score)
 
         if self.is_main:
             memory = step_memory(self.phase_memory.metrics(), before)
@@ -328,7 +335,14 @@ class Trainer:
                                      out_dir=self.run_dir.root / "eval", sandbox=self.config.sandbox,
                                      max_context_tokens=self.config.selfplay.max_context_tokens,
                                      chat_template_kwargs=self.orchestrator.chat_format.template_kwargs)
-        return {**out, "time/eval_s": time.perf_counter() - began}
+        return {**out, **suite_mean(out), "time/eval_s": time.perf_counter() - began}
+
+    def _warn_unaligned_best(self) -> None:
+        run, every = self.config.run, self.config.eval.every
+        if self.is_main and run.best_metric != "none" and every and every % run.checkpoint_every:
+            self.progress.message(f"warning: run.best_metric: only evaluated steps that are also checkpointed take "
+                                  f"part (eval.every = {every} is not a multiple of run.checkpoint_every = "
+                                  f"{run.checkpoint_every})")
 
     def checkpoint(self, done: Step) -> None:
         """Every rank: save the state after ``done`` updates as ``checkpoints/step_<done>``."""
@@ -357,6 +371,9 @@ class Trainer:
             try:
                 self.run_dir.write_trainer_state(step, state)
                 self.run_dir.mark_latest(step)  # the checkpoint counts from here on (verified first)
+                if self.eval_score is not None and self.eval_score[0] == step:  # its weights were evaluated
+                    self.run_dir.record_score(step, self.eval_score[1], metric=self.config.run.best_metric,
+                                              mode=self.config.run.best_mode)
                 self.run_dir.prune_checkpoints(self.config.run.keep_checkpoints, protect=self.resumed_from)
             except RunDirError as exc:
                 error = str(exc)
