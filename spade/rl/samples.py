@@ -30,6 +30,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from .routing_record import RoutedExperts
+
 
 class Role(str, enum.Enum):
     """Which of the two roles of the shared policy wrote a trajectory."""
@@ -67,6 +69,10 @@ class Trajectory:
     # only when the sample's generated tokens come from more than one version (a play carried
     # across steps by partial rollouts); None: every generated token is from ``weight_version``.
     token_weight_versions: Optional[tuple[Optional[int], ...]] = None
+    # The rollout engine's routed experts (MoE models, asked for by ``loss.routing_replay:
+    # rollout``): row i is the routing of token_ids[i], a prefix of the targets' length; None: not
+    # recorded (``spade.rl.routing_record``).
+    routed_experts: Optional[RoutedExperts] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
@@ -89,6 +95,9 @@ class Trajectory:
         if self.rollout_logprobs is not None and len(self.rollout_logprobs) != len(self.loss_mask):
             raise ValueError(f"rollout_logprobs has {len(self.rollout_logprobs)} entries, expected "
                              f"{len(self.loss_mask)}")
+        if self.routed_experts is not None and self.routed_experts.num_tokens > len(self.loss_mask):
+            raise ValueError(f"routed_experts covers {self.routed_experts.num_tokens} tokens, more than the "
+                             f"{len(self.loss_mask)} the model runs on")
 
     @property
     def trainable(self) -> bool:
@@ -110,10 +119,11 @@ class Trajectory:
         return TrainSample(token_ids=list(self.token_ids), loss_mask=list(self.loss_mask),
                            advantages=float(self.advantage),
                            rollout_logprobs=None if self.rollout_logprobs is None else list(self.rollout_logprobs),
-                           weight_version=self.weight_version, temperature=self.logprob_temperature)
+                           weight_version=self.weight_version, temperature=self.logprob_temperature,
+                           routed_experts=self.routed_experts)
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["role"] = self.role.value
         for name in ("token_ids", "loss_mask", "rollout_logprobs"):
             if data[name] is not None:
@@ -122,6 +132,10 @@ class Trajectory:
             del data["token_weight_versions"]
         else:
             data["token_weight_versions"] = list(data["token_weight_versions"])
+        if self.routed_experts is None:  # not recorded: the record is as before the field
+            del data["routed_experts"]
+        else:
+            data["routed_experts"] = self.routed_experts.to_json()
         return data
 
     @classmethod
@@ -134,6 +148,8 @@ class Trajectory:
         fields = {key: value for key, value in data.items() if key in known}
         if fields.get("logprob_temperature") is None:
             fields["logprob_temperature"] = default_logprob_temperature
+        if fields.get("routed_experts") is not None:
+            fields["routed_experts"] = RoutedExperts.from_json(fields["routed_experts"])
         return cls(**fields)
 
 
@@ -170,6 +186,7 @@ class TrainSample:
     ref_logprobs: Optional[ArrayLike] = None
     weight_version: Optional[int] = None
     temperature: float = 1.0
+    routed_experts: Optional[Union[RoutedExperts, Tensor]] = None  # stored as int64 [n, layers, top_k]
 
     def __post_init__(self) -> None:
         if not float(self.temperature) > 0:
@@ -209,6 +226,12 @@ class TrainSample:
             if array.numel() != n:
                 raise ValueError(f"{name} must have {n} entries (one per target), got {array.numel()}")
             object.__setattr__(self, name, array)
+        routed = self.routed_experts
+        if routed is not None:
+            routed = routed.to_tensor() if isinstance(routed, RoutedExperts) else routed.detach().cpu().long()
+            if routed.dim() != 3 or routed.shape[0] > n:
+                raise ValueError(f"routed_experts must be [tokens <= {n}, layers, top_k], got {tuple(routed.shape)}")
+            object.__setattr__(self, "routed_experts", routed)
 
     @classmethod
     def from_token_mask(

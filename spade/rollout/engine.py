@@ -64,6 +64,8 @@ from typing import AsyncIterator, Iterable, Literal, Optional
 
 from torch import Tensor
 
+from ..rl.routing_record import RoutedExperts
+
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
@@ -78,6 +80,8 @@ class SamplingParams:
     same seed, prompt and weights give the same tokens whatever else is in the batch (up to
     floating-point ties). ``None`` draws a fresh seed. ``ignore_eos`` keeps generating past the
     model's end-of-sequence ids (``stop_token_ids`` still stop): fixed-length throughput benchmarks.
+    ``return_routed_experts`` (MoE models): the result also carries every MoE layer's top-k experts
+    for each token the model ran on (``GenerationResult.routed_experts``), for routing replay.
     """
 
     temperature: float = 1.0
@@ -87,6 +91,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: Optional[int] = None
     ignore_eos: bool = False
+    return_routed_experts: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -143,12 +148,15 @@ def _check_finish_reason(reason: str) -> None:
 class GenerationResult:
     """The completion: generated ids (stop token included), one log-prob per id, why it ended
     ("stop": a stop/EOS token, "length": max_new_tokens or the context limit, "abort": the engine
-    was closed), and the weight version that produced every token of it."""
+    was closed), and the weight version that produced every token of it. ``routed_experts``
+    (asked for with ``SamplingParams.return_routed_experts``): the routing of every token of
+    prompt + completion but the last, ``spade.rl.routing_record``'s alignment."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
+    routed_experts: Optional[RoutedExperts] = None
 
     def __post_init__(self) -> None:
         _normalise_tokens(self)

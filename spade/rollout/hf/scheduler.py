@@ -62,6 +62,7 @@ from ..engine import FinishReason, GenerationRequest, GenerationResult
 from .sampling import choose_token
 
 if TYPE_CHECKING:  # the cache modules import transformers, which this module loads only when used
+    from ...rl.routing_record import RoutedExperts
     from .kv_cache import SharedPrefix
 
 # A batch whose prompts all begin with at least this many equal tokens computes them once (the
@@ -288,13 +289,23 @@ class BatchScheduler:
     def _hand_over(self, batch: "_Decoding") -> None:
         """Hand the finished rows' results to their callers on the event loop (worker thread)."""
         for row in batch.finished:
-            result = GenerationResult(row.tokens, row.logprobs, row.finish or "abort", batch.version)
+            result = GenerationResult(row.tokens, row.logprobs, row.finish or "abort", batch.version,
+                                      routed_experts=self._routed_experts(row))
             future = row.pending.future
             try:
                 future.get_loop().call_soon_threadsafe(_settle, future, result)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
         batch.finished.clear()
+
+    def _routed_experts(self, row: _Row) -> Optional["RoutedExperts"]:
+        """The row's routing when its request asked for it (``.routing``: one more prefill with the
+        weights that generated it, before the hand-over)."""
+        if not row.pending.request.sampling.return_routed_experts or row.finish is None:
+            return None
+        from .routing import capture_routed_experts
+
+        return capture_routed_experts(self.model, (*row.pending.request.prompt_ids, *row.tokens))
 
     def _new_row(self, item: _Pending) -> _Row:
         sampling = item.request.sampling
