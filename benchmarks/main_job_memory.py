@@ -10,10 +10,12 @@ The samples are the smoke run's largest: one designer sample of ``--designer-tok
 prompt plus 560 generated) and ``--agents`` agent samples of ``--agent-tokens``; the peak of an update
 is set by its largest micro-batch, not by how many there are, so a few samples stand for the 40 of a
 real step. The settings compared are the switches that change the update's memory:
-``model.core_attention`` (sdpa | unfused), ``model.recompute`` and ``run.micro_batch_tokens``.
+``model.core_attention`` (sdpa | unfused), ``model.recompute``, ``run.micro_batch_tokens`` and, optionally,
+``model.dtype`` (float32 | bfloat16; the engine's copy of the weights takes the same dtype).
 
     .venv/bin/python benchmarks/main_job_memory.py                      # the default comparison
     .venv/bin/python benchmarks/main_job_memory.py --settings sdpa:none:4096 unfused:selective:2048
+    .venv/bin/python benchmarks/main_job_memory.py --settings sdpa:full:4096:float32 sdpa:full:4096:bfloat16
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def one_setting(args) -> dict:
     from spade.training.learner import Learner, LearnerOptions
     from spade.training.parallel import init_parallel
 
-    attention, recompute, tokens = args.setting.split(":")
+    attention, recompute, tokens, *rest = args.setting.split(":")
+    dtype = getattr(torch, rest[0] if rest else "float32")
     config = TrainConfig()
     layout = config.parallel.layout()
     meter = PhaseMemory()
@@ -69,7 +72,7 @@ def one_setting(args) -> dict:
     hf_dir = embedded_model_dir()
     hf_config = json.loads((hf_dir / "config.json").read_text())
     options = LearnerOptions(optimizer=config.optimizer, loss=config.loss, micro_batch_tokens=int(tokens),
-                             dtype=torch.float32, recompute=recompute, core_attention=attention)
+                             dtype=dtype, recompute=recompute, core_attention=attention)
     learner = Learner.build(hf_dir, hf_config, layout, ctx, options)
     batch = samples(args)
     meter.mark("build")
@@ -82,7 +85,7 @@ def one_setting(args) -> dict:
 
     from transformers import AutoModelForCausalLM
 
-    engine_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    engine_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)
     targets = dict(engine_model.named_parameters())
     with torch.no_grad():
         for name, tensor in learner.weight_stream():
@@ -101,7 +104,7 @@ def one_setting(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS),
-                        help="core_attention:recompute:micro_batch_tokens, e.g. sdpa:none:4096")
+                        help="core_attention:recompute:micro_batch_tokens[:dtype], e.g. sdpa:none:4096 or sdpa:full:4096:bfloat16")
     parser.add_argument("--designer-tokens", type=int, default=2850)
     parser.add_argument("--agent-tokens", type=int, default=700)
     parser.add_argument("--agents", type=int, default=4)

@@ -55,3 +55,16 @@ def test_the_smoke_run_seeds_the_memory_with_graded_examples():
     # the designer budget holds an example, and the context holds the prompt plus the budget
     assert sp.designer_max_tokens >= max(len(r.source) for r in seeds) // 4
     assert sp.max_context_tokens >= 2 * sp.designer_max_tokens
+
+
+def test_bf16_note_only_on_a_cpu_without_native_bf16():
+    from spade.run.preflight import cpu_bf16_note
+
+    smoke = load_train_config(SMOKE)
+    assert smoke.model.dtype == "bfloat16"
+    note = cpu_bf16_note(smoke, cuda=False, native_bf16=False)
+    assert note is not None and "model.dtype=float32" in note
+    assert cpu_bf16_note(smoke, cuda=False, native_bf16=True) is None
+    assert cpu_bf16_note(smoke, cuda=True, native_bf16=False) is None
+    fp32 = load_train_config(SMOKE, ["model.dtype=float32"])
+    assert cpu_bf16_note(fp32, cuda=False, native_bf16=False) is None

@@ -168,6 +168,16 @@ def run_train(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _print_bf16_note(config) -> None:
+    import torch
+
+    from ..run.preflight import cpu_bf16_note, cpu_has_native_bf16
+
+    note = cpu_bf16_note(config, cuda=torch.cuda.is_available(), native_bf16=cpu_has_native_bf16())
+    if note:
+        print(f"spade train: note: {note}", file=sys.stderr)
+
+
 def _run_train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from ..train_config import apply_overrides, from_dict, load_train_config, override_keys, read_config_file
@@ -227,6 +237,8 @@ def _run_train(args: argparse.Namespace) -> int:
     with _interrupts_say_how_to_resume(run_dir.root):
         if not resume and _rank() == 0:
             print(f"spade train: run directory {run_dir.root} ({CONFIG_FILE} written)", file=sys.stderr)
+        if _rank() == 0:
+            _print_bf16_note(config)
         try:
             train(config, run_dir.root, resume=resume)
         except RunDirError as exc:

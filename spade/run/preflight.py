@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
 from ..train_config import EMBEDDED, TrainConfig
 from .run_dir import RunDirError
@@ -63,6 +64,23 @@ def preflight(config: TrainConfig) -> None:
     from ..selfplay.text_generators import check_designer_endpoint
 
     check_designer_endpoint(sp)  # selfplay.designer_endpoint answers GET {url}/models (ConfigError if not)
+
+
+def cpu_bf16_note(config: TrainConfig, *, cuda: bool, native_bf16: bool) -> Optional[str]:
+    """A note when ``model.dtype: bfloat16`` will run on a CPU without native bf16 arithmetic (AMX or
+    AVX512-BF16): PyTorch then converts to fp32 inside each matrix product, which can be slower than
+    fp32 throughout. Not an error: the run is correct, only slower."""
+    if config.model.dtype != "bfloat16" or cuda or native_bf16:
+        return None
+    return ("model.dtype: bfloat16 on a CPU without AMX or AVX512-BF16 instructions: each matrix product "
+            "converts to fp32, which may be slower than model.dtype=float32 (the same run in fp32: "
+            "add model.dtype=float32)")
+
+
+def cpu_has_native_bf16() -> bool:
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
 
 
 def _chat_template(model_dir: Path) -> object:
