@@ -68,6 +68,9 @@ class MicroBatch:
     packed_seq_params: Optional[object] = None  # megatron.core.packed_seq_params.PackedSeqParams
     unpack_index: Optional[Tensor] = None  # [B, S] -> position in the packed token axis
     temperatures: Optional[Tensor] = None  # like targets: each target's sampling temperature
+    # routing replay: like input_ids plus [layers, top_k], the rollout's experts of each input
+    # token (int32, -1 where not recorded); None when no sample has a record
+    routed_experts: Optional[Tensor] = None
 
     @property
     def is_packed(self) -> bool:
@@ -194,6 +197,23 @@ def _loss_side(samples: Sequence[TrainSample], width: int) -> dict:
     )
 
 
+def _routed_experts(samples: Sequence[TrainSample], shape: tuple[int, int],
+                    starts: Sequence[tuple[int, int]]) -> Optional[Tensor]:
+    """The samples' routing records in the model-side layout ``shape + (layers, top_k)``; sample
+    ``i``'s rows start at ``starts[i]`` (row, column)."""
+    records = [s.routed_experts for s in samples if s.routed_experts is not None]
+    if not records:
+        return None
+    layers_k = tuple(records[0].shape[1:])
+    if any(tuple(r.shape[1:]) != layers_k for r in records):
+        raise ValueError("routed_experts of one batch must share [layers, top_k]")
+    out = torch.full((*shape, *layers_k), -1, dtype=torch.int32)
+    for sample, (row, column) in zip(samples, starts):
+        if sample.routed_experts is not None:
+            out[row, column: column + sample.routed_experts.shape[0]] = sample.routed_experts.to(torch.int32)
+    return out
+
+
 def _padded_micro_batch(
     samples: Sequence[TrainSample], indices: Sequence[int], multiple: int, pad_token_id: int
 ) -> MicroBatch:
@@ -213,6 +233,7 @@ def _padded_micro_batch(
         temperatures=temperatures,
         lengths=lengths,
         sample_indices=tuple(indices),
+        routed_experts=_routed_experts(samples, (len(samples), width), [(row, 0) for row in range(len(samples))]),
         **_loss_side(samples, width),
     )
 
@@ -261,6 +282,7 @@ def _packed_micro_batch(
         sample_indices=tuple(indices),
         packed_seq_params=params,
         unpack_index=unpack_index,
+        routed_experts=_routed_experts(samples, (1, total), [(0, start) for start in starts[:-1]]),
         **_loss_side(samples, width),
     )
 

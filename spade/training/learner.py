@@ -107,6 +107,13 @@ class Learner:
             ref_model = build_model(spec, layout, options=build_options, rank_state=rank_state,
                                     use_distributed_optimizer=distributed)
         del rank_state
+        if options.loss.routing_replay == "rollout":
+            from megatron_patches.router_replay import attach, check_supported
+
+            check_supported(pipeline_stages=layout.pp, recompute=options.recompute)
+            attach(model.chunks)
+            if ref_model is not None:
+                attach(ref_model.chunks)
         optimizer, scheduler = build_optimizer(model.chunks, options.optimizer)
         return cls(spec=spec, layout=layout, ctx=ctx, options=options, model=model, ref_model=ref_model,
                    optimizer=optimizer, scheduler=scheduler, build_options=build_options)
@@ -147,7 +154,25 @@ class Learner:
                             on_phase=on_phase)
         metrics: dict[str, Any] = {f"train/{k}": v for k, v in result.to_dict().items()}
         metrics["train/skipped_no_samples"] = 0.0
+        if self.options.loss.routing_replay == "rollout":
+            metrics.update(self._router_agreement())
         return metrics
+
+    def _router_agreement(self) -> dict[str, float]:
+        """``train/router_agreement``: the share of recorded token-layer decisions where the
+        policy's own top-k set equals the rollout's, over every rank (a rank that sees the same
+        tokens twice, tensor-parallel without sequence parallelism, doubles both counts alike)."""
+        import torch.distributed as dist
+
+        from megatron_patches.router_replay import agreement_counts
+
+        if self.ref_model is not None:
+            agreement_counts(self.ref_model.chunks)  # the reference pass's counts are not the policy's
+        counts = torch.tensor(agreement_counts(self.model.chunks), dtype=torch.float64, device=self.ctx.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts)
+        agree, total = counts.tolist()
+        return {"train/router_agreement": agree / total} if total > 0 else {}
 
     # ------------------------------------------------------------------ weights for the engine
 

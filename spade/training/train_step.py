@@ -45,6 +45,9 @@ from .schedule import device as _device
 from .schedule import run_schedule
 
 
+ROUTING_REPLAY: tuple[str, ...] = ("off", "rollout")
+
+
 @dataclass(frozen=True)
 class LossSettings:
     """GRPO loss knobs (SPEC section 1 step 5) and the log-prob computation. The log-prob
@@ -56,6 +59,9 @@ class LossSettings:
     kl_coef: float = 0.0
     aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     logprob_chunk_size: int = 1024
+    # MoE rollout routing replay (R3): "rollout" routes every token the engine reported by the
+    # engine's experts (docs/routing_replay.md); "off" lets the trainer's routers choose.
+    routing_replay: Literal["off", "rollout"] = "off"
 
     def __post_init__(self) -> None:
         require(self.aggregation in AGGREGATIONS, "aggregation",
@@ -64,6 +70,8 @@ class LossSettings:
         require(self.eps_high >= 0.0, "eps_high", f"must be >= 0, got {self.eps_high}")
         require(self.tis_cap > 0.0, "tis_cap", f"must be > 0, got {self.tis_cap}")
         require(self.kl_coef >= 0.0, "kl_coef", f"must be >= 0, got {self.kl_coef}")
+        require(self.routing_replay in ROUTING_REPLAY, "routing_replay",
+                f"{self.routing_replay!r} is not allowed; choose one of: {', '.join(ROUTING_REPLAY)}")
         require(self.logprob_chunk_size >= 1, "logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
 
 
@@ -166,11 +174,19 @@ def _loss_func(micro_batch: MicroBatch, settings: LossSettings, totals: _Totals,
 
 
 def _train_step_fn(settings: LossSettings, totals: _Totals, model: torch.nn.Module, micro_batch: MicroBatch):
+    _replay_targets(model, micro_batch)
     output = stage_forward(model, micro_batch)
     if not is_last_stage(model):
         return output, None
     logprobs = micro_batch_logprobs(model, output, micro_batch, chunk_size=settings.logprob_chunk_size)
     return logprobs, partial(_loss_func, micro_batch, settings, totals)
+
+
+def _replay_targets(model: torch.nn.Module, micro_batch: MicroBatch) -> None:
+    """The micro-batch's recorded experts to the routers that replay (none attached: nothing)."""
+    from megatron_patches.router_replay import set_targets
+
+    set_targets(model, micro_batch.routed_experts)
 
 
 def _check_config(model_chunks: Sequence[torch.nn.Module]) -> None:
@@ -235,6 +251,7 @@ def train_step(
 
 
 def _logprob_step_fn(chunk_size: int, store: dict, model: torch.nn.Module, micro_batch: MicroBatch):
+    _replay_targets(model, micro_batch)
     output = stage_forward(model, micro_batch)
     if not is_last_stage(model):
         return output, None
