@@ -54,6 +54,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, Mapping, Optional, Sequence
 
+from ..rl.routing_record import RoutedExperts
+
 EndReason = Literal["length", "abort", "context", "turns"]
 THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 THINKING_SWITCH = "enable_thinking"  # the keyword Qwen3's hybrid templates read
@@ -201,6 +203,9 @@ class Conversation:
         self._awaiting_reply = True
         self._last_generated: tuple[int, ...] = ()
         self._last_start = len(self._tokens)  # where the last completion begins
+        # the newest engine routing record (routing replay): it covers every id but the last of the
+        # prompt + completion it came with, so the latest one covers all earlier turns too
+        self.routed_experts: Optional[RoutedExperts] = None
 
     # ------------------------------------------------------------------ state
 
@@ -251,6 +256,7 @@ class Conversation:
             "rollout_logprobs": None if logprobs is None else logprobs[1:],
             "weight_version": min(self.weight_versions) if self.weight_versions else None,
             "token_weight_versions": self._versions[1:],
+            "routed_experts": self.routed_experts,
         }
 
     # ------------------------------------------------------------------ growing
@@ -261,11 +267,13 @@ class Conversation:
         logprobs: Optional[Sequence[float]] = None,
         finish_reason: str = "stop",
         weight_version: Optional[int] = None,
+        routed_experts: Optional[RoutedExperts] = None,
     ) -> str:
         """Append a completion verbatim; returns its text (end-of-turn tokens left out).
 
         A completion that did not stop ("length", "abort") ends the episode (SPEC 4).
-        ``weight_version`` is the engine's version of the weights that generated it.
+        ``weight_version`` is the engine's version of the weights that generated it;
+        ``routed_experts`` the engine's routing of the prompt and completion (routing replay).
         """
         if not self._awaiting_reply or self.ended:
             raise RuntimeError("no reply is due: append messages first, or the episode has ended")
@@ -277,8 +285,14 @@ class Conversation:
                              "left in the context budget")
         if logprobs is not None and len(logprobs) != len(token_ids):
             raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs")
+        fed = len(self._tokens) + len(token_ids) - 1  # the ids the engine ran the model on
+        if routed_experts is not None and routed_experts.num_tokens != fed:
+            raise ValueError(f"routed_experts covers {routed_experts.num_tokens} tokens, expected prompt + "
+                             f"completion - 1 = {fed}")
         self._last_start = len(self._tokens)
         self._tokens += token_ids
+        if routed_experts is not None:
+            self.routed_experts = routed_experts
         self._mask += [1] * len(token_ids)
         if logprobs is None:
             self._all_logprobs_known = False

@@ -39,6 +39,22 @@ There is no separate trainer temperature that could disagree with the sampler.
 Tokens are *sampled* from that same tempered distribution after top-k then top-p truncation and
 renormalisation (the order SGLang uses).
 
+Top log-probs
+-------------
+``SamplingParams.top_logprobs = k`` asks for each generated token's ``k`` most likely tokens with
+their log-probs, from the same ``log_softmax(logits / T)`` the sampled token's log-prob comes from
+(SGLang: ``top_logprobs_num``, returned as ``meta_info.output_top_logprobs``). Ties are broken by
+the smaller token id, so the hf engine's alternatives are deterministic.
+
+Constraints
+-----------
+``SamplingParams.constraint`` restricts a completion to a grammar (JSON, a JSON schema, an EBNF
+grammar, a structural tag): at each step only tokens the grammar accepts can be sampled, and the
+completion ends when the grammar is complete. As in SGLang (its grammar backends fill a vocabulary
+mask that ``Sampler`` applies to the logits before the softmax), the mask is applied to the logits,
+so a constrained completion's log-probs and top log-probs are those of the masked distribution.
+Serving uses it (``spade serve``: ``response_format``, ``tool_choice``); rollouts never do.
+
 Statistics
 ----------
 ``generation_stats`` reports an engine's running totals as a ``GenerationStats``: tokens generated,
@@ -68,6 +84,29 @@ from ..rl.routing_record import RoutedExperts
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound; vLLM's default max_logprobs
+
+TopLogprobs = tuple[tuple[int, float], ...]  # one token's alternatives: (token id, log-prob)
+CONSTRAINT_KINDS = ("json_object", "json_schema", "ebnf", "structural_tag")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar the completion must follow (constrained decoding; module docstring, "Constraints").
+
+    ``kind`` is one of ``CONSTRAINT_KINDS``: ``json_object`` (any JSON object; ``spec`` unused),
+    ``json_schema`` (``spec``: the schema as a JSON string), ``ebnf`` (``spec``: a GBNF grammar
+    with root rule ``root``) or ``structural_tag`` (``spec``: SGLang's / xgrammar's structural-tag
+    JSON). The same fields SGLang takes in ``sampling_params``."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"constraint kind must be one of {CONSTRAINT_KINDS}, got {self.kind!r}")
+        if self.kind != "json_object" and not self.spec:
+            raise ValueError(f"a {self.kind} constraint needs its spec")
 
 
 @dataclass(frozen=True)
@@ -82,6 +121,11 @@ class SamplingParams:
     model's end-of-sequence ids (``stop_token_ids`` still stop): fixed-length throughput benchmarks.
     ``return_routed_experts`` (MoE models): the result also carries every MoE layer's top-k experts
     for each token the model ran on (``GenerationResult.routed_experts``), for routing replay.
+    ``top_logprobs`` (0..``MAX_TOP_LOGPROBS``): the result also carries, for each generated token,
+    the ``top_logprobs`` most likely tokens of the same distribution the log-probs come from
+    (module docstring), as ``(token id, log-prob)`` pairs sorted by log-prob descending, ties by
+    token id ascending. Rollouts leave it at 0 (no cost). ``constraint`` (serving only): a grammar
+    the completion must follow (``Constraint``); None for free text.
     """
 
     temperature: float = 1.0
@@ -92,9 +136,13 @@ class SamplingParams:
     seed: Optional[int] = None
     ignore_eos: bool = False
     return_routed_experts: bool = False
+    top_logprobs: int = 0
+    constraint: Optional["Constraint"] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -132,11 +180,20 @@ class GenerationRequest:
 
 
 def _normalise_tokens(record: "GenerationResult | GenerationChunk") -> None:
-    """A frozen record's ``token_ids`` and ``logprobs`` as tuples of int and float, one log-prob per id."""
+    """A frozen record's ``token_ids`` and ``logprobs`` as tuples of int and float, one log-prob per
+    id; ``top_logprobs`` empty or one tuple of (id, log-prob) pairs per id."""
     object.__setattr__(record, "token_ids", tuple(int(t) for t in record.token_ids))
     object.__setattr__(record, "logprobs", tuple(float(x) for x in record.logprobs))
     if len(record.token_ids) != len(record.logprobs):
         raise ValueError(f"{len(record.token_ids)} token ids but {len(record.logprobs)} log-probs")
+    if record.top_logprobs:
+        object.__setattr__(record, "top_logprobs", tuple(
+            tuple((int(t), float(x)) for t, x in alternatives) for alternatives in record.top_logprobs))
+        if len(record.top_logprobs) != len(record.token_ids):
+            raise ValueError(f"{len(record.token_ids)} token ids but top log-probs for "
+                             f"{len(record.top_logprobs)}")
+    else:
+        object.__setattr__(record, "top_logprobs", ())
 
 
 def _check_finish_reason(reason: str) -> None:
@@ -150,13 +207,15 @@ class GenerationResult:
     ("stop": a stop/EOS token, "length": max_new_tokens or the context limit, "abort": the engine
     was closed), and the weight version that produced every token of it. ``routed_experts``
     (asked for with ``SamplingParams.return_routed_experts``): the routing of every token of
-    prompt + completion but the last, ``spade.rl.routing_record``'s alignment."""
+    prompt + completion but the last, ``spade.rl.routing_record``'s alignment. ``top_logprobs``
+    (asked for with ``SamplingParams.top_logprobs``): each token's alternatives; empty otherwise."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
     routed_experts: Optional[RoutedExperts] = None
+    top_logprobs: tuple[TopLogprobs, ...] = ()
 
     def __post_init__(self) -> None:
         _normalise_tokens(self)
@@ -167,12 +226,14 @@ class GenerationResult:
 class GenerationChunk:
     """A piece of a streamed completion: the ids generated since the previous chunk (possibly
     none) with one log-prob each. The last chunk of a stream, and only it, has ``finish_reason``
-    and ``weight_version`` set (the same values ``GenerationResult`` would carry)."""
+    and ``weight_version`` set (the same values ``GenerationResult`` would carry);
+    ``top_logprobs`` as in ``GenerationResult``, for this chunk's ids."""
 
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] = ()
     finish_reason: Optional[FinishReason] = None
     weight_version: Optional[int] = None
+    top_logprobs: tuple[TopLogprobs, ...] = ()
 
     def __post_init__(self) -> None:
         _normalise_tokens(self)
@@ -188,24 +249,28 @@ class GenerationChunk:
     @classmethod
     def of_result(cls, result: GenerationResult) -> "GenerationChunk":
         """The whole completion as one (last) chunk."""
-        return cls(result.token_ids, result.logprobs, result.finish_reason, result.weight_version)
+        return cls(result.token_ids, result.logprobs, result.finish_reason, result.weight_version,
+                   result.top_logprobs)
 
 
 def join_chunks(chunks: Iterable[GenerationChunk]) -> GenerationResult:
     """The ``GenerationResult`` a complete stream of chunks adds up to."""
     ids: list[int] = []
     logprobs: list[float] = []
+    top: list[TopLogprobs] = []
     last: Optional[GenerationChunk] = None
     for chunk in chunks:
         if last is not None:
             raise ValueError("a chunk came after the last chunk of the stream")
         ids.extend(chunk.token_ids)
         logprobs.extend(chunk.logprobs)
+        top.extend(chunk.top_logprobs or [()] * len(chunk.token_ids))
         if chunk.last:
             last = chunk
     if last is None:
         raise ValueError("the stream ended without a last chunk (finish_reason)")
-    return GenerationResult(tuple(ids), tuple(logprobs), last.finish_reason, last.weight_version)
+    return GenerationResult(tuple(ids), tuple(logprobs), last.finish_reason, last.weight_version,
+                            top_logprobs=tuple(top) if any(top) else ())
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,8 @@ class Trainer:
         cfg = self.config
         return HFEngine(self.hf_dir, self.tokenizer, device=engine_device(cfg), dtype=torch_dtype(cfg),
                         max_batch_size=cfg.engine.max_batch_size, batch_wait_ms=cfg.engine.batch_wait_ms,
-                        prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens)
+                        prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
+                        return_routed_experts=cfg.loss.routing_replay == "rollout")
 
     def _build_selfplay(self) -> None:
         from ..designer.corpus import Corpus

@@ -68,7 +68,7 @@ class EnginePolicy:
                                                              affinity=self.affinity))
         self.weight_versions.append(result.weight_version)
         text = conversation.append_generated(result.token_ids, result.logprobs, result.finish_reason,
-                                             result.weight_version)
+                                             result.weight_version, routed_experts=result.routed_experts)
         if result.finish_reason != "stop":
             raise StopEpisode(f"the reply ended without end-of-turn ({result.finish_reason})", response=text)
         return text

@@ -114,7 +114,7 @@ class LocalGenerator:
         if not generated.token_ids:
             raise GenerationFailed(ErrorKind.NO_OUTPUT, f"the engine returned nothing ({generated.finish_reason})")
         text = conversation.append_generated(generated.token_ids, generated.logprobs, generated.finish_reason,
-                                             generated.weight_version)
+                                             generated.weight_version, routed_experts=generated.routed_experts)
         return GeneratedText(text, generated.finish_reason,
                              trajectory_of(conversation, logprob_temperature=params.logprob_temperature))
 

@@ -32,15 +32,16 @@ def trajectory_of(conversation: Conversation, *, logprob_temperature: float) -> 
     when a turn came without them), the temperature they are taken at (``SamplingParams.
     logprob_temperature`` of the calls that wrote it) and the oldest engine weight version that
     generated any of its tokens (None when unknown), with the per-token versions when they differ
-    (a play finished under newer weights). Role, environment and scores are added by the
-    step."""
+    (a play finished under newer weights), and the engine's routing when it was recorded (routing
+    replay). Role, environment and scores are added by the step."""
     fields = conversation.train_fields()
     versions = fields["token_weight_versions"]
     mixed = len({v for v in versions if v is not None}) > 1  # else weight_version says it all
     return Trajectory(token_ids=fields["token_ids"], loss_mask=fields["loss_mask"],
                       rollout_logprobs=fields["rollout_logprobs"], weight_version=fields["weight_version"],
                       logprob_temperature=logprob_temperature,
-                      token_weight_versions=tuple(versions) if mixed else None)
+                      token_weight_versions=tuple(versions) if mixed else None,
+                      routed_experts=fields["routed_experts"])
 
 
 def role_logprob_temperature(settings: Any, role: Role) -> float:

@@ -22,6 +22,7 @@ from ..agent.reasoning import ReasoningSplit
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for top_logprobs, vLLM's default max_logprobs
 
 
 class APIError(Exception):
@@ -55,6 +56,7 @@ class Sampling:
     n: int = 1
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token (chat: top_logprobs; completions: logprobs N)
 
 
 @dataclass(frozen=True)
@@ -161,16 +163,17 @@ def _sampling(body: Mapping[str, Any], *, chat: bool) -> Sampling:
         raise APIError(f"n must be <= {MAX_N}, got {n}", "n")
     if chat:
         logprobs = _flag(body, "logprobs")
-        top = _integer(body, "top_logprobs", low=0)
-        if top:
-            raise APIError("top_logprobs: only 0 is supported (the engines return the sampled "
-                           "token's log-prob only)", "top_logprobs")
-    else:
+        top = _integer(body, "top_logprobs", low=0) or 0
+        if top > MAX_TOP_LOGPROBS:
+            raise APIError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", "top_logprobs")
+        if top and not logprobs:
+            raise APIError("top_logprobs needs logprobs: true", "top_logprobs")
+    else:  # the legacy API: logprobs N = the sampled token and the N most likely ones
         count = _integer(body, "logprobs", low=0)
-        if count is not None and count > 1:
-            raise APIError("logprobs: at most 1 is supported (the engines return the sampled "
-                           "token's log-prob only)", "logprobs")
+        if count is not None and count > MAX_TOP_LOGPROBS:
+            raise APIError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {count}", "logprobs")
         logprobs = count is not None
+        top = count or 0
     return Sampling(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
@@ -182,6 +185,7 @@ def _sampling(body: Mapping[str, Any], *, chat: bool) -> Sampling:
         n=n,
         ignore_eos=_flag(body, "ignore_eos"),
         logprobs=logprobs,
+        top_logprobs=top,
     )
 
 

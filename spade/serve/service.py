@@ -17,7 +17,9 @@ Sampling: ``temperature``, ``top_p``, ``top_k`` (extra field), ``seed`` (choice 
 server's ``default_max_tokens``), ``stop`` strings (not included in the text; a stop string that is
 one token also stops generation there, the others cut the text afterwards; a stream
 stops at any of them at once), ``stop_token_ids`` and
-``ignore_eos`` (extra fields), ``logprobs`` of the sampled tokens.
+``ignore_eos`` (extra fields), ``logprobs`` of the sampled tokens and their most likely
+alternatives (chat ``top_logprobs``, completions ``logprobs: N``, at most 20; from the engine's
+``SamplingParams.top_logprobs``, the sampled token's own distribution).
 
 Streaming (``stream: true``) runs every choice through ``RolloutEngine.generate_stream`` and sends
 text as the engine produces tokens (``streaming.ChoiceText``: incremental decoding that never
@@ -59,12 +61,14 @@ SEED_MODULUS = 1 << 63
 @dataclass(frozen=True)
 class Generated:
     """One choice after decoding: its text, why it ended, the ids the engine produced (all of
-    them, for usage) and the (token text, log-prob) of each token kept in ``text``."""
+    them, for usage) and the (token text, log-prob) of each token kept in ``text``, with its
+    alternatives ((text, log-prob), most likely first) when top log-probs were asked for."""
 
     text: str
     finish_reason: str
     completion_tokens: int
     logprobs: tuple[tuple[str, float], ...] = ()
+    top_logprobs: tuple[tuple[tuple[str, float], ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -214,7 +218,8 @@ class ModelService:
                 params = SamplingParams(
                     temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                     max_new_tokens=min(wanted, room), stop_token_ids=tuple(sorted(stop_ids)),
-                    seed=seed, ignore_eos=sampling.ignore_eos)
+                    seed=seed, ignore_eos=sampling.ignore_eos,
+                    top_logprobs=sampling.top_logprobs if sampling.logprobs else 0)
             except ValueError as exc:
                 raise APIError(str(exc)) from None
             requests.append(GenerationRequest(tuple(prompt_ids), params))
@@ -231,6 +236,7 @@ class ModelService:
                            "server_error", "engine_closed")
         ids = list(result.token_ids)
         logprobs = list(result.logprobs)
+        tops = list(result.top_logprobs) or [()] * len(ids)
         finish = result.finish_reason
         stops = self.eos_token_ids | set(params.stop_token_ids)
         if finish == "stop" and ids and ids[-1] in stops:
@@ -240,15 +246,18 @@ class ModelService:
         if cuts:
             text, finish = text[:min(cuts)], "stop"
         kept: list[tuple[str, float]] = []
+        kept_tops: list[tuple[tuple[str, float], ...]] = []
         if sampling.logprobs:
             length = 0
-            for token, logprob in zip(ids, logprobs):
+            for token, logprob, top in zip(ids, logprobs, tops):
                 piece = self.decode([token])
                 if length + len(piece) > len(text) and cuts:
                     break
                 kept.append((piece, logprob))
+                kept_tops.append(tuple((self.decode([t]), lp) for t, lp in top))
                 length += len(piece)
-        return Generated(text, finish, len(result.token_ids), tuple(kept))
+        return Generated(text, finish, len(result.token_ids), tuple(kept),
+                         tuple(kept_tops) if any(kept_tops) else ())
 
     # ------------------------------------------------------------------ chat
 
@@ -442,7 +451,7 @@ class ModelService:
         try:
             async with contextlib.aclosing(self.engine.generate_stream(request)) as stream:
                 async for piece in stream:
-                    step = text.push(piece.token_ids, piece.logprobs)
+                    step = text.push(piece.token_ids, piece.logprobs, piece.top_logprobs)
                     if text.stopped:  # a stop string: done, and closing the stream stops generation
                         steps.put(k, text.finish("stop"), True, text.generated)
                         return
@@ -507,9 +516,25 @@ def _call_id() -> str:
     return protocol.new_id("call").replace("-", "_")
 
 
+def _chat_logprob_entry(token: str, logprob: float,
+                        top: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """One ``logprobs.content[i]`` of a chat choice (OpenAI's shape; ``top_logprobs`` most likely
+    first, empty unless asked for)."""
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+                             for t, lp in top]}
+
+
+def _completion_top(token: str, logprob: float, top: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """A legacy completion's ``top_logprobs[i]``: the N most likely tokens and the sampled one
+    (vLLM's shape; tokens with the same text share one key)."""
+    entry = {t: lp for t, lp in top}
+    entry.setdefault(token, logprob)
+    return entry
+
+
 def _chat_logprob_entries(tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
-    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode("utf-8")),
-             "top_logprobs": []} for t in tokens]
+    return [_chat_logprob_entry(t.token, t.logprob, t.top) for t in tokens]
 
 
 def _completion_logprob_entries(tokens: list[TokenLogprob], start: int) -> tuple[dict[str, Any], int]:
@@ -518,7 +543,8 @@ def _completion_logprob_entries(tokens: list[TokenLogprob], start: int) -> tuple
         offsets.append(position)
         position += len(t.token)
     return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{t.token: t.logprob} for t in tokens], "text_offset": offsets}, position
+            "top_logprobs": [_completion_top(t.token, t.logprob, t.top) for t in tokens],
+            "text_offset": offsets}, position
 
 
 def _event(value: Any) -> bytes:
@@ -528,8 +554,9 @@ def _event(value: Any) -> bytes:
 def _chat_logprobs(choice: Generated, request: ChatRequest) -> Optional[list[dict[str, Any]]]:
     if not request.sampling.logprobs:
         return None
-    return [{"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")),
-             "top_logprobs": []} for token, logprob in choice.logprobs]
+    tops = choice.top_logprobs or [()] * len(choice.logprobs)
+    return [_chat_logprob_entry(token, logprob, top)
+            for (token, logprob), top in zip(choice.logprobs, tops)]
 
 
 def _completion_logprobs(choice: Generated, sampling: Sampling, start: int) -> Optional[dict[str, Any]]:
@@ -541,5 +568,6 @@ def _completion_logprobs(choice: Generated, sampling: Sampling, start: int) -> O
         position += len(token)
     return {"tokens": [t for t, _ in choice.logprobs],
             "token_logprobs": [lp for _, lp in choice.logprobs],
-            "top_logprobs": [{t: lp} for t, lp in choice.logprobs],
+            "top_logprobs": [_completion_top(t, lp, top) for (t, lp), top in zip(
+                choice.logprobs, choice.top_logprobs or [()] * len(choice.logprobs))],
             "text_offset": offsets}

@@ -126,8 +126,12 @@ class StopMatcher:
 
 @dataclass
 class TokenLogprob:
+    """A kept token's text and log-prob, and its alternatives (``top``: (text, log-prob), most
+    likely first) when the request asked for top log-probs."""
+
     token: str
     logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -154,7 +158,7 @@ class ChoiceText:
         self.want_logprobs = logprobs
         self.generated = 0  # every id the engine produced (usage counts them all)
         self.sent = 0  # characters of text sent
-        self._held_end: Optional[tuple[int, float]] = None
+        self._held_end: Optional[tuple[int, float, tuple]] = None
         self._tokens: list[TokenLogprob] = []  # kept tokens whose log-prob is not sent yet
         self._covered = 0  # characters of text the sent log-probs' tokens cover
 
@@ -163,21 +167,24 @@ class ChoiceText:
         """A stop string was found: the choice is complete, generation can stop."""
         return self.matcher.stopped
 
-    def push(self, ids: Sequence[int], logprobs: Sequence[float]) -> Delta:
+    def push(self, ids: Sequence[int], logprobs: Sequence[float],
+             top_logprobs: Sequence[Sequence[tuple[int, float]]] = ()) -> Delta:
+        """``top_logprobs``: each id's alternatives as (id, log-prob), or empty."""
         self.generated += len(ids)
-        kept: list[tuple[int, float]] = []
-        for pair in zip(ids, logprobs):
+        kept: list[tuple[int, float, tuple]] = []
+        tops = top_logprobs or [()] * len(ids)
+        for entry in zip(ids, logprobs, tops):
             if self._held_end is not None:
                 kept.append(self._held_end)
                 self._held_end = None
-            if pair[0] in self.end_ids:
-                self._held_end = pair
+            if entry[0] in self.end_ids:
+                self._held_end = entry
             else:
-                kept.append(pair)
+                kept.append(entry)
         if self.stopped:
             return Delta()
         self._keep(kept)
-        text = self.matcher.push(self.decoder.push([t for t, _ in kept]))
+        text = self.matcher.push(self.decoder.push([entry[0] for entry in kept]))
         return self._delta(text, final=False)
 
     def finish(self, finish_reason: str) -> Delta:
@@ -195,9 +202,11 @@ class ChoiceText:
         delta.finish_reason = "stop" if self.stopped else finish_reason
         return delta
 
-    def _keep(self, kept: list[tuple[int, float]]) -> None:
+    def _keep(self, kept: list[tuple[int, float, tuple]]) -> None:
         if self.want_logprobs:
-            self._tokens += [TokenLogprob(self._decode([t]), lp) for t, lp in kept]
+            self._tokens += [TokenLogprob(self._decode([t]), lp,
+                                          tuple((self._decode([a]), alp) for a, alp in top))
+                             for t, lp, top in kept]
 
     def _delta(self, text: str, *, final: bool) -> Delta:
         self.sent += len(text)

@@ -84,7 +84,7 @@ if str(_ROOT) not in sys.path:  # run as a script from anywhere: make ``spade`` 
 
 import torch  # noqa: E402
 
-from spade.rollout.engine import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
+from spade.rollout.engine import Constraint, GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
 from spade.rollout.hf.engine import HFEngine  # noqa: E402
 from spade.rollout.weight_buckets import dtype_from_name  # noqa: E402
 from spade.rollout.sglang.weight_transport import (  # noqa: E402
@@ -97,7 +97,11 @@ MEMORY_TAGS = ("weights", "kv_cache")
 # SGLang's SamplingParams fields. The stand-in implements the first group; the second must keep
 # SGLang's defaults (they would change what is sampled); the third only concern text.
 _SAMPLING_IMPLEMENTED = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids",
-                         "sampling_seed", "ignore_eos", "no_stop_trim"}
+                         "sampling_seed", "ignore_eos", "no_stop_trim", "json_schema", "ebnf",
+                         "structural_tag"}
+# SGLang's grammar fields (srt/sampling/sampling_params.py); at most one per request, as SGLang
+# checks (a ValueError -> 400). The stand-in's engine decodes them with xgrammar, as SGLang does.
+_CONSTRAINT_FIELDS = ("json_schema", "ebnf", "structural_tag")
 _SAMPLING_DEFAULTS: dict[str, Any] = {
     "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
     "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None,
@@ -400,7 +404,8 @@ class Standin:
         result: GenerationResult = task.result()
         finish = _finish(result.finish_reason, result.token_ids)
         version = self.version_names[result.weight_version]
-        return Reply(200, self._output(rid, request, result.token_ids, result.logprobs, finish, version, body))
+        return Reply(200, self._output(rid, request, result.token_ids, result.logprobs, finish, version, body,
+                                       result.top_logprobs))
 
     async def _events(self, rid: str, request: GenerationRequest, body: dict) -> AsyncIterator[bytes]:
         """The event stream of one request (module docstring)."""
@@ -415,6 +420,7 @@ class Standin:
         self.inflight[rid] = task
         ids: list[int] = []
         logprobs: list[float] = []
+        tops: list = []
         sent = 0
         try:
             while True:
@@ -436,13 +442,15 @@ class Standin:
                         continue
                     ids += chunk.token_ids
                     logprobs += chunk.logprobs
+                    tops += chunk.top_logprobs
                     if chunk.last:
                         finish = _finish(chunk.finish_reason, ids)
                         version = self.version_names[chunk.weight_version]
                 if finish is None and len(ids) == sent:
                     continue
                 start = sent if self.opts.incremental_streaming else 0
-                event = self._output(rid, request, ids[start:], logprobs[start:], finish, version, body)
+                event = self._output(rid, request, ids[start:], logprobs[start:], finish, version, body,
+                                     tops[start:])
                 event["meta_info"]["completion_tokens"] = len(ids)
                 yield _sse(event)
                 sent = len(ids)
@@ -470,8 +478,11 @@ class Standin:
         os._exit(1)
 
     def _request(self, body: dict) -> GenerationRequest:
-        if body.get("top_logprobs_num") or body.get("return_text_in_logprobs"):
-            raise BadRequest("top_logprobs_num / return_text_in_logprobs are not supported by the stand-in")
+        if body.get("return_text_in_logprobs"):
+            raise BadRequest("return_text_in_logprobs is not supported by the stand-in")
+        top = body.get("top_logprobs_num") or 0
+        if not isinstance(top, int) or isinstance(top, bool) or top < 0:
+            raise BadRequest(f"top_logprobs_num must be a non-negative integer, got {top!r}")
         if "input_ids" in body and body["input_ids"] is not None:
             ids = body["input_ids"]
             if ids and isinstance(ids[0], list):
@@ -498,6 +509,16 @@ class Standin:
         temperature = float(sp.get("temperature", 1.0))
         top_k = int(sp.get("top_k", -1))
         seed = sp.get("sampling_seed")
+        grammars = [key for key in _CONSTRAINT_FIELDS if sp.get(key) is not None]
+        if len(grammars) > 1:
+            raise BadRequest("Only one of regex, json_schema, ebnf or structural_tag can be set")
+        constraint = None
+        if grammars:
+            spec = sp[grammars[0]]
+            if not isinstance(spec, str):
+                raise BadRequest(f"{grammars[0]} must be a string")
+            constraint = (Constraint("json_object") if spec == "$$ANY$$"  # xgrammar_backend's any-JSON
+                          else Constraint(grammars[0], spec))
         try:
             sampling = SamplingParams(
                 temperature=0.0 if temperature < 1e-6 else temperature,  # SGLang: greedy
@@ -507,13 +528,15 @@ class Standin:
                 stop_token_ids=tuple(_int_list(sp.get("stop_token_ids") or [], "stop_token_ids")),
                 seed=None if seed is None else int(seed),
                 ignore_eos=bool(sp.get("ignore_eos", False)),
+                top_logprobs=top,
+                constraint=constraint,
             )
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"bad sampling_params: {exc}") from None
         return GenerationRequest(tuple(prompt), sampling)
 
     def _output(self, rid: str, request: GenerationRequest, ids, logprobs, finish: dict,
-                version: str, body: dict) -> dict:
+                version: str, body: dict, top_logprobs=()) -> dict:
         """A /generate answer as SGLang 0.5.23 builds it (paths in the wheel, ``sglang/srt/...``):
         ``{"output_ids", "meta_info"}`` for a server without a tokenizer
         (``managers/tokenizer_manager.py:2706``, ``"text"`` added with one, :2666); ``meta_info``
@@ -521,7 +544,9 @@ class Standin:
         ``weight_version`` at :2508-2511; ``completion_tokens``, ``cached_tokens`` at :2556-2557)
         and, with ``return_logprob``, ``add_logprob_to_meta_info`` (:2868-2869) whose triples are
         ``detokenize_logprob_tokens``' ``(logprob, token_id, None)`` (:3104-3108). A subset of
-        SGLang's keys: ``tests/test_sglang_upstream.py`` checks them against that source."""
+        SGLang's keys: ``tests/test_sglang_upstream.py`` checks them against that source. With
+        ``top_logprobs_num``, ``meta_info.output_top_logprobs``: per output token a list of
+        ``(logprob, token_id, None)``, most likely first (``detokenize_top_logprobs_tokens``)."""
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": finish,
@@ -533,6 +558,10 @@ class Standin:
         if body.get("return_logprob"):
             meta["input_token_logprobs"] = []
             meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(logprobs, ids)]
+            if body.get("top_logprobs_num"):
+                meta["input_top_logprobs"] = []
+                meta["output_top_logprobs"] = [[[float(lp), int(t), None] for t, lp in top]
+                                               for top in top_logprobs]
         out: dict[str, Any] = {"output_ids": list(ids), "meta_info": meta}
         if self.tokenizer is not None:
             out["text"] = self.tokenizer.decode(list(ids))

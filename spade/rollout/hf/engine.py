@@ -55,6 +55,7 @@ class HFEngine(BatchScheduler, RolloutEngine):
     ``max_context_tokens``: prompt plus completion limit (default: the config's
     ``max_position_embeddings``). ``prefill_chunk_tokens``: padded prompt tokens per prefill forward
     (rows are computed in groups; 0: every row at once), see ``scheduler``'s docstring.
+    ``return_routed_experts``: every result carries its routing (``.routing``), whatever the request.
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class HFEngine(BatchScheduler, RolloutEngine):
         eos_token_ids: Optional[Sequence[int]] = None,
         max_context_tokens: Optional[int] = None,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        return_routed_experts: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -98,6 +100,14 @@ class HFEngine(BatchScheduler, RolloutEngine):
         )
         self.max_batch_size = max_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        # every result carries its routed experts (loss.routing_replay: rollout), as if each request asked
+        self.return_routed_experts = return_routed_experts
+        if return_routed_experts:
+            from .routing import is_moe
+
+            if not is_moe(self.model):
+                raise ValueError("return_routed_experts (loss.routing_replay: rollout) needs a mixture-of-experts "
+                                 f"model; {type(self.model).__name__} has no router")
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.stats = HFEngineStats()
         self._weight_version = 0
@@ -132,7 +142,8 @@ class HFEngine(BatchScheduler, RolloutEngine):
             while not future.done():
                 if len(sink.tokens) > sent:
                     new = len(sink.tokens)
-                    yield GenerationChunk(tuple(sink.tokens[sent:new]), tuple(sink.logprobs[sent:new]))
+                    yield GenerationChunk(tuple(sink.tokens[sent:new]), tuple(sink.logprobs[sent:new]),
+                                          top_logprobs=tuple(sink.top_logprobs[sent:new]))
                     sent = new
                     continue
                 sink.changed.clear()
@@ -140,7 +151,8 @@ class HFEngine(BatchScheduler, RolloutEngine):
             result = future.result()
             # the result holds every token, whether or not its hand-over has run yet
             yield GenerationChunk(result.token_ids[sent:], result.logprobs[sent:],
-                                  result.finish_reason, result.weight_version)
+                                  result.finish_reason, result.weight_version,
+                                  result.top_logprobs[sent:])
         finally:
             if not future.done():
                 future.cancel()  # the worker ends the row at its next step

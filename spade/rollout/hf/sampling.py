@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..engine import SamplingParams
+from ..engine import SamplingParams, TopLogprobs
 
 
 def choose_token(logp: Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
@@ -39,3 +39,15 @@ def choose_token(logp: Tensor, sampling: SamplingParams, generator: torch.Genera
         weights[ids] = torch.softmax(values, dim=0)
     noise = torch.empty_like(logp).exponential_(generator=generator)
     return int(torch.argmax(weights / noise))
+
+
+def top_alternatives(logp: Tensor, count: int) -> TopLogprobs:
+    """The ``count`` most likely tokens of ``logp`` as (id, log-prob), log-prob descending and ties
+    by the smaller id (``torch.topk`` leaves the order of equal values unspecified): every token
+    at least as likely as the ``count``-th is sorted stably by value, then cut to ``count``."""
+    count = min(count, logp.numel())
+    threshold = torch.topk(logp, count).values[-1]
+    candidates = torch.nonzero(logp >= threshold).flatten()  # ascending ids
+    order = torch.sort(logp[candidates], descending=True, stable=True).indices[:count]
+    ids = candidates[order]
+    return tuple(zip(ids.tolist(), logp[ids].tolist()))

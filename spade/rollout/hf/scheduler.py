@@ -58,10 +58,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..engine import FinishReason, GenerationRequest, GenerationResult
-from .sampling import choose_token
+from ..engine import FinishReason, GenerationRequest, GenerationResult, TopLogprobs
+from .sampling import choose_token, top_alternatives
 
 if TYPE_CHECKING:  # the cache modules import transformers, which this module loads only when used
+    from .grammar import GrammarCompilerCache, GrammarState
     from ...rl.routing_record import RoutedExperts
     from .kv_cache import SharedPrefix
 
@@ -94,17 +95,20 @@ class _Sink:
         self.loop = loop
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.top_logprobs: list[TopLogprobs] = []
         self.changed = asyncio.Event()
 
-    def _append(self, token: int, logprob: float) -> None:
+    def _append(self, token: int, logprob: float, top: Optional[TopLogprobs]) -> None:
         self.tokens.append(token)
         self.logprobs.append(logprob)
+        if top is not None:
+            self.top_logprobs.append(top)
         self.changed.set()
 
-    def send(self, token: int, logprob: float) -> None:
+    def send(self, token: int, logprob: float, top: Optional[TopLogprobs] = None) -> None:
         """Called from the worker thread."""
         try:
-            self.loop.call_soon_threadsafe(self._append, token, logprob)
+            self.loop.call_soon_threadsafe(self._append, token, logprob, top)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
@@ -127,6 +131,8 @@ class _Row:
     stop_ids: frozenset[int]
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # only when the request asks
+    grammar: Optional["GrammarState"] = None  # a constrained request's matcher (.grammar)
     finish: Optional[FinishReason] = None
 
 
@@ -290,7 +296,8 @@ class BatchScheduler:
         """Hand the finished rows' results to their callers on the event loop (worker thread)."""
         for row in batch.finished:
             result = GenerationResult(row.tokens, row.logprobs, row.finish or "abort", batch.version,
-                                      routed_experts=self._routed_experts(row))
+                                      routed_experts=self._routed_experts(row),
+                                      top_logprobs=tuple(row.top_logprobs))
             future = row.pending.future
             try:
                 future.get_loop().call_soon_threadsafe(_settle, future, result)
@@ -301,7 +308,8 @@ class BatchScheduler:
     def _routed_experts(self, row: _Row) -> Optional["RoutedExperts"]:
         """The row's routing when its request asked for it (``.routing``: one more prefill with the
         weights that generated it, before the hand-over)."""
-        if not row.pending.request.sampling.return_routed_experts or row.finish is None:
+        asked = row.pending.request.sampling.return_routed_experts or getattr(self, "return_routed_experts", False)
+        if not asked or row.finish is None:
             return None
         from .routing import capture_routed_experts
 
@@ -312,12 +320,26 @@ class BatchScheduler:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(item.seed)
         room = self.max_context_tokens - len(item.request.prompt_ids)
+        grammar = None
+        if sampling.constraint is not None:
+            grammar = self._grammars().start(sampling.constraint)
         return _Row(
             pending=item,
             generator=generator,
             limit=min(sampling.max_new_tokens, room),
             stop_ids=frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self.eos_token_ids),
+            grammar=grammar,
         )
+
+    def _grammars(self) -> "GrammarCompilerCache":
+        """The engine's grammar compiler (built on the first constrained request)."""
+        cache = getattr(self, "_grammar_cache", None)
+        if cache is None:
+            from .grammar import GrammarCompilerCache
+
+            cache = self._grammar_cache = GrammarCompilerCache(
+                self.tokenizer, int(self.model.config.vocab_size), sorted(self.eos_token_ids))
+        return cache
 
     def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: Any,
                  prefix: Optional["SharedPrefix"] = None) -> Tensor:
@@ -545,18 +567,28 @@ class BatchScheduler:
             [row.pending.request.sampling.logprob_temperature for row in rows],
             dtype=torch.float32, device=logits.device,
         )
-        logp = torch.log_softmax(logits.float() / temperatures.unsqueeze(1), dim=-1)
+        logits = logits.float()
+        for i, row in enumerate(rows):
+            if row.grammar is not None:  # constrained: only the grammar's tokens (engine docstring)
+                logits[i] = row.grammar.mask(logits[i])
+        logp = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
         aborting = self._abort.is_set()
         chosen: list[int] = []
         for row, row_logp in zip(rows, logp):
-            token = choose_token(row_logp, row.pending.request.sampling, row.generator)
+            sampling = row.pending.request.sampling
+            token = choose_token(row_logp, sampling, row.generator)
             chosen.append(token)
             row.tokens.append(token)
             row.logprobs.append(float(row_logp[token]))
+            top = top_alternatives(row_logp, sampling.top_logprobs) if sampling.top_logprobs else None
+            if top is not None:
+                row.top_logprobs.append(top)
             self.stats.generated_tokens += 1
             if row.pending.sink is not None:
-                row.pending.sink.send(token, row.logprobs[-1])
-            if token in row.stop_ids:
+                row.pending.sink.send(token, row.logprobs[-1], top)
+            if row.grammar is not None and row.grammar.accept(token):
+                row.finish = "stop"  # the grammar is complete (it accepted an end token)
+            elif token in row.stop_ids:
                 row.finish = "stop"
             elif len(row.tokens) >= row.limit:
                 row.finish = "length"

@@ -181,7 +181,7 @@ def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = Fal
         sampling["sampling_seed"] = int(s.seed)
     if s.ignore_eos:
         sampling["ignore_eos"] = True
-    return {
+    payload = {
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,
         "rid": str(rid),
@@ -189,6 +189,9 @@ def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = Fal
         "logprob_start_len": -1,  # log-probs of output tokens only
         "stream": bool(stream),
     }
+    if s.top_logprobs:
+        payload["top_logprobs_num"] = int(s.top_logprobs)  # -> meta_info.output_top_logprobs
+    return payload
 
 
 def _field(obj: Mapping[str, Any], name: str, where: str) -> Any:
@@ -311,6 +314,35 @@ def _output_logprobs(triples: Any, ids: Sequence[int], start: int) -> list[float
     return logprobs
 
 
+def _output_top_logprobs(entries: Any, count: int, start: int, wanted: int) -> tuple:
+    """Each output token's alternatives from ``meta_info.output_top_logprobs`` (SGLang 0.5.23,
+    ``TokenizerManager.detokenize_top_logprobs_tokens``: per token a list of ``[logprob,
+    token_id, text]``, most likely first, or null), as ``(token_id, logprob)`` tuples; ``()``
+    when none were asked for (``wanted`` 0). ``start``: the index of the first entry (errors)."""
+    if not wanted:
+        return ()
+    where = "SGLang /generate response: meta_info.output_top_logprobs"
+    if not isinstance(entries, list) or len(entries) != count:
+        raise SGLangProtocolError(f"{where} must be a list with one entry per output token "
+                                  f"({count}), got {entries!r:.200}")
+    out = []
+    for i, entry in enumerate(entries):
+        if entry is None:
+            out.append(())
+            continue
+        if not isinstance(entry, list):
+            raise SGLangProtocolError(f"{where}[{start + i}] must be a list, got {entry!r:.200}")
+        pairs = []
+        for triple in entry:
+            if not (isinstance(triple, (list, tuple)) and len(triple) >= 2
+                    and isinstance(triple[0], (int, float)) and isinstance(triple[1], int)):
+                raise SGLangProtocolError(f"{where}[{start + i}] entries must be [logprob, "
+                                          f"token_id, text], got {triple!r:.200}")
+            pairs.append((int(triple[1]), float(triple[0])))
+        out.append(tuple(pairs[:wanted]))
+    return tuple(out)
+
+
 def _result_version(meta: Mapping[str, Any], default: int) -> int:
     newest = parse_weight_version(meta.get("weight_version"), default)
     oldest = parse_weight_versions(meta.get("weight_versions"), default)
@@ -365,6 +397,8 @@ def parse_generate_response(
         logprobs=tuple(logprobs),
         finish_reason=finish,
         weight_version=_result_version(meta, default_weight_version),
+        top_logprobs=_output_top_logprobs(meta.get("output_top_logprobs"), len(output_ids), 0,
+                                          request.sampling.top_logprobs),
     )
 
 
@@ -446,6 +480,14 @@ class StreamProgress:
             elif len(triples) == self.seen + len(new):
                 triples = triples[self.seen:]
         logprobs = _output_logprobs(triples, new, self.seen)
+        top = self.request.sampling.top_logprobs
+        tops = meta.get("output_top_logprobs") if top else None
+        if isinstance(tops, list):  # cumulative or incremental, like output_token_logprobs
+            if len(tops) == len(output_ids):
+                tops = tops[start:]
+            elif len(tops) == self.seen + len(new):
+                tops = tops[self.seen:]
+        top_logprobs = _output_top_logprobs(tops, len(new), self.seen, top)
         self.seen += len(new)
         if self.seen > self.request.sampling.max_new_tokens:
             raise SGLangProtocolError(
@@ -453,7 +495,7 @@ class StreamProgress:
                 f"{self.request.sampling.max_new_tokens}"
             )
         if raw_finish is None:
-            return GenerationChunk(tuple(new), tuple(logprobs))
+            return GenerationChunk(tuple(new), tuple(logprobs), top_logprobs=top_logprobs)
         self.finished = True
         return GenerationChunk(tuple(new), tuple(logprobs), parse_finish_reason(raw_finish),
-                               _result_version(meta, self.default_weight_version))
+                               _result_version(meta, self.default_weight_version), top_logprobs)
