@@ -92,3 +92,42 @@ def test_hf_engine_returns_the_routing_of_every_prompt_and_generated_token_share
         assert routed.array.shape == (len(sequence) - 1, 2, 2) and routed.array.dtype == np.uint8
         got = routed.to_tensor().sort(dim=-1).values
         assert torch.equal(got, reference_routing(model, sequence))
+
+
+def test_an_engine_set_to_record_routes_every_request_and_refuses_a_dense_model():
+    """``loss.routing_replay: rollout`` builds the hf engine with ``return_routed_experts=True``."""
+    with pytest.raises(ValueError, match="routing_replay: rollout.*mixture-of-experts"):
+        HFEngine(tiny_model("qwen3"), return_routed_experts=True)
+    model = tiny_model("qwen3-moe")
+    engine = HFEngine(model, eos_token_ids=(), return_routed_experts=True)
+    try:
+        [result] = generate(engine, [PROMPTS[2]], lambda i: SamplingParams(temperature=0.0, max_new_tokens=3))
+    finally:
+        engine.close()
+    sequence = [*PROMPTS[2], *result.token_ids]
+    assert torch.equal(result.routed_experts.to_tensor().sort(dim=-1).values, reference_routing(model, sequence))
+
+
+def test_the_conversation_keeps_the_newest_record_and_the_trajectory_carries_it():
+    from hf_fixtures import make_tokenizer
+    from spade.rollout.conversation import Conversation
+    from spade.selfplay.trajectories import trajectory_of
+
+    tokenizer = make_tokenizer()
+    conversation = Conversation(tokenizer, [{"role": "user", "content": "hello world"}], max_context_tokens=200)
+
+    def record(tokens: int) -> RoutedExperts:
+        return RoutedExperts.from_ids(torch.randint(0, 4, (tokens, 2, 2)), num_experts=4)
+
+    reply = tokenizer.convert_tokens_to_ids(["yes", "<|im_end|>"])
+    first = record(len(conversation.token_ids) + 1)
+    conversation.append_generated(reply, [-0.1, -0.2], routed_experts=first)
+    conversation.append_messages([{"role": "user", "content": "what now"}])
+    with pytest.raises(ValueError, match="routed_experts covers 3 tokens"):
+        conversation.append_generated(reply, [-0.1, -0.2], routed_experts=record(3))
+    before = len(conversation.token_ids)
+    second = record(before + 1)
+    conversation.append_generated(reply, [-0.1, -0.2], routed_experts=second)
+    trajectory = trajectory_of(conversation, logprob_temperature=1.0)
+    assert trajectory.routed_experts == second  # covers the first turn too
+    assert trajectory.routed_experts.num_tokens == len(trajectory.token_ids) - 1
