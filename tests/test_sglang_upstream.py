@@ -539,13 +539,19 @@ def parse_server_argv(sg: upstream.SGLang, argv: list[str]) -> Any:
 
 
 def test_the_launch_flags_of_every_sglang_recipe_parse_with_server_args(sg):
+    from spade.rl.routing_record import RoutingShape
+
     recipes = _sglang_recipes()
     assert len(recipes) >= 3, "no recipe runs SGLang: the check below would check nothing"
     for name, s in recipes:
         plan = ServerPlan(index=0, url="http://127.0.0.1:1", port=s.port + 1, base_gpu=s.tp * s.dp)
-        deployment = types.SimpleNamespace(settings=s, model_dir=Path("/models/m"), python="python")
+        deployment = types.SimpleNamespace(settings=s, model_dir=Path("/models/m"), python="python", routing=None)
         argv = SGLangDeployment.server_argv(deployment, plan)
         args = parse_server_argv(sg, argv)
+        assert not args.enable_return_routed_experts, name
+        # loss.routing_replay: rollout (issue 27) adds SGLang's own flag for routed experts
+        deployment.routing = RoutingShape(num_layers=48, top_k=8, num_experts=128)
+        assert parse_server_argv(sg, SGLangDeployment.server_argv(deployment, plan)).enable_return_routed_experts
         assert (args.model_path, args.tp_size, args.ep_size, args.dp_size) == ("/models/m", s.tp, s.ep, s.dp), name
         assert args.mem_fraction_static == s.mem_fraction and (args.host, args.port) == (s.host, s.port + 1), name
         assert args.base_gpu_id == s.tp * s.dp and args.enable_memory_saver and args.skip_tokenizer_init, name

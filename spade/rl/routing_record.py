@@ -130,3 +130,36 @@ class RoutedExperts:
 def bytes_per_token(num_layers: int, top_k: int, num_experts: int) -> int:
     """Memory of one token's record: ``layers * top_k * itemsize``."""
     return num_layers * top_k * np.dtype(expert_dtype(num_experts)).itemsize
+
+
+@dataclass(frozen=True)
+class RoutingShape:
+    """What an engine's routing answer means: every decoder layer (``num_hidden_layers``), the
+    router's ``top_k`` (``num_experts_per_tok``) of ``num_experts``."""
+
+    num_layers: int
+    top_k: int
+    num_experts: int
+
+    @classmethod
+    def of_hf_config(cls, config: Mapping[str, Any]) -> "RoutingShape":
+        """From a Hugging Face MoE ``config.json`` (Qwen3-MoE's key names; transformers 5 writes
+        ``num_local_experts`` for ``num_experts``)."""
+        experts = config.get("num_experts") or config.get("num_local_experts")
+        missing = [k for k in ("num_hidden_layers", "num_experts_per_tok") if not config.get(k)]
+        missing += [] if experts else ["num_experts"]
+        if missing:
+            raise ValueError(f"loss.routing_replay: rollout needs a mixture-of-experts model; its config has no "
+                             f"{', '.join(missing)}")
+        return cls(int(config["num_hidden_layers"]), int(config["num_experts_per_tok"]), int(experts))
+
+    def decode_sglang(self, value: str, tokens: int) -> RoutedExperts:
+        """SGLang 0.5.23's ``meta_info["routed_experts"]``: base64 of the int32 ids of the positions
+        ``[0, seqlen - 1)``, shaped ``[tokens, num_hidden_layers, top_k]`` (``state_capturer/
+        routed_experts.py``; ``tokenizer_manager.py`` encodes with ``pybase64.b64encode(t.numpy()
+        .tobytes())``); ``tokens`` is the expected row count."""
+        record = RoutedExperts.from_bytes(base64.b64decode(value), source_dtype="int32", num_layers=self.num_layers,
+                                          top_k=self.top_k, num_experts=self.num_experts)
+        if record.num_tokens != tokens:
+            raise ValueError(f"routed_experts has {record.num_tokens} tokens, expected prompt + output - 1 = {tokens}")
+        return record

@@ -168,9 +168,13 @@ class Trainer:
     def _sglang_manager(self) -> SGLangRolloutManager:
         from ..rollout.sglang.deployment import SGLangDeployment
 
+        from ..rl.routing_record import RoutingShape
+
+        replay = self.config.loss.routing_replay == "rollout"
         deployment = SGLangDeployment(self.config.engine.sglang, model_dir=self.hf_dir,
                                       log_dir=self.run_dir.root / "logs", device=self.ctx.device,
-                                      local_rank=self.ctx.local_rank)
+                                      local_rank=self.ctx.local_rank,
+                                      routing=RoutingShape.of_hf_config(self.hf_config) if replay else None)
         return SGLangRolloutManager(deployment, is_main=self.is_main, device=self.ctx.device)
 
     def _hf_engine(self):

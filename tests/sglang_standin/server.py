@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -147,6 +148,7 @@ class Options:
     incremental_streaming: bool
     die_after_generates: Optional[int]
     die_once_file: Optional[str]
+    return_routed_experts: bool = False  # --enable-return-routed-experts
     ignored: list[str] = field(default_factory=list)
 
 
@@ -160,6 +162,7 @@ def parse_args(argv: Optional[list[str]] = None) -> Options:
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--enable-weights-cpu-backup", action="store_true")
     p.add_argument("--incremental-streaming-output", action="store_true")
+    p.add_argument("--enable-return-routed-experts", action="store_true")
     # accepted and ignored (they change nothing on one CPU)
     p.add_argument("--ep-size", "--expert-parallel-size", type=int, default=1)
     p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
@@ -174,6 +177,7 @@ def parse_args(argv: Optional[list[str]] = None) -> Options:
         weight_version=str(args.weight_version), skip_tokenizer_init=args.skip_tokenizer_init,
         weights_cpu_backup=args.enable_weights_cpu_backup,
         incremental_streaming=args.incremental_streaming_output,
+        return_routed_experts=args.enable_return_routed_experts,
         die_after_generates=int(die_after) if die_after else None,
         die_once_file=os.environ.get("SPADE_STANDIN_DIE_ONCE_FILE") or None,
         ignored=unknown,
@@ -405,7 +409,7 @@ class Standin:
         finish = _finish(result.finish_reason, result.token_ids)
         version = self.version_names[result.weight_version]
         return Reply(200, self._output(rid, request, result.token_ids, result.logprobs, finish, version, body,
-                                       result.top_logprobs))
+                                       result.top_logprobs, result.routed_experts))
 
     async def _events(self, rid: str, request: GenerationRequest, body: dict) -> AsyncIterator[bytes]:
         """The event stream of one request (module docstring)."""
@@ -529,6 +533,8 @@ class Standin:
                 seed=None if seed is None else int(seed),
                 ignore_eos=bool(sp.get("ignore_eos", False)),
                 top_logprobs=top,
+                # SGLang answers it only with --enable-return-routed-experts (else no capturer, no key)
+                return_routed_experts=bool(body.get("return_routed_experts")) and self.opts.return_routed_experts,
                 constraint=constraint,
             )
         except (TypeError, ValueError) as exc:
@@ -536,7 +542,7 @@ class Standin:
         return GenerationRequest(tuple(prompt), sampling)
 
     def _output(self, rid: str, request: GenerationRequest, ids, logprobs, finish: dict,
-                version: str, body: dict, top_logprobs=()) -> dict:
+                version: str, body: dict, top_logprobs=(), routed_experts=None) -> dict:
         """A /generate answer as SGLang 0.5.23 builds it (paths in the wheel, ``sglang/srt/...``):
         ``{"output_ids", "meta_info"}`` for a server without a tokenizer
         (``managers/tokenizer_manager.py:2706``, ``"text"`` added with one, :2666); ``meta_info``
@@ -546,7 +552,12 @@ class Standin:
         ``detokenize_logprob_tokens``' ``(logprob, token_id, None)`` (:3104-3108). A subset of
         SGLang's keys: ``tests/test_sglang_upstream.py`` checks them against that source. With
         ``top_logprobs_num``, ``meta_info.output_top_logprobs``: per output token a list of
-        ``(logprob, token_id, None)``, most likely first (``detokenize_top_logprobs_tokens``)."""
+        ``(logprob, token_id, None)``, most likely first (``detokenize_top_logprobs_tokens``).
+        With ``return_routed_experts`` on a server started with ``--enable-return-routed-experts``,
+        ``meta_info.routed_experts``: base64 of the int32 ``[prompt + output - 1, layers, top_k]``
+        ids (``tokenizer_manager.py``: ``pybase64.b64encode(val.numpy().tobytes())``); the hf
+        engine reads them from transformers' routers. Without the flag SGLang has no capturer and
+        answers without the key, as here."""
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": finish,
@@ -562,6 +573,9 @@ class Standin:
                 meta["input_top_logprobs"] = []
                 meta["output_top_logprobs"] = [[[float(lp), int(t), None] for t, lp in top]
                                                for top in top_logprobs]
+        if routed_experts is not None:
+            ids32 = routed_experts.to_tensor().to(torch.int32)
+            meta["routed_experts"] = base64.b64encode(ids32.numpy().tobytes()).decode("utf-8")
         out: dict[str, Any] = {"output_ids": list(ids), "meta_info": meta}
         if self.tokenizer is not None:
             out["text"] = self.tokenizer.decode(list(ids))

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from ...collectives import all_gather_object, barrier, broadcast_object, gather_object_to_0, in_thread, world
+from ...rl.routing_record import RoutingShape
 from .launcher import ServerLauncher, ServerStartError, sglang_argv
 from .engine import SGLangEngine
 from .settings import SGLangSection
@@ -152,8 +153,9 @@ class SGLangDeployment:
     """The job's SGLang servers as seen from one training process (see the module docstring)."""
 
     def __init__(self, settings: SGLangSection, *, model_dir: Path, log_dir: Path, device: torch.device,
-                 local_rank: int, python: Optional[str] = None):
+                 local_rank: int, python: Optional[str] = None, routing: Optional[RoutingShape] = None):
         self.settings = settings
+        self.routing = routing  # routing replay: servers return every request's routed experts
         self.model_dir = Path(model_dir)
         self.log_dir = Path(log_dir)
         self.device = device
@@ -182,7 +184,8 @@ class SGLangDeployment:
         s = self.settings
         return sglang_argv(self.model_dir, tp=s.tp, ep=s.ep, dp=s.dp, mem_fraction=s.mem_fraction, port=plan.port,
                            host=s.host, extra_args={"base_gpu_id": plan.base_gpu, **s.server_args},
-                           python=self.python, command=s.server_command or None)
+                           python=self.python, command=s.server_command or None,
+                           return_routed_experts=self.routing is not None)
 
     async def start(self) -> None:
         """Every rank: place the servers, launch this node's, and (rank 0) open the engine."""
@@ -218,7 +221,8 @@ class SGLangDeployment:
         if self.is_main:
             self.engine = SGLangEngine([p.url for p in self.plans], max_retries=s.max_retries,
                                        request_timeout_s=s.request_timeout_s, on_server_failure=self._on_failure,
-                                       weight_updater=IpcWeightUpdater(max_bucket_bytes=s.bucket_mb << 20))
+                                       weight_updater=IpcWeightUpdater(max_bucket_bytes=s.bucket_mb << 20),
+                                       routing=self.routing)
             if self.method == "broadcast":
                 await self._connect_broadcast()
 

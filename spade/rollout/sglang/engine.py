@@ -66,6 +66,7 @@ from torch import Tensor
 
 from ..engine import (EngineClosed, GenerationChunk, GenerationRequest, GenerationResult, GenerationStats,
                       RolloutEngine)
+from ...rl.routing_record import RoutingShape
 from . import control_protocol as control
 from . import protocol as proto
 from .http_client import HTTPClient, Peer, RequestTimeout, StreamEnd, TransportError, parse_url
@@ -121,6 +122,7 @@ class SGLangEngine(RolloutEngine):
         weight_updater: Optional[WeightUpdater] = None,
         initial_weight_version: int = 0,
         on_server_failure: Optional[FailureHook] = None,
+        routing: Optional[RoutingShape] = None,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
@@ -140,6 +142,8 @@ class SGLangEngine(RolloutEngine):
         self.max_affinity_keys = max_affinity_keys
         self.weight_updater = weight_updater
         self.on_server_failure = on_server_failure
+        # routing replay: every request asks for its routed experts, decoded with this shape
+        self.routing = routing
         self._weight_version = int(initial_weight_version)
         self.stats = ClientStats()
         self._busy_since = 0.0
@@ -259,10 +263,16 @@ class SGLangEngine(RolloutEngine):
             f"{last_error}"
         ) from last_error
 
+    def _routing_for(self, request: GenerationRequest) -> Optional[RoutingShape]:
+        if self.routing is None and request.sampling.return_routed_experts:
+            raise ValueError("return_routed_experts: build SGLangEngine(routing=RoutingShape...) to decode the answer")
+        return self.routing
+
     async def generate_with_affinity(
         self, request: GenerationRequest, affinity: Optional[str]
     ) -> GenerationResult:
         """``generate`` pinned by ``affinity`` (e.g. an episode id) to one server while it is healthy."""
+        routing = self._routing_for(request)
         await self._admitted()
         last_error: Optional[BaseException] = None
         tried: set[int] = set()
@@ -272,7 +282,7 @@ class SGLangEngine(RolloutEngine):
                 break
             rid = uuid.uuid4().hex
             version = self._weight_version
-            payload = proto.generate_payload(request, rid)
+            payload = proto.generate_payload(request, rid, return_routed_experts=self.routing is not None)
             server = self.servers[idx]
             self._begin(server)
             task = asyncio.ensure_future(
@@ -298,7 +308,8 @@ class SGLangEngine(RolloutEngine):
                 self._end(server, rid)
             if status >= 400 and not (isinstance(data, dict) and "error" in data):
                 raise proto.SGLangServerError(f"SGLang /generate failed with HTTP {status}: {data!r}")
-            result = proto.parse_generate_response(data, request, default_weight_version=version)
+            result = proto.parse_generate_response(data, request, default_weight_version=version,
+                                                   routing=routing)
             self.stats.requests += 1
             self.stats.generated_tokens += len(result.token_ids)
             self.stats.prompt_tokens += len(request.prompt_ids)

@@ -317,6 +317,7 @@ def sglang_argv(
     extra_args: Union[Mapping[str, Any], Sequence[str], None] = None,
     python: str = sys.executable,
     command: Optional[Sequence[str]] = None,
+    return_routed_experts: bool = False,
 ) -> list[str]:
     """The ``python -m sglang.launch_server`` command line for one colocated rollout server
     (``command``, when given, replaces ``python -m sglang.launch_server``: a wrapper, the tests'
@@ -337,7 +338,9 @@ def sglang_argv(
     sglang.launch_server`` still works in 0.5.23 (it warns that ``sglang serve`` is the
     recommended entry point). Keep ``dp == 1`` when weights are synced: 0.5.23 refuses
     ``/init_weights_update_group`` and ``/update_weights_from_*`` on a server with ``--dp-size``
-    above 1.
+    above 1. ``return_routed_experts`` (``loss.routing_replay: rollout``) adds
+    ``--enable-return-routed-experts`` (``exec_.py``): the server can then answer requests with their
+    routed experts (``protocol``'s docstring).
     """
     argv = [
         *(command or (python, "-m", "sglang.launch_server")),
@@ -351,4 +354,6 @@ def sglang_argv(
         "--host", host,
         "--skip-tokenizer-init",
     ]
+    if return_routed_experts:
+        argv.append("--enable-return-routed-experts")
     return argv + extra_argv(extra_args)

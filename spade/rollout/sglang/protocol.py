@@ -67,6 +67,15 @@ Weight updates need a session in 0.5.23: ``/update_weights_from_tensor`` and
 (``srt/managers/scheduler_components/weight_updater.py``). ``/init_weights_update_group``,
 ``/update_weights_from_*`` refuse servers started with ``--dp-size > 1`` (an assertion: HTTP 500).
 
+Routed experts (routing replay, ``loss.routing_replay: rollout``): a server started with
+``--enable-return-routed-experts`` (``arg_groups/fields/exec_.py``) answers a body with
+``"return_routed_experts": true`` (``io_struct.GenerateReqInput``) with ``meta_info.routed_experts``:
+base64 of the int32 expert ids of positions ``[routed_experts_start_len, seqlen - 1)`` (start 0 by
+default: every prompt and output token but the last), ``[tokens, num_hidden_layers, top_k]``
+(``state_capturer/routed_experts.py``, ``tokenizer_manager.py``). The ids come from the token
+slots of the KV cache, so tokens served from the prefix cache keep the routing they were computed
+with. A server without the flag silently returns no field, which ``parse_generate_response`` refuses.
+
 Which log-probs SGLang returns (``srt/layers/sampler.py``, ``Sampler.forward``): on the default
 path the log of ``softmax(logits / T)`` over the full vocabulary, taken before top-k/top-p
 filtering (the filters work on copies), the distribution ``spade.rollout.engine`` specifies (details there).
@@ -80,6 +89,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from ..engine import FinishReason, GenerationChunk, GenerationRequest, GenerationResult
+from ...rl.routing_record import RoutedExperts, RoutingShape
 
 SGLANG_REFERENCE = (
     "sglang==0.5.23 (PyPI wheel): srt/entrypoints/http_server.py, srt/entrypoints/api_contract.py, "
@@ -157,7 +167,8 @@ def error_message(data: Any) -> Optional[str]:
 # ---------------------------------------------------------------------------------- /generate
 
 
-def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = False) -> dict[str, Any]:
+def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = False,
+                     return_routed_experts: bool = False) -> dict[str, Any]:
     """The ``/generate`` JSON body for one request (token ids in, log-probs of output tokens out;
     ``stream``: as server-sent events, see ``StreamProgress``).
 
@@ -191,6 +202,10 @@ def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = Fal
     }
     if s.top_logprobs:
         payload["top_logprobs_num"] = int(s.top_logprobs)  # -> meta_info.output_top_logprobs
+    if return_routed_experts or s.return_routed_experts:
+        # GenerateReqInput.return_routed_experts -> meta_info.routed_experts (a server started with
+        # --enable-return-routed-experts); routed_experts_start_len 0 (its default): every position
+        payload["return_routed_experts"] = True
     return payload
 
 
@@ -350,11 +365,13 @@ def _result_version(meta: Mapping[str, Any], default: int) -> int:
 
 
 def parse_generate_response(
-    data: Any, request: GenerationRequest, *, default_weight_version: int = 0
+    data: Any, request: GenerationRequest, *, default_weight_version: int = 0,
+    routing: Optional[RoutingShape] = None,
 ) -> GenerationResult:
     """A non-streaming ``/generate`` response for one request -> ``GenerationResult``.
 
-    ``default_weight_version`` is used when the server reports no numeric weight version. Raises
+    ``default_weight_version`` is used when the server reports no numeric weight version.
+    ``routing``: decode ``meta_info.routed_experts`` (routing replay; required then). Raises
     ``SGLangServerError`` for an error body and ``SGLangProtocolError`` naming the field for
     anything malformed.
     """
@@ -399,7 +416,25 @@ def parse_generate_response(
         weight_version=_result_version(meta, default_weight_version),
         top_logprobs=_output_top_logprobs(meta.get("output_top_logprobs"), len(output_ids), 0,
                                           request.sampling.top_logprobs),
+        routed_experts=None if routing is None else _routed_experts(meta, routing, request, output_ids),
     )
+
+
+def _routed_experts(meta: Mapping[str, Any], routing: RoutingShape, request: GenerationRequest,
+                    output_ids: Sequence[int]) -> Optional[RoutedExperts]:
+    value = meta.get("routed_experts")
+    if value is None:
+        if not output_ids:
+            return None
+        raise SGLangProtocolError("SGLang /generate response: no meta_info.routed_experts (was the server started "
+                                  "with --enable-return-routed-experts, which loss.routing_replay: rollout adds?)")
+    if not isinstance(value, str):
+        raise SGLangProtocolError(f"SGLang /generate response: meta_info.routed_experts must be a base64 string, "
+                                  f"got {type(value).__name__}")
+    try:
+        return routing.decode_sglang(value, len(request.prompt_ids) + len(output_ids) - 1)
+    except ValueError as exc:
+        raise SGLangProtocolError(f"SGLang /generate response: meta_info.routed_experts: {exc}") from None
 
 
 # ------------------------------------------------------------------- /generate, streaming
