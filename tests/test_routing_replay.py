@@ -221,3 +221,30 @@ def test_records_through_the_checkpointed_json_give_the_same_logprobs(setup):
                                                               packed=False))
     for a, b in zip(before, after):
         assert torch.equal(a, b)
+
+
+def test_routing_replay_is_on_in_every_30b_a3b_recipe_and_off_elsewhere():
+    from pathlib import Path
+
+    from spade.train_config import load_train_config
+
+    recipes = sorted((Path(__file__).resolve().parents[1] / "examples").rglob("*.yaml"))
+    seen = {"rollout": 0, "off": 0}
+    for path in recipes:
+        try:
+            config = load_train_config(path)
+        except Exception:  # not a train config (env specs, launch assets)
+            continue
+        moe_30b = "30B-A3B" in str(config.model.hf_dir)
+        assert config.loss.routing_replay == ("rollout" if moe_30b else "off"), path.name
+        seen[config.loss.routing_replay] += 1
+    assert seen["rollout"] >= 5 and seen["off"] >= 3, seen
+
+
+def test_replay_with_recompute_over_several_pipeline_stages_is_refused_by_name():
+    from megatron_patches.router_replay import check_supported
+
+    check_supported(pipeline_stages=1, recompute="full")
+    check_supported(pipeline_stages=2, recompute="none")
+    with pytest.raises(ValueError, match="loss.routing_replay: rollout .*pp=2, recompute='full'"):
+        check_supported(pipeline_stages=2, recompute="full")
