@@ -48,7 +48,7 @@ from spade.rollout.conversation import thinking_template_kwargs
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
 
 from ..agent import reasoning
-from . import protocol
+from . import protocol, responses
 from .http import Request, Response, StreamResponse
 from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
 from .streaming import ChatChoiceStream, ChoiceText, Delta, TokenLogprob
@@ -113,6 +113,7 @@ class ModelService:
             "/v1/models": ("GET", self._models),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/completions": ("POST", self._completions),
+            "/v1/responses": ("POST", self._responses),
         }
         path = request.path.rstrip("/") or "/"
         try:
@@ -331,6 +332,10 @@ class ModelService:
                 [prepared], request.sampling, events, usage if request.include_usage else None)) as rest:
             async for event in rest:
                 yield event
+
+    async def _responses(self, body: Any) -> Response | StreamResponse:
+        """The Responses API, translated to and from this chat endpoint (``responses``)."""
+        return await responses.create(body, self._chat, self.name)
 
     # ------------------------------------------------------------------ completions
 
