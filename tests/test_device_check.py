@@ -24,7 +24,8 @@ from device_check import PLAN, STAGE_NAMES  # noqa: E402  (tools/ is not a packa
 
 RECORD_KEYS = {"stage", "verdict", "seconds", "reason", "figures", "device", "kind"}
 # stages whose figure needs a GPU, and a word their reason must give
-SKIPPED_ON_CPU = {"ipc": "CUDA-IPC needs a CUDA GPU", "timeslice": "needs CUDA", "gpu_tests": "need CUDA"}
+SKIPPED_ON_CPU = {"ipc": "CUDA-IPC needs a CUDA GPU", "timeslice": "needs CUDA", "gpu_tests": "need CUDA",
+                  "routing_replay": "needs CUDA"}
 FIGURES = {  # keys each stage must report
     "env": {"torch", "packages", "absent", "import_failures"},
     "matmul": {"bf16_matmul_tflops", "device_copy_gb_s"},
@@ -35,6 +36,7 @@ FIGURES = {  # keys each stage must report
     "hf_engine": {"batch8_tokens_per_s", "batch32_tokens_per_s", "shared_prefix_tokens_per_s",
                   "shared_prefix_tokens_saved"},
     "train_step": {"tokens_per_s", "achieved_tflops", "step_s", "recompute"},
+    "routing_replay": {"tests", "skipped", "failures", "errors"},
     "gpu_tests": {"tests", "skipped", "failures", "errors"},
 }
 
@@ -87,7 +89,7 @@ def test_every_stage_runs_on_cpu_and_reports_a_verdict(tmp_path):
     assert train["tokens_per_s"] == pytest.approx(32 * 4 / train["step_s"], rel=0.05)  # step_s is rounded
     gpu_tests = by_stage["gpu_tests"]["figures"]
     assert gpu_tests["tests"] > 0 and gpu_tests["skipped"] == gpu_tests["tests"]
-    assert records[-1]["figures"]["counts"] == {"pass": 6, "fail": 0, "skipped": 3, "timeout": 0, "not run": 0}
+    assert records[-1]["figures"]["counts"] == {"pass": 6, "fail": 0, "skipped": 4, "timeout": 0, "not run": 0}
 
 
 def test_only_runs_the_chosen_stages_and_a_spent_budget_leaves_the_rest_not_run(tmp_path):

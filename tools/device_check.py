@@ -53,6 +53,7 @@ PLAN: tuple[StagePlan, ...] = (  # cheapest first; the test stage (no figures) l
     StagePlan("offload", 40, 150, 25),
     StagePlan("hf_engine", 50, 150, 25),
     StagePlan("train_step", 65, 180, 40),
+    StagePlan("routing_replay", 25, 120, 15),  # R3 routing replay (tests/test_gpu_routing_replay.py)
     StagePlan("gpu_tests", 75, 200, 30),
 )
 STAGE_NAMES = tuple(stage.name for stage in PLAN)

@@ -804,10 +804,37 @@ def stage_gpu_tests(device: str, shapes: Shapes) -> StageResult:
     return StageResult("pass", figures)
 
 
+def stage_routing_replay(device: str, shapes: Shapes) -> StageResult:
+    """Rollout routing replay (R3, issue 27) on the device: tests/test_gpu_routing_replay.py with the
+    local spec (no Transformer Engine here): Megatron's routers replay the experts transformers'
+    routers chose, and the log-prob mismatch with perturbed trainer weights drops."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report, figures_path = Path(tmp) / "junit.xml", Path(tmp) / "figures.jsonl"
+        command = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "gpu", "-k", "not True",
+                   "-rfEs", f"--junitxml={report}", "tests/test_gpu_routing_replay.py"]
+        print(" ".join(command), flush=True)
+        child = subprocess.run(command, cwd=REPO, text=True, env={**os.environ, "ROUTING_REPLAY_FIGURES": str(figures_path)})
+        if not report.exists():
+            return StageResult("fail", {"exit_status": child.returncode}, "pytest wrote no report (see its output)")
+        suite = ElementTree.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        figures: dict[str, Any] = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+        if figures_path.exists():
+            for line in figures_path.read_text().splitlines():
+                figures.update(json.loads(line))
+    if figures["failures"] or figures["errors"] or child.returncode not in (0, 5):
+        return StageResult("fail", figures, "the routing replay test failed (see its output)")
+    if device != "cuda":
+        return StageResult("skipped", figures, "the routing replay GPU test needs CUDA (collected and skipped on CPU)")
+    if figures["tests"] == 0 or figures["skipped"]:
+        return StageResult("fail", figures, "the routing replay test did not run")
+    return StageResult("pass", figures)
+
+
 STAGES: dict[str, Callable[[str, Shapes], StageResult]] = {
     "env": stage_env, "matmul": stage_matmul, "timeslice": stage_timeslice, "ipc": stage_ipc,
     "parity": stage_parity, "offload": stage_offload, "hf_engine": stage_hf_engine,
-    "train_step": stage_train_step, "gpu_tests": stage_gpu_tests,
+    "train_step": stage_train_step, "routing_replay": stage_routing_replay, "gpu_tests": stage_gpu_tests,
 }
 
 

@@ -14,6 +14,8 @@
 #   ipc           CUDA-IPC hand-over of a weight bucket to another process (tests/test_gpu_sglang.py)
 #   training      GPU tests of the Megatron path: TE spec, bf16, packed sequences, training-memory
 #                 offload (tests/test_gpu.py, tests/test_gpu_offload.py)
+#   routing-replay  R3 routing replay on CUDA, local and TE specs: Megatron's routers take the experts
+#                 transformers' routers chose, the log-prob mismatch drops (tests/test_gpu_routing_replay.py)
 #   mfu           training-step MFU of a Qwen3-4B-shaped model with random weights (target >= 40%)
 #   sglang        a real SGLang server: teacher-forced log-probs against transformers, colocated
 #                 weight update, memory release, seeded sampling, a server killed mid-rollout and
@@ -99,6 +101,7 @@ print("flash_attn:", "present (" + str(spec.submodule_search_locations) + ")" if
 PYEOF
 stage ipc 90 "${PYTEST[@]}" tests/test_gpu_sglang.py -k cuda_ipc
 stage training 150 "${PYTEST[@]}" tests/test_gpu.py tests/test_gpu_offload.py
+stage routing-replay 120 "${PYTEST[@]}" tests/test_gpu_routing_replay.py
 stage mfu 150 "$PY" tools/gpu_mfu.py "$@"
 stage sglang 240 "${PYTEST[@]}" tests/test_gpu_sglang.py -k "real_sglang"
 stage spade-train 240 "${PYTEST[@]}" tests/test_gpu_sglang.py -k "spade_train"
