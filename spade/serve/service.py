@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Optional, Sequence
 
 from spade.rollout.conversation import thinking_template_kwargs
-from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
+from spade.rollout.engine import Constraint, GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
 
 from ..agent import reasoning
-from . import protocol, responses
+from . import constraints, protocol, responses
 from .http import Request, Response, StreamResponse
 from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
 from .streaming import ChatChoiceStream, ChoiceText, Delta, TokenLogprob
@@ -190,6 +190,17 @@ class ModelService:
             return None
         return reasoning.starts_inside(self.reasoning_parser, prompt)
 
+    def chat_constraint(self, request: ChatRequest, inside: Optional[bool]) -> Optional[Constraint]:
+        """The grammar ``response_format`` / ``tool_choice`` ask for (``constraints``), or None."""
+        constraint = (constraints.response_format_constraint(request.response_format)
+                      or constraints.tool_choice_constraint(request.tool_choice, request.tools,
+                                                            request.parallel_tool_calls))
+        if constraint is not None and inside:
+            raise APIError("a constrained reply cannot start inside the model's reasoning; turn "
+                           "thinking off (chat_template_kwargs: {\"enable_thinking\": false})",
+                           "response_format" if request.response_format else "tool_choice")
+        return constraint
+
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:  # same ids as the conversation code (spade.rollout.conversation)
@@ -201,7 +212,8 @@ class ModelService:
 
     # ------------------------------------------------------------------ generation
 
-    def _prepare(self, prompt_ids: list[int], sampling: Sampling, first_index: int, param: str) -> _Prepared:
+    def _prepare(self, prompt_ids: list[int], sampling: Sampling, first_index: int, param: str,
+                 constraint: Optional[Constraint] = None) -> _Prepared:
         room = self.max_context_tokens - len(prompt_ids)
         if room < 1:
             raise APIError(f"the prompt is {len(prompt_ids)} tokens; this model's context is "
@@ -220,7 +232,8 @@ class ModelService:
                     temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                     max_new_tokens=min(wanted, room), stop_token_ids=tuple(sorted(stop_ids)),
                     seed=seed, ignore_eos=sampling.ignore_eos,
-                    top_logprobs=sampling.top_logprobs if sampling.logprobs else 0)
+                    top_logprobs=sampling.top_logprobs if sampling.logprobs else 0,
+                    constraint=constraint)
             except ValueError as exc:
                 raise APIError(str(exc)) from None
             requests.append(GenerationRequest(tuple(prompt_ids), params))
@@ -267,8 +280,9 @@ class ModelService:
         self._check_model(request.model)
         prompt = self.chat_prompt(request)
         inside = self.reasoning_start(request, prompt)
+        constraint = self.chat_constraint(request, inside)
         prompt_ids = self.encode(prompt, add_special_tokens=False)
-        prepared = self._prepare(prompt_ids, request.sampling, 0, "messages")
+        prepared = self._prepare(prompt_ids, request.sampling, 0, "messages", constraint)
         if request.stream:
             return StreamResponse(self._chat_events(request, prepared, inside))
         choices = await self._run(prepared, request.sampling)

@@ -521,8 +521,7 @@ class Standin:
             spec = sp[grammars[0]]
             if not isinstance(spec, str):
                 raise BadRequest(f"{grammars[0]} must be a string")
-            constraint = (Constraint("json_object") if spec == "$$ANY$$"  # xgrammar_backend's any-JSON
-                          else Constraint(grammars[0], spec))
+            constraint = Constraint(grammars[0], spec)
         try:
             sampling = SamplingParams(
                 temperature=0.0 if temperature < 1e-6 else temperature,  # SGLang: greedy

@@ -192,6 +192,8 @@ def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = Fal
         sampling["sampling_seed"] = int(s.seed)
     if s.ignore_eos:
         sampling["ignore_eos"] = True
+    if s.constraint is not None:  # json_schema / ebnf / structural_tag, as serving_chat sends them
+        sampling[s.constraint.kind] = s.constraint.spec
     payload = {
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,

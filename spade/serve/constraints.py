@@ -1,0 +1,102 @@
+"""A chat request's output constraint (``response_format``, ``tool_choice``) as an engine ``Constraint``.
+
+What SGLang 0.5.23's ``serving_chat.py`` sends in ``sampling_params``, restated:
+
+* ``response_format: {"type": "json_object"}`` -> ``json_schema`` ``{"type": "object"}``;
+* ``response_format: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` ->
+  ``json_schema`` with the schema (``{}`` when absent: any JSON);
+* ``tool_choice: "required"`` or ``{"type": "function", "function": {"name"}}`` -> a structural
+  tag of the model's own tool-call blocks, as SGLang's detectors describe them
+  (``Qwen25Detector.structure_info``: the block opens with ``<tool_call>\\n{"name": "NAME",
+  "arguments": ``, the arguments follow the tool's ``parameters`` schema, and ``}\\n</tool_call>``
+  closes it): one block per call, at least one, blocks separated by a newline as the chat template
+  writes them, only the first when ``parallel_tool_calls`` is false. The text is then parsed by
+  the ordinary tool-call path (``spade.agent.tool_calls``), so the calls come back as
+  ``tool_calls`` with ``finish_reason: "tool_calls"``. (SGLang instead constrains required / named
+  choices to a JSON array ``[{"name", "parameters"}]`` and parses that; writing the calls in the
+  model's trained syntax keeps the constrained text in the distribution the model learned.)
+
+Schemas are checked before anything is generated (``jsonschema``'s meta-schema check and
+xgrammar's converter); a bad one is a 400 naming the field. The constraint applies from the first
+generated token, so a reply that would start inside a thinking model's reasoning is refused
+(turn thinking off with ``chat_template_kwargs``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Optional, Sequence
+
+from spade.agent import tool_calls as tool_parser
+from spade.rollout.engine import Constraint
+
+from .protocol import APIError
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # serving_chat's json_object
+
+
+def response_format_constraint(format_: Optional[Mapping[str, Any]]) -> Optional[Constraint]:
+    """The constraint of a parsed ``response_format`` (None for text)."""
+    if format_ is None or format_.get("type") == "text":
+        return None
+    if format_["type"] == "json_object":
+        return Constraint("json_schema", JSON_OBJECT_SCHEMA)
+    spec = format_.get("json_schema")
+    where = "response_format.json_schema"
+    if not isinstance(spec, Mapping):
+        raise APIError(f"{where} must be an object with a schema", where)
+    schema = spec.get("schema", {})
+    if not isinstance(schema, (Mapping, bool)):
+        raise APIError(f"{where}.schema must be a JSON schema object", f"{where}.schema")
+    check_schema(schema, f"{where}.schema")
+    return Constraint("json_schema", json.dumps(schema))
+
+
+def tool_choice_constraint(choice: Any, tools: Optional[Sequence[Mapping[str, Any]]],
+                           parallel: bool) -> Optional[Constraint]:
+    """The constraint of ``tool_choice`` "required" or a named function (None otherwise)."""
+    if choice in (None, "auto", "none"):
+        return None
+    if not tools:
+        raise APIError("tool_choice requires tools", "tool_choice")
+    if isinstance(choice, Mapping):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        names = [t["function"]["name"] for t in tools]
+        if name not in names:
+            raise APIError(f"tool_choice names function {json.dumps(name)}, which is not among the "
+                           f"tools ({', '.join(names)})", "tool_choice.function.name")
+        tools = [t for t in tools if t["function"]["name"] == name]
+    tags = []
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        check_schema(parameters, f"tools[{i}].function.parameters")
+        tags.append({"type": "tag",
+                     "begin": tool_parser.JSON_OPEN + '{"name": ' + json.dumps(function["name"])
+                     + ', "arguments": ',
+                     "content": {"type": "json_schema", "json_schema": parameters},
+                     "end": "}" + tool_parser.JSON_CLOSE})
+    tag = {"type": "structural_tag",
+           "format": {"type": "tags_with_separator", "tags": tags, "separator": "\n",
+                      "at_least_one": True, "stop_after_first": not parallel}}
+    return Constraint("structural_tag", json.dumps(tag))
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """A 400 naming ``param`` unless ``schema`` is a valid JSON schema that xgrammar can follow."""
+    try:
+        import jsonschema
+        import xgrammar
+    except ImportError:
+        raise APIError("constrained decoding needs xgrammar and jsonschema on the server "
+                       "(requirements/constrained.txt)", param, 501, "server_error") from None
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise APIError(f"{param} is not a valid JSON schema: {exc.message}", param) from None
+    try:
+        xgrammar.Grammar.from_json_schema(json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for what it cannot convert
+        raise APIError(f"{param} cannot be used for constrained decoding: "
+                       f"{str(exc).strip().splitlines()[-1]}", param) from None

@@ -1,0 +1,131 @@
+"""Constrained decoding through the real ``openai`` client against a real ``spade serve``
+subprocess (test_serve's server: a tiny random Qwen3 with a Qwen3-layout tool template):
+``response_format`` json_object / json_schema and ``tool_choice`` required / named, decoded with
+xgrammar's masks in the hf engine. A random-weight model writes no JSON by itself (checked: the
+same requests without the constraint do not parse), so every parse below is the grammar's doing.
+Each output is checked with ``json.loads`` and validated with ``jsonschema`` against the schema.
+
+Free strings run long in a random model's hands (the tool calls' ``city`` has one); the schema
+below keeps to enums, bounded integers and a bounded array so the file stays fast. Schemas avoid
+``maxLength`` on strings: xgrammar 0.2.7's bounded-length string rule lets control
+characters and byte sequences that are not UTF-8 through (seen with this random model), so such
+outputs can fail ``json.loads``; SGLang, which uses the same xgrammar, shares that.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from test_serve import HELLO, MODEL_NAME, WEATHER, client, model_dir, server  # noqa: F401
+
+import openai  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+SEEDS = (0, 1, 2)
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"enum": ["ann", "bo"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["cat", "dog", "bird"]},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Time in a zone",
+    "parameters": {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
+                   "required": ["zone"], "additionalProperties": False}}}
+
+
+def _ask(client, seed, max_tokens=900, **extra):  # noqa: F811
+    return client.chat.completions.create(model=MODEL_NAME, messages=HELLO, max_tokens=max_tokens,
+                                          temperature=1.0, seed=seed, **extra).choices[0]
+
+
+def _parses(text) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def test_unconstrained_output_is_not_json(client):  # noqa: F811
+    assert not any(_parses(_ask(client, seed, max_tokens=60).message.content) for seed in SEEDS)
+
+
+def test_json_object(client):  # noqa: F811
+    for seed in SEEDS:
+        choice = _ask(client, seed, response_format={"type": "json_object"})
+        assert choice.finish_reason == "stop"
+        assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_json_schema(client):  # noqa: F811
+    format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for seed in SEEDS:
+        choice = _ask(client, seed, response_format=format_)
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+
+
+def test_json_schema_streamed_equals_the_whole_reply(client):  # noqa: F811
+    format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    whole = _ask(client, 5, response_format=format_).message.content
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=HELLO, max_tokens=900,
+                                                 temperature=1.0, seed=5, response_format=format_,
+                                                 stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole
+    jsonschema.validate(json.loads(streamed), PERSON)
+
+
+def _check_calls(choice, tools, only=None):
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for call in calls:
+        assert call.function.name in schemas if only is None else call.function.name == only
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_tool_choice_required(client):  # noqa: F811
+    tools = [WEATHER, TIME]
+    for seed in SEEDS:
+        _check_calls(_ask(client, seed, tools=tools, tool_choice="required"), tools)
+    one = _ask(client, 7, tools=tools, tool_choice="required", parallel_tool_calls=False)
+    _check_calls(one, tools)
+    assert len(one.message.tool_calls) == 1
+
+
+def test_tool_choice_named(client):  # noqa: F811
+    tools = [WEATHER, TIME]
+    for seed in SEEDS:
+        choice = _ask(client, seed, tools=tools,
+                      tool_choice={"type": "function", "function": {"name": "get_time"}})
+        _check_calls(choice, tools, only="get_time")
+
+
+@pytest.mark.parametrize("extra, param", [
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}),
+     "response_format.json_schema.schema"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}),
+     "response_format.json_schema.schema"),
+    (dict(response_format={"type": "xml"}), "response_format"),
+    (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}),
+     "tool_choice.function.name"),
+    (dict(tool_choice="required"), "tool_choice"),
+])
+def test_bad_constraints_are_refused(client, extra, param):  # noqa: F811
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(client, 0, **extra)
+    assert caught.value.status_code == 400
+    assert caught.value.body["param"] == param
