@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers
+.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers serve-clients
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -20,7 +20,7 @@ demo: setup model
 # The suite on TEST_WORKERS processes (pytest-xdist): each test file runs whole in one worker, the
 # longest files first (tests/xdist_schedule.py). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
-test: setup sglang-src tau2 browser verifiers
+test: setup sglang-src tau2 browser verifiers serve-clients
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 setup: system-packages $(STAMP)
@@ -79,6 +79,19 @@ $(VERIFIERS_STAMP): requirements/verifiers.txt
 	$(VERIFIERS_VENV)/bin/pip install --quiet -r requirements/verifiers.txt
 	touch $(VERIFIERS_STAMP)
 
+# The real clients of spade serve (the OpenAI Agents SDK, inspect-ai; requirements/serve_clients.txt,
+# every version pinned) in their own venv, for tests/test_serve_clients.py (docs/serving.md). About 1 min.
+SERVE_CLIENTS_VENV ?= .venv-serve-clients
+SERVE_CLIENTS_STAMP := $(SERVE_CLIENTS_VENV)/.installed
+
+serve-clients: $(SERVE_CLIENTS_STAMP)
+
+$(SERVE_CLIENTS_STAMP): requirements/serve_clients.txt
+	$(PYTHON) -m venv $(SERVE_CLIENTS_VENV)
+	$(SERVE_CLIENTS_VENV)/bin/pip install --quiet --upgrade pip==24.3.1
+	$(SERVE_CLIENTS_VENV)/bin/pip install --quiet -r requirements/serve_clients.txt
+	touch $(SERVE_CLIENTS_STAMP)
+
 # SGLang 0.5.23's own code (the wheel, without its CUDA dependencies, plus the five small packages
 # its request structs and ServerArgs import; requirements/sglang-test.txt), for the tests that check
 # spade's SGLang client, launcher flags and test stand-in against it. A few seconds; no GPU.
@@ -123,4 +136,4 @@ benchmark: setup
 	$(BIN)/python benchmarks/sandbox_bench.py
 
 clean:
-	rm -rf $(VENV) $(TAU2_VENV) $(SGLANG_SRC) build *.egg-info
+	rm -rf $(VENV) $(TAU2_VENV) $(SERVE_CLIENTS_VENV) $(SGLANG_SRC) build *.egg-info
