@@ -5,7 +5,8 @@ the delay buffer's designer samples survive a checkpoint): the token ids of the 
 the target-aligned loss mask (1 where the policy wrote the token), the engine's log-probs of
 those tokens and the temperature they are taken at (``logprob_temperature``: the sampling
 temperature, 1 for a greedy call, see ``spade.rollout.engine.SamplingParams.logprob_temperature``),
-the engine weight version that generated them, and who and what it was: the role (agent or
+the engine weight version that generated them, for MoE models the engine's routed experts
+(``routed_experts``, routing replay: ``spade.rl.routing_record``), and who and what it was: the role (agent or
 designer), the environment, its skill, the reward and, once computed, the advantage.
 Self-play builds trajectories; the trainer turns each into a ``TrainSample`` with
 :meth:`Trajectory.to_train_sample`.
