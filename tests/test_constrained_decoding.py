@@ -86,6 +86,15 @@ def test_json_schema_streamed_equals_the_whole_reply(client):  # noqa: F811
     jsonschema.validate(json.loads(streamed), PERSON)
 
 
+def test_completions_response_format(client):  # noqa: F811
+    for seed in SEEDS:
+        choice = client.completions.create(model=MODEL_NAME, prompt="the cat", max_tokens=900, seed=seed,
+                                           extra_body={"response_format": {"type": "json_schema", "json_schema": {
+                                               "name": "person", "schema": PERSON}}}).choices[0]
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.text), PERSON)
+
+
 def _check_calls(choice, tools, only=None):
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls
@@ -120,6 +129,8 @@ def test_tool_choice_named(client):  # noqa: F811
         "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}),
      "response_format.json_schema.schema"),
     (dict(response_format={"type": "xml"}), "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+     "response_format.json_schema.schema"),
     (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}),
      "tool_choice.function.name"),
     (dict(tool_choice="required"), "tool_choice"),

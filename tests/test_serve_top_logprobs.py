@@ -122,3 +122,13 @@ def test_out_of_range_counts_are_refused(client, call, param):  # noqa: F811
         call(client)
     assert caught.value.status_code == 400
     assert caught.value.body["param"] == param
+
+
+def test_ties_go_to_the_smaller_token_id():
+    from spade.rollout.hf.sampling import top_alternatives
+
+    logp = torch.log_softmax(torch.tensor([0.5, 2.0, 1.0, 2.0, 1.0, 2.0, -1.0]), dim=0)
+    top = top_alternatives(logp, 4)
+    assert [t for t, _ in top] == [1, 3, 5, 2]
+    assert [v for _, v in top] == pytest.approx(logp[[1, 3, 5, 2]].tolist())
+    assert [t for t, _ in top_alternatives(logp.flip(0), 2)] == [1, 3]

@@ -4,7 +4,7 @@ What SGLang 0.5.23's ``serving_chat.py`` sends in ``sampling_params``, restated:
 
 * ``response_format: {"type": "json_object"}`` -> ``json_schema`` ``{"type": "object"}``;
 * ``response_format: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` ->
-  ``json_schema`` with the schema (``{}`` when absent: any JSON);
+  ``json_schema`` with the schema (required: SGLang answers 400 without it);
 * ``tool_choice: "required"`` or ``{"type": "function", "function": {"name"}}`` -> a structural
   tag of the model's own tool-call blocks, as SGLang's detectors describe them
   (``Qwen25Detector.structure_info``: the block opens with ``<tool_call>\\n{"name": "NAME",
@@ -12,9 +12,10 @@ What SGLang 0.5.23's ``serving_chat.py`` sends in ``sampling_params``, restated:
   closes it): one block per call, at least one, blocks separated by a newline as the chat template
   writes them, only the first when ``parallel_tool_calls`` is false. The text is then parsed by
   the ordinary tool-call path (``spade.agent.tool_calls``), so the calls come back as
-  ``tool_calls`` with ``finish_reason: "tool_calls"``. (SGLang instead constrains required / named
-  choices to a JSON array ``[{"name", "parameters"}]`` and parses that; writing the calls in the
-  model's trained syntax keeps the constrained text in the distribution the model learned.)
+  ``tool_calls`` with ``finish_reason: "tool_calls"``. This is what SGLang does on a server with
+  a tool-call parser (``_process_messages`` -> ``FunctionCallParser.get_structure_constraint``,
+  the detector's structural tag with ``at_least_one``); only without a parser does it fall back to
+  a JSON array ``[{"name", "parameters"}]`` (``get_json_schema_constraint``).
 
 Schemas are checked before anything is generated (``jsonschema``'s meta-schema check and
 xgrammar's converter); a bad one is a 400 naming the field. The constraint applies from the first
@@ -45,7 +46,9 @@ def response_format_constraint(format_: Optional[Mapping[str, Any]]) -> Optional
     where = "response_format.json_schema"
     if not isinstance(spec, Mapping):
         raise APIError(f"{where} must be an object with a schema", where)
-    schema = spec.get("schema", {})
+    if "schema" not in spec:
+        raise APIError(f"{where}.schema is required", f"{where}.schema")
+    schema = spec["schema"]
     if not isinstance(schema, (Mapping, bool)):
         raise APIError(f"{where}.schema must be a JSON schema object", f"{where}.schema")
     check_schema(schema, f"{where}.schema")

@@ -84,6 +84,7 @@ class CompletionRequest:
     echo: bool = False
     stream: bool = False
     include_usage: bool = False
+    response_format: Optional[dict[str, Any]] = None  # json_object / json_schema (constraints.py)
 
 
 _UNSUPPORTED: dict[str, tuple[str, Any]] = {  # field: (why, the value that asks for nothing)
@@ -319,6 +320,13 @@ def _tools(value: Any) -> Optional[list[dict[str, Any]]]:
     return out or None
 
 
+def _response_format(body: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    format_ = body.get("response_format")
+    if format_ is not None and not (isinstance(format_, Mapping) and format_.get("type") in FORMATS):
+        raise APIError(f"response_format.type must be one of {', '.join(FORMATS)}", "response_format")
+    return None if format_ is None else dict(format_)
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     body = _require_object(body)
     messages = _messages(body.get("messages"))
@@ -330,9 +338,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
                        "tool_choice")
     if choice == "none":
         tools = None
-    format_ = body.get("response_format")
-    if format_ is not None and not (isinstance(format_, Mapping) and format_.get("type") in FORMATS):
-        raise APIError(f"response_format.type must be one of {', '.join(FORMATS)}", "response_format")
+    format_ = _response_format(body)
     if format_ is not None and format_.get("type") != "text" and choice not in (None, "none", "auto"):
         raise APIError("response_format and tool_choice cannot both constrain the reply", "tool_choice")
     parallel = body.get("parallel_tool_calls", True)
@@ -352,7 +358,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
                        "separate_reasoning")
     return ChatRequest(_model(body), messages, tools, tools is not None, _sampling(body, chat=True),
                        stream, include_usage, dict(kwargs), separate,
-                       None if format_ is None else dict(format_), choice, parallel)
+                       format_, choice, parallel)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
@@ -376,7 +382,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
                        "of lists of token ids (non-empty)", "prompt")
     stream, include_usage = _stream(body)
     return CompletionRequest(_model(body), prompts, _sampling(body, chat=False),
-                             _flag(body, "echo"), stream, include_usage)
+                             _flag(body, "echo"), stream, include_usage, _response_format(body))
 
 
 # ---------------------------------------------------------------------------- responses

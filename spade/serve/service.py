@@ -356,6 +356,7 @@ class ModelService:
     async def _completions(self, body: Any) -> Response | StreamResponse:
         request = protocol.parse_completion_request(body)
         self._check_model(request.model)
+        constraint = constraints.response_format_constraint(request.response_format)
         n = request.sampling.n
         prepared, prompt_texts = [], []
         for i, prompt in enumerate(request.prompts):
@@ -371,7 +372,7 @@ class ModelService:
                                    f"(0..{self.vocab_size - 1})", "prompt")
                 ids = list(prompt)
                 prompt_texts.append(self.decode(ids) if request.echo else "")
-            prepared.append(self._prepare(ids, request.sampling, i * n, "prompt"))
+            prepared.append(self._prepare(ids, request.sampling, i * n, "prompt", constraint))
         prompt_tokens = sum(len(p.prompt_ids) for p in prepared)
 
         async def run_all() -> list[Generated]:
