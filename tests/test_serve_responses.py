@@ -222,6 +222,31 @@ def test_reasoning_item(scripted):
     _raw(client, model=MODEL_NAME, input=history)
 
 
+def test_constrained_decoding(client):
+    """``text.format`` json_schema and a named ``tool_choice`` reach the chat path's constrained
+    decoding: every reply parses and validates (the schemas and seeds of test_constrained_decoding)."""
+    import jsonschema
+    from test_constrained_decoding import PERSON, TIME
+
+    format_ = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    for seed in (0, 1):
+        body = dict(model=MODEL_NAME, input="hello", max_output_tokens=900, text={"format": format_},
+                    extra_body={"seed": seed})
+        data = _raw(client, **body)
+        assert data["status"] == "completed" and data["text"]["format"] == format_
+        jsonschema.validate(json.loads(data["output"][0]["content"][0]["text"]), PERSON)
+        events = _events(client, **body)
+        assert events[-1]["response"]["output"][0]["content"] == data["output"][0]["content"]
+    time_tool = {"type": "function", **TIME["function"]}
+    data = _raw(client, model=MODEL_NAME, input="hello", max_output_tokens=900, tools=[FLAT_WEATHER, time_tool],
+                tool_choice={"type": "function", "name": "get_time"}, parallel_tool_calls=False,
+                extra_body={"seed": 3})
+    calls = [i for i in data["output"] if i["type"] == "function_call"]
+    assert [c["name"] for c in calls] == ["get_time"]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), TIME["function"]["parameters"])
+    assert data["parallel_tool_calls"] is False
+
+
 @pytest.mark.parametrize("body, param", [
     ({"store": True}, "store"),
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
@@ -235,6 +260,8 @@ def test_reasoning_item(scripted):
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"tool_choice": {"type": "function", "name": "nowhere"}, "tools": [FLAT_WEATHER]}, "tool_choice.name"),
 ])
 def test_unsupported_fields_are_refused(client, body, param):
     request = {"model": MODEL_NAME, "input": "hello", **body}

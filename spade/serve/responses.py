@@ -46,7 +46,8 @@ _REFUSED: dict[str, str] = {  # field: why (refused unless null / absent)
     "max_tool_calls": "max_tool_calls is not supported",
     "context_management": "context_management is not supported",
 }
-_PASSED = ("model", "temperature", "top_p", "seed", "top_k", "chat_template_kwargs")
+_PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "seed", "top_k",
+           "chat_template_kwargs")
 
 
 def new_id(prefix: str) -> str:
@@ -302,8 +303,7 @@ def to_chat(body: Any) -> Translated:
     return Translated(chat, echo, stream, logprobs, origin)
 
 
-_PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
-           "logprobs": "include", "stream_options": "stream"}
+_PARAMS = {"max_tokens": "max_output_tokens", "logprobs": "include", "stream_options": "stream"}
 
 
 def _param(param: Optional[str], translated: Translated) -> Optional[str]:
@@ -311,8 +311,11 @@ def _param(param: Optional[str], translated: Translated) -> Optional[str]:
     if param is None:
         return None
     head, dot, rest = param.partition(".")
+    if head == "response_format":  # chat's json_schema object is text.format itself here
+        rest = rest.removeprefix("json_schema").lstrip(".")
+        return "text.format" + ("." + rest if rest else "")
     if head in _PARAMS:
-        return _PARAMS[head] + (dot + rest if head == "response_format" and rest else "")
+        return _PARAMS[head]
     if param.startswith("messages"):
         try:
             k = int(param[len("messages["):param.index("]")])
@@ -320,8 +323,8 @@ def _param(param: Optional[str], translated: Translated) -> Optional[str]:
         except (ValueError, IndexError):
             return "input"
         return "instructions" if i < 0 else f"input[{i}]"
-    if param.startswith("tools[") and ".function." in param:
-        return param.replace(".function.", ".", 1)
+    if param.startswith(("tools[", "tool_choice.")) and ".function." in param:
+        return param.replace(".function.", ".", 1)  # the Responses API's flat tool shape
     return param
 
 
