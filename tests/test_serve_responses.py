@@ -17,6 +17,8 @@ import json
 
 import pytest
 
+from spade.rollout.engine import GenerationChunk
+
 from test_serve import CALL_TEXT, HELLO, MODEL_NAME, TOOLS_TEMPLATE, WEATHER, model_dir  # noqa: F401
 from test_serve_reasoning import FULL, HYBRID, REASONING, ANSWER, ReplyEngine
 
@@ -274,3 +276,18 @@ def test_unsupported_fields_are_refused(client, body, param):
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="other", input="hello")
+
+
+def test_engine_error_mid_stream_is_response_failed(scripted):
+    client, engine = scripted("hello there")
+
+    async def broken(request):
+        yield GenerationChunk((engine.ids[0],), (-0.5,))
+        raise RuntimeError("the engine broke")
+    engine.generate_stream = broken
+    events = _events(client, model=MODEL_NAME, input="hi")
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "response.failed" and "response.completed" not in kinds
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert "the engine broke" in failed["error"]["message"]
