@@ -15,6 +15,7 @@ outputs can fail ``json.loads``; SGLang, which uses the same xgrammar, shares th
 from __future__ import annotations
 
 import json
+import math
 
 import jsonschema
 import pytest
@@ -73,6 +74,18 @@ def test_json_schema(client):  # noqa: F811
         choice = _ask(client, seed, response_format=format_)
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), PERSON)
+
+
+def test_top_logprobs_of_a_constrained_reply_leave_masked_tokens_out(client):  # noqa: F811
+    format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    choice = _ask(client, 1, response_format=format_, logprobs=True, top_logprobs=20)
+    jsonschema.validate(json.loads(choice.message.content), PERSON)
+    entries = choice.logprobs.content
+    assert entries and all(len(e.top_logprobs) <= 20 for e in entries)
+    # the log-probs are those of the masked distribution: finite, and a step the grammar forces
+    # (one allowed token) has that token alone, at log-prob 0
+    assert all(math.isfinite(t.logprob) for e in entries for t in e.top_logprobs)
+    assert any(len(e.top_logprobs) == 1 and e.logprob == pytest.approx(0.0, abs=1e-5) for e in entries)
 
 
 def test_json_schema_streamed_equals_the_whole_reply(client):  # noqa: F811

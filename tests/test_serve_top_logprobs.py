@@ -124,7 +124,7 @@ def test_out_of_range_counts_are_refused(client, call, param):  # noqa: F811
     assert caught.value.body["param"] == param
 
 
-def test_ties_go_to_the_smaller_token_id():
+def test_alternatives_ties_and_masked_tokens():
     from spade.rollout.hf.sampling import top_alternatives
 
     logp = torch.log_softmax(torch.tensor([0.5, 2.0, 1.0, 2.0, 1.0, 2.0, -1.0]), dim=0)
@@ -132,3 +132,6 @@ def test_ties_go_to_the_smaller_token_id():
     assert [t for t, _ in top] == [1, 3, 5, 2]
     assert [v for _, v in top] == pytest.approx(logp[[1, 3, 5, 2]].tolist())
     assert [t for t, _ in top_alternatives(logp.flip(0), 2)] == [1, 3]
+    masked = logp.clone()
+    masked[[1, 3]] = float("-inf")  # a grammar's mask: such tokens are no alternatives
+    assert [t for t, _ in top_alternatives(masked[:4], 3)] == [2, 0]

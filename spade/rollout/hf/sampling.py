@@ -44,10 +44,12 @@ def choose_token(logp: Tensor, sampling: SamplingParams, generator: torch.Genera
 def top_alternatives(logp: Tensor, count: int) -> TopLogprobs:
     """The ``count`` most likely tokens of ``logp`` as (id, log-prob), log-prob descending and ties
     by the smaller id (``torch.topk`` leaves the order of equal values unspecified): every token
-    at least as likely as the ``count``-th is sorted stably by value, then cut to ``count``."""
+    at least as likely as the ``count``-th is sorted stably by value, then cut to ``count``.
+    Tokens a grammar masked out (log-prob -inf) are never alternatives, so a constrained step can
+    have fewer than ``count``."""
     count = min(count, logp.numel())
     threshold = torch.topk(logp, count).values[-1]
-    candidates = torch.nonzero(logp >= threshold).flatten()  # ascending ids
+    candidates = torch.nonzero((logp >= threshold) & torch.isfinite(logp)).flatten()  # ascending ids
     order = torch.sort(logp[candidates], descending=True, stable=True).indices[:count]
     ids = candidates[order]
     return tuple(zip(ids.tolist(), logp[ids].tolist()))
