@@ -66,6 +66,8 @@ def test_sglang_response_shape():
     assert result.top_logprobs == (((7, -0.1), (9, -2.5)), (), ((2, -0.2), (7, -1.9)))
     assert parse_generate_response(body, GenerationRequest((1, 2), SamplingParams(max_new_tokens=4))
                                    ).top_logprobs == ()
+    body["meta_info"]["output_top_logprobs"][2][1][0] = None  # a masked token (-inf) written as null
+    assert parse_generate_response(body, request).top_logprobs[2] == ((2, -0.2),)
     body["meta_info"]["output_top_logprobs"] = body["meta_info"]["output_top_logprobs"][:2]
     with pytest.raises(SGLangProtocolError, match="output_top_logprobs"):
         parse_generate_response(body, request)

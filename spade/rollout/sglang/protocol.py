@@ -86,6 +86,8 @@ it. A GPU check against ``spade.rl.logprobs`` still has to confirm the numbers o
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping, Optional, Sequence
 
 from ..engine import FinishReason, GenerationChunk, GenerationRequest, GenerationResult
@@ -335,7 +337,8 @@ def _output_top_logprobs(entries: Any, count: int, start: int, wanted: int) -> t
     """Each output token's alternatives from ``meta_info.output_top_logprobs`` (SGLang 0.5.23,
     ``TokenizerManager.detokenize_top_logprobs_tokens``: per token a list of ``[logprob,
     token_id, text]``, most likely first, or null), as ``(token_id, logprob)`` tuples; ``()``
-    when none were asked for (``wanted`` 0). ``start``: the index of the first entry (errors)."""
+    when none were asked for (``wanted`` 0); masked-out tokens (-inf, or null) are left out, as the
+    hf engine leaves them out. ``start``: the index of the first entry (errors)."""
     if not wanted:
         return ()
     where = "SGLang /generate response: meta_info.output_top_logprobs"
@@ -352,10 +355,12 @@ def _output_top_logprobs(entries: Any, count: int, start: int, wanted: int) -> t
         pairs = []
         for triple in entry:
             if not (isinstance(triple, (list, tuple)) and len(triple) >= 2
-                    and isinstance(triple[0], (int, float)) and isinstance(triple[1], int)):
+                    and isinstance(triple[0], (int, float, type(None))) and isinstance(triple[1], int)):
                 raise SGLangProtocolError(f"{where}[{start + i}] entries must be [logprob, "
                                           f"token_id, text], got {triple!r:.200}")
-            pairs.append((int(triple[1]), float(triple[0])))
+            # a token a grammar masked out has log-prob -inf, which SGLang's JSON writes as null
+            if triple[0] is not None and math.isfinite(triple[0]):
+                pairs.append((int(triple[1]), float(triple[0])))
         out.append(tuple(pairs[:wanted]))
     return tuple(out)
 
