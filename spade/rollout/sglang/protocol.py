@@ -87,7 +87,6 @@ it. A GPU check against ``spade.rl.logprobs`` still has to confirm the numbers o
 from __future__ import annotations
 
 import math
-
 from typing import Any, Mapping, Optional, Sequence
 
 from ..engine import FinishReason, GenerationChunk, GenerationRequest, GenerationResult
