@@ -277,13 +277,11 @@ def to_chat(body: Any) -> Translated:
     response_format = _text_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    logprobs = LOGPROBS_INCLUDE in include
+    logprobs = LOGPROBS_INCLUDE in include  # log-probs come back only when included
     if logprobs:
         chat["logprobs"] = True
-        if body.get("top_logprobs"):
+        if body.get("top_logprobs") is not None:
             chat["top_logprobs"] = body["top_logprobs"]
-    elif body.get("top_logprobs"):
-        raise APIError(f"top_logprobs needs include: [\"{LOGPROBS_INCLUDE}\"]", "top_logprobs")
     if stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
