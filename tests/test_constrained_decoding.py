@@ -153,3 +153,40 @@ def test_bad_constraints_are_refused(client, extra, param):  # noqa: F811
         _ask(client, 0, **extra)
     assert caught.value.status_code == 400
     assert caught.value.body["param"] == param
+
+
+def test_tool_choice_required_streamed(client):  # noqa: F811
+    tools = [WEATHER, TIME]
+    args = dict(model=MODEL_NAME, messages=HELLO, max_tokens=900, temperature=1.0, seed=4, tools=tools,
+                tool_choice="required")
+    whole = client.chat.completions.create(**args).choices[0]
+    chunks = list(client.chat.completions.create(stream=True, **args))
+    calls = [c for chunk in chunks if chunk.choices and chunk.choices[0].delta.tool_calls
+             for c in chunk.choices[0].delta.tool_calls]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+
+
+def test_a_grammar_that_does_not_compile_fails_its_request_only(model_dir):  # noqa: F811
+    import asyncio
+
+    from spade.rollout.engine import Constraint, GenerationRequest, SamplingParams
+    from spade.rollout.hf.engine import HFEngine
+
+    engine = HFEngine(str(model_dir), max_batch_size=4, batch_wait_ms=50)
+    good = GenerationRequest((5, 6, 7), SamplingParams(max_new_tokens=300, seed=1, constraint=Constraint(
+        "ebnf", 'root ::= "yes" | "no"')))
+    bad = GenerationRequest((5, 6, 7), SamplingParams(max_new_tokens=8, constraint=Constraint(
+        "ebnf", "root ::= undefined_rule")))
+
+    async def run():
+        return await asyncio.gather(engine.generate(good), engine.generate(bad), return_exceptions=True)
+
+    try:
+        done, failed = asyncio.run(run())
+    finally:
+        engine.close()
+    assert isinstance(failed, Exception)
+    assert engine.tokenizer.decode(done.token_ids, skip_special_tokens=True) in ("yes", "no")
+    assert done.finish_reason == "stop"

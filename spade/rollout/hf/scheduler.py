@@ -168,6 +168,18 @@ def _settle(future: asyncio.Future, result: GenerationResult) -> None:
         future.set_result(result)
 
 
+def _fail_soon(future: asyncio.Future, exc: BaseException) -> None:
+    """From the worker thread: fail one caller's future on its event loop."""
+    def fail() -> None:
+        if not future.done():
+            future.set_exception(exc)
+
+    try:
+        future.get_loop().call_soon_threadsafe(fail)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
 class BatchScheduler:
     """The batching loop of ``HFEngine`` (module docstring): the event-loop task that forms
     batches and the worker-thread decode of each. The engine sets these attributes."""
@@ -284,7 +296,11 @@ class BatchScheduler:
         """Rows for ``items``; a request with no room for a token is finished at once."""
         rows = []
         for item in items:
-            row = self._new_row(item)
+            try:
+                row = self._new_row(item)
+            except Exception as exc:  # noqa: BLE001 - a grammar that does not compile: this caller's error only
+                _fail_soon(item.future, exc)
+                continue
             if row.limit <= 0:
                 row.finish = "length"
                 batch.finished.append(row)
