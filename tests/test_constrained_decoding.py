@@ -190,3 +190,26 @@ def test_a_grammar_that_does_not_compile_fails_its_request_only(model_dir):  # n
     assert isinstance(failed, Exception)
     assert engine.tokenizer.decode(done.token_ids, skip_special_tokens=True) in ("yes", "no")
     assert done.finish_reason == "stop"
+
+
+def test_a_reply_that_would_open_inside_the_reasoning_is_not_constrained():
+    """Refused before generation, so a scripted engine (test_serve_reasoning's) serves: the
+    template's generation prompt opens <think> (Qwen3-Thinking-2507), and a grammar from the first
+    token would forbid the reasoning."""
+    from chat_templates import bpe_tokenizer
+    from spade.serve.server import BackgroundServer
+    from spade.serve.service import ModelService
+    from test_serve_reasoning import INSIDE, OPENS_THINK, ReplyEngine
+
+    tokenizer = bpe_tokenizer(OPENS_THINK)
+    engine = ReplyEngine(tokenizer, INSIDE)
+    service = ModelService(engine, tokenizer, MODEL_NAME, max_context_tokens=1024,
+                           eos_token_ids=[tokenizer.eos_token_id])
+    with BackgroundServer(service) as server:
+        thinking = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
+        with pytest.raises(openai.BadRequestError) as caught:
+            _ask(thinking, 0, response_format={"type": "json_object"})
+        assert caught.value.body["param"] == "response_format"
+        assert "enable_thinking" in caught.value.body["message"]
+        plain = _ask(thinking, 0)  # unconstrained, the same request is served
+    assert plain.message.content and not engine.requests[0].sampling.constraint
