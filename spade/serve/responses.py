@@ -13,7 +13,8 @@ Input: a string (one user turn) or a list of items: messages (``user`` / ``syste
 ``function_call`` items (joined to the assistant turn they follow, as the chat history's
 ``tool_calls``), ``function_call_output`` items (``tool`` messages) and ``reasoning`` items (the
 next assistant turn's ``reasoning_content``); ``instructions`` is a system message in front.
-Function ``tools`` in the Responses API's flat shape, ``tool_choice`` as chat takes it,
+Function ``tools`` in the Responses API's flat shape, ``tool_choice`` and ``parallel_tool_calls``
+as chat takes them,
 ``temperature``, ``top_p``, ``max_output_tokens``, ``text.format`` (chat's ``response_format``),
 ``include: ["message.output_text.logprobs"]`` with ``top_logprobs``; the extension fields ``seed``,
 ``top_k`` and ``chat_template_kwargs`` pass through. This server keeps no responses: ``store`` must

@@ -1,6 +1,7 @@
 """The OpenAI-compatible application: a model (tokenizer, chat template) over a ``RolloutEngine``.
 
-``ModelService`` answers ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and
+``ModelService`` answers ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``
+(``responses``: the Responses API translated to and from the chat endpoint), ``/v1/models`` and
 ``/health`` (``handle`` is the HTTP handler). A chat request is rendered with the model's own chat
 template (``apply_chat_template(..., tools=...)``), tokenised, and sent to the engine as token ids,
 ``n`` requests at once (the engine batches them); the generated ids are decoded, cut at the first
