@@ -19,7 +19,7 @@ import pytest
 
 from spade.rollout.engine import GenerationChunk
 
-from test_serve import CALL_TEXT, HELLO, MODEL_NAME, TOOLS_TEMPLATE, WEATHER, model_dir  # noqa: F401
+from test_serve import CALL_TEXT, HELLO, MODEL_NAME, TOOLS_TEMPLATE, WEATHER, model_dir, server  # noqa: F401
 from test_serve_reasoning import FULL, HYBRID, REASONING, ANSWER, ReplyEngine
 
 import openai  # noqa: E402
@@ -309,3 +309,15 @@ def test_engine_error_mid_stream_is_response_failed(scripted):
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
     assert "the engine broke" in failed["error"]["message"]
+
+
+def test_through_the_spade_serve_command(server, served):  # noqa: F811 - test_serve's subprocess
+    """The same request to ``python -m spade serve`` (a subprocess) and to the in-process server
+    gives the same greedy reply."""
+    cli = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60)
+    body = dict(model=MODEL_NAME, input="hello", temperature=0, max_output_tokens=8)
+    reply = cli.responses.create(**body)
+    assert reply.output_text == _raw(openai.OpenAI(base_url=served.url, api_key="unused"), **body)[
+        "output"][0]["content"][0]["text"]
+    events = list(cli.responses.create(stream=True, **body))
+    assert events[-1].response.output_text == reply.output_text
