@@ -1,5 +1,6 @@
 """selfplay.partial_rollouts (issue 26): the setting loads nested, is off by default, names its key in
-every error, and ``enabled: true`` is refused by the orchestrator until carrying is built."""
+every error, and ``enabled: true`` is refused by the orchestrator where carrying is not built (tool use;
+the refill of flat groups). The carrying itself: tests/test_partial_rollouts.py."""
 
 import pytest
 
@@ -28,8 +29,8 @@ def test_bad_values_name_the_key(section, key):
         from_mapping(SelfPlaySettings, {"partial_rollouts": section}, where="selfplay")
 
 
-def test_enabled_is_refused_by_the_orchestrator(tmp_path):
-    settings = SelfPlaySettings(partial_rollouts=PartialRolloutSettings(enabled=True))
-    with pytest.raises(ConfigError, match=r"selfplay\.partial_rollouts\.enabled"):
+def test_enabled_is_refused_for_tool_use(tmp_path):
+    settings = SelfPlaySettings(domain="tool_use", partial_rollouts=PartialRolloutSettings(enabled=True))
+    with pytest.raises(ConfigError, match=r"selfplay\.partial_rollouts\.enabled: true needs selfplay\.domain"):
         Orchestrator(settings, sandbox=None, engine=None, tokenizer=None, corpus=None, memory=None,
                      run_dir=tmp_path, seed=0)

@@ -98,25 +98,43 @@ def turn_budget(configured: int, env_max_turns: int | None) -> int:
     return configured
 
 
+class ReplayDiverged(Exception):
+    """A continued episode's environment answered a recorded action differently (see ``play_episode``)."""
+
+
 async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = None,
                        max_turns: int = DEFAULT_MAX_TURNS, hint: str | None = None,
-                       system_prompt: str | None = None) -> EpisodeResult:
+                       system_prompt: str | None = None, episode: EpisodeResult | None = None) -> EpisodeResult:
     """Play until the environment ends the episode or a budget runs out.
 
     An environment fault ends the episode with return 0 and is recorded in ``error``;
     an :class:`InfrastructureFault` propagates, since the episode must be retried, not scored.
+
+    ``episode``: the record to play into (the caller keeps a live view of its messages and turns).
+    One that already holds its opening user message is a stopped episode to continue (partial rollouts): the fresh
+    ``env`` is reset with ``seed`` and its recorded actions are replayed; an opening, observation,
+    reward or end flag that differs from the recording raises :class:`ReplayDiverged`; then the
+    play goes on from the recorded messages, with the turns already played counted in the budget.
     """
-    messages = [Message("system", system_prompt)] if system_prompt else []
-    episode = EpisodeResult(seed, messages)
+    if episode is None:
+        episode = EpisodeResult(seed, [Message("system", system_prompt)] if system_prompt else [])
+    messages = episode.messages
+    resumed = any(m.role == "user" for m in messages)  # a fresh record holds at most the system prompt
     try:
         first = await env.reset(seed=seed)
     except InfrastructureFault:
         raise
     except EnvFault as fault:
+        if resumed:
+            raise ReplayDiverged(f"reset failed on replay: {fault.error.message}") from None
         episode.end_reason, episode.error = EndReason.ENV_ERROR, fault.error
         return episode
-    messages.append(Message("user", first_user_message(first.observation, hint)))
-    for _ in range(turn_budget(max_turns, env.max_turns)):
+    opening = Message("user", first_user_message(first.observation, hint))
+    if resumed:
+        await _replay(env, episode, opening)
+    else:
+        messages.append(opening)
+    for _ in range(turn_budget(max_turns, env.max_turns) - len(episode.turns)):
         try:
             response = await policy(list(messages))
         except StopEpisode as stop:
@@ -150,6 +168,23 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
         messages.append(Message("user", later_user_message(result.observation)))
     episode.end_reason = EndReason.TURN_BUDGET
     return episode
+
+
+async def _replay(env: EnvInstance, episode: EpisodeResult, opening: Message) -> None:
+    """Bring a fresh, reset ``env`` to the recorded episode's state by stepping its actions."""
+    recorded_opening = next((m for m in episode.messages if m.role == "user"), None)
+    if recorded_opening != opening:
+        raise ReplayDiverged("the reset observation differs from the recorded one")
+    for number, turn in enumerate(episode.turns):
+        try:
+            result = await env.step(turn.action)
+        except InfrastructureFault:
+            raise
+        except EnvFault as fault:
+            raise ReplayDiverged(f"turn {number} failed on replay: {fault.error.message}") from None
+        if (result.observation, result.reward, result.terminated, result.truncated) != (
+                turn.observation, turn.reward, turn.terminated, turn.truncated):
+            raise ReplayDiverged(f"turn {number}'s outcome differs from the recorded one")
 
 
 # -- tool use (SPEC 4, "Tool use") --------------------------------------------------------------

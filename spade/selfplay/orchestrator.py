@@ -61,8 +61,9 @@ from ..rollout.engine import RolloutEngine
 from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .designer_source import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
-from .partial_rollout_settings import refuse_unbuilt
-from .plays import Play, Player, PlayRequest
+from .carried_plays import CarriedGroup
+from .partial_rollout_settings import refuse_unsupported
+from .plays import GroupsOutcome, Play, Player, PlayRequest
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
 from .settings import SelfPlaySettings
@@ -108,6 +109,9 @@ class StepPlays:
 
     nohint: dict[str, list[Play]]
     hinted: dict[str, list[Play]]
+    # partial rollouts: the no-hint groups complete in this step, each (env, step it began, plays);
+    # empty otherwise (a group is then every no-hint play of one environment of ``nohint``)
+    groups: tuple[tuple[EnvSpec, int, list[Play]], ...] = ()
 
     @classmethod
     def of(cls, envs: list[EnvSpec], plays: list[Play]) -> "StepPlays":
@@ -128,7 +132,8 @@ class Orchestrator:
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
                  stop_token_ids: tuple[int, ...] | None = None, chat_template_kwargs: dict[str, Any] | None = None):
-        refuse_unbuilt(settings.partial_rollouts)
+        refuse_unsupported(settings.partial_rollouts, domain=settings.domain,
+                           refill_equal_groups=settings.refill_equal_groups)
         self.settings = settings
         self.memory = memory
         self.run_dir = Path(run_dir)
@@ -151,6 +156,8 @@ class Orchestrator:
         self.last_step: int | None = None
         self.trajectory_log = TrajectoryLog(self.run_dir, settings.keep_trajectories)
         self.on_phase: Callable[[str], None] = no_phase  # told when the designer batch ends (peak RSS)
+        self.carried: list[CarriedGroup] = []  # partial rollouts: unfinished groups of earlier steps
+        self._finished_before: GroupsOutcome | None = None  # carried groups a regeneration step finished first
 
     # ------------------------------------------------------------------ the step
 
@@ -159,6 +166,9 @@ class Orchestrator:
         out = StepOutput(step)
         regenerate = step.regenerates(self.settings.k)
         started = time.perf_counter()
+        if regenerate and self.carried:  # partial rollouts: the ending set's carried plays end first
+            self._finished_before = await self.player.play_groups(self.carried, stop_after=None)
+            self.carried = []
         designs = await self.regenerate_and_admit(step, out) if regenerate else {}   # 1
         designed = time.perf_counter()
         if regenerate:
@@ -189,10 +199,45 @@ class Orchestrator:
         at a regeneration, ``g_hint`` times with it; the returns go to the trajectory log and the
         set's source."""
         n = step.updates_done
+        if self.settings.partial_rollouts.enabled:
+            return await self._play_partial(step, with_hint=with_hint)
         plays = await self.player.play_all(n, self.player.requests(self.envs, with_hint=with_hint))
         plays += await self._refill_plays(n, plays)
         self.trajectory_log.write_step(n, self.envs, plays)
         split = StepPlays.of(self.envs, plays)
+        self.source.observe(n, self.envs, {env_id: split.nohint_returns(env_id) for env_id in split.nohint})
+        return split
+
+    async def _play_partial(self, step: Step, *, with_hint: bool) -> StepPlays:
+        """2 with partial rollouts: the carried groups and this step's no-hint groups play until
+        ``ceil(complete_fraction * envs_per_set)`` groups are complete, the rest are carried; a
+        regeneration step plays everything to the end (its hinted arm as without partial rollouts)."""
+        n = step.updates_done
+        settings = self.settings.partial_rollouts
+        groups = self.carried + self.player.fresh_groups(n, self.envs)
+        if with_hint:
+            needed = None
+            hinted = await self.player.play_all(n, [r for r in self.player.requests(self.envs, with_hint=True)
+                                                    if r.hinted])
+        else:
+            needed = math.ceil(settings.complete_fraction * self.settings.envs_per_set)
+            hinted = []
+        outcome = await self.player.play_groups(groups, stop_after=needed)
+        before, self._finished_before = self._finished_before, None
+        if before is not None:  # the ending set's carried groups, finished before regeneration
+            outcome.complete = before.complete + outcome.complete
+            outcome.aborted += before.aborted
+        self.carried = outcome.carried
+        self._partial_outcome = outcome
+        in_set = {env.env_id for env in self.envs}
+        # the step's own record (trajectory log, the source, memory): complete groups of the set; at a
+        # regeneration only the new set's own groups (the ending set's train, but are not its record)
+        current = [p for g in outcome.complete if g.env.env_id in in_set and (not with_hint or g.origin_step == n)
+                   for p in g.finished] + hinted
+        self.trajectory_log.write_step(n, self.envs, current)
+        split = StepPlays.of(self.envs, current)
+        split = StepPlays(split.nohint, split.hinted,
+                          tuple((g.env, g.origin_step, g.finished) for g in outcome.complete))
         self.source.observe(n, self.envs, {env_id: split.nohint_returns(env_id) for env_id in split.nohint})
         return split
 
@@ -202,7 +247,11 @@ class Orchestrator:
         s = self.settings
         skills = {env.env_id: env.skill for env in self.envs}
         dropped_groups = masked = 0
-        for env_id, env_plays in plays.nohint.items():
+        groups = [(env_id, out.step.updates_done, env_plays) for env_id, env_plays in plays.nohint.items()]
+        if plays.groups:  # partial rollouts: each complete group, with the step it began in
+            groups = [(env.env_id, origin, env_plays) for env, origin, env_plays in plays.groups]
+            skills.update({env.env_id: env.skill for env, _, _ in plays.groups})
+        for env_id, origin, env_plays in groups:
             returns = [p.episode_return for p in env_plays]
             if s.drop_equal_return_groups and env_plays and _all_equal(returns):
                 dropped_groups += 1
@@ -216,7 +265,7 @@ class Orchestrator:
                     continue
                 out.samples.append(play.trajectory.replace(
                     role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
-                    generated_step=out.step.updates_done, reward=play.episode_return, advantage=advantage))
+                    generated_step=origin, reward=play.episode_return, advantage=advantage))
         if s.drop_equal_return_groups:
             out.metrics["agent/dropped_equal_groups"] = float(dropped_groups)
         if s.mask_truncated:
@@ -226,7 +275,12 @@ class Orchestrator:
         """4 (delayed). Between regenerations the window's no-hint returns join the waiting designs;
         the designs of step ``s - k`` are released with their rewards and get designer advantages."""
         n = out.step.updates_done
-        if not regenerate:
+        if plays.groups:  # partial rollouts: a group's returns count at the step it began in
+            waiting = {entry.env_id for entry in self.buffer.pending}
+            for env, origin, env_plays in plays.groups:
+                if env.env_id in waiting and not (regenerate and origin == n):
+                    self.buffer.record_window_returns(origin, env.env_id, [p.episode_return for p in env_plays])
+        elif not regenerate:
             waiting = {entry.env_id for entry in self.buffer.pending}
             for env in self.envs:
                 if env.env_id in waiting:
@@ -393,6 +447,11 @@ class Orchestrator:
             metrics["env/learnable_share"] = sum(lo <= r <= hi for r in rates) / len(rates)
         metrics["designer/samples"] = float(len(out.designer_samples))
         metrics["designer/pending"] = float(len(self.buffer))
+        if self.settings.partial_rollouts.enabled:
+            outcome = self._partial_outcome
+            metrics["rollout/carried_over"] = float(outcome.carried_plays)
+            metrics["rollout/aborted"] = float(outcome.aborted)
+            metrics["rollout/carried_groups"] = float(len(outcome.carried))
 
     # ------------------------------------------------------------------ resume
 
@@ -408,6 +467,9 @@ class Orchestrator:
             "infrastructure_failures": self.player.infrastructure_failures,
             "env_source": self.source.state_dict(),
             "rng": {"kind": "derived", "seed": self.seed},  # all draws come from derived seeds: no mutable rng
+            # partial rollouts: the unfinished groups (absent when off, so that state is unchanged)
+            **({"carried": [group.to_json() for group in self.carried]}
+               if self.settings.partial_rollouts.enabled else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -428,6 +490,8 @@ class Orchestrator:
                                 for key, value in state["pending_samples"].items()}
         self.player.infrastructure_failures = int(state.get("infrastructure_failures", 0))
         self.source.load_state_dict(state.get("env_source", {}))
+        agent_t = role_logprob_temperature(self.settings, Role.AGENT)
+        self.carried = [CarriedGroup.from_json(group, agent_t) for group in state.get("carried", [])]
 
 
 def _all_equal(values: list[float]) -> bool:

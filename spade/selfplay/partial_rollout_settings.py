@@ -70,8 +70,15 @@ class PartialRolloutSettings:
                 f"must be an integer >= 1, got {self.max_carry_steps!r}")
 
 
-def refuse_unbuilt(settings: PartialRolloutSettings) -> None:
-    """The orchestrator calls this: partial rollouts on is refused until carrying is built."""
-    if settings.enabled:
-        raise ConfigError(f"{_KEY}.enabled: true is not supported yet (the carrying of unfinished plays across "
-                          "steps is not built); allowed: false")
+def refuse_unsupported(settings: PartialRolloutSettings, *, domain: str, refill_equal_groups: int) -> None:
+    """The orchestrator calls this: partial rollouts carry game plays only (a tool episode's calls
+    are not replayed), and not with the refill of flat groups (a refill round needs its group's
+    returns, which a carried group does not have yet)."""
+    if not settings.enabled:
+        return
+    if domain != "games":
+        raise ConfigError(f"{_KEY}.enabled: true needs selfplay.domain: games (got {domain!r}): tool episodes "
+                          "are not carried across steps; allowed with tool_use: false")
+    if refill_equal_groups:
+        raise ConfigError(f"{_KEY}.enabled: true needs selfplay.refill_equal_groups: 0 (got "
+                          f"{refill_equal_groups}); allowed: false, or refill_equal_groups 0")

@@ -6,41 +6,31 @@ play ``i`` of the hinted and of the no-hint arm reset the environment with the s
 like), and sample with different seeds. An :class:`InfrastructureFault` (sandbox failure) drops the
 attempt and retries the play, up to ``max_play_retries`` times; a play that never gets through is
 left out, never scored. Plays run concurrently, at most ``max_concurrent_episodes`` at a time.
+
+Partial rollouts (:meth:`Player.play_groups`): no-hint groups, fresh or carried from earlier steps
+(:mod:`.carried_plays`), play until enough groups are complete; then the rest stop at their next
+policy call (an in-flight request is cancelled) and are handed back with their exact state.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..envs.protocol import EnvFault, ErrorKind, InfrastructureFault, Sandbox
 from ..agent.tool_calls import parser_for_template
-from ..envs.runner import EndReason, EpisodeResult, Turn, play_episode, play_tool_episode
+from ..envs.runner import EndReason, EpisodeResult, ReplayDiverged, Turn, play_episode, play_tool_episode
 from ..rollout.conversation import ChatFormat
 from ..rl.samples import Trajectory
 from ..rollout.engine import RolloutEngine, SamplingParams
+from .play_record import Play
+from .carried_plays import CarriedGroup, CarriedPlay, CarryOver, conversation_state, restore_conversation
 from .designer_source import EnvSpec
 from .policy import EnginePolicy
 from .seeds import derive_seed
 from .settings import SelfPlaySettings
 from .trajectories import trajectory_of
-
-
-@dataclass
-class Play:
-    """One scored play. ``trajectory`` is the conversation's sequence (None when nothing was generated)."""
-
-    env_id: str
-    hinted: bool
-    index: int
-    episode_return: float
-    turns: int
-    end_reason: str
-    trajectory: Trajectory | None
-    seed: int | None = None  # the reset seed
-    opening: str = ""  # the first user message, as the agent saw it
-    turn_log: tuple[Turn, ...] = ()
 
 
 async def open_game(sandbox: Sandbox, source: str, budget: int) -> Any:
@@ -61,6 +51,24 @@ class PlayRequest:
     env: EnvSpec
     hinted: bool
     index: int
+
+
+@dataclass
+class GroupsOutcome:
+    """What :meth:`Player.play_groups` hands back: the groups whose every play ended (their plays all
+    in ``finished``), the groups to carry into the next step, and the plays dropped as aborted."""
+
+    complete: list[CarriedGroup] = field(default_factory=list)
+    carried: list[CarriedGroup] = field(default_factory=list)
+    aborted: int = 0
+
+    @property
+    def carried_plays(self) -> int:
+        return sum(len(group.unfinished) for group in self.carried)
+
+
+class _Aborted(Exception):
+    """A carried play whose environment did not replay as recorded."""
 
 
 class Player:
@@ -96,6 +104,95 @@ class Player:
         results = await asyncio.gather(*(bounded(r) for r in requests))
         return [play for play in results if play is not None]
 
+    def fresh_groups(self, step: int, envs: list[EnvSpec]) -> list[CarriedGroup]:
+        """This step's no-hint groups, not started (their reset seeds as :meth:`_play` derives them)."""
+        return [CarriedGroup(env, step, 0, [], [CarriedPlay(i, derive_seed(self.seed, "reset", step, env.env_id, i))
+                                               for i in range(self.settings.g_nohint)]) for env in envs]
+
+    async def play_groups(self, groups: list[CarriedGroup], *, stop_after: int | None) -> GroupsOutcome:
+        """Play every unfinished no-hint play of ``groups``; once ``stop_after`` groups are complete
+        (None: never) the others stop and are carried, unless carried ``max_carry_steps`` times
+        already: then they are dropped as aborted, like a group whose replay diverged."""
+        s = self.settings
+        semaphore = asyncio.Semaphore(s.max_concurrent_episodes)
+        stop = asyncio.Event()
+        remaining = [len(group.unfinished) for group in groups]
+        complete = [0]
+
+        def resolved(g: int) -> None:
+            remaining[g] -= 1
+            if remaining[g] == 0:
+                complete[0] += 1
+                if stop_after is not None and complete[0] >= stop_after:
+                    stop.set()
+
+        async def bounded(g: int, play: CarriedPlay) -> Play | CarriedPlay | _Aborted | None:
+            async with semaphore:
+                if stop.is_set():
+                    return play
+                try:
+                    result = await self._continue(groups[g], play, stop)
+                except ReplayDiverged as diverged:
+                    return _Aborted(str(diverged))
+                if not isinstance(result, CarriedPlay):
+                    resolved(g)  # before the next play is admitted: it must see a stop this sets
+                return result
+
+        if stop_after is not None and stop_after <= sum(1 for r in remaining if r == 0):
+            stop.set()
+        jobs = [(g, play) for g, group in enumerate(groups) for play in group.unfinished]
+        results = await asyncio.gather(*(bounded(g, play) for g, play in jobs))
+        by_group: dict[int, list[Any]] = {g: [] for g in range(len(groups))}
+        for (g, _), result in zip(jobs, results):
+            by_group[g].append(result)
+        outcome = GroupsOutcome()
+        for g, group in enumerate(groups):
+            results_g = by_group[g]
+            if any(isinstance(r, _Aborted) for r in results_g):
+                outcome.aborted += group.size
+                continue
+            finished = group.finished + [r for r in results_g if isinstance(r, Play)]
+            unfinished = [r for r in results_g if isinstance(r, CarriedPlay)]
+            if not unfinished:
+                finished.sort(key=lambda play: play.index)
+                outcome.complete.append(CarriedGroup(group.env, group.origin_step, group.carries, finished, []))
+            elif group.carries + 1 > s.partial_rollouts.max_carry_steps:
+                outcome.aborted += group.size
+            else:
+                outcome.carried.append(CarriedGroup(group.env, group.origin_step, group.carries + 1, finished,
+                                                    unfinished))
+        return outcome
+
+    async def _continue(self, group: CarriedGroup, carried: CarriedPlay, stop: asyncio.Event) -> Play | CarriedPlay | None:
+        """Play (or go on playing) one no-hint play of ``group``; a stopped play comes back carried."""
+        s = self.settings
+        sampling = SamplingParams(temperature=s.agent_temperature, top_p=s.top_p, top_k=s.top_k,
+                                  max_new_tokens=s.agent_max_tokens, stop_token_ids=self.stop_token_ids,
+                                  seed=derive_seed(self.seed, "agent", group.origin_step, group.env.env_id, "nohint",
+                                                   carried.index))
+        request = PlayRequest(group.env, False, carried.index)
+        for _ in range(s.max_play_retries + 1):
+            policy = EnginePolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+                                  chat_format=self.chat_format, stop=stop)
+            if carried.conversation is not None:
+                policy.restore(restore_conversation(carried.conversation, self.tokenizer, self.chat_format))
+            episode = carried.episode()
+            try:
+                result = await self._episode(request, policy, carried.env_seed, episode=episode)
+            except InfrastructureFault:
+                continue
+            except CarryOver:
+                state = None if policy.conversation is None else conversation_state(policy.conversation)
+                return CarriedPlay(carried.index, carried.env_seed, list(episode.messages), list(episode.turns), state)
+            trajectory = None if policy.conversation is None else trajectory_of(
+                policy.conversation, logprob_temperature=sampling.logprob_temperature)
+            opening = next((m.content for m in result.messages if m.role == "user"), "")
+            return Play(group.env.env_id, False, carried.index, result.episode_return, len(result.turns),
+                        result.end_reason.value, trajectory, seed=carried.env_seed, opening=opening,
+                        turn_log=tuple(result.turns))
+        self.infrastructure_failures += 1
+        return None
+
     async def _play(self, step: int, request: PlayRequest) -> Play | None:
         s = self.settings
         env_seed = derive_seed(self.seed, "reset", step, request.env.env_id, request.index)
@@ -119,7 +216,8 @@ class Player:
         self.infrastructure_failures += 1
         return None
 
-    async def _episode(self, request: PlayRequest, policy: EnginePolicy, env_seed: int) -> EpisodeResult:
+    async def _episode(self, request: PlayRequest, policy: EnginePolicy, env_seed: int,
+                       episode: EpisodeResult | None = None) -> EpisodeResult:
         try:
             if self.tool_parser is None and self.settings.env_source == "designer":
                 env = await open_game(self.sandbox, request.env.source, self.settings.max_turns)
@@ -136,6 +234,6 @@ class Player:
                                                max_turns=self.settings.max_turns, hint=hint,
                                                mask_malformed=self.settings.tool_mask_malformed_calls)
             return await play_episode(env, policy, seed=env_seed, max_turns=self.settings.max_turns,
-                                      hint=hint)
+                                      hint=hint, episode=episode)
         finally:
             await env.close()
