@@ -452,6 +452,8 @@ class Orchestrator:
             metrics["rollout/carried_over"] = float(outcome.carried_plays)
             metrics["rollout/aborted"] = float(outcome.aborted)
             metrics["rollout/carried_groups"] = float(len(outcome.carried))
+            # plays of the groups complete in this step (what trains, the ending set's carried groups too)
+            metrics["rollout/completed"] = float(sum(len(g.finished) for g in outcome.complete))
 
     # ------------------------------------------------------------------ resume
 
