@@ -19,7 +19,7 @@ from sglang_standin import standin_argv
 from spade.rollout.engine import Constraint, GenerationRequest, SamplingParams
 from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 from spade.rollout.sglang.protocol import generate_payload
-from test_constrained_decoding import PERSON, TIME
+from test_constrained_decoding import PERSON, STRICT_WEATHER, TIME
 from test_serve import HELLO, WEATHER, model_dir  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
@@ -68,7 +68,7 @@ def test_spade_serve_constrains_over_sglang(standin, model_dir):  # noqa: F811
             choice = ask(seed, response_format=format_)
             assert choice.finish_reason == "stop"
             jsonschema.validate(json.loads(choice.message.content), PERSON)
-        named = ask(2, tools=[WEATHER, TIME],
+        named = ask(2, tools=[STRICT_WEATHER, TIME], parallel_tool_calls=False,
                     tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert named.finish_reason == "tool_calls"
     for call in named.message.tool_calls:

@@ -5,17 +5,18 @@ What SGLang 0.5.23's ``serving_chat.py`` sends in ``sampling_params``, restated:
 * ``response_format: {"type": "json_object"}`` -> ``json_schema`` ``{"type": "object"}``;
 * ``response_format: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` ->
   ``json_schema`` with the schema (required: SGLang answers 400 without it);
-* ``tool_choice: "required"`` or ``{"type": "function", "function": {"name"}}`` -> a structural
-  tag of the model's own tool-call blocks, as SGLang's detectors describe them
-  (``Qwen25Detector.structure_info``: the block opens with ``<tool_call>\\n{"name": "NAME",
-  "arguments": ``, the arguments follow the tool's ``parameters`` schema, and ``}\\n</tool_call>``
-  closes it): one block per call, at least one, blocks separated by a newline as the chat template
-  writes them, only the first when ``parallel_tool_calls`` is false. The text is then parsed by
-  the ordinary tool-call path (``spade.agent.tool_calls``), so the calls come back as
-  ``tool_calls`` with ``finish_reason: "tool_calls"``. This is what SGLang does on a server with
-  a tool-call parser (``_process_messages`` -> ``FunctionCallParser.get_structure_constraint``,
-  the detector's structural tag with ``at_least_one``); only without a parser does it fall back to
-  a JSON array ``[{"name", "parameters"}]`` (``get_json_schema_constraint``).
+* ``tool_choice: "required"`` or ``{"type": "function", "function": {"name"}}`` -> the structural
+  tag SGLang builds for Qwen's tool-call syntax (``FunctionCallParser.get_structure_constraint``
+  -> ``get_legacy_structural_tag(at_least_one=True)``, ``Qwen25Detector.structure_info``): a
+  block per call that opens with ``<tool_call>\n{"name":"NAME", "arguments":`` and closes with
+  ``}\n</tool_call>``, the arguments following the tool's ``parameters`` when the tool is
+  ``strict`` (any JSON otherwise, "per OpenAI protocol semantics" as SGLang's comment says), as
+  xgrammar's triggered tags (trigger ``<tool_call>``) with ``at_least_one``: the reply opens with
+  a call. The text is then parsed by the ordinary tool-call path (``spade.agent.tool_calls``), so
+  the calls come back as ``tool_calls`` with ``finish_reason: "tool_calls"``. Two choices beyond
+  SGLang 0.5.23, which lists every tool and ignores ``parallel_tool_calls`` on this path: a named
+  choice allows that function only, and ``parallel_tool_calls: false`` stops after the first call
+  (xgrammar's ``stop_after_first``).
 
 Schemas are checked before anything is generated (``jsonschema``'s meta-schema check and
 xgrammar's converter); a bad one is a 400 naming the field. The constraint applies from the first
@@ -69,19 +70,24 @@ def tool_choice_constraint(choice: Any, tools: Optional[Sequence[Mapping[str, An
         if name not in names:
             raise APIError(f"tool_choice names function {json.dumps(name)}, which is not among the "
                            f"tools ({', '.join(names)})", "tool_choice.function.name")
-        tools = [t for t in tools if t["function"]["name"] == name]
+    else:
+        name = None
     tags = []
     for i, tool in enumerate(tools):
         function = tool["function"]
-        parameters = function.get("parameters") or {"type": "object", "properties": {}}
-        check_schema(parameters, f"tools[{i}].function.parameters")
+        if name is not None and function["name"] != name:
+            continue
+        schema: Any = {}
+        if function.get("strict"):
+            schema = function.get("parameters") or {"type": "object", "properties": {}}
+            check_schema(schema, f"tools[{i}].function.parameters")
         tags.append({"type": "tag",
-                     "begin": tool_parser.JSON_OPEN + '{"name": ' + json.dumps(function["name"])
-                     + ', "arguments": ',
-                     "content": {"type": "json_schema", "json_schema": parameters},
+                     "begin": tool_parser.JSON_OPEN + '{"name":' + json.dumps(function["name"])
+                     + ', "arguments":',
+                     "content": {"type": "json_schema", "json_schema": schema},
                      "end": "}" + tool_parser.JSON_CLOSE})
     tag = {"type": "structural_tag",
-           "format": {"type": "tags_with_separator", "tags": tags, "separator": "\n",
+           "format": {"type": "triggered_tags", "triggers": [tool_parser.OPEN], "tags": tags,
                       "at_least_one": True, "stop_after_first": not parallel}}
     return Constraint("structural_tag", json.dumps(tag))
 
