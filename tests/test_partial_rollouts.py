@@ -89,6 +89,16 @@ class StopAfterCalls(RolloutEngine):
         pass  # the real engine belongs to the fixture
 
 
+class StopDuringCall(StopAfterCalls):
+    """The real engine; its ``after``-th request sets ``stop`` while the engine is still writing it."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.calls += 1
+        if self.calls == self.after:
+            asyncio.get_running_loop().call_soon(self.stop.set)
+        return await self.real.generate(request)
+
+
 def _spec(env_id: str, source: str) -> EnvSpec:
     return EnvSpec(env_id=env_id, slot=0, skill="s", source=source, hint="", class_name="LongEnv", max_turns=None,
                    generated_step=0)
@@ -203,6 +213,16 @@ def test_a_stopped_play_continues_exactly_and_across_a_weight_update(sandbox, en
     assert done.trajectory.token_ids == whole.trajectory.token_ids
     assert done.trajectory.rollout_logprobs == pytest.approx(whole.trajectory.rollout_logprobs, abs=1e-5)
     assert done.turn_log == whole.turn_log and done.episode_return == whole.episode_return
+
+    # stopped while the engine writes the second reply: the request is cancelled, the play carried
+    # from the turn boundary, and it still ends as the uninterrupted play
+    stop = asyncio.Event()
+    cancelling = StopDuringCall(engine, stop, after=2)
+    cut = sandbox.run(player(cancelling)._continue(group, group.unfinished[0], stop), timeout=120)
+    assert isinstance(cut, CarriedPlay) and len(cut.turns) == 1 and cancelling.calls == 2
+    assert cut.to_json() == carried.to_json()
+    again = sandbox.run(player(engine)._continue(group, cut, asyncio.Event()), timeout=120)
+    assert again.trajectory.token_ids == whole.trajectory.token_ids
 
     # the same weights published as version 1: the continued turns are written by version 1
     before = engine.weight_version

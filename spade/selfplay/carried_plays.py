@@ -80,10 +80,6 @@ class CarriedPlay:
     turns: list[Turn] = field(default_factory=list)
     conversation: dict[str, Any] | None = None  # conversation_state(); None before the first request
 
-    @property
-    def started(self) -> bool:
-        return bool(self.messages)
-
     def episode(self) -> EpisodeResult:
         """A fresh episode record to continue into (the runner replays ``turns`` first)."""
         return EpisodeResult(self.env_seed, list(self.messages), list(self.turns), EndReason.TURN_BUDGET)

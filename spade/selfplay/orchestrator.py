@@ -158,6 +158,7 @@ class Orchestrator:
         self.on_phase: Callable[[str], None] = no_phase  # told when the designer batch ends (peak RSS)
         self.carried: list[CarriedGroup] = []  # partial rollouts: unfinished groups of earlier steps
         self._finished_before: GroupsOutcome | None = None  # carried groups a regeneration step finished first
+        self._partial_outcome = GroupsOutcome()  # the last partial play stage's (metrics)
 
     # ------------------------------------------------------------------ the step
 

@@ -1,8 +1,12 @@
 """``selfplay.partial_rollouts``: partial rollouts (issue 26), the design and its setting.
 
-Status: the setting and its checks exist; the carrying runtime does not yet. ``enabled: false``
-(the default) is today's synchronous schedule bit for bit. ``enabled: true`` is refused by the
-orchestrator with a :class:`~spade.config.ConfigError` naming this key until carrying is built.
+Status: built for the games domain (``spade/selfplay/carried_plays.py``, ``Player.play_groups`` in
+``plays.py``, ``Orchestrator._play_partial``; docs/partial_rollouts.md). ``enabled: false`` (the
+default) is today's synchronous schedule bit for bit. ``enabled: true`` is refused with a
+:class:`~spade.config.ConfigError` naming this key for ``selfplay.domain: tool_use`` (a tool episode's
+calls are not replayed) and with ``refill_equal_groups`` > 0. A stopped play is carried from its last
+turn boundary: the reply the engine was writing when the step stopped is cancelled and sampled again
+(same seed, newer weights) when the play continues.
 
 Design
 ------
@@ -40,7 +44,8 @@ observations must equal the recorded ones, else the play is dropped as ``aborted
 are part of the orchestrator's checkpoint so a kill and resume continues them exactly.
 
 *Metrics.* ``rollout/carried_over`` (plays carried out of the step), ``rollout/aborted`` (plays
-dropped), and the policy-lag histogram of the trained tokens.
+dropped), ``rollout/carried_groups`` (groups carried out), ``rollout/completed`` (plays of the groups
+that completed in the step, carried ones included), and the policy-lag histogram of the trained tokens.
 """
 
 from __future__ import annotations

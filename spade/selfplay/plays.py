@@ -20,9 +20,8 @@ from typing import Any
 
 from ..envs.protocol import EnvFault, ErrorKind, InfrastructureFault, Sandbox
 from ..agent.tool_calls import parser_for_template
-from ..envs.runner import EndReason, EpisodeResult, ReplayDiverged, Turn, play_episode, play_tool_episode
+from ..envs.runner import EndReason, EpisodeResult, ReplayDiverged, play_episode, play_tool_episode
 from ..rollout.conversation import ChatFormat
-from ..rl.samples import Trajectory
 from ..rollout.engine import RolloutEngine, SamplingParams
 from .play_record import Play
 from .carried_plays import CarriedGroup, CarriedPlay, CarryOver, conversation_state, restore_conversation

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .designer_source import EnvSpec
-from .plays import Play
+from .play_record import Play
 
 DIRECTORY = "trajectories"
 
