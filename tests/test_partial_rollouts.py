@@ -334,3 +334,35 @@ def test_concurrent_plays_are_each_trained_aborted_or_carried_once(sandbox, engi
     # the engine ends the cancelled rows at its next decode step: let it, before the loop stops for good
     from spade.rollout.engine import SamplingParams
     sandbox.run(engine.generate(GenerationRequest((1, 2, 3), SamplingParams(max_new_tokens=1))), timeout=60)
+
+
+def test_designer_rewards_wait_for_the_carried_plays_of_the_ending_set(sandbox, engine, tokenizer, tmp_path):
+    """k 2 with the designer on: step 1 carries one environment's group; regeneration step 2 finishes it
+    before the new set is designed, and the released designer rewards see both environments' step-1
+    returns (the carried group's counted at step 1, the step it began in)."""
+    from test_orchestrator import COIN_SOURCE, EXAMPLE_SOURCE, ScriptedDesigner
+
+    designer = ScriptedDesigner(engine, tokenizer, [EXAMPLE_SOURCE, COIN_SOURCE])
+    orch = Orchestrator(_settings(k=2), sandbox=sandbox.service, engine=designer, tokenizer=tokenizer, corpus=None,
+                        memory=None, run_dir=tmp_path, seed=1234)
+    sandbox.run(orch.run_step(Step(0)), timeout=180)
+    ids = [env.env_id for env in orch.envs]
+    out1 = sandbox.run(orch.run_step(Step(1)), timeout=180)
+    assert out1.metrics["rollout/carried_over"] == 2 and [g.env.env_id for g in orch.carried] == [ids[1]]
+    assert {e.env_id: dict(e.later_returns) for e in orch.buffer.pending}[ids[1]] == {}
+
+    released = []
+    release = orch.buffer.release
+
+    def spy(step):  # the entries as the release scores them
+        released.extend((e.env_id, dict(e.later_returns)) for e in orch.buffer.pending)
+        return release(step)
+
+    orch.buffer.release = spy
+    out2 = sandbox.run(orch.run_step(Step(2)), timeout=180)
+    assert out2.metrics["designer/released"] == 2 and orch.carried == []
+    assert sorted(env_id for env_id, _ in released) == sorted(ids)
+    assert all(list(later) == [1] and len(later[1]) == 2 for _, later in released)
+    assert {(t.env_id, t.generated_step) for t in out2.agent_samples} <= {(ids[1], 1)} | {
+        (env.env_id, 2) for env in orch.envs}
+    assert any(t.env_id == ids[1] and t.generated_step == 1 for t in out2.agent_samples)
