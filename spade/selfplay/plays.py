@@ -225,6 +225,8 @@ class Player:
         except InfrastructureFault:
             raise
         except EnvFault as fault:  # an admitted environment that no longer loads: scored as a failed play
+            if episode is not None and episode.messages:  # a carried play's environment cannot be rebuilt
+                raise ReplayDiverged(f"the environment no longer loads: {fault.error.message}") from None
             return EpisodeResult(env_seed, [], end_reason=EndReason.ENV_ERROR, error=fault.error)
         hint = request.env.hint if request.hinted else None
         try:
