@@ -12,6 +12,9 @@
    difficulty controller reads them).
 2. :meth:`~Orchestrator.play` (:mod:`.plays`): every environment ``g_nohint`` times without hint,
    and at the regeneration step also ``g_hint`` times with the hint (measured, never trained).
+   With ``partial_rollouts`` on (:meth:`~Orchestrator._play_partial`, docs/partial_rollouts.md) a
+   step that does not regenerate ends once enough no-hint groups are complete and carries the rest;
+   a regeneration step first finishes the carried groups, then plays everything to the end.
 3. :meth:`~Orchestrator.score_agent_plays`: per environment, advantages are the z-scores of its
    no-hint returns of this step; one sample per no-hint play that generated anything. Stabilisers
    (off by default): ``drop_equal_return_groups`` leaves out environments whose returns are all
@@ -34,7 +37,8 @@ Every step's returns, and a bounded sample of its episodes, go to ``RUN/trajecto
 ``StepOutput.metrics``; the trainer adds its own to make the ``metrics.jsonl`` line.
 
 Resume. ``state_dict()`` is JSON-serialisable: the current set (sources, hints, ids, skills,
-generation step), the delay buffer, and the pending designer trajectories (``Trajectory.to_json``).
+generation step), the delay buffer, the pending designer trajectories (``Trajectory.to_json``) and,
+with partial rollouts on, the carried groups (:mod:`.carried_plays`).
 There is no mutable rng: every random choice (corpus document, memory examples, sampling seeds,
 reset seeds) comes from a seed derived from ``(seed, s, slot/env, attempt/play)``, so
 ``load_state_dict`` plus the same ``seed`` continues exactly. The memory database is not in the
