@@ -59,7 +59,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.step_overhead import DEFAULT_GAME, ENV_FILES, EXAMPLE_ENVS, GAMES, REASONING, load_tokenizer  # noqa: E402
+from benchmarks.step_overhead import (DEFAULT_GAME, ENV_FILES, EXAMPLE_ENVS, GAMES, REASONING,  # noqa: E402
+                                      load_tokenizer)
 from spade.envs.sandbox.client import SandboxService  # noqa: E402
 from spade.envs.sandbox.config import SandboxConfig  # noqa: E402
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine  # noqa: E402
@@ -317,8 +318,8 @@ def report(args: argparse.Namespace, tokenizer_name: str, context: dict, results
     add(f"simulated engine: reply length per episode log-normal, median {args.median_tokens:g} tokens, sigma "
         f"{args.sigma:g}, cap {args.cap}; {args.token_latency_ms:g} ms per token; requests do not slow each other")
     add(f"plays: g_nohint={args.g_nohint}, max_turns={args.max_turns} (valid non-final actions: every episode "
-        f"plays its turn budget), max_concurrent_episodes={args.max_concurrent_episodes}; measured steps 1..{args.steps} "
-        f"(step 0, admission, not counted)")
+        f"plays its turn budget), max_concurrent_episodes={args.max_concurrent_episodes}; "
+        f"measured steps 1..{args.steps} (step 0, admission, not counted)")
     add(f"sync: envs_per_set={sync.envs_per_set}; partial: envs_per_set={partial.envs_per_set}, complete_fraction="
         f"{partial.complete_fraction:.4f} (ends at {math.ceil(partial.complete_fraction * partial.envs_per_set)} "
         f"complete groups), max_carry_steps={args.max_carry_steps}")
