@@ -34,7 +34,7 @@ class Loop(Trainer):
     """The real ``Trainer.run`` loop; building, restoring, the step and the checkpoint recorded."""
 
     def __init__(self, steps: int, every: int, *, start: int = 0, resume: bool = False):
-        self.config = SimpleNamespace(run=SimpleNamespace(steps=steps, checkpoint_every=every, loggers=("tensorboard",)))
+        self.config = SimpleNamespace(run=SimpleNamespace(steps=steps, checkpoint_every=every, loggers=("tensorboard",), best_metric="none", best_mode="max"), eval=SimpleNamespace(every=0))
         self.resume, self.rank, self.start = resume, 1, start
         self.rollout = self.progress = Recorder()
         self.learner = SimpleNamespace(weight_stream=None)
