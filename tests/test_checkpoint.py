@@ -327,6 +327,53 @@ def test_save_starts_no_process(tmp_path, hf_dir, hf_config):
     load_checkpoint(tmp_path / "ckpt", [ddp], optimizer=optimizer)  # and what it wrote loads
 
 
+def test_tensors_are_written_one_at_a_time_and_resume_as_megatrons_own_staging(tmp_path, hf_dir, hf_config,
+                                                                                  monkeypatch):
+    """The deferred writer (in_process_writes) holds at most one copied tensor at a time, where
+    megatron-core's writer copies every view of the plan before writing; both checkpoints resume
+    to the same training (bytes differ: ``torch.save`` stamps every file with its own id)."""
+    import functools
+    import weakref
+
+    from spade.training import checkpoint, in_process_writes as writes
+
+    model, _ = hx.megatron_model(hf_dir, LAYOUT)
+    ddp, optimizer = hx.trainer(model, distributed_optimizer=True)  # parameters and state are views
+    hx.train_step(ddp, optimizer, hx.batch(1))
+
+    copies: list = []
+    overlapping: list[int] = []
+    materialize = writes.DeferredTensor.materialize
+
+    def tracked(self):
+        overlapping.append(sum(ref() is not None for ref in copies))
+        out = materialize(self)
+        if out.untyped_storage().data_ptr() != self.planner.resolve_data(self.item).untyped_storage().data_ptr():
+            copies.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(writes.DeferredTensor, "materialize", tracked)
+    checkpoint.save_checkpoint(tmp_path / "deferred", [ddp], hf_config=hf_config, layout=LAYOUT, step=1,
+                               optimizer=optimizer, save_rng=False)
+    assert copies and len(overlapping) > len(copies)  # views were copied, other tensors written as they are
+    assert max(overlapping) == 0  # no copy outlives its own write
+
+    monkeypatch.setattr(checkpoint, "in_process_writes", functools.partial(writes.in_process_writes,
+                                                                           defer_tensors=False))
+    checkpoint.save_checkpoint(tmp_path / "staged", [ddp], hf_config=hf_config, layout=LAYOUT, step=1,
+                               optimizer=optimizer, save_rng=False)
+    resumed = []
+    for name in ("deferred", "staged"):  # each loads into a fresh trainer that then trains on alike
+        fresh, spec = hx.megatron_model(hf_dir, LAYOUT, load_weights=False, seed=11)
+        fresh_ddp, fresh_optimizer = hx.trainer(fresh, distributed_optimizer=True)
+        checkpoint.load_checkpoint(tmp_path / name, [fresh_ddp], optimizer=fresh_optimizer, load_rng=False)
+        loss = hx.train_step(fresh_ddp, fresh_optimizer, hx.batch(2))
+        resumed.append((loss, hx.hf_state(fresh, spec, LAYOUT)))
+    (loss, state), (staged_loss, staged_state) = resumed
+    assert loss == staged_loss
+    assert [key for key in staged_state if not torch.equal(state[key], staged_state[key])] == []
+
+
 # ---------------------------------------------------------------------------- manifest
 
 
