@@ -298,14 +298,18 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(value: Any) -> Optional[list[dict[str, Any]]]:
+def listed_tools(value: Any) -> list[tuple[str, Any]]:
+    """A request's ``tools`` as (the entry's path in the request, the entry); absent: []."""
     if value is None:
-        return None
+        return []
     if not isinstance(value, list):
         raise APIError("tools must be a list", "tools")
+    return [(f"tools[{i}]", tool) for i, tool in enumerate(value)]
+
+
+def _tools(value: Any) -> Optional[list[dict[str, Any]]]:
     out = []
-    for i, tool in enumerate(value):
-        where = f"tools[{i}]"
+    for where, tool in listed_tools(value):
         if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
             raise APIError(f"{where} must be an object with type \"function\"", where)
         function = tool.get("function")

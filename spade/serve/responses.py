@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 from .http import Response, StreamResponse
-from .protocol import APIError
+from .protocol import APIError, listed_tools
 
 ChatEndpoint = Callable[[Any], Awaitable["Response | StreamResponse"]]
 
@@ -182,11 +182,8 @@ def _messages(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[int]]
 def _tools(value: Any) -> Optional[list[dict[str, Any]]]:
     if value is None:
         return None
-    if not isinstance(value, list):
-        raise APIError("tools must be a list", "tools")
     out = []
-    for i, tool in enumerate(value):
-        where = f"tools[{i}]"
+    for where, tool in listed_tools(value):
         kind = tool.get("type") if isinstance(tool, Mapping) else None
         if kind != "function":
             raise APIError(f"{where}.type {json.dumps(kind)} is not supported; only function tools "
