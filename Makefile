@@ -68,7 +68,9 @@ $(TAU2_STAMP): requirements/tau2.txt
 	touch $(TAU2_STAMP)
 
 # verifiers 0.4.0's own venv (requirements/verifiers.txt, every version pinned), for the
-# spade.envs.verifiers_env adapter and its test (docs/export.md). About 40 s from the local index.
+# spade.envs.verifiers_env adapter and its tests (docs/export.md), with uv and a uv cache holding the
+# packages of verifiers' chat program (its harness), which uv fetches from the package index once.
+# About 45 s.
 VERIFIERS_VENV ?= .venv-verifiers
 VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
 
@@ -77,6 +79,7 @@ verifiers: $(VERIFIERS_STAMP)
 $(VERIFIERS_STAMP): requirements/verifiers.txt
 	$(PYTHON) -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_VENV)/bin/pip install --quiet -r requirements/verifiers.txt
+	PYTHONPATH=$(CURDIR) $(VERIFIERS_VENV)/bin/python tools/warm_verifiers_uv.py
 	touch $(VERIFIERS_STAMP)
 
 # The real clients of spade serve (the OpenAI Agents SDK, inspect-ai; requirements/serve_clients.txt,

@@ -3,8 +3,7 @@
 Runs tests/verifiers_env_probe.py with .venv-verifiers' python (``make verifiers``); skips when
 that venv is absent. The reference for each episode is SPEC 1.3's return computed by hand for a
 scripted game, and the same actions replayed through spade's Gymnasium env in this process.
-Not covered here: verifiers' own rollout loop (its harnesses start the model program with
-``uv sync --script``, which needs the network; docs/export.md)."""
+verifiers' own rollout loop against ``spade serve`` is tests/test_verifiers_loop.py."""
 
 from __future__ import annotations
 

@@ -87,8 +87,9 @@ class SpadePoolTaskset(vf.Taskset[SpadePoolTask, SpadePoolConfig]):
 
 class SpadePoolEnvConfig(vf.EnvConfig):
     # verifiers' plain chat program: the model only talks, the game runs here (its default for a
-    # taskset without a harness would be the bash agent)
-    player: vf.AgentConfig = vf.AgentConfig(harness=NullHarnessConfig(id="null"))
+    # taskset without a harness would be the bash agent). The program runs no code, so it runs as a
+    # local process (verifiers' default runtime is a Prime Intellect sandbox, which needs an account)
+    player: vf.AgentConfig = vf.AgentConfig(harness=NullHarnessConfig(id="null"), runtime=vf.SubprocessConfig())
 
 
 class _InteractionPolicy:
