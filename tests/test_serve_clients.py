@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from spade.rollout.engine import GenerationChunk, GenerationResult, RolloutEngine
+from scripted_engine import ScriptedEngine
 from test_serve import MODEL_NAME, TOOLS_TEMPLATE
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,38 +52,11 @@ def _python() -> str:
     return str(PYTHON)
 
 
-class TurnEngine(RolloutEngine):
+class TurnEngine(ScriptedEngine):
     """Replies ``CALL`` to a prompt without a tool result and ``ANSWER`` to one with it."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.prompts: list[str] = []
-
-    @property
-    def weight_version(self) -> int:
-        return 0
-
-    def _ids(self, request) -> list[int]:
-        prompt = self.tokenizer.decode(list(request.prompt_ids))
-        self.prompts.append(prompt)
-        text = ANSWER if "<tool_response>" in prompt else CALL
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-
-    async def generate(self, request):
-        ids = self._ids(request)
-        return GenerationResult(ids, [-0.5] * len(ids), "stop", 0)
-
-    async def generate_stream(self, request):
-        ids = self._ids(request)
-        for k, token in enumerate(ids):
-            last = k == len(ids) - 1
-            yield GenerationChunk((token,), (-0.5,), "stop" if last else None, 0 if last else None)
-
-    async def update_weights(self, named_tensors, version: int) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
+    def reply_ids(self, prompt: str) -> list[int]:
+        return self.text_ids(ANSWER if "<tool_response>" in prompt else CALL)
 
 
 class Recorder:

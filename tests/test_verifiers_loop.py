@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from spade.envs.verifiers_uv import uv_environment
-from spade.rollout.engine import GenerationChunk, GenerationResult, RolloutEngine
+from scripted_engine import ScriptedEngine
 from test_serve import MODEL_NAME, TOOLS_TEMPLATE
 from test_verifiers_env import GAME
 
@@ -36,39 +36,11 @@ ACTIONS = ["\\boxed{x}", "\\boxed{x}", "\\boxed{end 0.75}"]
 ASSISTANT = "<|im_start|>assistant"
 
 
-class ScriptedPlayer(RolloutEngine):
+class ScriptedPlayer(ScriptedEngine):
     """Replies ``ACTIONS[k]`` where ``k`` is the number of assistant turns already in the prompt."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.prompts: list[str] = []
-
-    @property
-    def weight_version(self) -> int:
-        return 0
-
-    def _ids(self, request) -> list[int]:
-        prompt = self.tokenizer.decode(list(request.prompt_ids))
-        self.prompts.append(prompt)
-        turn = min(prompt.count(ASSISTANT) - 1, len(ACTIONS) - 1)
-        ids = self.tokenizer(ACTIONS[turn], add_special_tokens=False)["input_ids"]
-        return ids + [self.tokenizer.eos_token_id]
-
-    async def generate(self, request):
-        ids = self._ids(request)
-        return GenerationResult(ids, [-0.5] * len(ids), "stop", 0)
-
-    async def generate_stream(self, request):
-        ids = self._ids(request)
-        for k, token in enumerate(ids):
-            last = k == len(ids) - 1
-            yield GenerationChunk((token,), (-0.5,), "stop" if last else None, 0 if last else None)
-
-    async def update_weights(self, named_tensors, version: int) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
+    def reply_ids(self, prompt: str) -> list[int]:
+        return self.text_ids(ACTIONS[min(prompt.count(ASSISTANT) - 1, len(ACTIONS) - 1)])
 
 
 @pytest.fixture(scope="module")
