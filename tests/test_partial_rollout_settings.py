@@ -34,3 +34,19 @@ def test_enabled_is_refused_for_tool_use(tmp_path):
     with pytest.raises(ConfigError, match=r"selfplay\.partial_rollouts\.enabled: true needs selfplay\.domain"):
         Orchestrator(settings, sandbox=None, engine=None, tokenizer=None, corpus=None, memory=None,
                      run_dir=tmp_path, seed=0)
+
+
+def test_only_the_partial_recipe_turns_partial_rollouts_on():
+    """The paper's recipes stay synchronous; the 30B-A3B variant over them changes only this."""
+    from pathlib import Path
+
+    from spade.train_config import load_train_config as load_config
+
+    recipes = Path(__file__).resolve().parents[1] / "examples" / "recipes"
+    on = sorted(p.name for p in recipes.glob("*.yaml") if load_config(p).selfplay.partial_rollouts.enabled)
+    assert on == ["qwen3_30b_a3b_games_8gpu_partial.yaml"]
+    variant, paper = (load_config(recipes / name).to_dict() for name in on + ["qwen3_30b_a3b_games_8gpu.yaml"])
+    assert variant["selfplay"].pop("partial_rollouts") == {"enabled": True, "complete_fraction": 0.75,
+                                                            "max_carry_steps": 1}
+    paper["selfplay"].pop("partial_rollouts")
+    assert variant == paper
