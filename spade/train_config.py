@@ -16,7 +16,7 @@ SPEC numbers)::
     engine:    spade.rollout.settings.EngineSection (sglang: spade.rollout.sglang.settings.SGLangSection)
     corpus:    spade.designer.corpus.CorpusSettings
     run:       {steps, checkpoint_every, seed, micro_batch_tokens, log_every, keep_checkpoints, best_metric,
-                best_mode: max | min, loggers}
+                best_mode: max | min, loggers, overlap: 0 | 1}
     eval:      spade.eval.in_loop.EvalSettings (held-out evaluation between steps; every: 0 = off)
 
 ``load_train_config(path, overrides)`` reads the file (resolving ``include:`` relative to the
@@ -133,8 +133,13 @@ class RunSection:
     # experiment trackers each step's metrics and the config go to (metrics.jsonl always): tensorboard,
     # wandb, mlflow (docs/trackers.md)
     loggers: tuple[str, ...] = ("tensorboard",)
+    # 1: step t+1's rollout runs while step t trains (one step off policy, docs/overlap.md; beyond
+    # the paper); 0: the paper's synchronous steps
+    overlap: int = 0
 
     def __post_init__(self) -> None:
+        require(self.overlap in (0, 1), "run.overlap", f"allowed: 0 (synchronous steps) or 1 (one step off "
+                                                       f"policy); got {self.overlap!r}")
         require(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
         require(self.checkpoint_every >= 1, "run.checkpoint_every", f"must be >= 1, got {self.checkpoint_every}")
         require(self.micro_batch_tokens >= 2, "run.micro_batch_tokens", f"must be >= 2, got {self.micro_batch_tokens}")
@@ -165,6 +170,10 @@ class TrainConfig:
     eval: EvalSettings = field(default_factory=EvalSettings)
 
     def __post_init__(self) -> None:
+        require(not (self.run.overlap and self.engine.kind == "sglang"), "run.overlap",
+                "1 is built for engine.kind: hf only: SGLang servers stop taking requests while the trainer "
+                "updates (colocated ones hand it their GPU memory), which the overlapped rollout needs "
+                "(docs/overlap.md)")
         metric = self.run.best_metric
         if metric not in ("none", BEST_METRIC_DEFAULT):
             names = benchmark_names(self.eval.suite, list(self.eval.benchmarks) or None)

@@ -34,7 +34,7 @@ class Loop(Trainer):
     """The real ``Trainer.run`` loop; building, restoring, the step and the checkpoint recorded."""
 
     def __init__(self, steps: int, every: int, *, start: int = 0, resume: bool = False):
-        self.config = SimpleNamespace(run=SimpleNamespace(steps=steps, checkpoint_every=every, loggers=("tensorboard",), best_metric="none", best_mode="max"), eval=SimpleNamespace(every=0))
+        self.config = SimpleNamespace(run=SimpleNamespace(steps=steps, checkpoint_every=every, loggers=("tensorboard",), best_metric="none", best_mode="max", overlap=0), eval=SimpleNamespace(every=0))
         self.resume, self.rank, self.start = resume, 1, start
         self.rollout = self.progress = Recorder()
         self.learner = SimpleNamespace(weight_stream=None)
@@ -48,7 +48,7 @@ class Loop(Trainer):
     def restore(self) -> Step:
         return Step(self.start)
 
-    async def one_step(self, step: Step):
+    async def one_step(self, step: Step, *, overlap: bool = False):
         self.ran.append(step)
 
     def checkpoint(self, done: Step):

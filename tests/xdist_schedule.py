@@ -30,6 +30,7 @@ SECONDS: dict[str, float] = {
     "test_eval_runner.py": 38,
     "test_sandbox_hostile.py": 37,
     "test_partial_rollouts_resume.py": 35,
+    "test_overlap.py": 30,
     "test_sglang_constrained.py": 34,
     "test_sglang_failures.py": 34,
     "test_rank_reads_distributed.py": 33,

@@ -100,6 +100,9 @@ class Trainer:
         self.resumed_from: tuple[int, ...] = ()  # the checkpoint restore() loaded
         self.eval_score: Optional[tuple[int, float]] = None  # (step, run.best_metric) of the last evaluation
         self.phase_memory = PhaseMemory()  # peak RSS per phase of a step (memory/peak_rss_gb/*)
+        # run.overlap: 1: rank 0's rollout of the next step, done while this one trained and not
+        # yet trained on (checkpointed with the step before it)
+        self.ready: Optional[Any] = None
 
     @property
     def is_main(self) -> bool:
@@ -241,7 +244,12 @@ class Trainer:
             self.learner.scheduler.load_state_dict(state["scheduler"])
         if self.is_main:
             self.orchestrator.load_state_dict(state["orchestrator"])
-            self.memory.rollback(start.last_run)
+            self.ready = ready_rollout(state.get("ready_rollout"), self.config)
+            if self.ready is not None and self.ready.step != start:
+                raise RunDirError(f"{directory}: its ready rollout is of step {self.ready.step.updates_done}, "
+                                  f"not {start.updates_done}")
+            # with a ready rollout in the checkpoint, the step it played has run: its records stay
+            self.memory.rollback(start.updates_done if self.ready is not None else start.last_run)
             dropped = self.run_dir.truncate_metrics(start.updates_done)
             self.run_dir.forget_scores_after(start.updates_done)  # the best so far goes on from here
             self.progress.message(f"resumed from {directory} (step {start.updates_done}; dropped {dropped} "
@@ -270,7 +278,7 @@ class Trainer:
             last_saved = start if self.resume else None
             step = start
             while step < end:
-                await self.one_step(step)
+                await self.one_step(step, overlap=bool(cfg.run.overlap) and step.after < end)
                 ran += 1
                 step = step.after
                 if step.every(cfg.run.checkpoint_every) or step == end:
@@ -284,8 +292,10 @@ class Trainer:
         finally:
             await self.close()
 
-    async def one_step(self, step: Step) -> None:
-        """Algorithm 1, one step (see the module docstring)."""
+    async def one_step(self, step: Step, *, overlap: bool = False) -> None:
+        """Algorithm 1, one step (see the module docstring). ``overlap`` (``run.overlap: 1``, not
+        on the last step): the next step's rollout runs on rank 0 while this step trains, on the
+        weights this step started from, and is trained on by the next step (one step off policy)."""
         n = step.updates_done
         started = time.perf_counter()
         self.progress.start_step(n)
@@ -293,8 +303,10 @@ class Trainer:
         self.phase_memory.start()
         out = None
         if self.is_main:
-            self.progress.phase("playing")
-            out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
+            out, self.ready = self.ready, None
+            if out is None:
+                self.progress.phase("playing")
+                out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
         samples = await self.rollout.switch_to_training(
             None if out is None else [t.to_train_sample() for t in out.samples])
         self.phase_memory.mark("plays")
@@ -302,7 +314,21 @@ class Trainer:
 
         self.progress.phase("training", samples=len(samples))
         lag = policy_lag(samples, self.rollout.version)
-        trained_metrics = self.learner.update(samples, on_phase=self.phase_memory.mark)
+        if overlap:
+            following = asyncio.create_task(measured_step(self.orchestrator, self.rollout.engine, step.after,
+                                                          self.progress)) if self.is_main else None
+            try:  # torch releases the GIL in its ops: the update's thread and the engine's work share the cores
+                trained_metrics = await asyncio.to_thread(self.learner.update, samples,
+                                                          on_phase=self.phase_memory.mark)
+            except BaseException:
+                if following is not None:
+                    following.cancel()
+                    await asyncio.gather(following, return_exceptions=True)
+                raise
+            if following is not None:
+                self.ready = await following
+        else:
+            trained_metrics = self.learner.update(samples, on_phase=self.phase_memory.mark)
         if not samples:
             self.progress.message(f"step {n}: no samples, the update is skipped")
         trained = time.perf_counter()
@@ -373,6 +399,10 @@ class Trainer:
                 "metrics_lines": step,
                 "saved_at": time.time(),
             }
+            if self.ready is not None:  # run.overlap: the next step's rollout, played and not trained on
+                state["ready_rollout"] = {"step": self.ready.step.updates_done,
+                                          "samples": [t.to_json() for t in self.ready.samples],
+                                          "metrics": self.ready.metrics}
             try:
                 self.run_dir.write_trainer_state(step, state)
                 self.run_dir.mark_latest(step)  # the checkpoint counts from here on (verified first)
@@ -431,6 +461,18 @@ def step_memory(phases: dict[str, float], before: dict[str, float]) -> dict[str,
     prefix = "memory/peak_rss_gb/"
     out.update({key: value for key, value in before.items() if key.startswith(prefix)})
     return out
+
+
+def ready_rollout(saved: Optional[dict[str, Any]], config: TrainConfig) -> Any:
+    """The ``StepOutput`` a checkpoint holds for ``run.overlap`` (None when it holds none)."""
+    if saved is None:
+        return None
+    from ..rl.samples import Trajectory
+    from ..selfplay.orchestrator import StepOutput
+
+    temperature = config.selfplay.agent_temperature
+    return StepOutput(Step(saved["step"]), [Trajectory.from_json(t, default_logprob_temperature=temperature)
+                                            for t in saved["samples"]], dict(saved["metrics"]))
 
 
 def policy_lag(samples: list, version: int) -> dict[str, float]:
