@@ -1,4 +1,4 @@
-"""Rollout schedules side by side: synchronous steps vs partial rollouts (issue 26).
+"""Rollout schedules side by side: synchronous steps, partial rollouts, one step off policy and both (issue 26).
 
     python benchmarks/rollout_schedule.py [--quick] [--steps N] [--json [PATH]]
 
@@ -25,16 +25,17 @@ waits for all ``E * g_nohint`` plays (the paper's schedule). ``partial``:
 ``selfplay.partial_rollouts.enabled: true`` with ``envs_per_set = E_p`` (default ``1.5 * E``: the
 over-sampling) and ``complete_fraction = E / E_p``, so a step ends when ``E`` groups are complete
 (carried ones included) and trains ``E * g_nohint`` samples, like ``sync``; the rest are carried
-(``max_carry_steps`` as set). ``overlap`` (``run.overlap``, one step off policy) is not built; the
-report says so.
+(``max_carry_steps`` as set). ``overlap``: ``sync``'s set with ``run.overlap: 1``'s schedule (the
+next step's ``run_step`` runs during the update, as ``Trainer.one_step`` runs it). ``partial+overlap``:
+both. Every step's update is simulated as ``--train-seconds`` (default 2 s) in which the step sends
+the engine nothing, so in ``sync`` and ``partial`` the engine idles through it.
 
 Measured, over steps 1..N (step 0, the set's admission, is run but not counted; ``k`` is set so no
 later step regenerates): step wall time (mean over the steps), engine idle share (the time with no
 request in flight / wall), mean requests in flight (time-weighted), agent samples per step and per
 second (samples / summed wall), tokens generated and tokens discarded (replies cut when a step stops
-and sampled again later), plays carried and aborted; then the ratios partial / sync. No training
-runs here: in a real synchronous run the engine also idles while the trainer works, which this
-benchmark does not add to either schedule.
+and sampled again later), plays carried and aborted; then each schedule's ratios over ``sync``. No
+model trains here: the update is the simulated ``--train-seconds``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ from spade.selfplay.partial_rollout_settings import PartialRolloutSettings  # no
 from spade.selfplay.settings import SelfPlaySettings  # noqa: E402
 from spade.selfplay.step import Step  # noqa: E402
 
-OVERLAP_STATUS = "overlap (run.overlap): not built"
+SCHEDULES = (("sync", False, False), ("partial", True, False), ("overlap", False, True),
+             ("partial+overlap", True, True))  # name, partial rollouts, run.overlap
 ASSISTANT_HEADER = "<|im_start|>assistant"
 
 
@@ -191,6 +193,8 @@ class ScheduleFigures:
     envs_per_set: int
     complete_fraction: float | None
     steps: int
+    overlap: bool = False
+    train_s: float = 0.0
     step_wall_s: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
     carried_over: list[int] = field(default_factory=list)
@@ -237,20 +241,31 @@ def make_pool(directory: Path, count: int) -> str:
 
 
 async def run_schedule(name: str, settings: SelfPlaySettings, engine: SimulatedEngine, service: SandboxService,
-                       tokenizer: Any, run_dir: Path, steps: int, seed: int) -> ScheduleFigures:
+                       tokenizer: Any, run_dir: Path, steps: int, seed: int, *, train_s: float = 0.0,
+                       overlap: bool = False) -> ScheduleFigures:
+    """Steps 1..``steps`` of one schedule. Each step's update is simulated as ``train_s`` seconds in
+    which the engine gets no request from it; with ``overlap`` the next step's ``run_step`` runs
+    during that time, as ``Trainer.one_step`` does with ``run.overlap: 1`` (the first measured step
+    plays alone, the last starts nothing)."""
     orchestrator = Orchestrator(settings, sandbox=service, engine=engine, tokenizer=tokenizer, corpus=None,
                                 memory=None, run_dir=run_dir, seed=seed)
     enabled = settings.partial_rollouts.enabled
     figures = ScheduleFigures(name, settings.envs_per_set,
-                              settings.partial_rollouts.complete_fraction if enabled else None, steps)
+                              settings.partial_rollouts.complete_fraction if enabled else None, steps,
+                              overlap=overlap, train_s=train_s)
     started = time.perf_counter()
     await orchestrator.run_step(Step(0))  # the set's admission and a first round of plays: not counted
     figures.setup_s = time.perf_counter() - started
     engine.meter.restart()
     began = time.perf_counter()
+    ready = None
     for n in range(1, steps + 1):
         t0 = time.perf_counter()
-        out = await orchestrator.run_step(Step(n))
+        out, ready = ready or await orchestrator.run_step(Step(n)), None
+        following = asyncio.create_task(orchestrator.run_step(Step(n + 1))) if overlap and n < steps else None
+        await asyncio.sleep(train_s)  # the update
+        if following is not None:
+            ready = await following
         figures.step_wall_s.append(time.perf_counter() - t0)
         figures.samples.append(len(out.agent_samples))
         figures.carried_over.append(int(out.metrics.get("rollout/carried_over", 0)))
@@ -284,13 +299,14 @@ async def run(args: argparse.Namespace, tokenizer: Any) -> tuple[list[ScheduleFi
     results = []
     try:
         with tempfile.TemporaryDirectory(prefix="spade-rollout-schedule-") as tmp:
-            for name, partial in (("sync", False), ("partial", True)):
+            for name, partial, overlap in SCHEDULES:
                 settings = settings_for(args, make_pool(Path(tmp) / f"pool_{name}", args.partial_envs if partial
                                                         else args.envs_per_set), partial=partial)
                 engine = SimulatedEngine(tokenizer, eos_id=eos, median=args.median_tokens, sigma=args.sigma,
                                          cap=args.cap, token_latency_s=args.token_latency_ms / 1000.0)
                 results.append(await run_schedule(name, settings, engine, service, tokenizer, Path(tmp) / name,
-                                                  args.steps, args.seed))
+                                                  args.steps, args.seed, train_s=args.train_seconds,
+                                                  overlap=overlap))
     finally:
         await service.close()
     context = {"isolation": sandbox_config.isolation, "sandbox_pool_size": sandbox_config.pool_size}
@@ -300,16 +316,20 @@ async def run(args: argparse.Namespace, tokenizer: Any) -> tuple[list[ScheduleFi
 # --------------------------------------------------------------------------- report
 
 
-def ratios(sync: ScheduleFigures, partial: ScheduleFigures) -> dict[str, float]:
-    return {"step_wall_s": partial.mean_step_s / sync.mean_step_s,
-            "idle_share": (partial.idle_share / sync.idle_share) if sync.idle_share > 0 else float("nan"),
-            "samples_per_s": partial.samples_per_s / sync.samples_per_s}
+def ratios(sync: ScheduleFigures, other: ScheduleFigures) -> dict[str, float]:
+    return {"step_wall_s": other.mean_step_s / sync.mean_step_s,
+            "idle_share": (other.idle_share / sync.idle_share) if sync.idle_share > 0 else float("nan"),
+            "samples_per_s": other.samples_per_s / sync.samples_per_s}
+
+
+def all_ratios(results: list[ScheduleFigures]) -> dict[str, dict[str, float]]:
+    """Each schedule's figures over the synchronous schedule's (the first)."""
+    return {f.name: ratios(results[0], f) for f in results[1:]}
 
 
 def report(args: argparse.Namespace, tokenizer_name: str, context: dict, results: list[ScheduleFigures],
            total_s: float) -> str:
-    sync, partial = results
-    r = ratios(sync, partial)
+    sync, partial = results[0], results[1]
     lines: list[str] = []
     add = lines.append
     add(f"command: {shlex.join([sys.executable] + sys.argv)}")
@@ -323,28 +343,32 @@ def report(args: argparse.Namespace, tokenizer_name: str, context: dict, results
     add(f"sync: envs_per_set={sync.envs_per_set}; partial: envs_per_set={partial.envs_per_set}, complete_fraction="
         f"{partial.complete_fraction:.4f} (ends at {math.ceil(partial.complete_fraction * partial.envs_per_set)} "
         f"complete groups), max_carry_steps={args.max_carry_steps}")
-    add(OVERLAP_STATUS)
+    add(f"update: simulated, {args.train_seconds:g} s per step with no engine request from it; overlap: the next "
+        "step's rollout runs during it (run.overlap: 1's schedule)")
     add("")
-    header = f"{'':30}{'sync':>12}{'partial':>12}{'partial/sync':>14}"
-    add(header)
+    width = max(14, max(len(f.name) for f in results) + 2)
 
-    def row(label: str, a: str, b: str, ratio: str = "") -> None:
-        add(f"{label:30}{a:>12}{b:>12}{ratio:>14}")
+    def row(label: str, cells: list[str]) -> None:
+        add(f"{label:30}" + "".join(f"{c:>{width}}" for c in cells))
 
-    row("step wall time (s, mean)", f"{sync.mean_step_s:.3f}", f"{partial.mean_step_s:.3f}", f"{r['step_wall_s']:.3f}")
-    row("engine idle share", f"{sync.idle_share:.4f}", f"{partial.idle_share:.4f}", f"{r['idle_share']:.3f}")
-    row("samples per second", f"{sync.samples_per_s:.3f}", f"{partial.samples_per_s:.3f}",
-        f"{r['samples_per_s']:.3f}")
-    row("requests in flight (mean)", f"{sync.mean_inflight:.2f}", f"{partial.mean_inflight:.2f}")
-    row("samples per step (mean)", f"{sum(sync.samples) / sync.steps:.2f}",
-        f"{sum(partial.samples) / partial.steps:.2f}")
-    row("samples (total)", str(sum(sync.samples)), str(sum(partial.samples)))
-    row("wall, measured steps (s)", f"{sync.wall_s:.2f}", f"{partial.wall_s:.2f}")
-    row("engine requests answered", str(sync.requests), str(partial.requests))
-    row("tokens generated", str(sync.tokens), str(partial.tokens))
-    row("tokens discarded (cut)", f"{sync.discarded_tokens:.0f}", f"{partial.discarded_tokens:.0f}")
-    row("plays carried over (sum)", str(sum(sync.carried_over)), str(sum(partial.carried_over)))
-    row("plays aborted (whole groups)", str(sum(sync.aborted)), str(sum(partial.aborted)))
+    row("", [f.name for f in results])
+    row("step wall time (s, mean)", [f"{f.mean_step_s:.3f}" for f in results])
+    row("engine idle share", [f"{f.idle_share:.4f}" for f in results])
+    row("samples per second", [f"{f.samples_per_s:.3f}" for f in results])
+    row("requests in flight (mean)", [f"{f.mean_inflight:.2f}" for f in results])
+    row("samples per step (mean)", [f"{sum(f.samples) / f.steps:.2f}" for f in results])
+    row("samples (total)", [str(sum(f.samples)) for f in results])
+    row("wall, measured steps (s)", [f"{f.wall_s:.2f}" for f in results])
+    row("engine requests answered", [str(f.requests) for f in results])
+    row("tokens generated", [str(f.tokens) for f in results])
+    row("tokens discarded (cut)", [f"{f.discarded_tokens:.0f}" for f in results])
+    row("plays carried over (sum)", [str(sum(f.carried_over)) for f in results])
+    row("plays aborted (whole groups)", [str(sum(f.aborted)) for f in results])
+    add("")
+    add("over sync:")
+    for name, r in all_ratios(results).items():
+        add(f"  {name:18} step wall time {r['step_wall_s']:.3f}  engine idle share {r['idle_share']:.3f}  "
+            f"samples per second {r['samples_per_s']:.3f}")
     add("(engine idle share: no request in flight at all; the synchronous tail keeps one or two long requests in "
         "flight, so it shows in the requests in flight, not in the idle share)")
     add("")
@@ -356,7 +380,7 @@ def report(args: argparse.Namespace, tokenizer_name: str, context: dict, results
 
 
 QUICK = {"envs_per_set": 2, "partial_envs": 3, "g_nohint": 2, "max_turns": 2, "steps": 2, "median_tokens": 20.0,
-         "cap": 100}
+         "cap": 100, "train_seconds": 0.1}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -375,6 +399,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sigma", type=float, default=1.0)
     parser.add_argument("--cap", type=int, default=2000, help="longest reply, tokens")
     parser.add_argument("--token-latency-ms", type=float, default=1.0)
+    parser.add_argument("--train-seconds", type=float, default=2.0,
+                        help="the simulated update per step (the engine idles through it unless overlapped)")
     parser.add_argument("--isolation", choices=("bubblewrap", "unsafe-local"), default="bubblewrap")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--json", metavar="PATH", nargs="?", const="-",
@@ -400,14 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     total_s = time.perf_counter() - began
     print(report(args, tokenizer_name, context, results, total_s), flush=True)
     if args.json:
-        sync, partial = results
         data = {"command": shlex.join([sys.executable] + sys.argv), "tokenizer": tokenizer_name,
                 "engine": {"median_tokens": args.median_tokens, "sigma": args.sigma, "cap": args.cap,
                            "token_latency_ms": args.token_latency_ms},
                 "plays": {"g_nohint": args.g_nohint, "max_turns": args.max_turns, "steps": args.steps,
                           "max_carry_steps": args.max_carry_steps},
-                "context": context, "overlap": "not built",
-                "schedules": {f.name: f.summary() for f in results}, "ratios": ratios(sync, partial),
+                "train_seconds": args.train_seconds, "context": context,
+                "schedules": {f.name: f.summary() for f in results}, "ratios": all_ratios(results),
                 "run_s": total_s}
         payload = json.dumps(data, indent=1)
         if args.json == "-":

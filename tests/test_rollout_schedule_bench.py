@@ -54,46 +54,63 @@ def test_episode_lengths_follow_the_stated_log_normal():
 
 
 def test_rollout_schedule_quick(tmp_path, capsys):
-    """--quick: both schedules run; samples per step equal the configured groups (partial: whole
-    groups, at least as many); the printed ratios are the stated formulas over the printed figures."""
+    """--quick: the four schedules run; samples per step equal the configured groups (partial: whole
+    groups, at least as many); the update's simulated time is in every step; the printed ratios are
+    the stated formulas over the printed figures."""
     bench = _load()
     out = tmp_path / "figures.json"
     assert bench.main(["--quick", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert "overlap (run.overlap): not built" in printed and data["overlap"] == "not built"
-    sync, partial = data["schedules"]["sync"], data["schedules"]["partial"]
+    names = ["sync", "partial", "overlap", "partial+overlap"]
+    assert list(data["schedules"]) == names
+    schedules = data["schedules"]
+    sync, partial = schedules["sync"], schedules["partial"]
     quick = bench.QUICK
     per_step = quick["envs_per_set"] * quick["g_nohint"]
     assert sync["envs_per_set"] == quick["envs_per_set"] and partial["envs_per_set"] == quick["partial_envs"]
     assert math.ceil(partial["complete_fraction"] * partial["envs_per_set"]) == quick["envs_per_set"]
-    assert sync["samples"] == [per_step] * quick["steps"]
-    assert all(n >= per_step and n % quick["g_nohint"] == 0 for n in partial["samples"])
-    # the synchronous schedule: every episode plays its turn budget, nothing is cut or carried
-    assert sync["requests"] == per_step * quick["max_turns"] * quick["steps"]
-    assert sync["carried_over"] == sync["aborted"] == [0] * quick["steps"] and sync["discarded_tokens"] == 0
-    assert sync["complete_fraction"] is None
-    for figures in (sync, partial):
+    for name in ("sync", "overlap"):  # the synchronous set: every episode plays its turn budget, nothing cut
+        figures = schedules[name]
+        assert figures["samples"] == [per_step] * quick["steps"]
+        assert figures["requests"] == per_step * quick["max_turns"] * quick["steps"]
+        assert figures["carried_over"] == figures["aborted"] == [0] * quick["steps"]
+        assert figures["discarded_tokens"] == 0 and figures["complete_fraction"] is None
+    for name in ("partial", "partial+overlap"):
+        assert all(n >= per_step and n % quick["g_nohint"] == 0 for n in schedules[name]["samples"])
+    assert [schedules[n]["overlap"] for n in names] == [False, False, True, True]
+    for figures in schedules.values():
         wall = figures["wall_s"]
+        assert figures["train_s"] == quick["train_seconds"]
+        assert all(w >= quick["train_seconds"] for w in figures["step_wall_s"])  # the update is in every step
         assert wall == pytest.approx(sum(figures["step_wall_s"]), rel=0.05)
         assert 0 <= figures["idle_s"] <= wall and figures["busy_integral"] > 0
         assert figures["samples_per_s"] == pytest.approx(sum(figures["samples"]) / wall)
         assert figures["mean_step_s"] == pytest.approx(wall / quick["steps"])
         assert figures["idle_share"] == pytest.approx(figures["idle_s"] / wall)
+    # without overlap the engine idles through every update
+    for name in ("sync", "partial"):
+        assert schedules[name]["idle_s"] >= quick["steps"] * quick["train_seconds"] * 0.95
     ratios = data["ratios"]
-    assert ratios["samples_per_s"] == pytest.approx(partial["samples_per_s"] / sync["samples_per_s"])
-    assert ratios["step_wall_s"] == pytest.approx(partial["mean_step_s"] / sync["mean_step_s"])
+    assert list(ratios) == names[1:]
+    for name in names[1:]:
+        other = schedules[name]
+        assert ratios[name]["samples_per_s"] == pytest.approx(other["samples_per_s"] / sync["samples_per_s"])
+        assert ratios[name]["step_wall_s"] == pytest.approx(other["mean_step_s"] / sync["mean_step_s"])
 
-    # the table: each ratio is partial / sync of the printed columns (to the printed precision)
+    # the table: one column per schedule, and each printed ratio is that column over sync's
     rows = {}
     for line in printed.splitlines():
-        match = re.match(r"(step wall time \(s, mean\)|engine idle share|samples per second)\s+(\S+)\s+(\S+)\s+(\S+)$",
-                         line)
+        match = re.match(r"(step wall time \(s, mean\)|engine idle share|samples per second)\s+(\S+)\s+(\S+)\s+(\S+)"
+                         r"\s+(\S+)$", line)
         if match:
             rows[match[1]] = [float(x) for x in match.groups()[1:]]
     assert set(rows) == {"step wall time (s, mean)", "engine idle share", "samples per second"}
-    for label in ("step wall time (s, mean)", "samples per second"):
-        a, b, ratio = rows[label]
-        assert ratio == pytest.approx(b / a, rel=0.02), label
-    assert rows["engine idle share"][:2] == pytest.approx([sync["idle_share"], partial["idle_share"]], abs=1e-4)
     assert rows["samples per second"][0] == pytest.approx(sync["samples_per_s"], abs=1e-3)
+    printed_ratios = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(
+        r"^  (\S+)\s+step wall time (\S+)  engine idle share \S+  samples per second (\S+)$", printed, re.M)}
+    assert list(printed_ratios) == names[1:]
+    for k, name in enumerate(names[1:], start=1):
+        wall, speed = printed_ratios[name]
+        assert wall == pytest.approx(rows["step wall time (s, mean)"][k] / rows["step wall time (s, mean)"][0], rel=0.02)
+        assert speed == pytest.approx(rows["samples per second"][k] / rows["samples per second"][0], rel=0.02)
