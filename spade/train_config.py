@@ -174,6 +174,9 @@ class TrainConfig:
                 "1 is built for engine.kind: hf only: SGLang servers stop taking requests while the trainer "
                 "updates (colocated ones hand it their GPU memory), which the overlapped rollout needs "
                 "(docs/overlap.md)")
+        require(not (self.run.overlap and self.selfplay.rollout_shards > 1), "run.overlap",
+                f"1 with selfplay.rollout_shards: {self.selfplay.rollout_shards}; allowed: 0 with shards, or "
+                "rollout_shards: 1 (the overlapped rollout runs beside the update on rank 0 alone)")
         metric = self.run.best_metric
         if metric not in ("none", BEST_METRIC_DEFAULT):
             names = benchmark_names(self.eval.suite, list(self.eval.benchmarks) or None)

@@ -138,7 +138,8 @@ class RolloutManager:
 
 
 class HFRolloutManager(RolloutManager):
-    """The in-process transformers engine on rank 0 (CPU, or one GPU)."""
+    """The in-process transformers engine on rank 0 (CPU, or one GPU), and on every rollout shard
+    (``selfplay.rollout_shards``): each takes the weights from the stream every rank reads."""
 
     def __init__(self, engine: Optional[RolloutEngine], *, is_main: bool, device: Any):
         super().__init__(is_main=is_main, device=device)
@@ -147,7 +148,7 @@ class HFRolloutManager(RolloutManager):
     async def publish(self, weights: WeightStream, version: int, *, changed: bool = True) -> None:
         if changed:
             stream = weights()
-            if self.is_main:
+            if self.engine is not None:
                 await self.engine.update_weights(stream, version=version)
             else:
                 for _ in stream:  # take part in the gathers

@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..collectives import broadcast_object
+from ..collectives import broadcast_object, in_thread
 from ..peak_memory import PhaseMemory, large_allocations_from_mmap
 from ..rollout.manager import HFRolloutManager, RolloutManager, SGLangRolloutManager
 from ..selfplay.step import Step
@@ -103,10 +103,22 @@ class Trainer:
         # run.overlap: 1: rank 0's rollout of the next step, done while this one trained and not
         # yet trained on (checkpointed with the step before it)
         self.ready: Optional[Any] = None
+        self.shards = None  # selfplay.rollout_shards > 1: the shards' channel (every rank)
+        self.shard_server = None  # a shard other than rank 0: plays its block of rank 0's rounds
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def plays_shard(self) -> bool:
+        """This rank plays a shard of every step's rollouts besides rank 0 (selfplay.rollout_shards)."""
+        return self.shards is not None and bool(self.shards.shard)
+
+    @property
+    def plays(self) -> bool:
+        """This rank holds a sandbox service, a tokenizer and (hf) an engine."""
+        return self.is_main or self.plays_shard
 
     # ------------------------------------------------------------------ building
 
@@ -123,8 +135,13 @@ class Trainer:
             self.progress = Progress(cfg.run.steps, log_every=cfg.run.log_every, enabled=self.is_main,
                                      env_source=cfg.selfplay.env_source)
         self.progress.enabled = self.is_main
+        if cfg.selfplay.rollout_shards > 1:
+            from ..selfplay.rollout_shards import ShardChannel, ShardLayout
 
-        if self.is_main:  # the sandbox service starts before the model is loaded
+            self.shards = ShardChannel.create(ShardLayout.of(cfg.selfplay.rollout_shards, self.ctx.world_size),
+                                              self.rank)
+
+        if self.plays:  # the sandbox service starts before the model is loaded
             self.progress.phase("starting", what="sandbox")
             sandbox_config = cfg.sandbox
             isolation = os.environ.get(ISOLATION_VARIABLE)
@@ -145,16 +162,18 @@ class Trainer:
         self.learner = Learner.build(self.hf_dir, self.hf_config, self.layout, self.ctx, self._learner_options())
         if isinstance(self.rollout, SGLangRolloutManager):
             self.rollout.use_training_memory(self.learner.memory)
-        if self.is_main:
+        if self.plays:
             from transformers import AutoTokenizer
 
             self.progress.phase("starting", what="engine")
             self.tokenizer = AutoTokenizer.from_pretrained(self.hf_dir)
         if self.rollout is None:
-            self.rollout = HFRolloutManager(self._hf_engine() if self.is_main else None, is_main=self.is_main,
+            self.rollout = HFRolloutManager(self._hf_engine() if self.plays else None, is_main=self.is_main,
                                             device=self.ctx.device)
         if self.is_main:
             self._build_selfplay()
+        elif self.plays_shard:
+            self._build_shard_server()
 
     def _learner_options(self) -> LearnerOptions:
         cfg = self.config
@@ -210,8 +229,20 @@ class Trainer:
         self.orchestrator = Orchestrator(sp, sandbox=self.sandbox, engine=self.rollout.engine,
                                          tokenizer=self.tokenizer, corpus=corpus, memory=self.memory,
                                          run_dir=self.run_dir.root, seed=cfg.run.seed,
-                                         chat_template_kwargs=template_kwargs)
+                                         chat_template_kwargs=template_kwargs, shards=self.shards,
+                                         device=self.ctx.device)
         self.orchestrator.on_phase = self.phase_memory.mark
+
+    def _build_shard_server(self) -> None:
+        from ..rollout.conversation import thinking_template_kwargs
+        from ..selfplay.rollout_shards import ShardServer, shard_player
+
+        cfg = self.config
+        player = shard_player(cfg.selfplay, sandbox=self.sandbox, engine=self.rollout.engine, tokenizer=self.tokenizer,
+                              seed=cfg.run.seed,
+                              chat_template_kwargs=thinking_template_kwargs(self.tokenizer.chat_template,
+                                                                            cfg.model.thinking))
+        self.shard_server = ShardServer(player, self.shards, self.ctx.device)
 
     def restore(self) -> Step:
         """Load the newest complete checkpoint; returns the step to start at (0 for a new run): the
@@ -307,8 +338,13 @@ class Trainer:
             if out is None:
                 self.progress.phase("playing")
                 out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
+                if self.shards is not None:  # the shards go on to the samples' broadcast
+                    await in_thread(self.ctx.device, self.shards.end_step)
+        serving = asyncio.create_task(self.shard_server.serve_step()) if self.shard_server is not None else None
         samples = await self.rollout.switch_to_training(
             None if out is None else [t.to_train_sample() for t in out.samples])
+        if serving is not None:  # ended before rank 0 shared the samples
+            await serving
         self.phase_memory.mark("plays")
         rolled = time.perf_counter()
 
@@ -347,7 +383,8 @@ class Trainer:
 
         if self.is_main:
             memory = step_memory(self.phase_memory.metrics(), before)
-            metrics = step_record(out, lag, trained_metrics, engine_metrics, evaluated, memory,
+            shard_metrics = self.orchestrator.player.step_metrics() if self.shards is not None else {}
+            metrics = step_record(out, lag, trained_metrics, engine_metrics, shard_metrics, evaluated, memory,
                                   times={"time/rollout_s": rolled - started, "time/train_s": trained - rolled,
                                          "time/sync_s": synced - trained, "time/step_s": synced - started})
             self.writers.write(n, metrics)

@@ -291,6 +291,11 @@ class PoolSampler:
 # ---------------------------------------------------------------------------- the source
 
 
+def pool_load_sandbox(settings: SelfPlaySettings, sandbox: Sandbox) -> Sandbox:
+    """Where pool games are admitted and played (every rollout shard builds the same view)."""
+    return ReleasedLoaderSandbox(sandbox) if settings.pool.released_loader_names else sandbox
+
+
 class ReleasedLoaderSandbox:
     """A sandbox whose every ``open`` asks the sandboxed child to bind the released loader's
     standard-library names in the game's module before running it (the ``released_loader_names``
@@ -327,7 +332,7 @@ class FixedPool:
             ShuffleSampler(self.entries, pool_seed) if self.draw_mode == "shuffle" else PoolSampler(self.entries, pool_seed))
         # Where pool games are admitted and played: the run's sandbox, or its view that binds the
         # released loader's names in each game's module (selfplay.pool.released_loader_names).
-        self.load_sandbox: Sandbox = ReleasedLoaderSandbox(sandbox) if settings.pool.released_loader_names else sandbox
+        self.load_sandbox: Sandbox = pool_load_sandbox(settings, sandbox)
         self._verdicts: dict[str, AdmissionVerdict] = {}
         self._draw_metrics: tuple[int, dict[str, float]] | None = None  # (regeneration step, its metrics)
         self._observed: int | None = None

@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ..designer.corpus import Corpus
 from ..designer.memory import Memory, MemoryRecord, win_rate
 from ..envs.protocol import ErrorKind, Sandbox
@@ -67,7 +69,8 @@ from .designer_source import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
 from .carried_plays import CarriedGroup
 from .partial_rollout_settings import refuse_unsupported
-from .plays import GroupsOutcome, Play, Player, PlayRequest
+from .plays import GroupsOutcome, Play, Player, PlayRequest, end_of_turn_stop_ids
+from .rollout_shards import ShardChannel, ShardedPlayer
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
 from .settings import SelfPlaySettings
@@ -135,7 +138,8 @@ class StepPlays:
 class Orchestrator:
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
-                 stop_token_ids: tuple[int, ...] | None = None, chat_template_kwargs: dict[str, Any] | None = None):
+                 stop_token_ids: tuple[int, ...] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                 shards: ShardChannel | None = None, device: torch.device | None = None):
         refuse_unsupported(settings.partial_rollouts, domain=settings.domain,
                            refill_equal_groups=settings.refill_equal_groups)
         self.settings = settings
@@ -143,9 +147,8 @@ class Orchestrator:
         self.run_dir = Path(run_dir)
         self.seed = int(seed)
         self.chat_format = ChatFormat(tokenizer, chat_template_kwargs)  # every role's prompts (model.thinking)
-        if stop_token_ids is None:  # the template's end-of-turn token, when it is a special token
-            first = self.chat_format.closing[0]
-            stop_token_ids = (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
+        if stop_token_ids is None:
+            stop_token_ids = end_of_turn_stop_ids(self.chat_format, tokenizer)
         common = dict(sandbox=sandbox, engine=engine, tokenizer=tokenizer, chat_format=self.chat_format,
                       seed=self.seed, stop_token_ids=tuple(stop_token_ids))
         self.designer = DesignerRound(settings, corpus=corpus, memory=memory, run_dir=self.run_dir, **common)
@@ -153,7 +156,11 @@ class Orchestrator:
         play_sandbox = self.source.play_sandbox()
         if play_sandbox is not None:
             common["sandbox"] = play_sandbox
-        self.player = Player(settings, **common)
+        if shards is not None and shards.shards > 1:  # settings refuse shards where they cannot work
+            self.player: Player = ShardedPlayer(settings, channel=shards, device=device or torch.device("cpu"),
+                                                **common)
+        else:
+            self.player = Player(settings, **common)
         self.envs: list[EnvSpec] = []
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory

@@ -45,6 +45,12 @@ async def open_game(sandbox: Sandbox, source: str, budget: int) -> Any:
     return await sandbox.open(source, max_turns=budget)
 
 
+def end_of_turn_stop_ids(chat_format: ChatFormat, tokenizer: Any) -> tuple[int, ...]:
+    """The template's end-of-turn token as a stop token, when it is a special token."""
+    first = chat_format.closing[0]
+    return (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
+
+
 @dataclass
 class PlayRequest:
     env: EnvSpec

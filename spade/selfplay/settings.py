@@ -134,6 +134,10 @@ class SelfPlaySettings:
     rlve: RLVESettings = field(default_factory=RLVESettings)  # env_source rlve: its difficulty controller
     # Partial rollouts (issue 26; spade.selfplay.partial_rollout_settings): off = the synchronous schedule.
     partial_rollouts: PartialRolloutSettings = field(default_factory=PartialRolloutSettings)
+    # Rollout shards (issue 26; spade.selfplay.rollout_shards): the no-hint and hinted plays of a
+    # step spread over this many processes (one per node), each with its own sandbox service and
+    # engine; max_concurrent_episodes is then per shard. 1 = every play on global rank 0.
+    rollout_shards: int = 1
     # Stabilisers (off in the paper's games recipes): leave out the agent samples of an environment
     # whose no-hint returns are all equal (zero advantage, nothing to learn), and give a sample
     # whose episode was cut by the token or turn budget no loss (the paper's tool-use runs did).
@@ -161,7 +165,7 @@ class SelfPlaySettings:
                 f"{', '.join(DOMAINS)}")
         for name in ("k", "envs_per_set", "g_nohint", "max_attempts", "designer_max_tokens",
                      "agent_max_tokens", "hint_max_tokens", "max_turns", "max_context_tokens",
-                     "max_concurrent_episodes", "screen_max_tokens", "memory_capacity"):
+                     "max_concurrent_episodes", "screen_max_tokens", "memory_capacity", "rollout_shards"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key(name),
                     f"must be an integer >= 1, got {value!r}")
@@ -229,6 +233,12 @@ class SelfPlaySettings:
         require(isinstance(self.skills, SkillSettings), key("skills"), "must be a skills section")
         require(self.designer_endpoint is None or not self.train_designer, key("train_designer"),
                 "must be false with selfplay.designer_endpoint set: an external designer makes no trainable samples")
+        require(self.rollout_shards == 1 or not self.partial_rollouts.enabled, key("rollout_shards"),
+                f"{self.rollout_shards} shards with partial_rollouts.enabled: true; allowed: 1 with partial "
+                "rollouts (their stop signal does not cross processes), or partial_rollouts.enabled: false")
+        require(self.rollout_shards == 1 or self.env_source != "rlve", key("rollout_shards"),
+                f"{self.rollout_shards} shards with env_source: rlve; allowed: 1 (rlve-gym's environments are "
+                "played in the worker processes of rank 0's source)")
         try:
             self.skills.active(self.domain, 0)
         except ValueError as exc:
