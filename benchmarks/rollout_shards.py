@@ -150,6 +150,8 @@ async def worker(args: argparse.Namespace) -> None:
                         channel.end_step()
                     figures["plays"].append(len(plays))
                     figures["digests"].append(play_digest(plays))
+                    if count > 1:  # the plays each shard played (rank 0's step metrics)
+                        figures.setdefault("shard_metrics", []).append(player.step_metrics())
                 results.append(figures)
             elif channel.shard:
                 server = ShardServer(shard_player(settings, **common), channel)
@@ -168,7 +170,10 @@ async def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    forwarded = [a for a in sys.argv[1:] if not a.startswith("--json")]
+    forwarded = [f"--shards={args.shards}", f"--steps={args.steps}", f"--envs={args.envs}", f"--group={args.group}",
+                 f"--max-turns={args.max_turns}", f"--max-concurrent-episodes={args.max_concurrent_episodes}",
+                 f"--median-tokens={args.median_tokens}", f"--sigma={args.sigma}", f"--cap={args.cap}",
+                 f"--token-latency-ms={args.token_latency_ms}", f"--isolation={args.isolation}", f"--seed={args.seed}"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
                str(Path(__file__).resolve()), *forwarded, "--worker", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}"
@@ -188,7 +193,8 @@ def summarise(data: dict[str, Any]) -> dict[str, Any]:
         out.append({"shards": row["shards"], "wall_s": mean(row["wall_s"]), "cpu_s": mean(row["cpu_s"]),
                     "plays": row["plays"], "speedup": mean(base["wall_s"]) / mean(row["wall_s"]),
                     "cpu_ratio": mean(row["cpu_s"]) / mean(base["cpu_s"]),
-                    "same_plays": row["digests"] == base["digests"]})
+                    "same_plays": row["digests"] == base["digests"],
+                    "shard_metrics": row.get("shard_metrics", [])})
     return {"rows": out, "tokenizer": data["tokenizer"], "isolation": data["isolation"]}
 
 
