@@ -84,6 +84,9 @@ class RolloutManager:
         self.is_main = is_main
         self.device = device
         self.engine: Optional[RolloutEngine] = None  # rank 0 only
+        # selfplay.rollout_shards: the engine this rank plays its shard's block with (rank 0 and the
+        # other shards; None: the plays use ``engine``)
+        self.play_engine: Optional[RolloutEngine] = None
         self.version = 0  # the weight version the engine serves
         self._lock = asyncio.Lock()  # rank 0: one collective command at a time
         self._metrics: dict[str, float] = {}
@@ -100,6 +103,10 @@ class RolloutManager:
         if samples:
             self.onload_training()
         return samples
+
+    async def open_shard(self, shard: int, shards: int) -> None:
+        """A rollout shard's rank (``selfplay.rollout_shards``), after ``start``: what it plays with,
+        when that is not ``engine`` (set ``play_engine``)."""
 
     async def offload_engine(self) -> None:
         """Rank 0, before the samples are shared: the engine releases its device memory."""
@@ -186,6 +193,11 @@ class SGLangRolloutManager(RolloutManager):
         await deployment.start()
         self.engine = deployment.engine
 
+    async def open_shard(self, shard: int, shards: int) -> None:
+        """A shard rank, after ``start``: a client over its block of the servers (``play_engine``)."""
+        self.play_engine = self.deployment.shard_engine(shard, shards)
+        self.play_engine.set_weight_version(self.version)
+
     async def offload_engine(self) -> None:
         # the servers' weights and KV cache; only when something trains, because SGLang's memory
         # saver does not keep the weights across a release
@@ -211,6 +223,8 @@ class SGLangRolloutManager(RolloutManager):
 
         restarted = await self.deployment.resume_and_sync(weights, version, changed=changed, make_room=make_room)
         self.version = version
+        if self.play_engine is not None:  # the servers were synced by rank 0's engine
+            self.play_engine.set_weight_version(version)
         if self.memory is not None:
             self._metrics["time/offload_s"] = sum(report.seconds for report in away)
             self._metrics["engine/offloaded_gib"] = sum(report.total_bytes for report in away) / 2**30
@@ -218,6 +232,9 @@ class SGLangRolloutManager(RolloutManager):
         self._metrics["engine/restarts_total"] = float(sum(self.deployment.restarts.values()))
 
     async def close(self) -> None:
+        if self.play_engine is not None:
+            await self.play_engine.aclose()
+            self.play_engine = None
         await self.deployment.close()
         self.engine = None
 

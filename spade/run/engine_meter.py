@@ -20,25 +20,34 @@ from ..selfplay.step import Step
 from .progress import Progress
 
 
-def _stats(engine: Optional[RolloutEngine]) -> Optional[GenerationStats]:
-    return None if engine is None else engine.generation_stats()
+def _stats(engine: Optional[RolloutEngine], also: Optional[RolloutEngine] = None) -> Optional[GenerationStats]:
+    """``engine``'s totals, plus ``also``'s (rank 0's own rollout-shard client) when given."""
+    first = None if engine is None else engine.generation_stats()
+    second = None if also is None or also is engine else also.generation_stats()
+    if first is None or second is None:
+        return first
+    retries = None if first.retries is None or second.retries is None else first.retries + second.retries
+    return GenerationStats(first.generated_tokens + second.generated_tokens, first.busy_s + second.busy_s, retries)
 
 
 def _tokens(stats: Optional[GenerationStats]) -> int:
     return 0 if stats is None else stats.generated_tokens
 
 
-async def measured_step(orchestrator: Any, engine: Optional[RolloutEngine], step: Step, progress: Progress) -> Any:
+async def measured_step(orchestrator: Any, engine: Optional[RolloutEngine], step: Step, progress: Progress,
+                        play_engine: Optional[RolloutEngine] = None) -> Any:
+    """``play_engine``: the client rank 0 plays its rollout shard with, when it is not ``engine``
+    (its figures are added; the other shards' tokens are the trainer's to add)."""
     async def ticker() -> None:
-        last_tokens, last_time = _tokens(_stats(engine)), time.perf_counter()
+        last_tokens, last_time = _tokens(_stats(engine, play_engine)), time.perf_counter()
         while True:
             await asyncio.sleep(1.0)
-            now, tokens = time.perf_counter(), _tokens(_stats(engine))
+            now, tokens = time.perf_counter(), _tokens(_stats(engine, play_engine))
             progress.update(tokens_per_s=(tokens - last_tokens) / max(now - last_time, 1e-9))
             last_tokens, last_time = tokens, now
 
     task = asyncio.create_task(ticker()) if progress.tty else None
-    before = _stats(engine)
+    before = _stats(engine, play_engine)
     began = time.perf_counter()
     try:
         out = await orchestrator.run_step(step)
@@ -47,7 +56,7 @@ async def measured_step(orchestrator: Any, engine: Optional[RolloutEngine], step
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    after = _stats(engine)
+    after = _stats(engine, play_engine)
     generated = _tokens(after) - _tokens(before)
     out.metrics.setdefault("time/gen_tokens_per_s", generated / max(time.perf_counter() - began, 1e-9))
     if before is not None and after is not None:

@@ -170,6 +170,8 @@ class Trainer:
         if self.rollout is None:
             self.rollout = HFRolloutManager(self._hf_engine() if self.plays else None, is_main=self.is_main,
                                             device=self.ctx.device)
+        if self.shards is not None and self.shards.shard is not None:
+            await self.rollout.open_shard(self.shards.shard, self.shards.shards)
         if self.is_main:
             self._build_selfplay()
         elif self.plays_shard:
@@ -230,7 +232,7 @@ class Trainer:
                                          tokenizer=self.tokenizer, corpus=corpus, memory=self.memory,
                                          run_dir=self.run_dir.root, seed=cfg.run.seed,
                                          chat_template_kwargs=template_kwargs, shards=self.shards,
-                                         device=self.ctx.device)
+                                         play_engine=self.rollout.play_engine, device=self.ctx.device)
         self.orchestrator.on_phase = self.phase_memory.mark
 
     def _build_shard_server(self) -> None:
@@ -238,7 +240,8 @@ class Trainer:
         from ..selfplay.rollout_shards import ShardServer, shard_player
 
         cfg = self.config
-        player = shard_player(cfg.selfplay, sandbox=self.sandbox, engine=self.rollout.engine, tokenizer=self.tokenizer,
+        engine = self.rollout.play_engine or self.rollout.engine
+        player = shard_player(cfg.selfplay, sandbox=self.sandbox, engine=engine, tokenizer=self.tokenizer,
                               seed=cfg.run.seed,
                               chat_template_kwargs=thinking_template_kwargs(self.tokenizer.chat_template,
                                                                             cfg.model.thinking))
@@ -337,7 +340,8 @@ class Trainer:
             out, self.ready = self.ready, None
             if out is None:
                 self.progress.phase("playing")
-                out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
+                out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress,
+                                          play_engine=self.rollout.play_engine)
                 if self.shards is not None:  # the shards go on to the samples' broadcast
                     await in_thread(self.ctx.device, self.shards.end_step)
         serving = asyncio.create_task(self.shard_server.serve_step()) if self.shard_server is not None else None
@@ -384,6 +388,9 @@ class Trainer:
         if self.is_main:
             memory = step_memory(self.phase_memory.metrics(), before)
             shard_metrics = self.orchestrator.player.step_metrics() if self.shards is not None else {}
+            remote_tokens = shard_metrics.pop("engine/remote_generated_tokens", 0.0)
+            if out is not None and "engine/generated_tokens" in out.metrics:  # every shard's tokens
+                out.metrics["engine/generated_tokens"] += remote_tokens
             metrics = step_record(out, lag, trained_metrics, engine_metrics, shard_metrics, evaluated, memory,
                                   times={"time/rollout_s": rolled - started, "time/train_s": trained - rolled,
                                          "time/sync_s": synced - trained, "time/step_s": synced - started})

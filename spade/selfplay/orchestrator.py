@@ -139,7 +139,8 @@ class Orchestrator:
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
                  stop_token_ids: tuple[int, ...] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                 shards: ShardChannel | None = None, device: torch.device | None = None):
+                 shards: ShardChannel | None = None, play_engine: RolloutEngine | None = None,
+                 device: torch.device | None = None):
         refuse_unsupported(settings.partial_rollouts, domain=settings.domain,
                            refill_equal_groups=settings.refill_equal_groups)
         self.settings = settings
@@ -156,6 +157,8 @@ class Orchestrator:
         play_sandbox = self.source.play_sandbox()
         if play_sandbox is not None:
             common["sandbox"] = play_sandbox
+        if play_engine is not None:  # rollout shards: rank 0 plays its block on its own servers
+            common["engine"] = play_engine
         if shards is not None and shards.shards > 1:  # settings refuse shards where they cannot work
             self.player: Player = ShardedPlayer(settings, channel=shards, device=device or torch.device("cpu"),
                                                 **common)

@@ -226,6 +226,19 @@ class SGLangDeployment:
             if self.method == "broadcast":
                 await self._connect_broadcast()
 
+    def shard_engine(self, shard: int, shards: int) -> SGLangEngine:
+        """A generation client over rollout shard ``shard``'s servers (``selfplay.rollout_shards``):
+        the ``shard``-th of ``shards`` contiguous blocks of the servers, in node order, so with one
+        shard per node a shard reaches its own node's. It sends no weights and restarts nothing:
+        rank 0's engine does both for every server, at the step boundaries, when no shard plays."""
+        if not self.plans or len(self.plans) % shards:
+            raise DeploymentError(f"selfplay.rollout_shards: {len(self.plans)} SGLang servers do not split into "
+                                  f"{shards} equal blocks; allowed: a divisor of the server count")
+        size = len(self.plans) // shards
+        s = self.settings
+        return SGLangEngine([p.url for p in self.plans[shard * size:(shard + 1) * size]], max_retries=s.max_retries,
+                            request_timeout_s=s.request_timeout_s, routing=self.routing)
+
     async def _connect_broadcast(self) -> None:
         from .weight_transport import BroadcastWeightSender
 
