@@ -170,10 +170,10 @@ class TrainConfig:
     eval: EvalSettings = field(default_factory=EvalSettings)
 
     def __post_init__(self) -> None:
-        require(not (self.run.overlap and self.engine.kind == "sglang"), "run.overlap",
-                "1 is built for engine.kind: hf only: SGLang servers stop taking requests while the trainer "
-                "updates (colocated ones hand it their GPU memory), which the overlapped rollout needs "
-                "(docs/overlap.md)")
+        require(not (self.run.overlap and self.engine.kind == "sglang" and self.engine.sglang.colocated), "run.overlap",
+                "1 with colocated SGLang servers: they hand the trainer their GPU memory during the update, "
+                "when the overlapped rollout needs them; allowed: engine.kind: hf, or disaggregated servers "
+                "(engine.sglang.urls), or run.overlap: 0 (docs/overlap.md)")
         require(not (self.run.overlap and self.selfplay.rollout_shards > 1), "run.overlap",
                 f"1 with selfplay.rollout_shards: {self.selfplay.rollout_shards}; allowed: 0 with shards, or "
                 "rollout_shards: 1 (the overlapped rollout runs beside the update on rank 0 alone)")

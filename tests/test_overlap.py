@@ -11,6 +11,7 @@ Subprocesses with hard timeouts; slow.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -19,24 +20,32 @@ import torch
 
 from spade.config import ConfigError
 from test_resume_kills import STEPS, kill_when_step_starts  # noqa: F401
-from test_train_loop import (RUN_TIMEOUT_S, checkpoint_tensors, graded_config, metrics, run_spade,  # noqa: F401
-                             tiny_hf, train_config, without_time)
+from test_train_loop import (PARAM_TOL, RUN_TIMEOUT_S, assert_same_metrics, checkpoint_tensors,  # noqa: F401
+                             graded_config, metrics, run_spade, tiny_hf, train_config, without_engine_keys,
+                             without_time)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * RUN_TIMEOUT_S + 60)]
 
 
-@pytest.fixture
-def overlap_config(graded_config, tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def overlap_config(graded_config, tmp_path_factory) -> Path:
     text = graded_config.read_text().replace("run: {steps: 2,", "run: {overlap: 1, steps: 2,", 1)
     assert "overlap: 1" in text
-    path = tmp_path / "overlap.yaml"
+    path = tmp_path_factory.mktemp("overlap") / "overlap.yaml"
     path.write_text(text)
     return path
 
 
-def test_overlap_trains_one_step_off_policy_and_resumes_exactly(overlap_config, tmp_path):
-    straight = tmp_path / "straight"
+@pytest.fixture(scope="module")
+def overlap_straight(overlap_config, tmp_path_factory) -> Path:
+    """4 steps with overlap on the hf engine, straight."""
+    straight = tmp_path_factory.mktemp("overlap_straight") / "run"
     run_spade("--config", str(overlap_config), "--run-dir", str(straight), *STEPS, env={"OMP_NUM_THREADS": "1"})
+    return straight
+
+
+def test_overlap_trains_one_step_off_policy_and_resumes_exactly(overlap_config, overlap_straight, tmp_path):
+    straight = overlap_straight
     records = metrics(straight)
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert all(r["train/samples"] > 0 and r["train/grad_norm"] > 0 for r in records)
@@ -65,8 +74,48 @@ def test_overlap_values_and_sglang_are_refused_by_name():
 
     with pytest.raises(ConfigError, match=r"run\.overlap.*allowed: 0 .* or 1"):
         from_dict({"run": {"overlap": 2}})
-    for sglang in ({}, {"urls": ["http://10.0.0.2:30000"]}):  # colocated, disaggregated
-        with pytest.raises(ConfigError, match=r"run\.overlap.*engine\.kind: hf only"):
-            from_dict({"run": {"overlap": 1}, "engine": {"kind": "sglang", "sglang": sglang}})
+    with pytest.raises(ConfigError, match=r"run\.overlap.*colocated SGLang.*allowed: engine\.kind: hf, or "
+                                          r"disaggregated servers"):
+        from_dict({"run": {"overlap": 1}, "engine": {"kind": "sglang"}})
+    disaggregated = {"kind": "sglang", "sglang": {"urls": ["http://10.0.0.2:30000"]}}
+    assert from_dict({"run": {"overlap": 1}, "engine": disaggregated}).run.overlap == 1
     assert from_dict({"run": {"overlap": 1}}).run.overlap == 1  # the hf engine
     assert TrainConfig().run.overlap == 0
+
+
+def test_overlap_on_disaggregated_sglang_servers(overlap_config, overlap_straight, tmp_path):
+    """``engine.sglang.urls`` (servers spade did not launch; here the tests' stand-in, SGLang needs
+    a GPU): the server keeps taking requests through every update (no release, admission never
+    closed: step t+1's rollout runs while step t trains) and gets the new weights by broadcast at
+    the step boundary, after that rollout is done. The run equals the hf engine's overlap run
+    (the stand-in samples as the hf engine does): same play and lag metrics, ``train/`` within the
+    distributed tolerance, same final weights."""
+    from sglang_standin import standin_launcher
+
+    hf_dir = next(line for line in overlap_config.read_text().splitlines() if "hf_dir" in line)
+    hf_dir = hf_dir.split("hf_dir:", 1)[1].split(",")[0].strip()
+    log_path = tmp_path / "external.log"
+    run = tmp_path / "run"
+
+    async def play() -> None:
+        server = standin_launcher(hf_dir, log_path=log_path)
+        await server.start()
+        try:
+            await asyncio.to_thread(run_spade, "--config", str(overlap_config), "--run-dir", str(run), *STEPS,
+                                    "engine.kind=sglang", f"engine.sglang.urls=[{server.url}]",
+                                    env={"OMP_NUM_THREADS": "1"})
+        finally:
+            await server.close()
+
+    asyncio.run(play())
+    records = metrics(run)
+    for r in records[1:]:
+        assert (r["train/policy_lag_mean"], r["train/policy_lag_max"]) == (1.0, 1.0)
+    assert_same_metrics(metrics(overlap_straight), without_engine_keys(records))
+    final = {r: checkpoint_tensors(r / "checkpoints" / "step_4") for r in (overlap_straight, run)}
+    keys = [k for k in final[run] if k.startswith(("embedding.", "decoder.", "output_layer."))]
+    assert keys and max((final[run][k].double() - final[overlap_straight][k].double()).abs().max().item()
+                        for k in keys) <= PARAM_TOL
+    log = log_path.read_text()
+    assert log.count("/update_weights_from_distributed -> 200") >= 4
+    assert "/release_memory_occupation" not in log and "/pause_generation" not in log

@@ -36,17 +36,28 @@ def test_enabled_is_refused_for_tool_use(tmp_path):
                      run_dir=tmp_path, seed=0)
 
 
-def test_only_the_partial_recipe_turns_partial_rollouts_on():
-    """The paper's recipes stay synchronous; the 30B-A3B variant over them changes only this."""
+def test_only_the_30b_variants_leave_the_synchronous_schedule():
+    """The paper's recipes stay synchronous. The 30B-A3B partial variant changes only partial
+    rollouts; the async variant over it only turns run.overlap on, with disaggregated servers."""
     from pathlib import Path
 
     from spade.train_config import load_train_config as load_config
 
     recipes = Path(__file__).resolve().parents[1] / "examples" / "recipes"
-    on = sorted(p.name for p in recipes.glob("*.yaml") if load_config(p).selfplay.partial_rollouts.enabled)
-    assert on == ["qwen3_30b_a3b_games_8gpu_partial.yaml"]
-    variant, paper = (load_config(recipes / name).to_dict() for name in on + ["qwen3_30b_a3b_games_8gpu.yaml"])
+    configs = {p.name: load_config(p) for p in recipes.glob("*.yaml")}
+    partial = sorted(name for name, c in configs.items() if c.selfplay.partial_rollouts.enabled)
+    overlap = sorted(name for name, c in configs.items() if c.run.overlap)
+    assert partial == ["qwen3_30b_a3b_games_8gpu_partial.yaml", "qwen3_30b_a3b_games_async.yaml"]
+    assert overlap == ["qwen3_30b_a3b_games_async.yaml"]
+    variant, paper = (configs[name].to_dict() for name in ("qwen3_30b_a3b_games_8gpu_partial.yaml",
+                                                           "qwen3_30b_a3b_games_8gpu.yaml"))
     assert variant["selfplay"].pop("partial_rollouts") == {"enabled": True, "complete_fraction": 0.75,
                                                             "max_carry_steps": 1}
     paper["selfplay"].pop("partial_rollouts")
     assert variant == paper
+    asynchronous, partial_only = (configs[name].to_dict() for name in ("qwen3_30b_a3b_games_async.yaml",
+                                                                      "qwen3_30b_a3b_games_8gpu_partial.yaml"))
+    assert asynchronous["run"].pop("overlap") == 1 and partial_only["run"].pop("overlap") == 0
+    assert asynchronous["engine"]["sglang"].pop("urls") and not partial_only["engine"]["sglang"].pop("urls")
+    assert asynchronous == partial_only
+    assert not configs["qwen3_30b_a3b_games_async.yaml"].engine.sglang.colocated

@@ -94,10 +94,12 @@ class RolloutManager:
     async def start(self) -> None:
         """Every rank, before the trainer's model is built."""
 
-    async def switch_to_training(self, samples: Optional[list]) -> list:
+    async def switch_to_training(self, samples: Optional[list], *, keep_serving: bool = False) -> list:
         """Every rank, between the rollouts and the update: rank 0 passes the step's samples and
-        every rank gets them back, with the device's memory handed from the engine to training."""
-        if self.is_main and samples:
+        every rank gets them back, with the device's memory handed from the engine to training.
+        ``keep_serving`` (``run.overlap: 1``, the engine on other devices than training): the engine
+        goes on taking requests through the update (the next step's rollout)."""
+        if self.is_main and samples and not keep_serving:
             await self.offload_engine()
         samples = await self.share_samples(samples)
         if samples:

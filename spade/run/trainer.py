@@ -346,7 +346,7 @@ class Trainer:
                     await in_thread(self.ctx.device, self.shards.end_step)
         serving = asyncio.create_task(self.shard_server.serve_step()) if self.shard_server is not None else None
         samples = await self.rollout.switch_to_training(
-            None if out is None else [t.to_train_sample() for t in out.samples])
+            None if out is None else [t.to_train_sample() for t in out.samples], keep_serving=overlap)
         if serving is not None:  # ended before rank 0 shared the samples
             await serving
         self.phase_memory.mark("plays")
