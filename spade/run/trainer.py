@@ -23,6 +23,11 @@ What each engine does around the update (release, offload, restart, weight trans
 rollout manager's (``spade.rollout.manager``); what the update does (sharding over data-parallel
 ranks, reference-model scoring, micro-batches) is the learner's (``spade.training.learner``).
 Every sample records the weight version that generated it (``train/policy_lag_*``).
+
+With ``selfplay.rollout_shards`` > 1 the shard ranks (one per node) also start a sandbox service
+and an engine (hf) or a client over their node's servers (SGLang); while rank 0 runs the step they
+play their blocks of its rounds of plays (``spade.selfplay.rollout_shards``) and then wait for the
+samples like every rank.
 """
 
 from __future__ import annotations
