@@ -6,31 +6,20 @@ set lengths and latencies (the module docstring states the model); everything el
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("rollout_schedule", ROOT / "benchmarks" / "rollout_schedule.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from benchmark_modules import load_benchmark
 
 
 def test_episode_lengths_follow_the_stated_log_normal():
     """The per-episode reply length is log-normal with the stated median and sigma, capped, and a
     reply is exactly that many tokens: reasoning, one valid boxed action of the game, end of turn."""
-    bench = _load()
+    bench = load_benchmark("rollout_schedule")
     tokenizer, _ = bench.load_tokenizer()
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     engine = bench.SimulatedEngine(tokenizer, eos_id=eos, median=200, sigma=1.0, cap=2000, token_latency_s=0.001)
@@ -57,7 +46,7 @@ def test_rollout_schedule_quick(tmp_path, capsys):
     """--quick: the four schedules run; samples per step equal the configured groups (partial: whole
     groups, at least as many); the update's simulated time is in every step; the printed ratios are
     the stated formulas over the printed figures."""
-    bench = _load()
+    bench = load_benchmark("rollout_schedule")
     out = tmp_path / "figures.json"
     assert bench.main(["--quick", "--json", str(out)]) == 0
     printed = capsys.readouterr().out

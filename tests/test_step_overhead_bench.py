@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("step_overhead", ROOT / "benchmarks" / "step_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from benchmark_modules import load_benchmark
 
 
 def _share(overhead: float, engine: float, train: float) -> float:
@@ -29,7 +18,7 @@ def test_step_overhead_smoke(tmp_path, capsys):
     thousand seconds) dwarfs a few seconds of overhead, so the verdict must be PASS with exit 0.
     The figures follow the stated formulas, and the same figures at rates that make engine and
     training free must give FAIL."""
-    bench = _load()
+    bench = load_benchmark("step_overhead")
     out = tmp_path / "figures.json"
     code = bench.main(["--envs-per-set", "2", "--g-nohint", "2", "--g-hint", "1", "--max-turns", "3", "--k", "2",
                        "--engine-tokens-per-s", "1", "--json", str(out)])
