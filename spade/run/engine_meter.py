@@ -37,7 +37,8 @@ def _tokens(stats: Optional[GenerationStats]) -> int:
 async def measured_step(orchestrator: Any, engine: Optional[RolloutEngine], step: Step, progress: Progress,
                         play_engine: Optional[RolloutEngine] = None) -> Any:
     """``play_engine``: the client rank 0 plays its rollout shard with, when it is not ``engine``
-    (its figures are added; the other shards' tokens are the trainer's to add)."""
+    (its figures are added, and the other shards' tokens, which the step reports as
+    ``engine/remote_generated_tokens``, join ``engine/generated_tokens``)."""
     async def ticker() -> None:
         last_tokens, last_time = _tokens(_stats(engine, play_engine)), time.perf_counter()
         while True:
@@ -59,9 +60,10 @@ async def measured_step(orchestrator: Any, engine: Optional[RolloutEngine], step
     after = _stats(engine, play_engine)
     generated = _tokens(after) - _tokens(before)
     out.metrics.setdefault("time/gen_tokens_per_s", generated / max(time.perf_counter() - began, 1e-9))
+    remote = out.metrics.pop("engine/remote_generated_tokens", 0.0)
     if before is not None and after is not None:
         busy = after.busy_s - before.busy_s
-        out.metrics["engine/generated_tokens"] = float(generated)
+        out.metrics["engine/generated_tokens"] = float(generated) + remote
         out.metrics["time/engine_busy_s"] = busy
         out.metrics["time/engine_tokens_per_s"] = generated / busy if busy > 0 else 0.0
         if after.retries is not None and before.retries is not None:

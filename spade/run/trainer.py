@@ -392,11 +392,7 @@ class Trainer:
 
         if self.is_main:
             memory = step_memory(self.phase_memory.metrics(), before)
-            shard_metrics = self.orchestrator.player.step_metrics() if self.shards is not None else {}
-            remote_tokens = shard_metrics.pop("engine/remote_generated_tokens", 0.0)
-            if out is not None and "engine/generated_tokens" in out.metrics:  # every shard's tokens
-                out.metrics["engine/generated_tokens"] += remote_tokens
-            metrics = step_record(out, lag, trained_metrics, engine_metrics, shard_metrics, evaluated, memory,
+            metrics = step_record(out, lag, trained_metrics, engine_metrics, evaluated, memory,
                                   times={"time/rollout_s": rolled - started, "time/train_s": trained - rolled,
                                          "time/sync_s": synced - trained, "time/step_s": synced - started})
             self.writers.write(n, metrics)

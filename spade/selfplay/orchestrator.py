@@ -444,6 +444,7 @@ class Orchestrator:
         metrics["agent/episodes"] = float(len(nohint))
         metrics["agent/samples"] = float(len(out.agent_samples))
         metrics["agent/infra_dropped"] = float(self.player.infrastructure_failures)
+        metrics.update(self.player.step_metrics())  # rollout shards: where the plays ran
         if nohint:
             mean = _mean(returns)
             metrics["agent/return_mean"] = mean

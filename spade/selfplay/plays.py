@@ -91,6 +91,10 @@ class Player:
         self.tool_parser = parser_for_template(getattr(tokenizer, "chat_template", None)) \
             if settings.domain == "tool_use" else None
 
+    def step_metrics(self) -> dict[str, float]:
+        """Figures of the plays since the last call beyond their records (none for one process)."""
+        return {}
+
     def requests(self, envs: list[EnvSpec], *, with_hint: bool) -> list[PlayRequest]:
         s = self.settings
         out = [PlayRequest(env, False, i) for env in envs for i in range(s.g_nohint)]
