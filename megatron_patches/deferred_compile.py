@@ -8,6 +8,14 @@ imports the package while ``torch.compile`` is replaced by :func:`deferred`, whi
 function that calls the real ``torch.compile`` on its first call and the compiled function from
 then on: what runs is the same; only the moment of compilation's imports moves. ``torch.compile``
 itself is restored as soon as the import ends, so code outside megatron is never affected.
+
+The same import also loads Weights & Biases where it is installed (spade's trackers install it):
+``megatron.core.timers`` and the dynamic inference engine and context try ``import wandb`` for
+their own logging, which spade never uses (its trackers log; ``spade.run.trackers``), and that is
+about 0.45 s of CPU in every process. While ``megatron.core`` is imported, ``wandb`` is marked
+absent (megatron then sets its own ``wandb = None``, as without the package); the mark is removed
+afterwards, so spade's W&B tracker imports the real package. Where ``wandb`` is already imported,
+megatron gets it as before.
 """
 
 from __future__ import annotations
@@ -49,7 +57,12 @@ def import_megatron_core() -> None:
         return
     real = torch.compile
     torch.compile = deferred(real)
+    hide_wandb = "wandb" not in sys.modules
+    if hide_wandb:
+        sys.modules["wandb"] = None  # type: ignore[assignment]  # `import wandb` raises ImportError
     try:
         import megatron.core  # noqa: F401
     finally:
         torch.compile = real
+        if hide_wandb and sys.modules.get("wandb", 0) is None:
+            del sys.modules["wandb"]

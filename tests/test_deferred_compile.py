@@ -1,4 +1,6 @@
-"""megatron_patches imports megatron-core with its torch.compile'd fusions compiled on first call.
+"""megatron_patches imports megatron-core with its torch.compile'd fusions compiled on first call,
+and without Weights & Biases (megatron's own wandb logging is never used; spade's tracker still
+imports the real package).
 
 The import check runs in a fresh interpreter: an xdist worker may have imported megatron.core
 already, and then nothing is deferred."""
@@ -25,17 +27,24 @@ print(json.dumps({
     "torch_compile_restored": torch.compile is real,
     "jit_fuser_wraps_plain_function": plain.__name__ == "bias_gelu" and not hasattr(plain, "_torchdynamo_orig_callable"),
     "plain": plain(b, x).tolist(),
+    "wandb_imported_by_megatron": "wandb" in sys.modules,
+    "megatron_wandb": [repr(m.wandb) for m in (sys.modules["megatron.core.timers"],
+                                              sys.modules["megatron.core.inference.contexts.dynamic_context"])],
+    "wandb_after": __import__("wandb").__name__,
 }))
 """
 
 
-def test_importing_the_patches_does_not_import_inductor_and_restores_torch_compile():
+def test_importing_the_patches_imports_neither_inductor_nor_wandb_and_restores_torch_compile():
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["inductor_imported"] is False
     assert seen["torch_compile_restored"] is True
     assert seen["jit_fuser_wraps_plain_function"] is True
+    assert seen["wandb_imported_by_megatron"] is False
+    assert seen["megatron_wandb"] == ["None", "None"]  # megatron's own fallback without the package
+    assert seen["wandb_after"] == "wandb"  # the mark is gone: the tracker's import gets the package
     # megatron's bias_gelu: the tanh approximation of GELU on x + b, as its docstring states
     x, b = torch.linspace(-3, 3, 7), torch.full((7,), 0.25)
     expected = torch.nn.functional.gelu(x + b, approximate="tanh")
