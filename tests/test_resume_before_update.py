@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
+import prewarmed
 import pytest
 
 from test_no_orphans import ROOT, tiny_config  # noqa: F401  (fixture)
@@ -20,8 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def spade_train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spade", "train", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=280)
+    return prewarmed.run(["train", *args], cwd=ROOT, timeout=280)
 
 
 def test_a_run_that_never_updated_resumes(tiny_config, tmp_path):  # noqa: F811

@@ -23,6 +23,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import prewarmed
 import psutil
 import pytest
 
@@ -372,9 +373,8 @@ run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 2048}}
 """)
     run_dir = tmp_path / "run"
     tag = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "spade", "train", "--config", str(path), "--run-dir", str(run_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "SPADE_TEST_RLVE_TAG": tag, "OMP_NUM_THREADS": "1"})
+    proc = prewarmed.run(["train", "--config", str(path), "--run-dir", str(run_dir)], cwd=ROOT, timeout=240,
+                         env={**os.environ, "SPADE_TEST_RLVE_TAG": tag, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1]

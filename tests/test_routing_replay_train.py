@@ -8,10 +8,9 @@ up to floating-point near-ties. Run as a subprocess with a hard timeout.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 
@@ -45,8 +44,7 @@ def test_a_replayed_update_reports_router_agreement(train_config, tmp_path):  # 
     text = train_config.read_text().replace("run: {steps: 2,", "run: {steps: 1,")
     config.write_text(text + "loss: {routing_replay: rollout}\n")
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "spade", "train", "--config", str(config), "--run-dir", str(run)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = prewarmed.run(["train", "--config", str(config), "--run-dir", str(run)], cwd=ROOT, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     print({k: v for k, v in record.items() if k.startswith("train/")})

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import hf_fixtures as hx
+import prewarmed
 from megatron_fixtures import ensure_megatron_world
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,10 +35,7 @@ INPUTS = [
 
 
 def spade(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "spade", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    return prewarmed.run(list(args), cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 
@@ -86,8 +87,8 @@ def spade_cmd(*args: str) -> list[str]:
 
 
 def run_spade(*args: str, timeout: float = RUN_TIMEOUT_S, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(spade_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=None if env is None else {**os.environ, **env})
+    """``spade train ARGS`` run to completion (forked from the prewarmed interpreter: tests/prewarmed.py)."""
+    proc = prewarmed.run(["train", *args], timeout=timeout, env=None if env is None else {**os.environ, **env})
     assert proc.returncode == 0, f"spade train {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     return proc
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,7 +16,7 @@ SPADE = [sys.executable, "-m", "spade", "train"]
 
 
 def spade_train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPADE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return prewarmed.run(["train", *args], cwd=ROOT, timeout=timeout)
 
 
 def test_an_empty_config_is_refused_unless_defaults_are_meant(tmp_path):

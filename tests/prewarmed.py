@@ -1,0 +1,263 @@
+"""``python -m spade ARGS`` for the tests, in a process forked from one that has imported the libraries.
+
+Each ``spade train`` the suite starts spent about 4.5 of its 6 CPU-seconds importing torch,
+transformers and megatron-core before doing anything, and the suite runs dozens of them. This
+module keeps, per test process, one *prewarmed* interpreter (a zygote: ``python tests/prewarmed.py
+SOCKET``) that imports those libraries once, and runs each command in a child forked from it: a
+real, separate process with its own pid, session, working directory, environment and standard
+streams, running the real ``spade`` entry point (``runpy`` of ``spade.__main__``, as ``-m`` does)
+and ending as an interpreter does (non-daemon threads joined, ``atexit`` run, exit status). A
+``spade train`` of the tiny test model then takes about 2 s instead of 6.
+
+What differs from a fresh interpreter is only what was decided while importing, so a command runs
+in a fresh ``sys.executable`` process instead whenever its environment differs from the zygote's
+in a variable read then (``PYTHON*``, thread and device settings other than ``OMP_NUM_THREADS``,
+which the child applies with ``torch.set_num_threads`` as torch would at start-up; see
+:data:`READ_AT_IMPORT`). Commands that a test signals, kills or watches while they run keep using
+``subprocess`` directly: this runner is for commands run to completion (:func:`run`), and only for
+those that import the libraries (:data:`HEAVY_COMMANDS`). ``SPADE_TEST_PREWARMED=0`` turns it off
+(every command a fresh interpreter).
+
+The zygote is single-threaded (``selectors`` over its socket, connections and children's pidfds), so
+forking it is safe; it exits, killing its children's sessions, when its test process goes away.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRELOAD = ("spade", "torch", "transformers", "transformers.models.auto.modeling_auto",
+           "transformers.models.auto.tokenization_auto", "transformers.models.qwen3.modeling_qwen3",
+           "transformers.generation.utils", "megatron_patches")
+READ_AT_IMPORT = ("PYTHON", "MKL_", "OPENBLAS_", "GOMP_", "KMP_", "CUDA_", "TORCH", "TRANSFORMERS", "HF_",
+                  "NVTE_", "TOKENIZERS_", "LD_", "SPADE_TEST_PREWARMED")
+THREADS_VARIABLE = "OMP_NUM_THREADS"
+# The commands that import the libraries; the others (env, memory, demo, ...) start in under half a
+# second on their own, less than a fork of the zygote costs them.
+HEAVY_COMMANDS = ("train", "score", "eval")
+MAX_MESSAGE = 1 << 20
+_MINE = ROOT / "tests" / "prewarmed.py"
+
+
+# ---------------------------------------------------------------------------------------- zygote
+
+def _preload() -> None:
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in PRELOAD:
+            importlib.import_module(name)
+
+
+def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
+    """In the forked child: become the command's process and never return."""
+    code = 1
+    try:
+        os.setsid()
+        for fd in keep_closed:
+            os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if THREADS_VARIABLE in request["env"]:
+            import torch
+
+            torch.set_num_threads(int(request["env"][THREADS_VARIABLE]))
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)
+        sys.argv = ["-m", *request["args"]]  # runpy puts spade/__main__.py's path first
+        sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
+        code = _run_spade_main()
+        threading._shutdown()  # type: ignore[attr-defined]  # what interpreter exit does first
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    finally:
+        os._exit(code)
+
+
+def _run_spade_main() -> int:
+    import runpy
+    import traceback
+
+    try:
+        runpy.run_module("spade", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
+    except BaseException:  # noqa: BLE001  # what an uncaught exception does: traceback, status 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def serve(path: str) -> None:
+    _preload()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(16)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, ("accept", None))
+    selector.register(0, selectors.EVENT_READ, ("parent", None))  # EOF: the test process is gone
+    children: dict[int, tuple[socket.socket, int | None]] = {}  # pid -> (connection, pidfd)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+
+    def open_fds() -> list[int]:
+        fds = [listener.fileno(), 0]
+        for connection, pidfd in children.values():
+            fds += [connection.fileno()] + ([pidfd] if pidfd is not None else [])
+        return fds
+
+    while True:
+        for key, _ in selector.select():
+            what, pid = key.data
+            if what == "parent":
+                if not os.read(0, 4096):
+                    for child in children:
+                        _kill_session(child)
+                    return
+            elif what == "accept":
+                connection, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, 3)
+                request = json.loads(message)
+                child = os.fork()
+                if child == 0:
+                    selector.close()
+                    _child(request, fds, [connection.fileno(), *open_fds()])
+                for fd in fds:
+                    os.close(fd)
+                pidfd = os.pidfd_open(child)
+                children[child] = (connection, pidfd)
+                selector.register(pidfd, selectors.EVENT_READ, ("exited", child))
+                selector.register(connection, selectors.EVENT_READ, ("client", child))
+                connection.send(f"pid {child}".encode())
+            elif what == "client":  # the client went away before its command ended
+                connection, pidfd = children[pid]
+                if not connection.recv(64):
+                    selector.unregister(connection)
+                    _kill_session(pid)
+            elif what == "exited":
+                connection, pidfd = children.pop(pid)
+                selector.unregister(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                try:
+                    connection.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+                except OSError:
+                    pass
+                try:
+                    selector.unregister(connection)
+                except KeyError:  # the client had gone already
+                    pass
+                connection.close()
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------- client
+
+class _Zygote:
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="spade-prewarmed-")
+        self.path = os.path.join(self.directory, "socket")
+        self.env = dict(os.environ)
+        self.process = subprocess.Popen([sys.executable, str(_MINE), self.path], cwd=ROOT, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the prewarmed interpreter did not start")
+        atexit.register(self.close)
+
+    def serves(self, env: dict[str, str]) -> bool:
+        keys = {key for key in (*env, *self.env) if key.startswith(READ_AT_IMPORT)}
+        return self.process.poll() is None and all(env.get(key) == self.env.get(key) for key in keys)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+_zygote: _Zygote | None = None
+
+
+def _get_zygote() -> _Zygote | None:
+    global _zygote
+    if os.environ.get("SPADE_TEST_PREWARMED", "1") == "0":
+        return None
+    if _zygote is None or _zygote.process.poll() is not None:
+        _zygote = _Zygote()
+    return _zygote
+
+
+def run(args: list[str], *, timeout: float, cwd: str | Path = ROOT, env: dict[str, str] | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, "-m", "spade", *args], capture_output=True, text=True, ...)``,
+    forked from the prewarmed interpreter where it can be; on timeout the command's session is
+    killed and ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` does."""
+    env = dict(os.environ if env is None else env)
+    command = [sys.executable, "-m", "spade", *args]
+    zygote = _get_zygote() if args and args[0] in HEAVY_COMMANDS else None
+    if zygote is None or not zygote.serves(env):
+        return subprocess.run(command, cwd=cwd, env=env, input=input, capture_output=True, text=True,
+                              timeout=timeout)
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
+            tempfile.TemporaryFile() as stderr, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        if input is not None:
+            stdin.write(input.encode())
+            stdin.seek(0)
+        connection.connect(zygote.path)
+        request = json.dumps({"args": list(args), "cwd": str(cwd), "env": env}).encode()
+        socket.send_fds(connection, [request], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
+        connection.settimeout(30)
+        pid = int(connection.recv(64).decode().split()[1])
+        connection.settimeout(timeout)
+        try:
+            reply = connection.recv(64).decode()
+        except socket.timeout:
+            _kill_session(pid)
+            raise subprocess.TimeoutExpired(command, timeout) from None
+        if not reply.startswith("exit "):
+            raise RuntimeError(f"the prewarmed interpreter lost the command {args}: {reply!r}")
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(command, int(reply.split()[1]), stdout.read().decode(errors="replace"),
+                                           stderr.read().decode(errors="replace"))
+
+
+if __name__ == "__main__":
+    sys.path[0] = str(ROOT)  # the repository, as for `python -m spade` run from it (not tests/)
+    serve(sys.argv[1])
