@@ -19,11 +19,11 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from spade.cli import main
@@ -93,7 +93,7 @@ sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memo
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """Both runs, trained side by side (each a ``spade train`` subprocess with a hard timeout)."""
+    """Both runs, trained side by side (each a ``spade train`` process with a hard timeout: tests/prewarmed.py)."""
     work = tmp_path_factory.mktemp("baselines")
     _tiny_model(work / "hf")
     pool = work / "pool"
@@ -102,23 +102,16 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         shutil.copy(ROOT / "examples" / "envs" / name, pool / name)
     configs = {"fixed_pool": COMMON.format(hf=work / "hf") + FIXED_POOL.format(pool=pool),
                "rlve": COMMON.format(hf=work / "hf") + RLVE.format()}
-    procs = {}
     for name, text in configs.items():
         (work / f"{name}.yaml").write_text(text)
-        procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "spade", "train", "--config", str(work / f"{name}.yaml"), "--run-dir",
-             str(work / name)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    for name, proc in procs.items():
-        try:
-            _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for other in procs.values():
-                other.kill()
-                other.communicate()
-            raise
-        assert proc.returncode == 0, f"{name}: {err[-4000:]}"
-    return {name: work / name for name in procs}
+    with ThreadPoolExecutor(len(configs)) as pool_of_two:  # prewarmed.run kills a run past its timeout
+        done = dict(zip(configs, pool_of_two.map(
+            lambda name: prewarmed.run(["train", "--config", str(work / f"{name}.yaml"), "--run-dir", str(work / name)],
+                                       cwd=ROOT, timeout=RUN_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"}),
+            configs)))
+    for name, proc in done.items():
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-4000:]}"
+    return {name: work / name for name in configs}
 
 
 # ---------------------------------------------------------------------------- references from the files
