@@ -1,6 +1,6 @@
 """Start-up of a process that loads a model, with and without the deferred imports (issue 25).
 
-    python benchmarks/startup_imports.py [--repeats 5] [--json [PATH]]
+    python benchmarks/startup_imports.py [--repeats 5]
 
 Each ``spade train`` rank, rollout server and ``spade score`` / ``eval`` process imports spade,
 transformers' causal-LM classes and megatron-core (``megatron_patches``) before anything else.
@@ -20,7 +20,6 @@ ratio. The machine should be otherwise idle.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -51,7 +50,6 @@ def measure(code: str) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="interpreters per variant, alternating")
-    parser.add_argument("--json", nargs="?", const="-", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     measure(COMMON)  # warm the page cache
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
@@ -66,12 +64,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:9s} CPU {result[name]['cpu_s']:.2f} s   wall {result[name]['wall_s']:.2f} s"
               f"   (median of {args.repeats})")
     print(f"deferred saves {result['saved_cpu_s']:.2f} CPU-s per process (eager / deferred = {result['cpu_ratio']:.2f})")
-    if args.json:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
     return 0
 
 

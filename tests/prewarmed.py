@@ -28,13 +28,14 @@ import atexit
 import json
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
+
+from spade.process_group import kill_group
 
 ROOT = Path(__file__).resolve().parent.parent
 PRELOAD = ("spade", "torch", "transformers", "transformers.models.auto.modeling_auto",
@@ -140,7 +141,7 @@ def serve(path: str) -> None:
             if what == "parent":
                 if not os.read(0, 4096):
                     for child in children:
-                        _kill_session(child)
+                        kill_group(child)
                     return
             elif what == "accept":
                 connection, _ = listener.accept()
@@ -161,7 +162,7 @@ def serve(path: str) -> None:
                 connection, pidfd = children[pid]
                 if not connection.recv(64):
                     selector.unregister(connection)
-                    _kill_session(pid)
+                    kill_group(pid)
             elif what == "exited":
                 connection, pidfd = children.pop(pid)
                 selector.unregister(pidfd)
@@ -176,13 +177,6 @@ def serve(path: str) -> None:
                 except KeyError:  # the client had gone already
                     pass
                 connection.close()
-
-
-def _kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------------------------------- client
@@ -248,7 +242,7 @@ def run(args: list[str], *, timeout: float, cwd: str | Path = ROOT, env: dict[st
         try:
             reply = connection.recv(64).decode()
         except socket.timeout:
-            _kill_session(pid)
+            kill_group(pid)
             raise subprocess.TimeoutExpired(command, timeout) from None
         if not reply.startswith("exit "):
             raise RuntimeError(f"the prewarmed interpreter lost the command {args}: {reply!r}")
