@@ -25,14 +25,17 @@ forking it is safe; it exits, killing its children's sessions, when its test pro
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
 import selectors
+import shlex
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import types
 from pathlib import Path
 
 from spade.process_group import kill_group
@@ -43,12 +46,17 @@ PRELOAD = ("spade", "torch", "transformers", "transformers.models.auto.modeling_
            "transformers.generation.utils", "megatron_patches")
 READ_AT_IMPORT = ("PYTHON", "MKL_", "OPENBLAS_", "GOMP_", "KMP_", "CUDA_", "TORCH", "TRANSFORMERS", "HF_",
                   "NVTE_", "TOKENIZERS_", "LD_", "SPADE_TEST_PREWARMED")
+# Variables with those prefixes that are only read later, while the program runs: torchrun's settings
+# for its workers (and PYTHON_EXEC, the interpreter it starts them with).
+SEARCH_PATH = "PYTHONPATH"
+READ_LATER = ("PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 # The commands that import the libraries; the others (env, memory, demo, ...) start in under half a
 # second on their own, less than a fork of the zygote costs them.
 HEAVY_COMMANDS = ("train", "score", "eval")
 MAX_MESSAGE = 1 << 20
 _MINE = ROOT / "tests" / "prewarmed.py"
+_CLIENT = ROOT / "tests" / "prewarmed_python.py"
 
 
 # ---------------------------------------------------------------------------------------- zygote
@@ -61,6 +69,75 @@ def _preload() -> None:
         warnings.simplefilter("ignore")
         for name in PRELOAD:
             importlib.import_module(name)
+
+
+def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]] | None:
+    """``(unbuffered, "module" | "code" | "script", target, rest)`` of a Python command line the
+    zygote can run (``[-u] -m MODULE ARGS``, ``[-u] -c CODE ARGS`` or ``[-u] SCRIPT ARGS``); ``None``
+    for any other option."""
+    unbuffered = False
+    while argv and argv[0] == "-u":
+        unbuffered, argv = True, argv[1:]
+    if len(argv) >= 2 and argv[0] == "-m":
+        return unbuffered, "module", argv[1], argv[2:]
+    if len(argv) >= 2 and argv[0] == "-c":
+        return unbuffered, "code", argv[1], argv[2:]
+    if argv and not argv[0].startswith("-"):
+        return unbuffered, "script", argv[0], argv[1:]
+    return None
+
+
+def _differs_at_import(env: dict[str, str], started: dict[str, str]) -> bool:
+    """Whether ``env`` differs from ``started`` in a variable read at start-up (PYTHONPATH aside:
+    :func:`_search_path`)."""
+    keys = {key for key in (*env, *started)
+            if key.startswith(READ_AT_IMPORT) and not key.startswith(READ_LATER) and key != SEARCH_PATH}
+    return any(env.get(key) != started.get(key) for key in keys)
+
+
+def _path_entries(value: str | None) -> list[str] | None:
+    """PYTHONPATH's entries; ``None`` where one is empty or relative (then no comparison is made)."""
+    entries = value.split(os.pathsep) if value else []
+    if not all(entry and os.path.isabs(entry) for entry in entries):
+        return None
+    return [os.path.normpath(entry) for entry in entries]
+
+
+def _search_path(value: str | None, started: str | None) -> list[str] | None:
+    """A command's PYTHONPATH entries where every module the zygote has imported would be found in
+    the same file under them (a fresh interpreter would import the same code); otherwise ``None``.
+    An entry added may hold only modules imported from that very entry, and no module may have
+    come from an entry removed."""
+    new, old = _path_entries(value), _path_entries(started)
+    if new is None or old is None:
+        return None
+    if new == old:
+        return new
+    loaded = {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items()) if "." not in name}
+    for entry in set(new) - set(old):
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        for name in names:
+            top = name.partition(".")[0] if name.endswith((".py", ".pyc", ".so")) else name
+            if top in loaded and not (loaded[top] or "").startswith(os.path.join(entry, top)):
+                return None
+    removed = [os.path.join(entry, "") for entry in set(old) - set(new)]
+    if any((file or "").startswith(tuple(removed)) for file in loaded.values()):
+        return None
+    return new
+
+
+def _standard_streams(unbuffered: bool) -> None:
+    sys.stdin = open(0, closefd=False)
+    if unbuffered:  # what `python -u` gives: nothing held back in either layer
+        sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), write_through=True,
+                                                   errors=errors)
+                                  for fd, errors in ((1, "strict"), (2, "backslashreplace")))
+    else:
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)
 
 
 def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
@@ -80,12 +157,10 @@ def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
             import torch
 
             torch.set_num_threads(int(request["env"][THREADS_VARIABLE]))
-        sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", closefd=False)
-        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)
-        sys.argv = ["-m", *request["args"]]  # runpy puts spade/__main__.py's path first
-        sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
-        code = _run_spade_main()
+        sys.path[1:] = request["search_path"] + sys.path[1 + request["started_search_path"]:]
+        unbuffered, kind, target, rest = _parse(request["argv"])
+        _standard_streams(unbuffered)
+        code = _run_main(kind, target, rest)
         threading._shutdown()  # type: ignore[attr-defined]  # what interpreter exit does first
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
@@ -97,12 +172,25 @@ def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
         os._exit(code)
 
 
-def _run_spade_main() -> int:
+def _run_main(kind: str, target: str, rest: list[str]) -> int:
     import runpy
     import traceback
 
     try:
-        runpy.run_module("spade", run_name="__main__", alter_sys=True)
+        if kind == "module":
+            sys.argv = ["-m", *rest]  # runpy puts the module's path first
+            sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            sys.argv = ["-c", *rest]
+            sys.path[0] = ""  # as `python -c` does: the working directory
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(target, "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv = [target, *rest]
+            sys.path[0] = os.path.dirname(os.path.realpath(target))  # as `python SCRIPT` does
+            runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
@@ -118,6 +206,7 @@ def _run_spade_main() -> int:
 
 
 def serve(path: str) -> None:
+    started = dict(os.environ)
     _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -147,6 +236,14 @@ def serve(path: str) -> None:
                 connection, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, 3)
                 request = json.loads(message)
+                search_path = _search_path(request["env"].get(SEARCH_PATH), started.get(SEARCH_PATH))
+                if _parse(request["argv"]) is None or _differs_at_import(request["env"], started) or search_path is None:
+                    connection.send(b"fresh")  # the client runs it in a fresh interpreter instead
+                    for fd in fds:
+                        os.close(fd)
+                    connection.close()
+                    continue
+                request.update(search_path=search_path, started_search_path=len(_path_entries(started.get(SEARCH_PATH))))
                 child = os.fork()
                 if child == 0:
                     selector.close()
@@ -191,10 +288,14 @@ class _Zygote:
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError("the prewarmed interpreter did not start")
         atexit.register(self.close)
+        self.python = os.path.join(self.directory, "python")
+        with open(self.python, "w") as script:
+            script.write(f"#!/bin/sh\nexport PYTHON_EXEC=\"$0\"\n"  # torchrun starts its workers with it too
+                         f"exec {shlex.quote(sys.executable)} -S {shlex.quote(str(_CLIENT))} {shlex.quote(self.path)} \"$@\"\n")
+        os.chmod(self.python, 0o755)
 
     def serves(self, env: dict[str, str]) -> bool:
-        keys = {key for key in (*env, *self.env) if key.startswith(READ_AT_IMPORT)}
-        return self.process.poll() is None and all(env.get(key) == self.env.get(key) for key in keys)
+        return self.process.poll() is None and not _differs_at_import(env, self.env)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -217,6 +318,21 @@ def _get_zygote() -> _Zygote | None:
     return _zygote
 
 
+def python() -> str:
+    """An executable that stands in for ``sys.executable`` (``python [-u] -m MODULE ...``, ``-c CODE ...`` or
+    ``SCRIPT ...``): each command it is given runs forked from the prewarmed interpreter, and any
+    other command line, or an environment that differs in what is read at import, runs in
+    ``sys.executable`` itself. For programs that spade or torchrun start (a rollout server's
+    ``server_command``, torchrun's ranks); see tests/prewarmed_python.py."""
+    zygote = _get_zygote()
+    return sys.executable if zygote is None else zygote.python
+
+
+def torchrun() -> list[str]:
+    """``torchrun``, itself run by :func:`python`, which it also starts its ranks with."""
+    return [python(), "-m", "torch.distributed.run"]
+
+
 def run(args: list[str], *, timeout: float, cwd: str | Path = ROOT, env: dict[str, str] | None = None,
         input: str | None = None) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, "-m", "spade", *args], capture_output=True, text=True, ...)``,
@@ -225,19 +341,29 @@ def run(args: list[str], *, timeout: float, cwd: str | Path = ROOT, env: dict[st
     env = dict(os.environ if env is None else env)
     command = [sys.executable, "-m", "spade", *args]
     zygote = _get_zygote() if args and args[0] in HEAVY_COMMANDS else None
-    if zygote is None or not zygote.serves(env):
-        return subprocess.run(command, cwd=cwd, env=env, input=input, capture_output=True, text=True,
-                              timeout=timeout)
+    if zygote is not None and zygote.serves(env):
+        done = _run_forked(zygote, command, cwd=cwd, env=env, input=input, timeout=timeout)
+        if done is not None:
+            return done
+    return subprocess.run(command, cwd=cwd, env=env, input=input, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_forked(zygote: _Zygote, command: list[str], *, cwd: str | Path, env: dict[str, str], input: str | None,
+                timeout: float) -> subprocess.CompletedProcess | None:
+    """:func:`run` by the zygote; ``None`` where it answers that the command needs a fresh interpreter."""
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
             tempfile.TemporaryFile() as stderr, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
         if input is not None:
             stdin.write(input.encode())
             stdin.seek(0)
         connection.connect(zygote.path)
-        request = json.dumps({"args": list(args), "cwd": str(cwd), "env": env}).encode()
+        request = json.dumps({"argv": command[1:], "cwd": str(cwd), "env": env}).encode()
         socket.send_fds(connection, [request], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
         connection.settimeout(30)
-        pid = int(connection.recv(64).decode().split()[1])
+        reply = connection.recv(64).decode()
+        if reply == "fresh":
+            return None
+        pid = int(reply.split()[1])
         connection.settimeout(timeout)
         try:
             reply = connection.recv(64).decode()
@@ -245,7 +371,7 @@ def run(args: list[str], *, timeout: float, cwd: str | Path = ROOT, env: dict[st
             kill_group(pid)
             raise subprocess.TimeoutExpired(command, timeout) from None
         if not reply.startswith("exit "):
-            raise RuntimeError(f"the prewarmed interpreter lost the command {args}: {reply!r}")
+            raise RuntimeError(f"the prewarmed interpreter lost the command {command[3:]}: {reply!r}")
         stdout.seek(0)
         stderr.seek(0)
         return subprocess.CompletedProcess(command, int(reply.split()[1]), stdout.read().decode(errors="replace"),

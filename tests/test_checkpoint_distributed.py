@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 
@@ -38,11 +38,10 @@ pytestmark = pytest.mark.slow
 
 
 def torchrun(*args: str, timeout: int = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    torchrun_bin = Path(sys.executable).parent / "torchrun"
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [str(torchrun_bin), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(port), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

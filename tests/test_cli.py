@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import prewarmed
 from conftest import EXAMPLE_ENVS, ROOT
 
 TIMEOUT = 120
@@ -129,7 +130,7 @@ def test_engine_check_passes_against_a_working_server(tmp_path):
     from hf_fixtures import save_tiny_hf
 
     model = save_tiny_hf("qwen3", tmp_path / "model")
-    standin = f"{sys.executable} {ROOT / 'tests' / 'sglang_standin' / 'server.py'}"
+    standin = f"{prewarmed.python()} {ROOT / 'tests' / 'sglang_standin' / 'server.py'}"
     proc = subprocess.run([sys.executable, "-m", "spade", "engine", "check", "--model-path", str(model),
                            "--server-command", standin, "--tp", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 
@@ -108,7 +109,7 @@ def test_qwen3_moe_round_trip_through_the_command_lines(tmp_path):
     source = hx.save_tiny_hf("qwen3-moe", tmp_path / "hf")
     for script, args in (("convert_hf_to_mcore.py", ["--hf-dir", source, "--out", tmp_path / "ckpt"]),
                          ("convert_mcore_to_hf.py", ["--ckpt", tmp_path / "ckpt", "--out", tmp_path / "back"])):
-        done = subprocess.run([sys.executable, str(TOOLS / script), *map(str, args)], cwd=ROOT,
+        done = subprocess.run([prewarmed.python(), str(TOOLS / script), *map(str, args)], cwd=ROOT,
                               env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT)
         assert done.returncode == 0, done.stderr[-4000:]
     assert_same_model(source, tmp_path / "back")
@@ -117,9 +118,8 @@ def test_qwen3_moe_round_trip_through_the_command_lines(tmp_path):
 @pytest.mark.slow
 def test_conversion_under_torchrun_at_tp2(tmp_path):
     source = hx.save_tiny_hf("qwen3", tmp_path / "hf", seed=3)
-    torchrun = Path(sys.executable).parent / "torchrun"
     done = subprocess.run(
-        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+        [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
          str(free_port()), str(TOOLS / "convert_hf_to_mcore.py"), "--hf-dir", str(source),
          "--out", str(tmp_path / "ckpt"), "--tp", "2"],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT)

@@ -6,9 +6,9 @@ import math
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 
@@ -155,12 +155,10 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_vocab_parallel_two_ranks_match_single_rank():
-    torchrun = Path(sys.executable).parent / "torchrun"
-    assert torchrun.exists(), f"torchrun not found next to {sys.executable}"
     port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
            str(TP_WORKER)]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     output = result.stdout + result.stderr

@@ -1,14 +1,18 @@
-"""tests/prewarmed.py, the suite's runner of ``spade`` commands forked from a prewarmed interpreter:
-what a command sees and returns is what a fresh ``python -m spade`` process sees and returns."""
+"""tests/prewarmed.py, the suite's runner of ``spade`` commands forked from a prewarmed interpreter,
+and its stand-in for the ``python`` executable (``python()``, ``torchrun()``): what a command sees
+and returns is what a fresh interpreter process sees and returns."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import prewarmed
-from conftest import ROOT
+from spade.process_group import kill_group
 
 CONFIG = "model: {hf_dir: /nonexistent/model, dtype: float32}\nrun: {steps: 3, seed: 11}\n"
 
@@ -50,6 +54,95 @@ def test_only_environments_read_at_import_time_send_a_command_to_a_fresh_interpr
     assert zygote.serves(same)
     assert zygote.serves({**same, "SPADE_SOMETHING": "1", "OMP_NUM_THREADS": "1"})  # read at run time / applied
     assert not zygote.serves({**same, "PYTHONHASHSEED": "123"})
-    assert not zygote.serves({**same, "PYTHONPATH": str(ROOT / "elsewhere")})
+    assert zygote.serves({**same, "TORCHELASTIC_RUN_ID": "x", "PYTHON_EXEC": "/bin/x"})  # torchrun's, read later
     assert not zygote.serves({key: value for key, value in same.items() if key != "PATH"} | {"CUDA_VISIBLE_DEVICES": ""})
 
+
+
+# ------------------------------------------------------------------ python(): a stand-in executable
+
+# What a program sees of its interpreter; "preloaded" tells a forked child (torch imported before
+# the program's first line) from a fresh interpreter.
+REPORT = """import json, os, sys
+print(json.dumps({"preloaded": "torch" in sys.modules, "argv": sys.argv, "path0": sys.path[0],
+                  "cwd": os.getcwd(), "name": __name__, "rank": os.environ.get("RANK"),
+                  "search": [p for p in sys.path if p.startswith(os.environ.get("PROBE_ROOT", "?"))]}))
+sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+"""
+
+
+def report(command: list[str], **kwargs) -> tuple[int, dict]:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_script_module_or_code_runs_forked_and_sees_what_a_fresh_interpreter_sees(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(REPORT)
+    (tmp_path / "probe_module.py").write_text(REPORT)
+    env = {**os.environ, "PROBE_EXIT": "3", "PYTHONPATH": str(tmp_path), "PROBE_ROOT": str(tmp_path)}
+    for argv in ([str(script), "a", "b"], ["-u", "-m", "probe_module", "x"], ["-c", REPORT, "y"]):
+        forked_code, forked = report([prewarmed.python(), *argv], cwd=tmp_path, env=env)
+        fresh_code, expected = report([sys.executable, *argv], cwd=tmp_path, env=env)
+        assert forked.pop("preloaded") and not expected.pop("preloaded"), argv
+        assert (forked_code, forked) == (fresh_code, expected) == (3, expected), argv
+
+
+def test_an_option_or_environment_it_cannot_honour_runs_in_a_fresh_interpreter(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(REPORT)
+    assert not report([prewarmed.python(), "-X", "dev", str(script)])[1]["preloaded"]
+    assert not report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONHASHSEED": "5"})[1]["preloaded"]
+    shadow = tmp_path / "shadow"  # a directory whose `torch` would be imported instead of the zygote's
+    (shadow / "torch").mkdir(parents=True)
+    assert not report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": str(shadow)})[1]["preloaded"]
+    harmless = tmp_path / "harmless"
+    harmless.mkdir()
+    assert report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": str(harmless)})[1]["preloaded"]
+
+
+SLEEPER = """import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), sys.exit(7)))
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_signals_reach_the_program_and_it_dies_with_its_stand_in(tmp_path):
+    """SIGTERM to the stand-in's group reaches the program (its handler's exit status comes back);
+    SIGKILL of the stand-in takes the program with it, as it would a real interpreter's."""
+    for sig, expected_code in ((signal.SIGTERM, 7), (signal.SIGKILL, -signal.SIGKILL)):
+        proc = subprocess.Popen([prewarmed.python(), "-c", SLEEPER], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            program = int(proc.stdout.readline())
+            assert program != proc.pid  # the forked child, not the stand-in
+            kill_group(proc.pid, sig)
+            assert proc.wait(timeout=30) == expected_code
+            deadline = time.monotonic() + 10
+            while _alive(program) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not _alive(program)
+        finally:
+            kill_group(proc.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_torchrun_starts_its_ranks_forked_too(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(REPORT)
+    done = subprocess.run([*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                           "--master_port", "0", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(rank["rank"] for rank in ranks) == ["0", "1"]
+    assert all(rank["preloaded"] and rank["argv"] == [str(script)] for rank in ranks)

@@ -12,9 +12,9 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from hf_fixtures import save_tiny_hf
@@ -33,10 +33,9 @@ def free_port() -> int:
 
 
 def launch(hf_dir: Path, layout: str, out_dir: Path) -> dict[int, dict]:
-    torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
            str(free_port()), str(WORKER), "--hf-dir", str(hf_dir), "--layout", layout, "--out-dir", str(out_dir)]
     process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)

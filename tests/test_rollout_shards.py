@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from spade.config import ConfigError
@@ -78,7 +78,7 @@ def test_one_two_and_four_shards_play_the_same_step(tmp_path):
     mask); each shard plays its block (64 / shards plays); the step takes less wall time and rank
     0 less CPU as the shards grow."""
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rollout_shards.py"), "--quick", "--sigma",
+    proc = subprocess.run([prewarmed.python(), str(ROOT / "benchmarks" / "rollout_shards.py"), "--quick", "--sigma",
                            "0.25", "--timeout", "400", "--json", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=450)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

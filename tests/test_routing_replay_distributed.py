@@ -14,9 +14,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 
@@ -53,11 +53,10 @@ def finish(process: subprocess.Popen, what: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("routing_replay")
-    torchrun = Path(sys.executable).parent / "torchrun"
-    reference = start([sys.executable, str(WORKER), "--reference", "--out", str(out)])
+    reference = start([prewarmed.python(), str(WORKER), "--reference", "--out", str(out)])
     results = {"reference": finish(reference, "routing_replay_worker.py --reference")}
     for case, ranks in CASES.items():
-        process = start([str(torchrun), "--nproc_per_node", str(ranks), "--master_addr", "127.0.0.1",
+        process = start([*prewarmed.torchrun(), "--nproc_per_node", str(ranks), "--master_addr", "127.0.0.1",
                          "--master_port", str(free_port()), str(WORKER), "--out", str(out), "--case", case])
         results[case] = finish(process, f"torchrun {case}")
         assert len(results[case]) == ranks

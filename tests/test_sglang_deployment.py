@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any, Awaitable, TypeVar
 
+import prewarmed
 import pytest
 import torch
 
@@ -119,7 +119,7 @@ GREEDY = GenerationRequest((3, 9, 4, 17), SamplingParams(temperature=0.0, max_ne
 def standin_deployment(model_dir: Path, log_dir: Path, servers: int = 2, **settings: Any) -> SGLangDeployment:
     """A deployment of ``servers`` stand-ins owned by this one process, each fed by it (what
     ``start()`` places for a node with that many GPUs; a world of one has a single GPU's worth)."""
-    section = SGLangSection(server_command=(sys.executable, str(SERVER_SCRIPT)), start_timeout_s=120,
+    section = SGLangSection(server_command=(prewarmed.python(), str(SERVER_SCRIPT)), start_timeout_s=120,
                             request_timeout_s=60, bucket_mb=1, **settings)
     deployment = SGLangDeployment(section, model_dir=model_dir, log_dir=log_dir, device=torch.device("cpu"),
                                   local_rank=0)

@@ -205,7 +205,6 @@ def test_kill_mid_step_then_resume(straight_run, graded_config, tmp_path):
 
 # ---------------------------------------------------------------------- under torchrun (2 gloo ranks)
 
-TORCHRUN = Path(PYTHON).parent / "torchrun"
 TRAIN_TOL = dict(rel=1e-5, abs=1e-6)  # train/ floats: rank splits and TP shards reorder fp sums only
 PARAM_TOL = 1e-5  # weights after 2 Adam steps (lr 1e-3): rounding, magnified by Adam's 1/sqrt(v)
 
@@ -222,8 +221,7 @@ def run_torchrun_spade(*args: str, timeout: float = RUN_TIMEOUT_S,
                        env: dict | None = None) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node 2 -m spade train ARGS`` in its own process group, killed whole
     (agent and both ranks) when it outlives ``timeout``: a collective that never completes hangs."""
-    assert TORCHRUN.exists(), f"torchrun not found next to {PYTHON}"
-    cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "spade", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -387,7 +385,7 @@ def test_torchrun_kill_mid_step_then_resume(graded_single_run, graded_config, tm
     under torchrun: the run ends equal to the single-process straight run (the tolerances of the
     two-rank comparison above), having lost only the step after its last checkpoint."""
     run = tmp_path / "run"
-    cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "spade", "train", "--config", str(graded_config), "--run-dir", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -421,7 +419,7 @@ def sglang_overrides(servers_per_node: int = 1, **server_env: str) -> list[str]:
     """Run the rollouts on SGLang-protocol servers launched by spade itself: the tests' stand-in
     (SGLang cannot run without a GPU), which serves the same model with the same seeded sampler as
     the in-process HF engine."""
-    overrides = ["engine.kind=sglang", f"engine.sglang.server_command=[{PYTHON}, {STANDIN}]",
+    overrides = ["engine.kind=sglang", f"engine.sglang.server_command=[{prewarmed.python()}, {STANDIN}]",
                  f"engine.sglang.port={free_port()}", f"engine.sglang.servers_per_node={servers_per_node}",
                  "engine.sglang.start_timeout_s=120"]
     if server_env:

@@ -18,9 +18,9 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 
@@ -85,12 +85,10 @@ def results(output: str) -> dict[tuple[str, int], dict]:
 def runs(tmp_path_factory):
     """Both launches, run side by side; returns (out_dir, reference results, parallel results)."""
     out = tmp_path_factory.mktemp("train_worker")
-    torchrun = Path(sys.executable).parent / "torchrun"
-    assert torchrun.exists(), f"torchrun not found next to {sys.executable}"
     cases = ",".join(CASES)
-    reference = start([sys.executable, str(WORKER), "--reference", "--out", str(out), "--cases", cases])
+    reference = start([prewarmed.python(), str(WORKER), "--reference", "--out", str(out), "--cases", cases])
     port = free_port()
-    parallel = start([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+    parallel = start([*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                       "--master_port", str(port), str(WORKER), "--out", str(out), "--cases", cases])
     parallel_output = finish(parallel, "torchrun --nproc_per_node 2 train_worker.py")
     reference_output = finish(reference, "train_worker.py --reference")

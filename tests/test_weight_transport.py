@@ -9,10 +9,10 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 import torch.multiprocessing as torch_mp
@@ -47,7 +47,7 @@ def sha(t: torch.Tensor) -> str:
 
 
 def run_python(code: str, *args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], input=stdin, capture_output=True,
+    return subprocess.run([prewarmed.python(), "-c", code, *args], input=stdin, capture_output=True,
                           text=True, timeout=timeout, env=ENV, cwd=ROOT)
 
 
@@ -192,7 +192,7 @@ def test_update_group_over_gloo_between_unrelated_processes():
             ["empty", "float32", [0, 4]], ["mask", "bool", [6]], ["f16", "float16", [2, 2, 2]]]
     port, world_port = str(free_port()), str(free_port())
     args = [port, world_port, json.dumps(spec)]
-    procs = [subprocess.Popen([sys.executable, "-c", GROUP, role, *args], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([prewarmed.python(), "-c", GROUP, role, *args], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
              for role in ("trainer", "server")]
     outs = []
@@ -365,7 +365,7 @@ def test_update_weights_by_ipc_from_two_ranks_each_feeding_one_tp_worker(tmp_pat
             for rank, output in enumerate(outputs):
                 with open(output, "wb") as sink:
                     procs.append(await asyncio.create_subprocess_exec(
-                        sys.executable, "-c", IPC_RANK, str(rank), port, server.url, env=env, cwd=ROOT,
+                        prewarmed.python(), "-c", IPC_RANK, str(rank), port, server.url, env=env, cwd=ROOT,
                         stdout=sink, stderr=subprocess.STDOUT))
             try:
                 await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), 200)

@@ -1,20 +1,24 @@
 """A protocol-faithful stand-in for an SGLang server (``server.py``), for CPU-only tests, and the
-helpers that launch it the way production launches SGLang."""
+helpers that launch it the way production launches SGLang. The server runs forked from the test
+process's prewarmed interpreter (tests/prewarmed.py: ``python()``), a real process of its own that
+skips importing torch and transformers again."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
+import prewarmed
 from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 
 SERVER_SCRIPT = Path(__file__).resolve().parent / "server.py"
 
 
-def standin_argv(argv: Sequence[str], python: str = sys.executable) -> list[str]:
-    """``sglang_argv(...)`` with ``python -m sglang.launch_server`` swapped for the stand-in."""
+def standin_argv(argv: Sequence[str], python: Optional[str] = None) -> list[str]:
+    """``sglang_argv(...)`` with ``python -m sglang.launch_server`` swapped for the stand-in, run by
+    ``python`` (default: the prewarmed interpreter's stand-in for ``sys.executable``)."""
     argv = list(argv)
+    python = python or prewarmed.python()
     if argv[1:3] != ["-m", "sglang.launch_server"]:
         raise ValueError(f"not an SGLang launch command: {argv[:3]}")
     return [python, str(SERVER_SCRIPT), *argv[3:]]
