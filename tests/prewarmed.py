@@ -51,6 +51,7 @@ READ_AT_IMPORT = ("PYTHON", "MKL_", "OPENBLAS_", "GOMP_", "KMP_", "CUDA_", "TORC
 SEARCH_PATH = "PYTHONPATH"
 READ_LATER = ("PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 THREADS_VARIABLE = "OMP_NUM_THREADS"
+LOG_VARIABLE = "SPADE_TEST_PREWARMED_LOG"  # a file: one line per command, forked or fresh and why
 # The commands that import the libraries; the others (env, memory, demo, ...) start in under half a
 # second on their own, less than a fork of the zygote costs them.
 HEAVY_COMMANDS = ("train", "score", "eval")
@@ -87,12 +88,30 @@ def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]] | None:
     return None
 
 
-def _differs_at_import(env: dict[str, str], started: dict[str, str]) -> bool:
-    """Whether ``env`` differs from ``started`` in a variable read at start-up (PYTHONPATH aside:
-    :func:`_search_path`)."""
+def _differs_at_import(env: dict[str, str], started: dict[str, str]) -> list[str]:
+    """The variables read at start-up (PYTHONPATH aside: :func:`_search_path`) in which ``env``
+    differs from ``started``."""
     keys = {key for key in (*env, *started)
             if key.startswith(READ_AT_IMPORT) and not key.startswith(READ_LATER) and key != SEARCH_PATH}
-    return any(env.get(key) != started.get(key) for key in keys)
+    return sorted(key for key in keys if env.get(key) != started.get(key))
+
+
+def _why_fresh(request: dict, started: dict[str, str], search_path: list[str] | None) -> str | None:
+    """Why the zygote cannot run ``request`` as a fresh interpreter would; ``None`` when it can."""
+    if _parse(request["argv"]) is None:
+        return f"options {request['argv'][:2]}"
+    if differs := _differs_at_import(request["env"], started):
+        return f"environment {differs}"
+    if search_path is None:
+        return f"PYTHONPATH {request['env'].get(SEARCH_PATH)!r}"
+    return None
+
+
+def _log(line: str) -> None:
+    """One line in the file that SPADE_TEST_PREWARMED_LOG names (unset: nothing is written)."""
+    if path := os.environ.get(LOG_VARIABLE):
+        with open(path, "a") as log:
+            log.write(line + "\n")
 
 
 def _path_entries(value: str | None) -> list[str] | None:
@@ -131,7 +150,7 @@ def _search_path(value: str | None, started: str | None) -> list[str] | None:
 
 def _standard_streams(unbuffered: bool) -> None:
     sys.stdin = open(0, closefd=False)
-    if unbuffered:  # what `python -u` gives: nothing held back in either layer
+    if unbuffered:  # what `python -u` (or PYTHONUNBUFFERED) gives: nothing held back in either layer
         sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), write_through=True,
                                                    errors=errors)
                                   for fd, errors in ((1, "strict"), (2, "backslashreplace")))
@@ -159,7 +178,7 @@ def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
             torch.set_num_threads(int(request["env"][THREADS_VARIABLE]))
         sys.path[1:] = request["search_path"] + sys.path[1 + request["started_search_path"]:]
         unbuffered, kind, target, rest = _parse(request["argv"])
-        _standard_streams(unbuffered)
+        _standard_streams(unbuffered or bool(request["env"].get("PYTHONUNBUFFERED")))
         code = _run_main(kind, target, rest)
         threading._shutdown()  # type: ignore[attr-defined]  # what interpreter exit does first
         atexit._run_exitfuncs()
@@ -237,7 +256,9 @@ def serve(path: str) -> None:
                 message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, 3)
                 request = json.loads(message)
                 search_path = _search_path(request["env"].get(SEARCH_PATH), started.get(SEARCH_PATH))
-                if _parse(request["argv"]) is None or _differs_at_import(request["env"], started) or search_path is None:
+                reason = _why_fresh(request, started, search_path)
+                _log(f"{'fresh' if reason else 'forked'} {' '.join(request['argv'])[:160]!r}{f'  ({reason})' if reason else ''}")
+                if reason:
                     connection.send(b"fresh")  # the client runs it in a fresh interpreter instead
                     for fd in fds:
                         os.close(fd)
@@ -284,7 +305,8 @@ class _Zygote:
         self.path = os.path.join(self.directory, "socket")
         self.env = dict(os.environ)
         self.process = subprocess.Popen([sys.executable, str(_MINE), self.path], cwd=ROOT, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                        stdout=subprocess.PIPE, stderr=open(os.path.join(self.directory, "zygote.log"), "w"),
+                                        text=True)
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError("the prewarmed interpreter did not start")
         atexit.register(self.close)
@@ -295,7 +317,10 @@ class _Zygote:
         os.chmod(self.python, 0o755)
 
     def serves(self, env: dict[str, str]) -> bool:
-        return self.process.poll() is None and not _differs_at_import(env, self.env)
+        differs = _differs_at_import(env, self.env)
+        if differs:
+            _log(f"fresh (client) {differs}")
+        return self.process.poll() is None and not differs
 
     def close(self) -> None:
         if self.process.poll() is None:

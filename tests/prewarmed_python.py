@@ -56,7 +56,8 @@ def main() -> None:
         sys.exit(f"the prewarmed interpreter lost the command {argv}: {reply!r}")
     code = int(reply.split()[1])
     if code < 0:  # end as the child did, killed by the same signal
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code if code >= 0 else 128 - code)
 

@@ -17,6 +17,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from chat_templates import bpe_tokenizer
@@ -490,7 +491,7 @@ def spade_serve(tmp_path_factory):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "spade", "serve", "--model", str(directory), "--port", str(port),
+    process = subprocess.Popen([prewarmed.python(), "-m", "spade", "serve", "--model", str(directory), "--port", str(port),
                                 "--served-model-name", MODEL], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"

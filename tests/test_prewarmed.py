@@ -77,11 +77,16 @@ def report(command: list[str], **kwargs) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout.splitlines()[-1])
 
 
+def search_path(directory) -> str:
+    """``directory`` ahead of the PYTHONPATH this test process has (where spade may come from)."""
+    return os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
+
+
 def test_a_script_module_or_code_runs_forked_and_sees_what_a_fresh_interpreter_sees(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(REPORT)
     (tmp_path / "probe_module.py").write_text(REPORT)
-    env = {**os.environ, "PROBE_EXIT": "3", "PYTHONPATH": str(tmp_path), "PROBE_ROOT": str(tmp_path)}
+    env = {**os.environ, "PROBE_EXIT": "3", "PYTHONPATH": search_path(tmp_path), "PROBE_ROOT": str(tmp_path)}
     for argv in ([str(script), "a", "b"], ["-u", "-m", "probe_module", "x"], ["-c", REPORT, "y"]):
         forked_code, forked = report([prewarmed.python(), *argv], cwd=tmp_path, env=env)
         fresh_code, expected = report([sys.executable, *argv], cwd=tmp_path, env=env)
@@ -96,16 +101,18 @@ def test_an_option_or_environment_it_cannot_honour_runs_in_a_fresh_interpreter(t
     assert not report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONHASHSEED": "5"})[1]["preloaded"]
     shadow = tmp_path / "shadow"  # a directory whose `torch` would be imported instead of the zygote's
     (shadow / "torch").mkdir(parents=True)
-    assert not report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": str(shadow)})[1]["preloaded"]
+    assert not report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": search_path(shadow)})[1]["preloaded"]
     harmless = tmp_path / "harmless"
     harmless.mkdir()
-    assert report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": str(harmless)})[1]["preloaded"]
+    assert report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": search_path(harmless)})[1]["preloaded"]
 
 
+# Short sleeps: a signal that lands between the print and a long sleep would wait for its end.
 SLEEPER = """import os, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), sys.exit(7)))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 print(os.getpid(), flush=True)
-time.sleep(120)
+for _ in range(2400):
+    time.sleep(0.05)
 """
 
 

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from spade.rollout.engine import GenerationChunk, GenerationResult, RolloutEngine
@@ -101,7 +102,7 @@ def server(model_dir):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "spade", "serve", "--model", str(model_dir), "--port", str(port),
+        [prewarmed.python(), "-m", "spade", "serve", "--model", str(model_dir), "--port", str(port),
          "--served-model-name", MODEL_NAME, "--max-batch-size", "4"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
