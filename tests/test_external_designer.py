@@ -471,7 +471,6 @@ def spade_serve(tmp_path_factory):
     import os
     import socket
     import subprocess
-    import sys
     import time
     import urllib.error
     import urllib.request
