@@ -1,22 +1,29 @@
-"""``python -m spade ARGS`` for the tests, in a process forked from one that has imported the libraries.
+"""Programs the tests start, run in processes forked from one that has imported the libraries.
 
-Each ``spade train`` the suite starts spent about 4.5 of its 6 CPU-seconds importing torch,
-transformers and megatron-core before doing anything, and the suite runs dozens of them. This
-module keeps, per test process, one *prewarmed* interpreter (a zygote: ``python tests/prewarmed.py
-SOCKET``) that imports those libraries once, and runs each command in a child forked from it: a
-real, separate process with its own pid, session, working directory, environment and standard
-streams, running the real ``spade`` entry point (``runpy`` of ``spade.__main__``, as ``-m`` does)
-and ending as an interpreter does (non-daemon threads joined, ``atexit`` run, exit status). A
-``spade train`` of the tiny test model then takes about 2 s instead of 6.
+Each ``spade train``, torchrun rank or rollout server the suite starts spent about 4 of its CPU
+seconds importing torch, transformers and megatron-core before doing anything, and the suite starts
+hundreds. This module keeps, per test process, one *prewarmed* interpreter (a zygote: ``python
+tests/prewarmed.py SOCKET``) that imports those libraries once, and runs each program in a child
+forked from it: a real, separate process with its own pid, session, working directory, environment
+and standard streams, running the real entry point (``runpy`` of a module or script, or ``exec`` of
+``-c`` code, as the interpreter does) and ending as an interpreter does (non-daemon threads joined,
+``atexit`` run, exit status). Two ways in:
 
-What differs from a fresh interpreter is only what was decided while importing, so a command runs
-in a fresh ``sys.executable`` process instead whenever its environment differs from the zygote's
-in a variable read then (``PYTHON*``, thread and device settings other than ``OMP_NUM_THREADS``,
-which the child applies with ``torch.set_num_threads`` as torch would at start-up; see
-:data:`READ_AT_IMPORT`). Commands that a test signals, kills or watches while they run keep using
-``subprocess`` directly: this runner is for commands run to completion (:func:`run`), and only for
-those that import the libraries (:data:`HEAVY_COMMANDS`). ``SPADE_TEST_PREWARMED=0`` turns it off
-(every command a fresh interpreter).
+* :func:`run`: ``python -m spade ARGS`` run to completion, for the heavy commands
+  (:data:`HEAVY_COMMANDS`), with output captured as ``subprocess.run`` does;
+* :func:`python` (and :func:`torchrun`): an executable that stands in for ``sys.executable`` where
+  spade or torchrun start a program (``engine.sglang.server_command``, torchrun's ranks through
+  PYTHON_EXEC) or a test starts one and signals it (tests/prewarmed_python.py forwards signals and
+  the exit status, and the program dies with it).
+
+What differs from a fresh interpreter is only what was decided while importing, so a program runs
+in a fresh ``sys.executable`` process instead whenever its command line has other options or its
+environment differs from the zygote's in a variable read then (:data:`READ_AT_IMPORT`; a
+PYTHONPATH is honoured where the zygote's modules resolve to the same files under it). The few
+settings such a variable makes are applied in the child instead (:data:`APPLIED_IN_CHILD`:
+torch's thread count, as torch does at start-up, and the progress-bar switches spade sets for
+what it launches). Tests of killing, orphans or process trees keep real interpreters.
+``SPADE_TEST_PREWARMED=0`` turns it all off; ``SPADE_TEST_PREWARMED_LOG=FILE`` logs each decision.
 
 The zygote is single-threaded (``selectors`` over its socket, connections and children's pidfds), so
 forking it is safe; it exits, killing its children's sessions, when its test process goes away.
@@ -45,12 +52,19 @@ PRELOAD = ("spade", "torch", "transformers", "transformers.models.auto.modeling_
            "transformers.models.auto.tokenization_auto", "transformers.models.qwen3.modeling_qwen3",
            "transformers.generation.utils", "megatron_patches")
 READ_AT_IMPORT = ("PYTHON", "MKL_", "OPENBLAS_", "GOMP_", "KMP_", "CUDA_", "TORCH", "TRANSFORMERS", "HF_",
-                  "NVTE_", "TOKENIZERS_", "LD_", "SPADE_TEST_PREWARMED")
+                  "NVTE_", "TOKENIZERS_", "LD_", "TQDM_", "SPADE_TEST_PREWARMED")
 # Variables with those prefixes that are only read later, while the program runs: torchrun's settings
 # for its workers (and PYTHON_EXEC, the interpreter it starts them with).
 SEARCH_PATH = "PYTHONPATH"
 READ_LATER = ("PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 THREADS_VARIABLE = "OMP_NUM_THREADS"
+HUB_PROGRESS_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"  # huggingface_hub.constants, copied into utils.tqdm
+TQDM_PREFIX = "TQDM_"  # tqdm's __init__ defaults (tqdm.utils.envwrap at import)
+TQDM_TYPES = {"total": float, "ncols": int, "miniters": float, "position": int, "nrows": int}  # tqdm/std.py
+APPLIED_IN_CHILD = (THREADS_VARIABLE, HUB_PROGRESS_BARS, TQDM_PREFIX)
+# Prefixes read at import by a module the zygote may not have (then they are read later, if ever):
+# Transformer Engine's NVTE_* (megatron-core sets them while it builds a model; no TE on CPU).
+READ_BY_MODULE = {"NVTE_": "transformer_engine"}
 LOG_VARIABLE = "SPADE_TEST_PREWARMED_LOG"  # a file: one line per command, forked or fresh and why
 # The commands that import the libraries; the others (env, memory, demo, ...) start in under half a
 # second on their own, less than a fork of the zygote costs them.
@@ -88,19 +102,26 @@ def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]] | None:
     return None
 
 
-def _differs_at_import(env: dict[str, str], started: dict[str, str]) -> list[str]:
+def _read_at_import() -> tuple[str, ...]:
+    """:data:`READ_AT_IMPORT`, less the prefixes of modules this process has not imported."""
+    return tuple(prefix for prefix in READ_AT_IMPORT
+                 if prefix not in READ_BY_MODULE or READ_BY_MODULE[prefix] in sys.modules)
+
+
+def _differs_at_import(env: dict[str, str], started: dict[str, str], read_at_import: tuple[str, ...]) -> list[str]:
     """The variables read at start-up (PYTHONPATH aside: :func:`_search_path`) in which ``env``
     differs from ``started``."""
-    keys = {key for key in (*env, *started)
-            if key.startswith(READ_AT_IMPORT) and not key.startswith(READ_LATER) and key != SEARCH_PATH}
+    keys = {key for key in (*env, *started) if key.startswith(read_at_import)
+            and not key.startswith((*READ_LATER, *APPLIED_IN_CHILD)) and key != SEARCH_PATH}
     return sorted(key for key in keys if env.get(key) != started.get(key))
 
 
-def _why_fresh(request: dict, started: dict[str, str], search_path: list[str] | None) -> str | None:
+def _why_fresh(request: dict, started: dict[str, str], read_at_import: tuple[str, ...],
+               search_path: list[str] | None) -> str | None:
     """Why the zygote cannot run ``request`` as a fresh interpreter would; ``None`` when it can."""
     if _parse(request["argv"]) is None:
         return f"options {request['argv'][:2]}"
-    if differs := _differs_at_import(request["env"], started):
+    if differs := _differs_at_import(request["env"], started, read_at_import):
         return f"environment {differs}"
     if search_path is None:
         return f"PYTHONPATH {request['env'].get(SEARCH_PATH)!r}"
@@ -159,6 +180,31 @@ def _standard_streams(unbuffered: bool) -> None:
         sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)
 
 
+def _apply_in_child(env: dict[str, str], started: dict[str, str]) -> None:
+    """What the variables of :data:`APPLIED_IN_CHILD` would have set in a fresh interpreter."""
+    if THREADS_VARIABLE in env:
+        import torch
+
+        torch.set_num_threads(int(env[THREADS_VARIABLE]))
+    if env.get(HUB_PROGRESS_BARS) != started.get(HUB_PROGRESS_BARS):
+        from huggingface_hub import constants
+
+        value = env.get(HUB_PROGRESS_BARS)
+        disabled = None if value is None else constants._is_true(value)
+        constants.HF_HUB_DISABLE_PROGRESS_BARS = disabled
+        if "huggingface_hub.utils.tqdm" in sys.modules:
+            sys.modules["huggingface_hub.utils.tqdm"].HF_HUB_DISABLE_PROGRESS_BARS = disabled
+
+    def tqdm_settings(variables: dict[str, str]) -> dict[str, str]:
+        return {key: value for key, value in variables.items() if key.startswith(TQDM_PREFIX)}
+
+    if tqdm_settings(env) != tqdm_settings(started) and "tqdm.std" in sys.modules:
+        from tqdm import std, utils
+
+        init = std.tqdm.__dict__["__init__"].func  # undecorated; envwrap reads os.environ, now env
+        std.tqdm.__init__ = utils.envwrap("tqdm", is_method=True, types=TQDM_TYPES)(init)
+
+
 def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
     """In the forked child: become the command's process and never return."""
     code = 1
@@ -172,10 +218,7 @@ def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        if THREADS_VARIABLE in request["env"]:
-            import torch
-
-            torch.set_num_threads(int(request["env"][THREADS_VARIABLE]))
+        _apply_in_child(request["env"], request["started_env"])
         sys.path[1:] = request["search_path"] + sys.path[1 + request["started_search_path"]:]
         unbuffered, kind, target, rest = _parse(request["argv"])
         _standard_streams(unbuffered or bool(request["env"].get("PYTHONUNBUFFERED")))
@@ -227,6 +270,7 @@ def _run_main(kind: str, target: str, rest: list[str]) -> int:
 def serve(path: str) -> None:
     started = dict(os.environ)
     _preload()
+    read_at_import = _read_at_import()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(16)
@@ -256,7 +300,7 @@ def serve(path: str) -> None:
                 message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, 3)
                 request = json.loads(message)
                 search_path = _search_path(request["env"].get(SEARCH_PATH), started.get(SEARCH_PATH))
-                reason = _why_fresh(request, started, search_path)
+                reason = _why_fresh(request, started, read_at_import, search_path)
                 _log(f"{'fresh' if reason else 'forked'} {' '.join(request['argv'])[:160]!r}{f'  ({reason})' if reason else ''}")
                 if reason:
                     connection.send(b"fresh")  # the client runs it in a fresh interpreter instead
@@ -264,7 +308,8 @@ def serve(path: str) -> None:
                         os.close(fd)
                     connection.close()
                     continue
-                request.update(search_path=search_path, started_search_path=len(_path_entries(started.get(SEARCH_PATH))))
+                request.update(search_path=search_path, started_env=started,
+                               started_search_path=len(_path_entries(started.get(SEARCH_PATH))))
                 child = os.fork()
                 if child == 0:
                     selector.close()
@@ -316,12 +361,6 @@ class _Zygote:
                          f"exec {shlex.quote(sys.executable)} -S {shlex.quote(str(_CLIENT))} {shlex.quote(self.path)} \"$@\"\n")
         os.chmod(self.python, 0o755)
 
-    def serves(self, env: dict[str, str]) -> bool:
-        differs = _differs_at_import(env, self.env)
-        if differs:
-            _log(f"fresh (client) {differs}")
-        return self.process.poll() is None and not differs
-
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.stdin.close()
@@ -366,7 +405,7 @@ def run(args: list[str], *, timeout: float, cwd: str | Path = ROOT, env: dict[st
     env = dict(os.environ if env is None else env)
     command = [sys.executable, "-m", "spade", *args]
     zygote = _get_zygote() if args and args[0] in HEAVY_COMMANDS else None
-    if zygote is not None and zygote.serves(env):
+    if zygote is not None and zygote.process.poll() is None:
         done = _run_forked(zygote, command, cwd=cwd, env=env, input=input, timeout=timeout)
         if done is not None:
             return done

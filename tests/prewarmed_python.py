@@ -34,23 +34,47 @@ def _start(path: str, argv: list[str]) -> tuple[socket.socket, int] | None:
     return (connection, int(reply.split()[1])) if reply.startswith("pid ") else None
 
 
-def _forward(pid: int):
-    def handler(signum, frame):
+class _Forwarder:
+    """Signal handlers installed before the child exists: a signal that arrives before its pid is
+    known is held and sent once it is."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.held: list[int] = []
+        for signum in FORWARDED:
+            signal.signal(signum, self.handle)
+
+    def handle(self, signum: int, frame) -> None:
+        if self.pid is None:
+            self.held.append(signum)
+            return
         try:
-            os.killpg(pid, signum)
+            os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
-    return handler
+
+    def start(self, pid: int) -> None:
+        self.pid = pid
+        while self.held:
+            self.handle(self.held.pop(0), None)
+
+    def give_up(self) -> None:
+        """Back to the default dispositions, and the held signals delivered to this process."""
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        for signum in self.held:
+            os.kill(os.getpid(), signum)
 
 
 def main() -> None:
     path, argv = sys.argv[1], sys.argv[2:]
+    forwarder = _Forwarder()
     started = _start(path, argv)
     if started is None:
+        forwarder.give_up()
         os.execv(sys.executable, [sys.executable, *argv])
     connection, pid = started
-    for signum in FORWARDED:
-        signal.signal(signum, _forward(pid))
+    forwarder.start(pid)
     reply = connection.recv(64).decode()
     if not reply.startswith("exit "):
         sys.exit(f"the prewarmed interpreter lost the command {argv}: {reply!r}")

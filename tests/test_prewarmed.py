@@ -47,18 +47,6 @@ def test_the_command_gets_its_own_environment_and_standard_input(tmp_path):
     assert max(len(line) for line in forked.stdout.splitlines()) <= 60
 
 
-def test_only_environments_read_at_import_time_send_a_command_to_a_fresh_interpreter():
-    zygote = prewarmed._get_zygote()
-    assert zygote is not None
-    same = dict(zygote.env)
-    assert zygote.serves(same)
-    assert zygote.serves({**same, "SPADE_SOMETHING": "1", "OMP_NUM_THREADS": "1"})  # read at run time / applied
-    assert not zygote.serves({**same, "PYTHONHASHSEED": "123"})
-    assert zygote.serves({**same, "TORCHELASTIC_RUN_ID": "x", "PYTHON_EXEC": "/bin/x"})  # torchrun's, read later
-    assert not zygote.serves({key: value for key, value in same.items() if key != "PATH"} | {"CUDA_VISIBLE_DEVICES": ""})
-
-
-
 # ------------------------------------------------------------------ python(): a stand-in executable
 
 # What a program sees of its interpreter; "preloaded" tells a forked child (torch imported before
@@ -75,6 +63,23 @@ def report(command: list[str], **kwargs) -> tuple[int, dict]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout.splitlines()[-1])
+
+
+def test_only_environments_read_at_import_time_send_a_command_to_a_fresh_interpreter(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(REPORT)
+
+    def forked(**changes: str | None) -> bool:
+        env = {key: value for key, value in os.environ.items() if key not in changes}
+        env.update({key: value for key, value in changes.items() if value is not None})
+        return report([prewarmed.python(), str(script)], env=env)[1]["preloaded"]
+
+    assert forked()
+    assert forked(SPADE_SOMETHING="1", OMP_NUM_THREADS="1")  # read at run time / applied in the child
+    assert forked(TORCHELASTIC_RUN_ID="x", PYTHON_EXEC="/bin/x")  # torchrun's, read at run time
+    assert forked(NVTE_FLASH_ATTN="0")  # Transformer Engine's, which the zygote has not imported
+    assert not forked(PYTHONHASHSEED="123")
+    assert not forked(CUDA_VISIBLE_DEVICES="", PATH=None)
 
 
 def search_path(directory) -> str:
@@ -108,6 +113,26 @@ def test_an_option_or_environment_it_cannot_honour_runs_in_a_fresh_interpreter(t
 
 
 # Short sleeps: a signal that lands between the print and a long sleep would wait for its end.
+PROGRESS_BARS = """import json, sys
+import huggingface_hub.utils, tqdm
+print(json.dumps({"preloaded": "torch" in sys.modules, "hub": huggingface_hub.utils.are_progress_bars_disabled(),
+                  "tqdm": tqdm.tqdm(range(2), file=sys.stdout).disable,
+                  "tqdm_defaults": tqdm.tqdm.__dict__["__init__"].keywords}))
+"""
+
+
+def test_the_progress_bar_settings_spade_passes_on_are_applied_in_the_child():
+    """spade sets HF_HUB_DISABLE_PROGRESS_BARS and TQDM_DISABLE for what it launches; both libraries
+    read them at import, so the child sets what they would have set."""
+    for extra in ({}, {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}, {"TQDM_NCOLS": "33"}):
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("TQDM_", "HF_HUB_DISABLE"))}, **extra}
+        forked, expected = (report([python, "-c", PROGRESS_BARS], env=env)[1]
+                            for python in (prewarmed.python(), sys.executable))
+        assert forked.pop("preloaded") and not expected.pop("preloaded"), extra
+        assert forked == expected, extra
+    assert expected == {"hub": False, "tqdm": False, "tqdm_defaults": {"ncols": 33}}
+
+
 SLEEPER = """import os, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 print(os.getpid(), flush=True)
