@@ -57,11 +57,13 @@ READ_AT_IMPORT = ("PYTHON", "MKL_", "OPENBLAS_", "GOMP_", "KMP_", "CUDA_", "TORC
 # for its workers (and PYTHON_EXEC, the interpreter it starts them with).
 SEARCH_PATH = "PYTHONPATH"
 READ_LATER = ("PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+NOT_READ = ("PYTHON",)  # names under those prefixes that nothing reads at import: device_check.sh's interpreter
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 HUB_PROGRESS_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"  # huggingface_hub.constants, copied into utils.tqdm
 TQDM_PREFIX = "TQDM_"  # tqdm's __init__ defaults (tqdm.utils.envwrap at import)
 TQDM_TYPES = {"total": float, "ncols": int, "miniters": float, "position": int, "nrows": int}  # tqdm/std.py
-APPLIED_IN_CHILD = (THREADS_VARIABLE, HUB_PROGRESS_BARS, TQDM_PREFIX)
+UNBUFFERED = "PYTHONUNBUFFERED"  # the standard streams' buffering, as -u
+APPLIED_IN_CHILD = (THREADS_VARIABLE, HUB_PROGRESS_BARS, TQDM_PREFIX, UNBUFFERED)
 # Prefixes read at import by a module the zygote may not have (then they are read later, if ever):
 # Transformer Engine's NVTE_* (megatron-core sets them while it builds a model; no TE on CPU).
 READ_BY_MODULE = {"NVTE_": "transformer_engine"}
@@ -112,7 +114,7 @@ def _differs_at_import(env: dict[str, str], started: dict[str, str], read_at_imp
     """The variables read at start-up (PYTHONPATH aside: :func:`_search_path`) in which ``env``
     differs from ``started``."""
     keys = {key for key in (*env, *started) if key.startswith(read_at_import)
-            and not key.startswith((*READ_LATER, *APPLIED_IN_CHILD)) and key != SEARCH_PATH}
+            and not key.startswith((*READ_LATER, *APPLIED_IN_CHILD)) and key not in (SEARCH_PATH, *NOT_READ)}
     return sorted(key for key in keys if env.get(key) != started.get(key))
 
 
@@ -221,7 +223,7 @@ def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
         _apply_in_child(request["env"], request["started_env"])
         sys.path[1:] = request["search_path"] + sys.path[1 + request["started_search_path"]:]
         unbuffered, kind, target, rest = _parse(request["argv"])
-        _standard_streams(unbuffered or bool(request["env"].get("PYTHONUNBUFFERED")))
+        _standard_streams(unbuffered or bool(request["env"].get(UNBUFFERED)))
         code = _run_main(kind, target, rest)
         threading._shutdown()  # type: ignore[attr-defined]  # what interpreter exit does first
         atexit._run_exitfuncs()

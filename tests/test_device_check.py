@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +45,7 @@ FIGURES = {  # keys each stage must report
 def run_check(out: Path, timeout: float, device: str = "cpu", **env: str
               ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     environment = {k: v for k, v in os.environ.items() if k not in ("ONLY", "BUDGET_S", "DEVICE")}
-    environment.update(PYTHON=sys.executable, OUT=str(out), DEVICE_WHEELS=str(out / "no-wheels"), **env)
+    environment.update(PYTHON=prewarmed.python(), OUT=str(out), DEVICE_WHEELS=str(out / "no-wheels"), **env)
     proc = subprocess.run(["bash", "tools/device_check.sh", "--device", device], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout)
     jsonl = out / "device_check.jsonl"

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from spade.eval.aime import AIME
@@ -228,8 +229,7 @@ def test_spade_eval_end_to_end_with_limit_and_resume_after_kill(tiny_model, tmp_
     text = results.read_text() if results.is_file() else ""
     kept = text[:text.rfind("\n") + 1].splitlines()  # whole lines only: the kill may cut the last one
     assert kept, "the first run wrote no item before the kill"
-    done = subprocess.run(_spade(*common, "--limit", "3"), cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = prewarmed.run(["eval", *common, "--limit", "3"], cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = results.read_text().splitlines()
     assert lines[:len(kept)] == kept  # the finished items are kept as they were, the rest appended
@@ -243,8 +243,7 @@ def test_spade_eval_end_to_end_with_limit_and_resume_after_kill(tiny_model, tmp_
     assert "skipped:" in done.stdout and "aime25" in done.stdout
     record = json.loads(lines[0])
     assert len(record["samples"]) == 3 and all(s["completion_tokens"] <= 6 for s in record["samples"])
-    again = subprocess.run(_spade(*common, "--limit", "3"), cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300)
+    again = prewarmed.run(["eval", *common, "--limit", "3"], cwd=ROOT, env=env, timeout=300)
     assert again.returncode == 0 and results.read_text().splitlines() == lines  # nothing left to run
     report = subprocess.run([sys.executable, "-m", "spade", "eval", "report", str(out), "--format", "json"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -104,7 +104,10 @@ def run_stage(plan: StagePlan, device: str, timeout_s: float, prior_path: Path) 
     """Run one stage in its own process group, at most ``timeout_s`` seconds."""
     env = dict(os.environ, DEVICE_CHECK_PRIOR=str(prior_path), PYTHONUNBUFFERED="1")
     started = time.perf_counter()
-    child = subprocess.Popen([sys.executable, str(STAGE_SCRIPT), "run", plan.name, "--device", device],
+    # The interpreter device_check.sh was given (PYTHON), as the check itself runs: the same
+    # Python as sys.executable, under the name it was started by.
+    python = os.environ.get("PYTHON") or sys.executable
+    child = subprocess.Popen([python, str(STAGE_SCRIPT), "run", plan.name, "--device", device],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                              start_new_session=True)
     lines: list[str] = []
