@@ -303,7 +303,8 @@ def serve(path: str) -> None:
                 request = json.loads(message)
                 search_path = _search_path(request["env"].get(SEARCH_PATH), started.get(SEARCH_PATH))
                 reason = _why_fresh(request, started, read_at_import, search_path)
-                _log(f"{'fresh' if reason else 'forked'} {' '.join(request['argv'])[:160]!r}{f'  ({reason})' if reason else ''}")
+                command = " ".join(request["argv"])[:160]
+                _log(f"fresh {command!r}  ({reason})" if reason else f"forked {command!r}")
                 if reason:
                     connection.send(b"fresh")  # the client runs it in a fresh interpreter instead
                     for fd in fds:
@@ -350,17 +351,17 @@ class _Zygote:
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="spade-prewarmed-")
         self.path = os.path.join(self.directory, "socket")
-        self.env = dict(os.environ)
-        self.process = subprocess.Popen([sys.executable, str(_MINE), self.path], cwd=ROOT, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=open(os.path.join(self.directory, "zygote.log"), "w"),
-                                        text=True)
+        with open(os.path.join(self.directory, "zygote.log"), "w") as log:  # the zygote's own errors
+            self.process = subprocess.Popen([sys.executable, str(_MINE), self.path], cwd=ROOT, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log, text=True)
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError("the prewarmed interpreter did not start")
         atexit.register(self.close)
         self.python = os.path.join(self.directory, "python")
         with open(self.python, "w") as script:
+            client = " ".join(shlex.quote(str(part)) for part in (sys.executable, "-S", _CLIENT, self.path))
             script.write(f"#!/bin/sh\nexport PYTHON_EXEC=\"$0\"\n"  # torchrun starts its workers with it too
-                         f"exec {shlex.quote(sys.executable)} -S {shlex.quote(str(_CLIENT))} {shlex.quote(self.path)} \"$@\"\n")
+                         f"exec {client} \"$@\"\n")
         os.chmod(self.python, 0o755)
 
     def close(self) -> None:
@@ -385,11 +386,12 @@ def _get_zygote() -> _Zygote | None:
 
 
 def python() -> str:
-    """An executable that stands in for ``sys.executable`` (``python [-u] -m MODULE ...``, ``-c CODE ...`` or
-    ``SCRIPT ...``): each command it is given runs forked from the prewarmed interpreter, and any
-    other command line, or an environment that differs in what is read at import, runs in
-    ``sys.executable`` itself. For programs that spade or torchrun start (a rollout server's
-    ``server_command``, torchrun's ranks); see tests/prewarmed_python.py."""
+    """An executable that stands in for ``sys.executable`` (``[-u] -m MODULE ...``, ``[-u] -c CODE
+    ...`` or ``[-u] SCRIPT ...``): the program runs forked from the prewarmed interpreter, or in
+    ``sys.executable`` itself where its command line or environment asks for a fresh one. Signals
+    sent to it reach the program, it exits as the program did, and the program dies with it, a few
+    milliseconds later where it is SIGKILLed (tests/prewarmed_python.py): tests that must see the
+    process tree itself keep ``sys.executable``."""
     zygote = _get_zygote()
     return sys.executable if zygote is None else zygote.python
 

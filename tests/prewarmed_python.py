@@ -6,9 +6,10 @@ It hands its standard streams, working directory, environment and command line t
 which forks a child to run the command (or answers ``fresh``: then this process becomes
 ``sys.executable`` with the same arguments, as it also does when the zygote cannot be reached).
 Until the child ends, this process stands for it: signals sent to it (or its group) go to the
-child's process group, and it ends as the child ended (same exit status, or killed by the same
-signal). If this process is killed outright, the zygote sees its connection close and kills the
-child's group, so whatever started it still has every process it launched under its control.
+child's process group (one that arrives before the child's pid is known is held until then), and
+it ends as the child ended (same exit status, or killed by the same signal). If this process is
+killed outright, the zygote sees its connection close and kills the child's group a few
+milliseconds later, so whatever started it still has every process it launched under its control.
 
 Only the standard library, and ``-S`` skips ``site``: this process adds a few milliseconds.
 """

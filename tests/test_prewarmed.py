@@ -102,14 +102,18 @@ def test_a_script_module_or_code_runs_forked_and_sees_what_a_fresh_interpreter_s
 def test_an_option_or_environment_it_cannot_honour_runs_in_a_fresh_interpreter(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(REPORT)
-    assert not report([prewarmed.python(), "-X", "dev", str(script)])[1]["preloaded"]
-    assert not report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONHASHSEED": "5"})[1]["preloaded"]
+
+    def forked(*options: str, **changes: str) -> bool:
+        return report([prewarmed.python(), *options, str(script)], env={**os.environ, **changes})[1]["preloaded"]
+
+    assert not forked("-X", "dev")
+    assert not forked(PYTHONHASHSEED="5")
     shadow = tmp_path / "shadow"  # a directory whose `torch` would be imported instead of the zygote's
     (shadow / "torch").mkdir(parents=True)
-    assert not report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": search_path(shadow)})[1]["preloaded"]
+    assert not forked(PYTHONPATH=search_path(shadow))
     harmless = tmp_path / "harmless"
     harmless.mkdir()
-    assert report([prewarmed.python(), str(script)], env={**os.environ, "PYTHONPATH": search_path(harmless)})[1]["preloaded"]
+    assert forked(PYTHONPATH=search_path(harmless))
 
 
 # Short sleeps: a signal that lands between the print and a long sleep would wait for its end.
