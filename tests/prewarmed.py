@@ -299,8 +299,12 @@ def serve(path: str) -> None:
                     return
             elif what == "accept":
                 connection, _ = listener.accept()
-                message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, 3)
-                request = json.loads(message)
+                try:
+                    message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, 3)
+                    request = json.loads(message)
+                except (OSError, ValueError):  # the client went away before it asked
+                    connection.close()
+                    continue
                 search_path = _search_path(request["env"].get(SEARCH_PATH), started.get(SEARCH_PATH))
                 reason = _why_fresh(request, started, read_at_import, search_path)
                 command = " ".join(request["argv"])[:160]
@@ -323,10 +327,17 @@ def serve(path: str) -> None:
                 children[child] = (connection, pidfd)
                 selector.register(pidfd, selectors.EVENT_READ, ("exited", child))
                 selector.register(connection, selectors.EVENT_READ, ("client", child))
-                connection.send(f"pid {child}".encode())
+                try:
+                    connection.send(f"pid {child}".encode())
+                except OSError:  # gone already: its "client" event follows
+                    pass
             elif what == "client":  # the client went away before its command ended
                 connection, pidfd = children[pid]
-                if not connection.recv(64):
+                try:
+                    gone = not connection.recv(64)
+                except OSError:  # ECONNRESET: it died with a message unread
+                    gone = True
+                if gone:
                     selector.unregister(connection)
                     kill_group(pid)
             elif what == "exited":

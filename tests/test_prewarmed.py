@@ -164,6 +164,24 @@ def test_signals_reach_the_program_and_it_dies_with_its_stand_in(tmp_path):
             kill_group(proc.pid)
 
 
+def test_the_zygote_outlives_clients_that_vanish():
+    """A client that connects and dies before asking, and stand-ins killed while their programs run
+    (the zygote may then read ECONNRESET), leave the zygote serving."""
+    import socket
+
+    zygote = prewarmed._get_zygote()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
+        silent.connect(zygote.path)
+    for _ in range(3):
+        proc = subprocess.Popen([prewarmed.python(), "-c", SLEEPER], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        proc.stdout.readline()
+        kill_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert zygote.process.poll() is None
+    assert report([prewarmed.python(), "-c", REPORT])[1]["preloaded"]
+
+
 def _alive(pid: int) -> bool:
     try:
         state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
