@@ -37,6 +37,7 @@ import json
 import os
 import selectors
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -376,12 +377,17 @@ class _Zygote:
         os.chmod(self.python, 0o755)
 
     def close(self) -> None:
+        """Stop the zygote (it kills what it still runs) and remove its directory, unless its log
+        holds an error worth reading."""
         if self.process.poll() is None:
             self.process.stdin.close()
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait(timeout=10)
+        if not os.path.getsize(os.path.join(self.directory, "zygote.log")):
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 _zygote: _Zygote | None = None
