@@ -414,7 +414,9 @@ def python() -> str:
 
 
 def torchrun() -> list[str]:
-    """``torchrun``, itself run by :func:`python`, which it also starts its ranks with."""
+    """``torchrun``, itself run by :func:`python`, which it also starts its ranks with. A rank that
+    arms its parent-death signal (``spade train`` does) arms it against the zygote, its parent, not
+    torchrun: tests that kill torchrun use the real one."""
     return [python(), "-m", "torch.distributed.run"]
 
 

@@ -221,8 +221,8 @@ def run_torchrun_spade(*args: str, timeout: float = RUN_TIMEOUT_S,
                        env: dict | None = None) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node 2 -m spade train ARGS`` in its own process group, killed whole
     (agent and both ranks) when it outlives ``timeout``: a collective that never completes hangs."""
-    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "spade", "train", *args]
+    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+           str(free_port()), "-m", "spade", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -385,8 +385,11 @@ def test_torchrun_kill_mid_step_then_resume(graded_single_run, graded_config, tm
     under torchrun: the run ends equal to the single-process straight run (the tolerances of the
     two-rank comparison above), having lost only the step after its last checkpoint."""
     run = tmp_path / "run"
-    cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "spade", "train", "--config", str(graded_config), "--run-dir", str(run)]
+    # The real torchrun and interpreters: each rank arms its parent-death signal against its parent,
+    # which for a program of prewarmed.python() is the zygote, not torchrun.
+    cmd = [str(Path(PYTHON).parent / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "spade", "train", "--config", str(graded_config), "--run-dir",
+           str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     kill_once_latest_is(cmd, run, "step_1", env=env)
