@@ -208,8 +208,10 @@ def _apply_in_child(env: dict[str, str], started: dict[str, str]) -> None:
         std.tqdm.__init__ = utils.envwrap("tqdm", is_method=True, types=TQDM_TYPES)(init)
 
 
-def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
-    """In the forked child: become the command's process and never return."""
+def _child(request: dict, fds: list[int], keep_closed: list[int], started: dict[str, str],
+           search_path: list[str], base_path: list[str]) -> None:
+    """In the forked child: become the command's process and never return. ``started`` is the
+    zygote's environment at start-up; ``base_path``, its sys.path after the PYTHONPATH entries."""
     code = 1
     try:
         os.setsid()
@@ -221,8 +223,8 @@ def _child(request: dict, fds: list[int], keep_closed: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        _apply_in_child(request["env"], request["started_env"])
-        sys.path[1:] = request["search_path"] + sys.path[1 + request["started_search_path"]:]
+        _apply_in_child(request["env"], started)
+        sys.path[1:] = search_path + base_path
         unbuffered, kind, target, rest = _parse(request["argv"])
         _standard_streams(unbuffered or bool(request["env"].get(UNBUFFERED)))
         code = _run_main(kind, target, rest)
@@ -316,12 +318,11 @@ def serve(path: str) -> None:
                         os.close(fd)
                     connection.close()
                     continue
-                request.update(search_path=search_path, started_env=started,
-                               started_search_path=len(_path_entries(started.get(SEARCH_PATH))))
                 child = os.fork()
                 if child == 0:
                     selector.close()
-                    _child(request, fds, [connection.fileno(), *open_fds()])
+                    _child(request, fds, [connection.fileno(), *open_fds()], started, search_path,
+                           sys.path[1 + len(_path_entries(started.get(SEARCH_PATH)) or []):])
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(child)
@@ -423,46 +424,15 @@ def torchrun() -> list[str]:
 def run(args: list[str], *, timeout: float, cwd: str | Path = ROOT, env: dict[str, str] | None = None,
         input: str | None = None) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, "-m", "spade", *args], capture_output=True, text=True, ...)``,
-    forked from the prewarmed interpreter where it can be; on timeout the command's session is
-    killed and ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` does."""
-    env = dict(os.environ if env is None else env)
+    by :func:`python` for the commands that import the libraries (:data:`HEAVY_COMMANDS`)."""
     command = [sys.executable, "-m", "spade", *args]
-    zygote = _get_zygote() if args and args[0] in HEAVY_COMMANDS else None
-    if zygote is not None and zygote.process.poll() is None:
-        done = _run_forked(zygote, command, cwd=cwd, env=env, input=input, timeout=timeout)
-        if done is not None:
-            return done
-    return subprocess.run(command, cwd=cwd, env=env, input=input, capture_output=True, text=True, timeout=timeout)
-
-
-def _run_forked(zygote: _Zygote, command: list[str], *, cwd: str | Path, env: dict[str, str], input: str | None,
-                timeout: float) -> subprocess.CompletedProcess | None:
-    """:func:`run` by the zygote; ``None`` where it answers that the command needs a fresh interpreter."""
-    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
-            tempfile.TemporaryFile() as stderr, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
-        if input is not None:
-            stdin.write(input.encode())
-            stdin.seek(0)
-        connection.connect(zygote.path)
-        request = json.dumps({"argv": command[1:], "cwd": str(cwd), "env": env}).encode()
-        socket.send_fds(connection, [request], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
-        connection.settimeout(30)
-        reply = connection.recv(64).decode()
-        if reply == "fresh":
-            return None
-        pid = int(reply.split()[1])
-        connection.settimeout(timeout)
-        try:
-            reply = connection.recv(64).decode()
-        except socket.timeout:
-            kill_group(pid)
-            raise subprocess.TimeoutExpired(command, timeout) from None
-        if not reply.startswith("exit "):
-            raise RuntimeError(f"the prewarmed interpreter lost the command {command[3:]}: {reply!r}")
-        stdout.seek(0)
-        stderr.seek(0)
-        return subprocess.CompletedProcess(command, int(reply.split()[1]), stdout.read().decode(errors="replace"),
-                                           stderr.read().decode(errors="replace"))
+    interpreter = python() if args and args[0] in HEAVY_COMMANDS else sys.executable
+    try:
+        done = subprocess.run([interpreter, *command[1:]], cwd=cwd, env=env, input=input, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        raise subprocess.TimeoutExpired(command, timeout, expired.output, expired.stderr) from None
+    return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)
 
 
 if __name__ == "__main__":
