@@ -55,9 +55,10 @@ PRELOAD = ("spade", "torch", "transformers", "transformers.models.auto.modeling_
 READ_AT_IMPORT = ("PYTHON", "MKL_", "OPENBLAS_", "GOMP_", "KMP_", "CUDA_", "TORCH", "TRANSFORMERS", "HF_",
                   "NVTE_", "TOKENIZERS_", "LD_", "TQDM_", "SPADE_TEST_PREWARMED")
 # Variables with those prefixes that are only read later, while the program runs: torchrun's settings
-# for its workers (and PYTHON_EXEC, the interpreter it starts them with).
+# for its workers (and PYTHON_EXEC, the interpreter it starts them with), and the inductor cache
+# directory, which torch writes into its own environment the first time it compiles.
 SEARCH_PATH = "PYTHONPATH"
-READ_LATER = ("PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+READ_LATER = ("PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHINDUCTOR_CACHE_DIR")
 NOT_READ = ("PYTHON",)  # names under those prefixes that nothing reads at import: device_check.sh's interpreter
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 HUB_PROGRESS_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"  # huggingface_hub.constants, copied into utils.tqdm

@@ -77,6 +77,7 @@ def test_only_environments_read_at_import_time_send_a_command_to_a_fresh_interpr
     assert forked()
     assert forked(SPADE_SOMETHING="1", OMP_NUM_THREADS="1")  # read at run time / applied in the child
     assert forked(TORCHELASTIC_RUN_ID="x", PYTHON_EXEC="/bin/x", PYTHON="/bin/x")  # torchrun's and device_check's
+    assert forked(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))  # set by torch itself once it compiles
     assert forked(NVTE_FLASH_ATTN="0")  # Transformer Engine's, which the zygote has not imported
     assert not forked(PYTHONHASHSEED="123")
     assert not forked(CUDA_VISIBLE_DEVICES="", PATH=None)
