@@ -3,9 +3,10 @@
 ``apply_all()`` is the one call a process makes, before building any Megatron model. It checks the
 installed megatron-core version (the patches replace specific upstream functions and are only
 known to be right for the pinned version), then applies every patch module in ``PATCHES``. The CPU
-patches are no-ops when CUDA is available; two fix upstream bugs that do not depend on the device
+patches are no-ops when CUDA is available; three fix upstream bugs that do not depend on the device
 (``moe_gemm``: a name missing without TE; ``distrib_optimizer_steps``: the distributed optimizer's
-torch-Adam ``step`` without Apex/TE) and apply on GPUs too. Calling ``apply_all()`` again changes
+torch-Adam ``step`` without Apex/TE; ``parallel_state_teardown``: groups that
+``destroy_model_parallel`` leaves held) and apply on GPUs too. Calling ``apply_all()`` again changes
 nothing.
 
 Two helpers are not applied globally and are exported for the trainer:
@@ -38,6 +39,7 @@ from . import (  # noqa: E402
     moe_gemm,
     moe_router,
     norm_sequence_parallel,
+    parallel_state_teardown,
     rng,
     rotary,
 )
@@ -57,6 +59,7 @@ PATCHES: tuple[ModuleType, ...] = (
     all_to_all,
     norm_sequence_parallel,
     distrib_optimizer_steps,
+    parallel_state_teardown,
 )
 
 __all__ = [

@@ -81,6 +81,7 @@ def test_apply_all_is_idempotent():
     assert {p.NAME for p in megatron_patches.PATCHES} >= {
         "rotary", "memory_buffer", "causal_mask", "rng", "moe_router", "moe_gemm",
         "moe_dispatcher", "all_to_all", "norm_sequence_parallel", "distrib_optimizer_steps",
+        "parallel_state_teardown",
     }
 
 
@@ -122,8 +123,9 @@ def test_patches_stand_down_when_cuda_is_available():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    # moe_gemm and distrib_optimizer_steps fix upstream bugs without TE/Apex, independent of CUDA.
-    assert {k for k, v in result.items() if v} <= {"moe_gemm", "distrib_optimizer_steps"}
+    # moe_gemm and distrib_optimizer_steps fix upstream bugs without TE/Apex, parallel_state_teardown
+    # one of the parallel state: independent of CUDA.
+    assert {k for k, v in result.items() if v} <= {"moe_gemm", "distrib_optimizer_steps", "parallel_state_teardown"}
 
 
 # ------------------------------------------------------------------ rotary
@@ -146,6 +148,51 @@ def test_rotary_get_emb_on_cpu(interleaved):
     expected = angles.repeat_interleave(2, dim=-1) if interleaved else torch.cat((angles, angles), -1)
     assert emb.shape == (5, 1, 1, 8) and emb.device.type == "cpu"
     torch.testing.assert_close(emb[:, 0, 0], expected)
+
+
+# ------------------------------------------------------------------ parallel state teardown
+
+
+_TEARDOWN_RELEASES_GROUPS = """
+import glob, sys, torch, torch.distributed as dist
+import megatron_patches
+megatron_patches.apply_all()
+from megatron.core import parallel_state as ps
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+def gloo_threads():
+    return sum("gloo" in open(p).read() for p in glob.glob("/proc/self/task/*/comm"))
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+before = gloo_threads()
+ps.initialize_model_parallel(1, 1)
+rope = RotaryEmbedding(kv_channels=8, rotary_percent=1.0, rotary_base=100, use_cpu_initialization=True,
+                       cp_group=ps.get_context_parallel_group())
+rope(5)  # an lru_cache'd method: the cache holds rope, and rope its group
+del rope
+ps.destroy_model_parallel()
+dist.destroy_process_group()
+print(before, gloo_threads())
+"""
+
+
+@pytest.mark.parametrize("patched", [False, True])
+def test_destroying_the_parallel_state_releases_every_group(tmp_path, patched):
+    """After ``destroy_model_parallel`` and ``destroy_process_group`` no gloo thread is left: every
+    group was released and torn down. Upstream alone leaves groups held (four module globals and the
+    rotary embeddings' method caches), whose threads then run into interpreter exit."""
+    script = _TEARDOWN_RELEASES_GROUPS if patched else _TEARDOWN_RELEASES_GROUPS.replace(
+        "import parallel_state as ps\n", "import parallel_state as ps\n"
+        "from megatron_patches._util import original_of\n"
+        "ps.destroy_model_parallel = original_of(ps, 'destroy_model_parallel')\n")
+    path = tmp_path / "teardown.py"
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path), str(tmp_path / "rendezvous")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = map(int, done.stdout.split()[-2:])
+    assert before > 0
+    assert (after == 0) == patched, (before, after)
 
 
 # ------------------------------------------------------------------ global memory buffer
@@ -324,14 +371,15 @@ def test_split_sizes_become_lists():
 
 
 _TWO_RANK_ALL_TO_ALL = """
-import os, sys, numpy as np, torch, torch.distributed as dist, torch.multiprocessing as mp
+import glob, os, sys, numpy as np, torch, torch.distributed as dist, torch.multiprocessing as mp
 
 def run(rank, store_path):
-    # a file rendezvous: no TCP port to race other processes for
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    # megatron (which imports torch._dynamo) before the group: dynamo imported later holds on to it
     import megatron_patches
     megatron_patches.apply_all()
     from megatron.core.tensor_parallel.mappings import all_to_all
+    # a file rendezvous: no TCP port to race other processes for
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
     # rank 0 sends 1 row to itself and 2 to rank 1; rank 1 sends 3 to rank 0 and 0 to itself
     send = {0: np.array([1, 2]), 1: np.array([3, 0])}[rank]
     recv = {0: np.array([1, 3]), 1: np.array([2, 0])}[rank]
@@ -342,8 +390,14 @@ def run(rank, store_path):
     assert y[:, 0].tolist() == expected, (rank, y)
     y.sum().backward()
     assert torch.equal(x.grad, torch.ones_like(x))
+    # The graph holds the group: drop it so that destroying the group joins gloo's threads here.
+    # A group left to interpreter exit can abort the rank there (SIGABRT, "terminate called
+    # without an active exception") when a gloo thread still has a tensor to release.
+    del x, y
     dist.barrier()  # neither rank tears gloo down while the other is still in a collective
     dist.destroy_process_group()
+    gloo_threads = [p for p in glob.glob("/proc/self/task/*/comm") if "gloo" in open(p).read()]
+    assert not gloo_threads, gloo_threads
 
 if __name__ == "__main__":
     mp.spawn(run, args=(sys.argv[1],), nprocs=2)
