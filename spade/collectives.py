@@ -50,6 +50,13 @@ def init_control_group(timeout: datetime.timedelta = CONTROL_TIMEOUT) -> Optiona
     return _control[1]
 
 
+def forget_control_group() -> None:
+    """Let go of the control group (before the world is destroyed: a group something still holds
+    keeps its threads after ``destroy_process_group``, into interpreter exit)."""
+    global _control
+    _control = None
+
+
 def control_group() -> Optional["ProcessGroup"]:
     """The control group; made here on first use when the world was joined without
     ``init_parallel`` (every rank reaches its first control collective at the same point)."""

@@ -217,12 +217,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_torchrun_spade(*args: str, timeout: float = RUN_TIMEOUT_S,
-                       env: dict | None = None) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node 2 -m spade train ARGS`` in its own process group, killed whole
-    (agent and both ranks) when it outlives ``timeout``: a collective that never completes hangs."""
+def run_torchrun_spade(*args: str, timeout: float = RUN_TIMEOUT_S, env: dict | None = None,
+                       program: tuple[str, ...] = ("-m", "spade")) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m spade train ARGS`` (or ``PROGRAM train ARGS``) in its own
+    process group, killed whole (agent and both ranks) when it outlives ``timeout``: a collective
+    that never completes hangs."""
     cmd = [*prewarmed.torchrun(), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
-           str(free_port()), "-m", "spade", "train", *args]
+           str(free_port()), *program, "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -377,6 +378,33 @@ def test_torchrun_two_data_parallel_ranks_match_single_process(graded_single_run
     run = tmp_path / "run"
     proc = run_torchrun_spade("--config", str(graded_config), "--run-dir", str(run))
     assert_torchrun_run(run, proc, graded_single_run)
+
+
+TRAIN_THEN_REPORT_GROUPS = """
+import glob, sys
+import torch.distributed as dist
+from spade.cli import main
+
+code = main(sys.argv[1:])
+gloo = sorted(n for n in (open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm")) if "gloo" in n)
+print(f"exit {code}, group still initialised: {dist.is_initialized()}, gloo threads: {gloo}")
+"""
+
+
+def test_a_finished_torchrun_run_tears_its_process_groups_down(graded_config, tmp_path):
+    """When ``spade train`` ends cleanly, every rank has destroyed the default group and the
+    control group, and gloo's threads have been joined: a group left to interpreter exit can abort
+    a rank after a run that succeeded (a gloo thread releasing a tensor once Python has begun to
+    finalize: SIGABRT, "terminate called without an active exception"), and torchrun would then
+    report the run as failed."""
+    script = tmp_path / "train_then_report_groups.py"
+    script.write_text(TRAIN_THEN_REPORT_GROUPS)
+    run = tmp_path / "run"
+    proc = run_torchrun_spade("--config", str(graded_config), "--run-dir", str(run), "run.steps=1",
+                              program=(str(script),))
+    reports = [line for line in proc.stdout.splitlines() if line.startswith("exit ")]
+    assert reports == ["exit 0, group still initialised: False, gloo threads: []"] * 2, proc.stdout[-2000:]
+    assert [r["step"] for r in metrics(run)] == [0]
 
 
 @pytest.mark.slow

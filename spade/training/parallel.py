@@ -30,7 +30,7 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from spade.collectives import CONTROL_TIMEOUT, init_control_group
+from spade.collectives import CONTROL_TIMEOUT, forget_control_group, init_control_group
 from spade.models import ParallelLayout, RankCoords
 
 CONTROL_TIMEOUT_MINUTES = CONTROL_TIMEOUT.total_seconds() / 60
@@ -159,12 +159,18 @@ def init_parallel(
 
 
 def teardown_parallel(*, destroy_process_group: bool = True) -> None:
-    """Destroy Megatron's parallel state and (by default) the process group."""
+    """Destroy Megatron's parallel state and (by default) every process group of the world.
+
+    A group is torn down (its gloo threads joined, its NCCL communicators freed) only when nothing
+    holds it any more; the caller drops its models, optimizers and autograd graphs first. A group
+    that outlives this call is torn down during interpreter exit instead, where a gloo thread that
+    still has to release a tensor can abort the process after a run that succeeded."""
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if destroy_process_group and dist.is_initialized():
+        forget_control_group()
         dist.destroy_process_group()
 
 
