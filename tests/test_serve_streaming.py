@@ -115,6 +115,28 @@ def test_client_going_away_stops_the_generation(served, client):
     assert HOLD_AT <= abandoned < 500
 
 
+def test_closing_the_server_ends_every_task_on_its_loop(model_dir):  # noqa: F811
+    """Tasks still pending when the server stops (the engine's batcher, woken by
+    ``engine.close()`` but not yet resumed; here also one that would wait for ever) are cancelled
+    and awaited before the server's loop closes, as ``asyncio.run`` does. Left pending, they were
+    reported as "Task was destroyed but it is pending!" when the process exited."""
+    import asyncio
+
+    from spade.serve.server import BackgroundServer, ServeOptions, build_service
+
+    async def linger() -> asyncio.Task:
+        return asyncio.get_running_loop().create_task(asyncio.Event().wait(), name="lingering")
+
+    service = build_service(ServeOptions(model=str(model_dir), served_model_name=MODEL_NAME))
+    with BackgroundServer(service) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        client.chat.completions.create(model=MODEL_NAME, messages=HELLO, max_tokens=2, temperature=0)
+        lingering = server.call(linger())
+        assert {t.get_name() for t in asyncio.all_tasks(server.loop)} >= {"hf-engine-batcher", "lingering"}
+    assert server.loop.is_closed()
+    assert not asyncio.all_tasks(server.loop) and lingering.cancelled()
+
+
 # ---------------------------------------------------------------------------- scripted texts
 
 

@@ -194,10 +194,10 @@ class BackgroundServer:
                 self.service.engine.close()
                 await self.http.close()
 
-        try:
-            self.loop.run_until_complete(main())
-        finally:
-            self.loop.close()
+        # as asyncio.run ends a loop: the tasks still pending (the engine's batcher, woken by
+        # engine.close() but not yet resumed) are cancelled and awaited before the loop closes
+        with asyncio.Runner(loop_factory=lambda: self.loop) as runner:
+            runner.run(main())
 
 
 def run(options: ServeOptions, host: str, port: int) -> int:
