@@ -388,6 +388,7 @@ class _Zygote:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        self.process.stdout.close()
         if not os.path.getsize(os.path.join(self.directory, "zygote.log")):
             shutil.rmtree(self.directory, ignore_errors=True)
 
