@@ -4,8 +4,8 @@ Upstream ``destroy_model_parallel`` (megatron-core 0.16.1) sets most of the modu
 None but misses four: ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP`` and its gloo twin,
 ``_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS`` and ``_HYBRID_DP_CP_GROUPS``. Rotary embeddings hold a
 group too (``cp_group``), and ``RotaryEmbedding.forward`` / ``YarnRotaryEmbedding.forward`` are
-``lru_cache``\\ d methods, whose caches keep up to 32 embedding modules (and so their groups) alive
-after the model that owned them is gone.
+methods cached with ``lru_cache``: each cache keeps up to 32 embedding modules (and so their
+groups) alive after the model that owned them is gone.
 
 A group that something still holds survives ``torch.distributed.destroy_process_group``: its gloo
 threads (or NCCL communicators) live on into interpreter exit, where a gloo thread that has to
