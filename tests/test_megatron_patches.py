@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import megatron_patches
+import prewarmed
 from megatron_fixtures import megatron_world  # noqa: F401  (fixture)
 from megatron_patches._util import original_of
 
@@ -156,8 +157,11 @@ def test_rotary_get_emb_on_cpu(interleaved):
 _TEARDOWN_RELEASES_GROUPS = """
 import glob, sys, torch, torch.distributed as dist
 import megatron_patches
+from megatron_patches._util import original_of
 megatron_patches.apply_all()
 from megatron.core import parallel_state as ps
+if sys.argv[2] == "upstream":
+    ps.destroy_model_parallel = original_of(ps, "destroy_model_parallel")
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
 def gloo_threads():
@@ -181,14 +185,11 @@ def test_destroying_the_parallel_state_releases_every_group(tmp_path, patched):
     """After ``destroy_model_parallel`` and ``destroy_process_group`` no gloo thread is left: every
     group was released and torn down. Upstream alone leaves groups held (four module globals and the
     rotary embeddings' method caches), whose threads then run into interpreter exit."""
-    script = _TEARDOWN_RELEASES_GROUPS if patched else _TEARDOWN_RELEASES_GROUPS.replace(
-        "import parallel_state as ps\n", "import parallel_state as ps\n"
-        "from megatron_patches._util import original_of\n"
-        "ps.destroy_model_parallel = original_of(ps, 'destroy_model_parallel')\n")
     path = tmp_path / "teardown.py"
-    path.write_text(script)
-    done = subprocess.run([sys.executable, str(path), str(tmp_path / "rendezvous")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    path.write_text(_TEARDOWN_RELEASES_GROUPS)
+    done = subprocess.run([prewarmed.python(), str(path), str(tmp_path / "rendezvous"),
+                           "patched" if patched else "upstream"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     before, after = map(int, done.stdout.split()[-2:])
     assert before > 0

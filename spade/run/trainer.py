@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import json
 import logging
 import os
@@ -537,10 +536,9 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
     """Run the trainer to ``config.run.steps`` in this process (one rank); returns steps run.
 
     A world this call joined (the torchrun world, or a world of one) is left once the run ends
-    cleanly: the trainer, and with it every model and optimizer holding a group, is collected
-    first (it lives in reference cycles), so that the groups are torn down now rather than during
-    interpreter exit. After an error the world is left as it is (the error's traceback still
-    holds the trainer)."""
+    cleanly: the trainer, and with it every model and optimizer holding a group, is gone by then,
+    so the groups are torn down now rather than during interpreter exit. After an error the world
+    is left as it is (the error's traceback still holds the trainer)."""
     import torch.distributed as dist
 
     from ..training.parallel import teardown_parallel
@@ -548,6 +546,5 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
     joined = not dist.is_initialized()
     ran = asyncio.run(Trainer(config, run_dir, resume=resume, progress=progress).run())
     if joined:
-        gc.collect()
         teardown_parallel()
     return ran

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import socket
 from dataclasses import dataclass
@@ -162,14 +163,16 @@ def teardown_parallel(*, destroy_process_group: bool = True) -> None:
     """Destroy Megatron's parallel state and (by default) every process group of the world.
 
     A group is torn down (its gloo threads joined, its NCCL communicators freed) only when nothing
-    holds it any more; the caller drops its models, optimizers and autograd graphs first. A group
-    that outlives this call is torn down during interpreter exit instead, where a gloo thread that
-    still has to release a tensor can abort the process after a run that succeeded."""
+    holds it any more: the caller drops its models, optimizers and autograd graphs first, and
+    garbage in reference cycles (a trainer's) is collected here. A group that outlives this call
+    is torn down during interpreter exit instead, where a gloo thread that still has to release a
+    tensor can abort the process after a run that succeeded."""
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if destroy_process_group and dist.is_initialized():
+        gc.collect()
         forget_control_group()
         dist.destroy_process_group()
 
