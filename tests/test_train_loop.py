@@ -381,12 +381,15 @@ def test_torchrun_two_data_parallel_ranks_match_single_process(graded_single_run
 
 
 TRAIN_THEN_REPORT_GROUPS = """
-import glob, sys
+import glob, sys, time
 import torch.distributed as dist
 from spade.cli import main
 
 code = main(sys.argv[1:])
-gloo = sorted(n for n in (open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm")) if "gloo" in n)
+deadline = time.monotonic() + 10  # the thread that ran the last collective can hold a group a moment longer
+while (gloo := sorted(n for n in (open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm")) if "gloo" in n)) \
+        and time.monotonic() < deadline:
+    time.sleep(0.01)
 print(f"exit {code}, group still initialised: {dist.is_initialized()}, gloo threads: {gloo}")
 """
 
