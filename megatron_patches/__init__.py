@@ -3,11 +3,14 @@
 ``apply_all()`` is the one call a process makes, before building any Megatron model. It checks the
 installed megatron-core version (the patches replace specific upstream functions and are only
 known to be right for the pinned version), then applies every patch module in ``PATCHES``. The CPU
-patches are no-ops when CUDA is available; three fix upstream bugs that do not depend on the device
-(``moe_gemm``: a name missing without TE; ``distrib_optimizer_steps``: the distributed optimizer's
+patches are no-ops when CUDA is available; four fix upstream bugs that do not depend on the device
+(``moe_gemm``: a name missing without TE; ``norm_sequence_parallel``: the torch norm of the local
+spec refuses sequence parallelism; ``distrib_optimizer_steps``: the distributed optimizer's
 torch-Adam ``step`` without Apex/TE; ``parallel_state_teardown``: groups that
-``destroy_model_parallel`` leaves held) and apply on GPUs too. Calling ``apply_all()`` again changes
-nothing.
+``destroy_model_parallel`` leaves held) and apply on GPUs too. The CPU-only ones replace upstream
+code that is right on a GPU with or without Transformer Engine: it places tensors on the current
+CUDA device, uses CUDA streams, events or generators, or hands NCCL split sizes it accepts.
+Calling ``apply_all()`` again changes nothing.
 
 Two helpers are not applied globally and are exported for the trainer:
 

@@ -10,6 +10,11 @@ TE's norms do themselves).
 
 The replacement builds the norm through the upstream ``__new__`` with a view of the config that
 reports ``sequence_parallel=False``, then tags the parameters.
+
+The assertion does not depend on the device, so this patch applies with CUDA too: a GPU machine
+without Transformer Engine (the local spec's RMSNorm is always this torch norm) would otherwise
+fail to build any sequence-parallel model. With Transformer Engine the TE spec's norms are used and
+this replacement is never called.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 import torch
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-from ._util import cuda_available, original_of, replace
+from ._util import original_of, replace
 
 NAME = "norm_sequence_parallel"
 
@@ -51,6 +56,4 @@ def new_with_sequence_parallel(
 
 
 def apply() -> bool:
-    if cuda_available():
-        return False
     return replace(WrappedTorchNorm, "__new__", staticmethod(new_with_sequence_parallel))

@@ -126,7 +126,53 @@ def test_patches_stand_down_when_cuda_is_available():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     # moe_gemm and distrib_optimizer_steps fix upstream bugs without TE/Apex, parallel_state_teardown
     # one of the parallel state: independent of CUDA.
-    assert {k for k, v in result.items() if v} <= {"moe_gemm", "distrib_optimizer_steps", "parallel_state_teardown"}
+    assert {k for k, v in result.items() if v} <= {"moe_gemm", "distrib_optimizer_steps", "parallel_state_teardown",
+                                                   "norm_sequence_parallel"}
+
+
+def test_local_spec_norms_build_under_sequence_parallel_when_cuda_is_available():
+    """A GPU machine without Transformer Engine builds the local spec, whose RMSNorms are
+    megatron-core's torch norm; under sequence parallelism (every multi-GPU recipe) they must build
+    there too, tagged for the tensor-parallel gradient all-reduce. Fresh interpreter that claims CUDA."""
+    script = textwrap.dedent(
+        """
+        import json, torch
+        import torch.nn.functional as F
+        torch.cuda.is_available = lambda: True
+        import megatron_patches
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer import TransformerConfig
+        from megatron.core.transformer.spec_utils import build_module
+
+        megatron_patches.apply_all()
+        config = TransformerConfig(
+            num_layers=1, hidden_size=32, ffn_hidden_size=48, num_attention_heads=4, num_query_groups=2,
+            normalization="RMSNorm", qk_layernorm=True, gated_linear_unit=True, activation_func=F.silu,
+            add_bias_linear=False, tensor_model_parallel_size=2, sequence_parallel=True,
+            use_cpu_initialization=True)
+        layer = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm").submodules
+        attention = layer.self_attention.submodules
+        norms = {
+            "input_layernorm": build_module(layer.input_layernorm, config=config, hidden_size=32, eps=1e-6),
+            "pre_mlp_layernorm": build_module(layer.pre_mlp_layernorm, config=config, hidden_size=32, eps=1e-6),
+            "q_layernorm": build_module(attention.q_layernorm, config=config, hidden_size=8, eps=1e-6),
+        }
+        x = torch.randn(5, 32)
+        print(json.dumps({
+            name: {"type": type(norm).__name__,
+                   "tagged": all(getattr(p, "sequence_parallel", False) for p in norm.parameters())}
+            for name, norm in norms.items()
+        } | {"_matches": torch.equal(norms["input_layernorm"](x), torch.nn.RMSNorm(32, eps=1e-6)(x))}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result.pop("_matches") is True
+    assert result == {name: {"type": "RMSNorm", "tagged": True}
+                      for name in ("input_layernorm", "pre_mlp_layernorm", "q_layernorm")}
 
 
 # ------------------------------------------------------------------ rotary
@@ -426,7 +472,6 @@ def test_uneven_all_to_all_over_gloo(tmp_path):
 # ------------------------------------------------------------------ norm under sequence parallel
 
 
-@needs_cpu
 def test_torch_norm_accepts_sequence_parallel():
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
