@@ -389,7 +389,46 @@ def test_update_weights_by_ipc_from_two_ranks_each_feeding_one_tp_worker(tmp_pat
     assert second["outcome"].startswith("WeightSyncFailed") and "no_such.weight" in second["outcome"]
     updates = [c for c in log if c["endpoint"] == "/update_weights_from_tensor"]
     assert all(c["body"]["serialized_named_tensors"] == "<2 entries>" for c in updates)
+    assert [c["body"].get("weight_version") for c in updates] == [None] * (first["buckets"] - 1) + ["7", "8"]
     assert log[-1]["endpoint"] == "/end_weight_update"  # the refused session was closed
+
+
+def test_ipc_update_names_the_new_version_only_once_every_bucket_is_loaded(tmp_path):
+    """SGLang (0.5.23, ``update_weights_from_tensor`` in tokenizer_control_mixin.py) reports a
+    request's ``weight_version`` as its own as soon as that request has loaded, so the version may
+    travel only with the last bucket: between buckets the server must still name the old one."""
+    from spade.rollout.sglang.weight_transport import push_weights_by_ipc
+
+    model_dir = save_tiny_hf("qwen3", tmp_path / "model")
+    new_state = {k: v.clone() for k, v in tiny_model("qwen3", seed=1).state_dict().items()}
+    expected = {k: sha(v) for k, v in new_state.items()}
+    seen: list[tuple[str, bool]] = []  # after each bucket: (the server's version, all weights new)
+
+    class Watched(SGLangEngine):
+        async def post_to(self, indices, endpoint, payload):
+            answers = await super().post_to(indices, endpoint, payload)
+            if endpoint == "update_weights_from_tensor":
+                url = self.servers[0].url
+                seen.append((get_json(url + "/get_server_info")["weight_version"],
+                             get_json(url + "/spade_standin/weights") == expected))
+            return answers
+
+    async def main():
+        server = standin_launcher(model_dir, log_path=tmp_path / "server.log")
+        await server.start()
+        try:
+            engine = Watched([server.url])
+            buckets = await push_weights_by_ipc(engine, ((k, v) for k, v in new_state.items()), 7, tp=1,
+                                                max_bucket_bytes=48 << 10)
+            await engine.aclose()
+            return buckets
+        finally:
+            await server.stop(grace_s=2)
+
+    buckets = asyncio.run(asyncio.wait_for(main(), 100))
+    assert buckets >= 3 and len(seen) == buckets
+    assert seen[-1] == ("7", True)
+    assert all(version != "7" and not complete for version, complete in seen[:-1])
 
 
 @pytest.mark.gpu

@@ -575,6 +575,25 @@ def _thread_device(device: Optional[Union[str, torch.device]]) -> torch.device:
     return device
 
 
+class _Watched:
+    """Iterates ``source`` and records when it has run out. ``pack_buckets`` reads one tensor past
+    a full bucket before handing it out, so the source is spent exactly when the last bucket comes."""
+
+    def __init__(self, source: Iterable[T]) -> None:
+        self._source = iter(source)
+        self.spent = False
+
+    def __iter__(self) -> "_Watched":
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return next(self._source)
+        except StopIteration:
+            self.spent = True
+            raise
+
+
 async def _attempt(call: Awaitable[Any]) -> Optional[BaseException]:
     try:
         await call
@@ -597,7 +616,9 @@ async def update_weights_by_ipc(engine: Optional[ServerGroup], named: Iterable[t
     ``/update_weights_from_tensor`` (entry ``t`` from worker ``t``'s feeder), then every rank waits
     at a barrier, so the buffers stay alive until the servers have loaded them. All of it inside a
     ``/begin_weight_update`` .. ``/end_weight_update`` session on ``feed.servers``, then a cache
-    flush and the engine's new weight version. A server's refusal does not stop the other ranks
+    flush and the engine's new weight version. ``version`` travels with rank 0's last bucket only:
+    a server reports the version of its latest update as soon as it has loaded it, so earlier it
+    would name the new version while holding half-old weights. A server's refusal does not stop the other ranks
     half-way: they finish the buckets, rank 0 raises the error and the others ``WeightSyncFailed``.
     Returns the number of buckets."""
     main = rank == 0
@@ -606,14 +627,15 @@ async def update_weights_by_ipc(engine: Optional[ServerGroup], named: Iterable[t
     servers = feed.servers
     mine = feed.slots(rank)
     bound = _thread_device(device)
-    buckets = pack_buckets(named, max_bucket_bytes, device=device)
+    source = _Watched(named)
+    buckets = pack_buckets(source, max_bucket_bytes, device=device)
 
-    def next_entries() -> Optional[tuple[Any, dict[tuple[int, int], str]]]:
+    def next_entries() -> Optional[tuple[Any, dict[tuple[int, int], str], bool]]:
         bucket = next(buckets, None)
         if bucket is None:
             return None
         tensors = unpack_bucket(bucket)
-        return bucket, {slot: serialize_named_tensors(tensors) for slot in mine}
+        return bucket, {slot: serialize_named_tensors(tensors) for slot in mine}, source.spent
 
     error: Optional[BaseException] = None
     if main and servers:
@@ -623,14 +645,14 @@ async def update_weights_by_ipc(engine: Optional[ServerGroup], named: Iterable[t
         step = await in_thread(bound, next_entries)
         if step is None:
             break
-        bucket, entries = step
+        bucket, entries, last = step
         cuda |= bucket.buffer.is_cuda
         gathered = await in_thread(bound, collectives.gather_to_0, entries)
         if main and servers and error is None:
             error = await _attempt(engine.post_to(servers, "update_weights_from_tensor", lambda index: (
                 control.update_weights_from_tensor_payload(
                     [gathered[r][(index, t)] for t, r in enumerate(feed.feeders[index])],
-                    flush_cache=False, weight_version=version))))
+                    flush_cache=False, weight_version=version if last else None))))
         await in_thread(bound, collectives.barrier)
         del bucket, entries, gathered, step
         count += 1
