@@ -618,8 +618,9 @@ async def update_weights_by_ipc(engine: Optional[ServerGroup], named: Iterable[t
     ``/begin_weight_update`` .. ``/end_weight_update`` session on ``feed.servers``, then a cache
     flush and the engine's new weight version. ``version`` travels with rank 0's last bucket only:
     a server reports the version of its latest update as soon as it has loaded it, so earlier it
-    would name the new version while holding half-old weights. A server's refusal does not stop the other ranks
-    half-way: they finish the buckets, rank 0 raises the error and the others ``WeightSyncFailed``.
+    would name the new version while holding half-old weights. A server's refusal does not stop
+    the other ranks half-way: they finish the buckets, rank 0 raises the error and the others
+    ``WeightSyncFailed``.
     Returns the number of buckets."""
     main = rank == 0
     if main and engine is None:
