@@ -1,27 +1,42 @@
-"""The order of memory moves around a weight publish with colocated SGLang servers.
+"""The order of memory moves with colocated SGLang servers: at start and around a weight publish.
 
 At the usual RL ``mem_fraction`` (0.8-0.85) a server's KV cache only fits once the trainer's
-parameters have left the GPU, so the order is the behaviour under test: release (weights, KV
-cache) -> train -> optimizer state to host -> resume weights -> send the weights -> parameters to
-host (and the allocator cache emptied) -> resume KV cache -> continue generation. A real SGLang
-server needs a GPU and the SGLang package, neither of which this machine has; the servers here are
-``RecordingEngine`` (the real client with a recording transport, tests/sglang_recording.py) and
-the trainer's memory is ``RecordingMemory``; both write one log, whose order is asserted. The
-GPU-marked test checks, with a real offloader on CUDA, that the trainer process's reserved memory
-has dropped by the parameters' bytes when the KV resume is sent.
+parameters have left the GPU, so the order is the behaviour under test. Around a publish: release
+(weights, KV cache) -> train -> optimizer state to host -> resume weights -> send the weights ->
+parameters to host (and the allocator cache emptied) -> resume KV cache -> continue generation. At
+start the servers load their weights and reserve their KV cache, and give both back before the
+trainer's model is built; the first publish then runs the order above and sends the weights (the
+memory saver does not keep them across a release).
+
+A real SGLang server needs a GPU and the SGLang package, neither of which this machine has; the
+servers here are ``RecordingEngine`` (the real client with a recording transport,
+tests/sglang_recording.py) or, where a server process must be launched, the stand-in server
+(tests/sglang_standin/server.py, launched with production's command line: it refuses generation
+while its memory is released and after a weights release until new weights arrive). The trainer's
+memory is ``RecordingMemory``; it and the recording engine write one log, whose order is asserted.
+The GPU-marked test checks, with a real offloader on CUDA, that the trainer process's reserved
+memory has dropped by the parameters' bytes when the KV resume is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
+import prewarmed
+from hf_fixtures import save_tiny_hf, tiny_model
 from sglang_recording import Call, RecordingEngine, RecordingMemory
+from sglang_standin import SERVER_SCRIPT
+from spade.rollout.engine import GenerationRequest, SamplingParams
+from spade.rollout.hf.engine import HFEngine
 from spade.rollout.manager import SGLangRolloutManager
 from spade.rollout.sglang.deployment import ServerPlan, SGLangDeployment
+from spade.rollout.sglang.launcher import free_port
 from spade.rollout.sglang.settings import SGLangSection
 
 WEIGHTS = {"embed.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4),
@@ -32,9 +47,10 @@ def stream():
     return iter(WEIGHTS.items())
 
 
-def backend_over(log: list, tmp_path: Path, servers: int = 2, engine=None, memory=None) -> SGLangRolloutManager:
-    """A colocated deployment of ``servers`` recorded servers in a world of one."""
-    deployment = SGLangDeployment(SGLangSection(bucket_mb=1), model_dir=tmp_path, log_dir=tmp_path,
+def backend_over(log: list, tmp_path: Path, servers: int = 2, engine=None, memory=None,
+                 settings: SGLangSection = SGLangSection(bucket_mb=1)) -> SGLangRolloutManager:
+    """A deployment of ``servers`` recorded servers in a world of one (colocated by default)."""
+    deployment = SGLangDeployment(settings, model_dir=tmp_path, log_dir=tmp_path,
                                   device=torch.device("cpu"), local_rank=0)
     deployment.plans = [ServerPlan(index=i, url=f"http://127.0.0.1:{40000 + i}", owner_rank=0, port=40000 + i,
                                    ipc_ranks=(0,)) for i in range(servers)]
@@ -136,3 +152,96 @@ def test_on_cuda_the_parameters_are_off_the_device_when_the_kv_cache_is_resumed(
     asyncio.run(step())
     assert reserved_at_kv, "the KV cache was never resumed"
     assert reserved_at_kv[0] - baseline < param_bytes // 4, (reserved_at_kv, baseline, param_bytes)
+
+
+# ---------------------------------------------------------------------- at start
+
+
+@pytest.mark.parametrize("settings, releases", [
+    (SGLangSection(bucket_mb=1), True),
+    (SGLangSection(bucket_mb=1, server_command=("python", "my_server.py")), True),  # launched by us all the same
+    (SGLangSection(bucket_mb=1, urls=("http://10.0.0.1:30000", "http://10.0.0.2:30000")), False),  # not on our GPUs
+    (SGLangSection(bucket_mb=1, release_memory=False), False),
+], ids=["colocated", "server_command", "urls", "release_memory_off"])
+def test_colocated_servers_give_their_memory_back_before_training_starts(tmp_path, settings, releases):
+    log: list[Call] = []
+    backend = backend_over(log, tmp_path, settings=settings)
+    asyncio.run(backend.deployment.release_before_training())
+    if releases:
+        for server in (0, 1):
+            mine = [c for c in log if c.server == server]
+            assert [c.what for c in mine] == ["/pause_generation", "/release_memory_occupation"]
+            assert mine[1].tags == ("weights", "kv_cache")
+        assert backend.engine.released == {0, 1}
+    else:
+        assert log == []
+        assert backend.engine.released == frozenset()
+
+
+def get(url: str, path: str):
+    with urllib.request.urlopen(url + path, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+GREEDY = GenerationRequest((3, 9, 4, 17), SamplingParams(temperature=0.0, max_new_tokens=6))
+
+
+async def reference(model_dir: Path, weights: dict) -> object:
+    """What the in-process engine generates for ``GREEDY`` with ``weights`` loaded."""
+    engine = HFEngine(model_dir)
+    try:
+        await engine.update_weights(list(weights.items()), 1)
+        return await engine.generate(GREEDY)
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("version", [0, 3], ids=["new_run", "resumed_at_3"])
+def test_started_servers_are_released_before_the_model_is_built_and_the_first_publish_sends_the_weights(
+        tmp_path, version):
+    """The manager's real ``start`` launches a stand-in server with production's command line: when
+    it returns (where the trainer builds its model) the server holds neither weights nor KV cache.
+    The first publish (version 0, or a resumed run's checkpoint step) resumes the weights, sends
+    them, moves the parameters to host and only then resumes the KV cache; the server then answers
+    with the trainer's weights, which it could not without the send."""
+    model_dir = save_tiny_hf("qwen3", tmp_path / "model")
+    settings = SGLangSection(server_command=(prewarmed.python(), str(SERVER_SCRIPT)), port=free_port(),
+                             start_timeout_s=120, request_timeout_s=60, bucket_mb=1)
+    deployment = SGLangDeployment(settings, model_dir=model_dir, log_dir=tmp_path / "logs",
+                                  device=torch.device("cpu"), local_rank=0)
+    backend = SGLangRolloutManager(deployment, is_main=True, device=torch.device("cpu"))
+    weights = {k: v.detach().clone() for k, v in tiny_model("qwen3", seed=5).state_dict().items()}
+    log: list = []  # the server's control calls and, in between, the trainer's steps
+
+    def server_calls() -> None:
+        calls = get(deployment.plans[0].url, "/spade_standin/log")[len([c for c in log if c.server == 0]):]
+        log.extend(Call(0, c["endpoint"], tuple((c["body"] or {}).get("tags") or ())) for c in calls)
+
+    def trainer(what: str) -> None:
+        server_calls()
+        log.append(Call(None, what))
+
+    async def main():
+        try:
+            await backend.start()
+            trainer("build the model")
+            backend.use_training_memory(RecordingMemory(log, on_move=lambda _what: server_calls()))
+            await backend.publish(lambda: iter(weights.items()), version)
+            server_calls()
+            return await backend.engine.generate(GREEDY)
+        finally:
+            await deployment.close()
+
+    result = asyncio.run(main())
+    assert [(c.what, c.tags) for c in log[:first(log, "build the model")]] == [
+        ("/pause_generation", ()), ("/release_memory_occupation", ("weights", "kv_cache"))]
+    built = first(log, "build the model")
+    weights_back = first(log, "/resume_memory_occupation", ("weights",))
+    sent = first(log, "/update_weights_from_tensor")
+    kv_back = first(log, "/resume_memory_occupation", ("kv_cache",))
+    assert built < first(log, "offload_state") < weights_back < sent < first(log, "offload_params") < kv_back
+    assert log[-1].what == "/continue_generation"
+    assert result.weight_version == version
+    assert result.token_ids == asyncio.run(reference(model_dir, weights)).token_ids
+

@@ -19,13 +19,15 @@ take.
 
 * :class:`HFRolloutManager` (``engine.kind: hf``): an in-process engine on rank 0; ``publish`` copies
   the weights into it (every rank takes part in the gathers of the weight stream).
-* :class:`SGLangRolloutManager` (``engine.kind: sglang``): owns the ``SGLangDeployment``. Before the
-  update it releases the servers' weights and KV cache (``offload_engine``) and brings the training
-  state back to the device (``onload_training``); ``publish`` moves the optimizer state and gradients to host, restarts dead servers,
-  resumes their weights' memory, sends the weights (CUDA IPC colocated, NCCL broadcast otherwise),
-  moves the parameters to host and empties the CUDA cache on every rank, and only then resumes the
-  servers' KV cache and continues generation. A server that dies mid-rollout is restarted and
-  re-sent the current weights (``recover``), marked healthy only afterwards.
+* :class:`SGLangRolloutManager` (``engine.kind: sglang``): owns the ``SGLangDeployment``. ``start``
+  launches the servers and, colocated, has them release their weights and KV cache before the
+  trainer's model is built. Before the update it releases them again (``offload_engine``) and
+  brings the training state back to the device (``onload_training``); ``publish`` moves the
+  optimizer state and gradients to host, restarts dead servers, resumes their weights' memory,
+  sends the weights (CUDA IPC colocated, NCCL broadcast otherwise), moves the parameters to host
+  and empties the CUDA cache on every rank, and only then resumes the servers' KV cache and
+  continues generation. A server that dies mid-rollout is restarted and re-sent the current
+  weights (``_recover``), marked healthy only afterwards.
 
 The training state's offloader reaches the SGLang manager as a :class:`TrainingMemory`; this layer
 never imports the trainer.
@@ -92,7 +94,8 @@ class RolloutManager:
         self._metrics: dict[str, float] = {}
 
     async def start(self) -> None:
-        """Every rank, before the trainer's model is built."""
+        """Every rank, before the trainer's model is built: the engine is up and holds none of the
+        device memory the model will need."""
 
     async def switch_to_training(self, samples: Optional[list], *, keep_serving: bool = False) -> list:
         """Every rank, between the rollouts and the update: rank 0 passes the step's samples and
@@ -194,6 +197,7 @@ class SGLangRolloutManager(RolloutManager):
             await asyncio.to_thread(check_sglang_runtime, deployment.python, env=server_environment(settings))
         await deployment.start()
         self.engine = deployment.engine
+        await deployment.release_before_training()
 
     async def open_shard(self, shard: int, shards: int) -> None:
         """A shard rank, after ``start``: a client over its block of the servers (``play_engine``)."""

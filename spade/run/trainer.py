@@ -1,13 +1,14 @@
 """The trainer: ``spade train``'s loop over self-play steps, single process or under ``torchrun``.
 
 ``Trainer.run()`` builds, in this order: the parallel state, the sandbox service (rank 0, BEFORE
-the model loads), with ``engine.kind: sglang`` the rollout servers (they load their weights before
-the trainer's model), the learner (the Megatron model, reference model and optimizer), with
-``engine.kind: hf`` the in-process engine (rank 0), then corpus, memory and orchestrator (rank 0).
-When resuming it loads the newest complete checkpoint (model, optimizer, RNG, scheduler,
-orchestrator), rolls the memory back and truncates ``metrics.jsonl``. The engine gets the
-trainer's weights before the first step (version = start step), so a straight and a resumed run
-serve rollouts from identical weights. Then every step is Algorithm 1::
+the model loads), with ``engine.kind: sglang`` the rollout servers (colocated, they start and then
+release their weights and KV cache, so the trainer's model finds the GPUs free), the learner (the
+Megatron model, reference model and optimizer), with ``engine.kind: hf`` the in-process engine
+(rank 0), then corpus, memory and orchestrator (rank 0). When resuming it loads the newest
+complete checkpoint (model, optimizer, RNG, scheduler, orchestrator), rolls the memory back and
+truncates ``metrics.jsonl``. The engine gets the trainer's weights before the first step (version
+= start step; always sent, as released servers keep none), so a straight and a resumed run serve
+rollouts from identical weights. Then every step is Algorithm 1::
 
     out = await orchestrator.run_step(step)                     # rank 0: steps 1-4 and 6
     samples = await rollout.switch_to_training(out.samples)     # engine offloaded, samples on every
@@ -161,7 +162,7 @@ class Trainer:
         if cfg.engine.kind == "sglang":
             self.progress.phase("starting", what="sglang servers")
             self.rollout = self._sglang_manager()
-            await self.rollout.start()
+            await self.rollout.start()  # colocated: the servers' memory is released when it returns
 
         self.progress.phase("starting", what="model")
         self.learner = Learner.build(self.hf_dir, self.hf_config, self.layout, self.ctx, self._learner_options())

@@ -178,6 +178,11 @@ class SGLangDeployment:
     def method(self) -> str:
         return self.settings.sync_method
 
+    @property
+    def releases_memory(self) -> bool:
+        """The servers share their GPUs with the trainer and give their memory back while it trains."""
+        return self.settings.release_memory and self.settings.colocated
+
     # ------------------------------------------------------------------ start and stop
 
     def server_argv(self, plan: ServerPlan) -> list[str]:
@@ -265,11 +270,23 @@ class SGLangDeployment:
 
     # ------------------------------------------------------------------ memory around a train step
 
+    async def release_before_training(self) -> None:
+        """Every rank, once the servers are up and before the trainer's model is built: colocated,
+        the servers give back the weights and KV cache they took at start, so the model, its
+        optimizer and the first weight sync find the GPUs free. The first ``resume_and_sync``
+        brings the memory back in its usual order, and must send the weights: the memory saver
+        does not keep them across a release."""
+        if not self.releases_memory:
+            return
+        if self.is_main:
+            await self.release()
+        await in_thread(self.device, barrier)  # every node's servers, before any rank builds its model
+
     async def release(self) -> None:
         """Rank 0: drain, pause generation and release weights and KV cache on live servers.
 
         A server that does not answer is left for ``resume_and_sync`` to restart."""
-        if not (self.settings.release_memory and self.settings.colocated):
+        if not self.releases_memory:
             await self.engine.close_admission()
             return
         await self.engine.release_memory(skip_unreachable=True)
