@@ -1,4 +1,5 @@
-"""The order of memory moves with colocated SGLang servers: at start and around a weight publish.
+"""The order of memory moves with colocated SGLang servers: at start, around a weight publish, and
+when a server is restarted in the middle of the rollouts.
 
 At the usual RL ``mem_fraction`` (0.8-0.85) a server's KV cache only fits once the trainer's
 parameters have left the GPU, so the order is the behaviour under test. Around a publish: release
@@ -6,7 +7,9 @@ parameters have left the GPU, so the order is the behaviour under test. Around a
 parameters to host (and the allocator cache emptied) -> resume KV cache -> continue generation. At
 start the servers load their weights and reserve their KV cache, and give both back before the
 trainer's model is built; the first publish then runs the order above and sends the weights (the
-memory saver does not keep them across a release).
+memory saver does not keep them across a release). A server restarted mid-rollout goes through
+the same order on its own (released at once, weights, sync, parameters out, KV cache) while the
+others go on generating.
 
 A real SGLang server needs a GPU and the SGLang package, neither of which this machine has; the
 servers here are ``RecordingEngine`` (the real client with a recording transport,
@@ -245,3 +248,62 @@ def test_started_servers_are_released_before_the_model_is_built_and_the_first_pu
     assert result.weight_version == version
     assert result.token_ids == asyncio.run(reference(model_dir, weights)).token_ids
 
+
+# ---------------------------------------------------------------------- a server restarted mid-rollout
+
+
+def kv_cache_resident_with_the_parameters(log: list, server: int) -> bool:
+    """Whether, reading ``log`` from a restart of ``server`` taken during the rollouts (its KV cache
+    reserved as it came up, the trainer's parameters on host), the server's KV cache was ever
+    resident while the parameters were on the device."""
+    kv, parameters = True, False
+    for call in log:
+        if call.server == server and "kv_cache" in call.tags:
+            kv = call.what == "/resume_memory_occupation"
+        elif call.what in ("onload", "onload_params"):
+            parameters = True
+        elif call.what == "offload_params":
+            parameters = False
+        if kv and parameters:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("release_memory", [True, False])
+def test_a_server_restarted_mid_rollout_gets_its_kv_cache_back_after_the_parameters_left(tmp_path, release_memory):
+    """Server 1 dies while server 0 generates: the recovery (every rank: restart it, send it the
+    current weights) brings the trainer's parameters onto the GPUs for the sync. Its KV cache is
+    released from the restart until the parameters are on host again, and it takes no request
+    before that; server 0 is left alone. With ``release_memory: false`` nothing is released."""
+    log: list[Call] = []
+    memory = RecordingMemory(log)
+    backend = backend_over(log, tmp_path, memory=memory, settings=SGLangSection(bucket_mb=1,
+                                                                                release_memory=release_memory))
+    held_at: list[tuple[Call, frozenset]] = []
+    backend.engine.on_call = lambda call: held_at.append((call, backend.engine.held))
+
+    def weights():  # as the learner's weight stream: the parameters come back to the device first
+        memory.onload_params()
+        return stream()
+
+    async def rollout_then_failure():
+        await backend.switch_to_training(["sample"])
+        await backend.publish(weights, 4)
+        del log[:], held_at[:]
+        await backend._recover(1)  # the engine's failure hook on rank 0
+
+    asyncio.run(rollout_then_failure())
+    assert not [c for c in log if c.server == 0]
+    assert first(log, "onload_params") < first(log, "/update_weights_from_tensor") < first(log, "offload_params")
+    assert backend.engine.held == frozenset() and backend.engine.released == frozenset()
+    assert backend.engine.weight_version == 4
+    loaded = dict(pair for entry in backend.engine.received[-1] for pair in entry)
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in WEIGHTS.items())
+    if not release_memory:
+        assert not [c for c in log if "memory_occupation" in c.what]
+        return
+    assert not kv_cache_resident_with_the_parameters(log, server=1)
+    released = first(log, "/release_memory_occupation", ("weights", "kv_cache"))
+    assert released < first(log, "/resume_memory_occupation", ("weights",)) < first(log, "/update_weights_from_tensor")
+    assert first(log, "offload_params") < first(log, "/resume_memory_occupation", ("kv_cache",))
+    assert all(held == {1} for call, held in held_at)  # no request could reach it before its KV cache was back

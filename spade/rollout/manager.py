@@ -27,7 +27,8 @@ take.
   sends the weights (CUDA IPC colocated, NCCL broadcast otherwise), moves the parameters to host
   and empties the CUDA cache on every rank, and only then resumes the servers' KV cache and
   continues generation. A server that dies mid-rollout is restarted and re-sent the current
-  weights (``_recover``), marked healthy only afterwards.
+  weights in the same order (its memory released at once, its KV cache back only once the
+  parameters are on host again), and takes requests only afterwards (``_recover``).
 
 The training state's offloader reaches the SGLang manager as a :class:`TrainingMemory`; this layer
 never imports the trainer.
@@ -218,16 +219,8 @@ class SGLangRolloutManager(RolloutManager):
         away = []
         if self.memory is not None:
             away.append(self.memory.offload_state())  # room for the engine's weights
-
-        def make_room() -> None:
-            # after the weights are sent and before the KV cache comes back: at an RL mem_fraction
-            # (0.8-0.85) the cache only fits once the parameters and the sync's buckets are gone
-            if self.memory is not None:
-                away.append(self.memory.offload_params())
-            if torch.device(self.device).type == "cuda":
-                torch.cuda.empty_cache()
-
-        restarted = await self.deployment.resume_and_sync(weights, version, changed=changed, make_room=make_room)
+        restarted = await self.deployment.resume_and_sync(weights, version, changed=changed,
+                                                          make_room=lambda: self._make_room(away))
         self.version = version
         if self.play_engine is not None:  # the servers were synced by rank 0's engine
             self.play_engine.set_weight_version(version)
@@ -236,6 +229,14 @@ class SGLangRolloutManager(RolloutManager):
             self._metrics["engine/offloaded_gib"] = sum(report.total_bytes for report in away) / 2**30
         self._metrics["engine/restarted_servers"] = float(len(restarted))
         self._metrics["engine/restarts_total"] = float(sum(self.deployment.restarts.values()))
+
+    def _make_room(self, away: list) -> None:
+        """After the weights are sent and before a KV cache comes back: at an RL mem_fraction
+        (0.8-0.85) the cache only fits once the parameters and the sync's buckets are gone."""
+        if self.memory is not None:
+            away.append(self.memory.offload_params())
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()
 
     async def close(self) -> None:
         if self.play_engine is not None:
@@ -259,7 +260,4 @@ class SGLangRolloutManager(RolloutManager):
     async def _recover_servers(self, servers: tuple[int, ...]) -> None:
         if self._weights is None:
             raise RuntimeError("a server died before the first weights were published")
-        await self.deployment.restart(servers)
-        await self.deployment.sync_weights(self._weights, self.version, servers)
-        if self.memory is not None:
-            self.memory.offload_params()
+        await self.deployment.recover(servers, self._weights, self.version, make_room=lambda: self._make_room([]))

@@ -357,6 +357,27 @@ class SGLangDeployment:
         if self.is_main:
             self.engine.forget_released(indices)
 
+    async def recover(self, indices: Sequence[int], weights: WeightStream, version: int, *,
+                      make_room: Optional[Callable[[], Any]] = None) -> None:
+        """Every rank, while the other servers generate: restart the servers ``indices`` and send
+        them the current weights (version ``version``). Colocated, a restarted server comes up
+        holding its weights and KV cache, and the sync brings the trainer's parameters back onto
+        the GPUs, so it goes through the publish order first: its memory released at once (it
+        takes no request while held), weights resumed, the weights sent, ``make_room`` (the
+        parameters leave) on every rank, then its KV cache resumed; only then does it take requests."""
+        await self.restart(indices)
+        if self.is_main and self.releases_memory:
+            await self.engine.release_idle(indices)
+            await self.engine.resume_weights_memory(indices)
+        await self._send_weights(weights, version, indices)
+        if make_room is not None:
+            make_room()
+            await in_thread(self.device, barrier)
+        if self.is_main:
+            if self.releases_memory:
+                await self.engine.resume_kv_cache(indices)
+            self._serve(indices, version)
+
     async def _on_failure(self, index: int) -> None:
         """Rank 0, the engine's hook: one recovery per failed server at a time."""
         if self.plans[index].owner_rank is None or self.recover_hook is None:
@@ -387,6 +408,11 @@ class SGLangDeployment:
         (default all), set the engine's weight version, and let the engine place requests on
         those servers again (a restarted one is held until here)."""
         indices = [p.index for p in self.plans if servers is None or p.index in servers]
+        await self._send_weights(weights, version, indices)
+        if self.is_main:
+            self._serve(indices, version)
+
+    async def _send_weights(self, weights: WeightStream, version: int, indices: Sequence[int]) -> None:
         if self.method == "ipc":
             feed = IpcFeed({index: self.plans[index].ipc_ranks for index in indices})
             await update_weights_by_ipc(self.engine if self.is_main else None, weights(), version, feed=feed,
@@ -398,10 +424,12 @@ class SGLangDeployment:
                 await self.engine.post_to(indices, "flush_cache", None)
         else:
             await in_thread(self.device, _drain, weights())
-        if self.is_main:
-            self.engine.set_weight_version(version)
-            for index in indices:
-                self.engine.mark_healthy(index)
+
+    def _serve(self, indices: Sequence[int], version: int) -> None:
+        """Rank 0: the servers ``indices`` hold version ``version`` and take requests again."""
+        self.engine.set_weight_version(version)
+        for index in indices:
+            self.engine.mark_healthy(index)
 
 
 def _drain(iterator: Iterable[Any]) -> None:

@@ -36,7 +36,10 @@ The KV cache comes back last so the weight update's temporary buffers do not com
 ``resume_memory()`` does the same without the update. New ``generate`` calls wait while memory is
 released; in-flight ones are drained first so each result is produced by a single weight version.
 Paused and released servers are tracked apart: a server whose release failed after its pause is
-still paused, and ``/continue_generation`` goes to every paused server.
+still paused, and ``/continue_generation`` goes to every paused server. A server restarted while
+the others generate takes the same order on its own, with admission left open: ``release_idle``
+(it is held, so nothing runs on it), ``resume_weights_memory(indices)``, the update,
+``resume_kv_cache(indices)``.
 
 Streaming. ``generate_stream`` sends ``"stream": true`` and reads SGLang's server-sent events as
 they arrive (``protocol.StreamProgress`` turns cumulative or incremental events into
@@ -428,6 +431,14 @@ class SGLangEngine(RolloutEngine):
         self._paused.add(idx)
         await self.post_to([idx], "release_memory_occupation", control.release_memory_payload(control.MEMORY_TAGS))
 
+    async def release_idle(self, indices: Iterable[int]) -> None:
+        """Release weights and KV cache on the servers ``indices``, which take no requests (held:
+        just restarted), while the others go on generating: no drain and no pause. The caller
+        resumes them with ``resume_weights_memory(indices)`` and ``resume_kv_cache(indices)``."""
+        indices = sorted(indices)
+        await self.post_to(indices, "release_memory_occupation", control.release_memory_payload(control.MEMORY_TAGS))
+        self._released.update(indices)
+
     def forget_released(self, indices: Iterable[int]) -> None:
         """Servers restarted since their release hold their memory again and are not paused."""
         self._released.difference_update(indices)
@@ -453,13 +464,20 @@ class SGLangEngine(RolloutEngine):
                 await self.update_weights(named_tensors, version)
             await self.resume_generation()
 
-    async def resume_weights_memory(self) -> None:
+    async def resume_weights_memory(self, indices: Optional[Iterable[int]] = None) -> None:
         """The first part of ``resume_and_update``, for a caller that sends the weights itself:
-        the released servers get their weights region back."""
+        the released servers (of ``indices``, default all) get their weights region back."""
         self._attach()
-        if self._released:
-            await self.post_to(sorted(self._released), "resume_memory_occupation",
-                               control.resume_memory_payload(["weights"]))
+        todo = sorted(self._released if indices is None else self._released.intersection(indices))
+        if todo:
+            await self.post_to(todo, "resume_memory_occupation", control.resume_memory_payload(["weights"]))
+
+    async def resume_kv_cache(self, indices: Iterable[int]) -> None:
+        """The KV cache back on the servers ``indices`` released by ``release_idle`` (their weights
+        resumed and sent); admission is left as it is."""
+        todo = sorted(self._released.intersection(indices))
+        await self.post_to(todo, "resume_memory_occupation", control.resume_memory_payload(["kv_cache"]))
+        self._released.difference_update(todo)
 
     async def resume_generation(self) -> None:
         """The last part: KV cache back on the released servers, generation continued on every
