@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,7 @@ from spade.training.batching import default_packing
 from test_models_parity import VOCAB, checkpoint_state, tiny_hf
 
 FP32 = BuildOptions(params_dtype=torch.float32)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------------ helpers
@@ -415,3 +417,61 @@ def test_micro_batch_without_loss_tokens_adds_nothing():
     assert more.tokens == base.tokens + 30 and more.samples == 3
     for key, grad in grads.items():
         torch.testing.assert_close(main_grads(model)[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+
+
+@pytest.mark.usefixtures("megatron_world")
+def test_overlapped_gradient_reduction_starts_in_the_backward_and_keeps_the_gradients(tmp_path):
+    """optimizer.overlap_grad_reduce reaches the learner's DDP wrapping: each gradient bucket's
+    data-parallel reduction then starts from the backward pass of the last micro-batch (from the
+    second step on: Megatron learns the buckets' readiness in the first), and the loss and
+    gradients are those of the reduction after the backward."""
+    import json
+    from types import SimpleNamespace
+
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
+
+    from hf_fixtures import save_tiny_hf
+    from spade.training.learner import Learner, LearnerOptions
+
+    hf_dir = save_tiny_hf("qwen3-moe", tmp_path / "model")
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    batches = make_micro_batches(random_samples([9, 4, 13, 7], seed=5, logprobs=True), 20, packed=False)
+    assert len(batches) > 1
+    started_in_backward: list[bool] = []
+    start = _ParamAndGradBucketGroup.start_grad_sync
+
+    def watched_start(self, *args, **kwargs):
+        started_in_backward.append(torch._C._current_graph_task_id() != -1)
+        return start(self, *args, **kwargs)
+
+    results = {}
+    for overlap in (False, True):
+        init_parallel(ParallelLayout(), seed=1234)
+        options = LearnerOptions(optimizer=OptimizerSettings(overlap_grad_reduce=overlap), loss=LossSettings(),
+                                 micro_batch_tokens=64, dtype=torch.float32, core_attention="unfused")
+        ctx = SimpleNamespace(dp_size=1, dp_rank=0, device=torch.device("cpu"))
+        model = Learner.build(hf_dir, hf_config, ParallelLayout(), ctx, options).model
+        assert model.chunks[0].ddp_config.overlap_grad_reduce is overlap
+        steps = []
+        for _ in range(2):
+            started_in_backward.clear()
+            _ParamAndGradBucketGroup.start_grad_sync = watched_start
+            try:
+                summary = forward_backward(model.chunks, batches, LossSettings())
+            finally:
+                _ParamAndGradBucketGroup.start_grad_sync = start
+            steps.append((summary.loss, main_grads(model), list(started_in_backward)))
+        results[overlap] = steps
+    for (loss, grads, starts), (loss_overlap, grads_overlap, starts_overlap) in zip(results[False], results[True]):
+        assert starts and not any(starts)
+        assert loss_overlap == pytest.approx(loss, abs=1e-6)
+        for key, grad in grads.items():
+            torch.testing.assert_close(grads_overlap[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+    assert results[True][1][2] and all(results[True][1][2])
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "examples" / "recipes").glob("*30b*.yaml")))
+def test_30b_recipes_overlap_the_gradient_reduction(recipe):
+    from spade.train_config import load_train_config
+
+    assert load_train_config(ROOT / "examples" / "recipes" / recipe, []).optimizer.overlap_grad_reduce is True

@@ -101,7 +101,8 @@ class Learner:
         rank_state = read_rank_state(hf_dir, spec, layout, RankCoords.current(), naming_for(build_options))
         distributed = options.optimizer.use_distributed_optimizer
         model = build_model(spec, layout, options=build_options, rank_state=rank_state,
-                            use_distributed_optimizer=distributed)
+                            use_distributed_optimizer=distributed,
+                            overlap_grad_reduce=options.optimizer.overlap_grad_reduce)
         ref_model = None  # the frozen reference policy of the KL term: the initial weights
         if options.loss.kl_coef > 0:
             ref_model = build_model(spec, layout, options=build_options, rank_state=rank_state,

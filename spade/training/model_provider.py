@@ -92,6 +92,7 @@ def build_model(
     rank_state: Optional[Mapping[str, Tensor]] = None,
     use_distributed_optimizer: bool = False,
     grad_reduce_in_fp32: bool = True,
+    overlap_grad_reduce: bool = False,
 ) -> TrainModel:
     """This rank's model for ``layout`` (parallel state must be initialised for it).
 
@@ -101,6 +102,8 @@ def build_model(
     ``rank_state``: instead of ``hf_state``, this rank's Megatron-named shards as
     ``spade.training.rank_weights.read_rank_state`` reads them (only this rank's part of a checkpoint).
     ``use_distributed_optimizer`` must match the optimizer built on these chunks.
+    ``overlap_grad_reduce``: DDP starts each gradient bucket's data-parallel reduction during the
+    last micro-batch's backward (``OptimizerSettings.overlap_grad_reduce``).
     """
     import megatron_patches
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -112,7 +115,7 @@ def build_model(
         raise ValueError("pass hf_state or rank_state, not both")
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=grad_reduce_in_fp32,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=overlap_grad_reduce,
         use_distributed_optimizer=use_distributed_optimizer,
     )
     with megatron_patches.cpu_device_mode():

@@ -39,6 +39,9 @@ class OptimizerSettings:
     warmup_steps: int = 0
     total_steps: Optional[int] = None  # required by cosine and linear
     use_distributed_optimizer: bool = False  # shard optimizer state over data-parallel ranks
+    # Reduce (or reduce-scatter) each gradient bucket over data-parallel ranks as soon as the last
+    # micro-batch's backward has filled it, instead of all of them after the backward.
+    overlap_grad_reduce: bool = False
     bf16: Optional[bool] = None  # None: follow the model (bf16 params get fp32 main params)
 
     def __post_init__(self) -> None:
