@@ -1,4 +1,5 @@
-"""A single-process gloo world with Megatron's parallel state, for tests that build Megatron models.
+"""A single-process world with Megatron's parallel state, for tests that build Megatron models:
+gloo on CPU, NCCL where CUDA is (the GPU tests), as ``spade.training.parallel`` joins worlds.
 
 ``megatron_world`` is a session fixture; test modules import it by name. Setting up is idempotent
 (a second module importing the fixture, or a world someone else already started, is reused), and
@@ -11,6 +12,7 @@ import atexit
 import socket
 
 import pytest
+import torch
 import torch.distributed as dist
 
 
@@ -21,15 +23,18 @@ def free_port() -> int:
 
 
 def ensure_megatron_world(seed: int = 1234) -> None:
-    """gloo world of size 1, megatron-core patched, model parallel state (1, 1), RNG seeded."""
+    """World of size 1, megatron-core patched, model parallel state (1, 1), RNG seeded."""
     import megatron_patches
     from megatron.core import parallel_state as ps
 
+    from spade.training.parallel import default_backend
+
     megatron_patches.apply_all()
     if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-        )
+        backend = default_backend()
+        if backend == "nccl":
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         atexit.register(_teardown)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(1, 1)

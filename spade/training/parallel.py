@@ -80,10 +80,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _init_process_group(backend: Optional[str], timeout_minutes: float) -> None:
+def default_backend() -> str:
+    """NCCL where CUDA is: Megatron's DDP issues coalesced collectives on CUDA tensors, which gloo
+    refuses (all-reduce) or has no CUDA path for (all-gather)."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def join_world(backend: Optional[str] = None, timeout_minutes: float = 30) -> None:
+    """Join the world torchrun describes, or make a world of one; ``default_backend()`` unless
+    ``backend`` is given. Nothing happens when this process is in a world already."""
     if dist.is_initialized():
         return
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = backend or default_backend()
     timeout = datetime.timedelta(minutes=timeout_minutes)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         if torch.cuda.is_available():
@@ -123,7 +131,7 @@ def init_parallel(
     from megatron.core import parallel_state as ps
 
     megatron_patches.apply_all()
-    _init_process_group(backend, timeout_minutes)
+    join_world(backend, timeout_minutes)
     init_control_group(datetime.timedelta(minutes=control_timeout_minutes))
     world_size = dist.get_world_size()
     dp_size = data_parallel_size(layout, world_size)
