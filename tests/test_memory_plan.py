@@ -260,8 +260,6 @@ def test_learner_refuses_a_local_spec_run_that_cannot_fit_before_reading_weights
     selective = BuildOptions(params_dtype=torch.bfloat16, recompute="selective")
     estimate = check_local_spec_step(QWEN3_4B, ParallelLayout(), selective, 4096)
     assert estimate is not None and estimate.total < 139 * GIB  # one 4,096-token row with selective fits
-    # PyTorch's fused attention keeps no scores either: not checked
-    assert check_local_spec_step(QWEN3_4B, ParallelLayout(), BuildOptions(core_attention="sdpa"), 8192) is None
     monkeypatch.setattr(BuildOptions, "resolved_use_te", lambda self: True)  # TE keeps no scores: not checked
     assert check_local_spec_step(QWEN3_4B, ParallelLayout(), BuildOptions(recompute="none"), 8192) is None
 
@@ -272,3 +270,35 @@ def test_a_reference_model_on_the_device_adds_one_copy_of_the_parameters():
     without = estimate_step_memory(QWEN3_4B, ParallelLayout(), shape)
     with_ref = estimate_step_memory(QWEN3_4B, ParallelLayout(), shape, reference_model=True)
     assert with_ref.weights - without.weights == pytest.approx(dense * 2)  # bf16
+
+
+class _FakeH100:
+    total_memory = int(79.2 * GIB)
+
+
+def test_an_sdpa_run_is_checked_too_without_scores(monkeypatch, tmp_path):
+    """PyTorch's fused attention (the trainer's default without Transformer Engine) keeps no
+    scores, but the weights, gradients, Adam state and activations must still fit: one unsharded
+    Qwen3-4B step does on an H200 and does not on an 80 GB H100, and the refusal says why without
+    blaming attention scores."""
+    from types import SimpleNamespace
+
+    from spade.training import LossSettings, OptimizerSettings
+    from spade.training.learner import Learner, LearnerOptions
+    from spade.training.memory_plan import check_local_spec_step
+
+    _pretend_cuda_without_te(monkeypatch)
+    sdpa = BuildOptions(params_dtype=torch.bfloat16, core_attention="sdpa")
+    estimate = check_local_spec_step(QWEN3_4B, ParallelLayout(), sdpa, 8192)
+    assert estimate is not None and estimate.attention_saved == 0 and not estimate.scores_materialised
+    unfused = estimate_step_memory(QWEN3_4B, ParallelLayout(), MicroBatchShape(1, 8192))
+    assert estimate.total < unfused.total  # no [heads, s, s] working set
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeH100())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    options = LearnerOptions(optimizer=OptimizerSettings(use_distributed_optimizer=False), loss=LossSettings(),
+                             micro_batch_tokens=8192, dtype=torch.bfloat16, core_attention="sdpa")
+    with pytest.raises(MemoryPlanError) as refused:
+        Learner.build(tmp_path, dict(gpu_mfu.QWEN3_4B), ParallelLayout(), SimpleNamespace(dp_size=1), options)
+    message = str(refused.value)
+    assert "NVIDIA H100 80GB HBM3 (79.2 GiB)" in message and "more model-parallel ranks" in message
+    assert "materialises" not in message and "Transformer Engine's fused attention" not in message

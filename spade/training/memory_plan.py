@@ -93,6 +93,7 @@ class MemoryEstimate:
     attention_saved: float  # attention scores kept for the backward pass, all layers
     working_set: float  # the layer being run or recomputed, and one log-prob chunk
     attention_layers_saved: int  # layers (of this stage) whose scores stay saved
+    scores_materialised: bool = True  # Megatron's unfused attention; False for sdpa and fused kernels
 
     @property
     def total(self) -> float:
@@ -191,7 +192,8 @@ def estimate_step_memory(
     base = 2 * dtype_bytes * spec.hidden_size * tokens * in_flight  # embedding output, final norm
     working_set = ATTENTION_WORKING_BYTES * dtype_bytes / 2 * scores + logits
     return MemoryEstimate(weights=weights, activations=activations + base, attention_saved=attention_saved,
-                          working_set=working_set, attention_layers_saved=scores_layers)
+                          working_set=working_set, attention_layers_saved=scores_layers,
+                          scores_materialised=local_attention)
 
 
 class MemoryPlanError(ValueError):
@@ -218,6 +220,7 @@ def check_fits(estimate: MemoryEstimate, device_bytes: float, micro_batch: Micro
     if estimate.total <= device_bytes:
         return
     where = f"{device_name} ({device_bytes / GIB:.1f} GiB)" if device_name else f"{device_bytes / GIB:.1f} GiB"
+    scores = estimate.scores_materialised
     advice = []
     if estimate.attention_saved > 0:
         advice.append(f"{names.recompute}{names.assign}selective (keeps one layer's attention scores at a time "
@@ -228,14 +231,17 @@ def check_fits(estimate: MemoryEstimate, device_bytes: float, micro_batch: Micro
         advice.append(f"{names.recompute_method}{names.assign}uniform (recomputes every layer)")
     elif recompute.granularity == "full" and recompute.num_layers > 1:
         advice.append(f"{names.recompute_num_layers}{names.assign}1")
+    growth = "the saved scores grow with rows x length^2" if scores else "activations grow with the tokens"
     advice.append(f"a smaller {names.micro_batch_tokens} (now {micro_batch.rows} x {micro_batch.seq_len} tokens; "
-                  "the saved scores grow with rows x length^2)")
+                  f"{growth})")
     advice.append(names.parallel)
-    advice.append("or Transformer Engine's fused attention (no scores kept)")
+    if scores:
+        advice.append("or Transformer Engine's fused attention (no scores kept)")
+    why = (f": Megatron's local (non-Transformer-Engine) attention materialises [rows * heads, length, length] "
+           f"scores and keeps {SOFTMAX_SAVED_BYTES} bytes of them per element and layer for the backward pass"
+           if scores else "")
     raise MemoryPlanError(
-        f"this training step needs about {estimate.describe()}, more than {where}: Megatron's local "
-        f"(non-Transformer-Engine) attention materialises [rows * heads, length, length] scores and keeps "
-        f"{SOFTMAX_SAVED_BYTES} bytes of them per element and layer for the backward pass. Change: "
+        f"this training step needs about {estimate.describe()}, more than {where}{why}. Change: "
         + "; ".join(advice) + f". ({names.skip} skips this check.)")
 
 
@@ -244,22 +250,24 @@ def check_local_spec_step(spec: ModelSpec, layout: ParallelLayout, build_options
                           reference_model: bool = False,
                           names: SettingNames = SettingNames()) -> Optional[MemoryEstimate]:
     """Refuse a CUDA run of the local spec whose worst micro-batch cannot fit (None when not checked:
-    no CUDA, Transformer Engine's fused attention or core attention "sdpa", which keep no scores).
+    no CUDA, or Transformer Engine, whose own kernels this estimate does not model). With core
+    attention "sdpa" (the trainer's default) no scores are kept or materialised, and the weights,
+    gradients, optimizer state and activations are checked alone.
 
     The worst micro-batch under ``micro_batch_tokens`` is one row of that many tokens (capped by the
     model's context): the most score elements the budget allows."""
     import torch
 
-    if (not torch.cuda.is_available() or build_options.resolved_use_te()
-            or getattr(build_options, "core_attention", "unfused") == "sdpa"):
+    if not torch.cuda.is_available() or build_options.resolved_use_te():
         return None
+    local_attention = getattr(build_options, "core_attention", "unfused") != "sdpa"
     dtype = build_options.resolved_dtype()
     shape = MicroBatchShape.worst_case(micro_batch_tokens, spec.max_position_embeddings)
     recompute = RecomputeSettings(build_options.recompute, build_options.recompute_method,
                                   build_options.recompute_num_layers)
     estimate = estimate_step_memory(spec, layout, shape, recompute, dtype_bytes=torch.finfo(dtype).bits // 8,
                                     data_parallel=data_parallel, distributed_optimizer=distributed_optimizer,
-                                    reference_model=reference_model)
+                                    reference_model=reference_model, local_attention=local_attention)
     device = torch.cuda.current_device()
     check_fits(estimate, torch.cuda.get_device_properties(device).total_memory, shape, recompute, names=names,
                device_name=torch.cuda.get_device_name(device))
