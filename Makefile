@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers serve-clients
+.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers serve-clients device-mirror
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -23,7 +23,7 @@ demo: setup model
 # set, as in CI's image, every one of the suite's several hundred Python processes would otherwise
 # compile the spade modules it imports again (about 0.3 s each for `spade train`).
 TEST_WORKERS ?= 2
-test: setup sglang-src tau2 browser verifiers serve-clients
+test: setup sglang-src tau2 browser verifiers serve-clients device-mirror
 	$(BIN)/python -m compileall -q -j 0 spade megatron_patches tests tools benchmarks >/dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -86,6 +86,24 @@ $(VERIFIERS_STAMP): requirements/verifiers.txt
 	PYTHONPATH=$(CURDIR) $(VERIFIERS_VENV)/bin/python tools/warm_verifiers_uv.py
 	touch $(VERIFIERS_STAMP)
 
+# A CPU stand-in for the lent GPU machine (requirements/device_machine.txt: its packages at its
+# versions where this machine can have them, nothing it lacks), with the carried wheels downloaded
+# as Python 3.11 builds of the same versions. tests/test_device_mirror.py runs tools/device_check.sh
+# in it exactly as it runs there (wheels installed by the script). About 1 min.
+DEVICE_VENV ?= .venv-device
+DEVICE_STAMP := $(DEVICE_VENV)/.installed
+
+device-mirror: $(DEVICE_STAMP)
+
+$(DEVICE_STAMP): requirements/device_machine.txt requirements.txt requirements/constrained.txt tools/fetch_device_wheels.py tools/device_machine.py
+	rm -rf $(DEVICE_VENV)
+	$(PYTHON) -m venv $(DEVICE_VENV)
+	$(DEVICE_VENV)/bin/pip install --quiet --upgrade pip==24.3.1
+	$(DEVICE_VENV)/bin/pip install --quiet --no-deps -r requirements/device_machine.txt
+	$(DEVICE_VENV)/bin/python tools/device_machine.py audit
+	$(PYTHON) tools/fetch_device_wheels.py --python-version $$($(DEVICE_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') --dest $(DEVICE_VENV)/wheels --limit-mib 1000 >/dev/null
+	touch $(DEVICE_STAMP)
+
 # The real clients of spade serve (the OpenAI Agents SDK, inspect-ai; requirements/serve_clients.txt,
 # every version pinned) in their own venv, for tests/test_serve_clients.py (docs/serving.md). About 1 min.
 SERVE_CLIENTS_VENV ?= .venv-serve-clients
@@ -143,4 +161,4 @@ benchmark: setup
 	$(BIN)/python benchmarks/sandbox_bench.py
 
 clean:
-	rm -rf $(VENV) $(TAU2_VENV) $(SERVE_CLIENTS_VENV) $(SGLANG_SRC) build *.egg-info
+	rm -rf $(VENV) $(TAU2_VENV) $(SERVE_CLIENTS_VENV) $(DEVICE_VENV) $(SGLANG_SRC) build *.egg-info

@@ -69,6 +69,7 @@ class StageRecord:
     reason: str = ""
     figures: dict[str, Any] = field(default_factory=dict)
     device: str = ""
+    hardware: str = ""  # the GPU (name, memory) or the CPU the figures were measured on
     kind: str = "stage"
 
 
@@ -90,6 +91,26 @@ def resolve_device(requested: str) -> str:
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                            capture_output=True, text=True, timeout=120)
     return "cuda" if probe.stdout.strip() == "True" else "cpu"
+
+
+_GPU_NAME = ("import torch; p = torch.cuda.get_device_properties(0); "
+             "print(f'{p.name}, {p.total_memory / 2**30:.1f} GiB')")
+
+
+def describe_hardware(device: str) -> str:
+    """What every record's figures were measured on: the GPU and its memory, or the CPU model."""
+    if device == "cuda":
+        probe = subprocess.run([sys.executable, "-c", _GPU_NAME], capture_output=True, text=True, timeout=120)
+        return probe.stdout.strip() or f"an unreadable GPU ({probe.stderr.strip()[-200:]})"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    import platform
+
+    return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
 def _stream(pipe, name: str, lines: list[str]) -> None:
@@ -152,11 +173,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     chosen = parse_only(args.only)
     start = time.perf_counter()
     device = resolve_device(args.device)
+    hardware = describe_hardware(device)
     jsonl = Path(args.out) / "device_check.jsonl" if args.out else None
     if jsonl is not None:
         jsonl.parent.mkdir(parents=True, exist_ok=True)
         jsonl.write_text("")
-    print(f"device_check: device {device}, budget {args.budget:.0f} s, stages {', '.join(chosen)}", flush=True)
+    print(f"device_check: device {device} ({hardware}), budget {args.budget:.0f} s, stages {', '.join(chosen)}",
+          flush=True)
     records: list[StageRecord] = []
     figures_so_far: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,6 +196,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 prior_path.write_text(json.dumps(figures_so_far))
                 record = run_stage(plan, device, min(plan.cap_s, left), prior_path)
                 figures_so_far[plan.name] = record.figures
+            record.hardware = hardware
             print(_headline(record), flush=True)
             records.append(record)
             if jsonl is not None:
@@ -180,12 +204,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                     handle.write(json.dumps(asdict(record), default=str) + "\n")
     counts = {verdict: sum(r.verdict == verdict for r in records) for verdict in VERDICTS}
     total = round(time.perf_counter() - start, 1)
-    print(f"== summary ({total:.0f} s of a {args.budget:.0f} s budget, device {device})")
+    print(f"== summary ({total:.0f} s of a {args.budget:.0f} s budget, device {device}: {hardware})")
     for record in records:
         print(f"   {record.stage:<11} {record.verdict:<8} {record.seconds:6.1f}s  {record.reason[:100]}")
     if jsonl is not None:
         summary = StageRecord("summary", "fail" if counts["fail"] + counts["timeout"] + counts["not run"] else "pass",
-                              total, "", {"counts": counts, "budget_s": args.budget}, device=device, kind="summary")
+                              total, "", {"counts": counts, "budget_s": args.budget}, device=device,
+                              hardware=hardware, kind="summary")
         with jsonl.open("a") as handle:
             handle.write(json.dumps(asdict(summary)) + "\n")
     return 1 if counts["fail"] + counts["timeout"] + counts["not run"] else 0
