@@ -140,6 +140,36 @@ def _allocated(device: str) -> Optional[int]:
     return torch.cuda.memory_allocated()
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One reading of the device's memory: what this process's tensors hold (allocated), what its
+    caching allocator keeps (reserved), and what the driver has free for any process (a colocated
+    server gets only the last)."""
+
+    allocated: int
+    reserved: int
+    driver_free: int
+
+    @classmethod
+    def read(cls, device: str) -> Optional["DeviceMemory"]:
+        import torch
+
+        if device != "cuda":
+            return None
+        torch.cuda.synchronize()
+        free, _ = torch.cuda.mem_get_info()
+        return cls(torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), free)
+
+    def figures(self, when: str) -> dict[str, Optional[float]]:
+        return {f"allocated_gib_{when}": _gib(self.allocated), f"reserved_gib_{when}": _gib(self.reserved),
+                f"driver_free_gib_{when}": _gib(self.driver_free)}
+
+
+def returned_to_driver(before: DeviceMemory, after: DeviceMemory, moved_bytes: int) -> float:
+    """The share of ``moved_bytes`` that the driver sees free again (what another process can use)."""
+    return round((after.driver_free - before.driver_free) / max(moved_bytes, 1), 4)
+
+
 def _gib(nbytes: Optional[float]) -> Optional[float]:
     return None if nbytes is None else round(nbytes / GIB, 3)
 
@@ -207,6 +237,55 @@ def unresolved_torch_api(chains: list[str]) -> list[str]:
     return missing
 
 
+# Imported somewhere on the GPU path or by a GPU test, absent from the machine on purpose: the tests
+# that need them skip themselves there, and spade imports them only when a setting asks for them.
+ABSENT_BY_DESIGN = {
+    "sglang": "SGLang's tests skip without it (sglang-kernel alone is 373 MB)",
+    "sgl_kernel": "part of SGLang",
+    "transformer_engine": "179 MB, its torch part source-only: the local spec runs instead",
+    "flash_attn": "source build", "apex": "source build",
+    "multistorageclient": "megatron-core's optional object-store checkpoints, never set by spade",
+}
+GPU_PATH_SOURCES = ("spade/training", "spade/models", "spade/rollout", "spade/rl", "megatron_patches")
+
+
+def imported_top_level_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Every absolute import in ``paths`` (at any depth: function-level imports too), by top-level
+    name, with the files that import it."""
+    import ast
+
+    names: dict[str, set[str]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                names.setdefault(module.split(".")[0], set()).add(str(path.relative_to(REPO)))
+    return {name: sorted(files) for name, files in sorted(names.items())}
+
+
+def unimportable_names() -> dict[str, list[str]]:
+    """Third-party modules the GPU path and the GPU tests import that this Python cannot find
+    (a package the machine lacks and nothing carried), less ``ABSENT_BY_DESIGN``."""
+    import importlib.util
+
+    files = [path for folder in GPU_PATH_SOURCES for path in sorted((REPO / folder).rglob("*.py"))]
+    files += [REPO / name for name in (*gpu_test_files(), *OWN_STAGE_TEST_FILES)]
+    search = [str(REPO), str(REPO / "tests")]
+    sys.path[:0] = [entry for entry in search if entry not in sys.path]
+    missing = {}
+    for name, importers in imported_top_level_names(files).items():
+        if name in sys.stdlib_module_names or name in ABSENT_BY_DESIGN or name == "__future__":
+            continue
+        if importlib.util.find_spec(name) is None:
+            missing[name] = importers
+    return missing
+
+
 def _spade_modules() -> tuple[str, ...]:
     return ("spade.training", "spade.training.offload", "spade.models.builder", "spade.rollout.hf.engine",
             "spade.rollout.hf.prefix_attention", "spade.rollout.weight_buckets", "spade.rollout.sglang.weight_transport",
@@ -252,6 +331,10 @@ def stage_env(device: str, shapes: Shapes) -> StageResult:
         except Exception as exc:  # noqa: BLE001
             failures["megatron_patches.apply_all"] = f"{type(exc).__name__}: {exc}"
     figures["import_failures"] = dict(failures)
+    figures["missing_imports"] = unimportable_names()
+    if figures["missing_imports"]:
+        failures["missing packages"] = "; ".join(f"{name} (imported by {', '.join(files[:3])})"
+                                                 for name, files in figures["missing_imports"].items())
     figures["imported_from"] = {name: getattr(sys.modules.get(name), "__file__", None)
                                 for name in ("megatron.core", "transformers")}
     chains = torch_api_chains()
@@ -480,15 +563,21 @@ def _samples(lengths, vocab: int, *, seed: int = 0, logprobs: bool = False):
     return samples
 
 
+# The core attention a user's run gets without Transformer Engine (the trainer's default,
+# spade.train_config's model.core_attention), not megatron-core's unfused one.
+CORE_ATTENTION = "sdpa"
+
+
 def _megatron(config: dict, dtype, *, hf_state=None, recompute: str = "none", distributed: bool = False):
-    """A one-process Megatron model (local spec) and its optimizer."""
+    """A one-process Megatron model (local spec, ``CORE_ATTENTION``) and its optimizer."""
     from spade.models import ParallelLayout, read_model_spec
     from spade.models.builder import BuildOptions
     from spade.training import build_model, init_parallel
 
     spec = read_model_spec(config)
     init_parallel(ParallelLayout(), seed=0)
-    options = BuildOptions(params_dtype=dtype, use_transformer_engine=False, recompute=recompute)
+    options = BuildOptions(params_dtype=dtype, use_transformer_engine=False, recompute=recompute,
+                           core_attention=CORE_ATTENTION)
     model = build_model(spec, ParallelLayout(), options=options, hf_state=hf_state,
                         use_distributed_optimizer=distributed)
     return model, spec
@@ -594,7 +683,9 @@ def storage_digests(chunks, optimizer, device: str) -> list[tuple[int, int, int]
 
 def stage_offload(device: str, shapes: Shapes) -> StageResult:
     """Training-state offload and onload of a 1.7B-shaped model after a real step: bytes moved,
-    seconds, device memory returned and an exact restore (checksums of every storage)."""
+    seconds, device memory returned as the driver sees it (``mem_get_info``: what a colocated
+    server can take) beside this process's allocated and reserved bytes, and an exact restore
+    (checksums of every storage)."""
     import torch
 
     from spade.training import make_micro_batches, train_step
@@ -612,27 +703,28 @@ def stage_offload(device: str, shapes: Shapes) -> StageResult:
     offloader = TrainingOffloader(model.chunks, optimizer, move_on_host=device == "cpu")
     figures: dict[str, Any] = {"layers": config["num_hidden_layers"], "hidden": config["hidden_size"],
                                "storages": len(before)}
-    allocated_before = _allocated(device)
+    memory_before = DeviceMemory.read(device)
     for cycle in (1, 2):  # the first cycle pins the host memory, the second reuses it
         out = offloader.offload()
-        allocated_offloaded = _allocated(device)
+        memory_offloaded = DeviceMemory.read(device)
         back = offloader.onload()
         figures[f"offload_s_{cycle}"] = round(out.seconds, 3)
         figures[f"onload_s_{cycle}"] = round(back.seconds, 3)
         if cycle == 1:
             figures["moved_gib"] = _gib(out.moved_bytes)
             figures["by_kind_gib"] = {kind: _gib(n) for kind, n in out.bytes_by_kind.items()}
-            if device == "cuda":
-                figures["allocated_gib_before"] = _gib(allocated_before)
-                figures["allocated_gib_offloaded"] = _gib(allocated_offloaded)
-                figures["returned_fraction"] = round((allocated_before - allocated_offloaded)
-                                                     / max(out.moved_bytes, 1), 4)
+            if memory_before is not None and memory_offloaded is not None:
+                figures.update(memory_before.figures("before"), **memory_offloaded.figures("offloaded"))
+                figures["allocated_returned_fraction"] = round(
+                    (memory_before.allocated - memory_offloaded.allocated) / max(out.moved_bytes, 1), 4)
+                figures["returned_fraction"] = returned_to_driver(memory_before, memory_offloaded, out.moved_bytes)
     figures["offload_gb_s"] = round(out.moved_bytes / max(out.seconds, 1e-9) / 1e9, 1)
     figures["onload_gb_s"] = round(back.moved_bytes / max(back.seconds, 1e-9) / 1e9, 1)
     after = storage_digests(model.chunks, optimizer, device)
     figures["exact_restore"] = after == before
-    if device == "cuda":
-        figures["allocated_gib_onloaded"] = _gib(_allocated(device))
+    memory_onloaded = DeviceMemory.read(device)
+    if memory_onloaded is not None:
+        figures.update(memory_onloaded.figures("onloaded"))
     metrics = train_step(model.chunks, optimizer, scheduler, batches)
     figures["step_after_onload_loss"] = metrics.loss
     if not figures["exact_restore"]:
@@ -640,7 +732,8 @@ def stage_offload(device: str, shapes: Shapes) -> StageResult:
     if out.moved_bytes == 0:
         return StageResult("fail", figures, "nothing was moved")
     if device == "cuda" and figures["returned_fraction"] < 0.9:
-        return StageResult("fail", figures, "less than 90% of the moved bytes left the device")
+        return StageResult("fail", figures, "the driver saw less than 90% of the moved bytes come free "
+                                            "(what a colocated server could take)")
     return StageResult("pass", figures)
 
 
@@ -712,7 +805,10 @@ def stage_train_step(device: str, shapes: Shapes) -> StageResult:
     from spade.training import make_micro_batches, train_step
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    config = shapes.train_config or dict(gpu_mfu.QWEN3_4B)
+    config = shapes.train_config
+    sizing: dict[str, Any] = {}
+    if config is None:  # the GPU: as many Qwen3-4B layers as the device's memory holds
+        config, sizing = train_config_for(torch.cuda.get_device_properties(0).total_memory, shapes)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     built = time.perf_counter()
@@ -722,8 +818,9 @@ def stage_train_step(device: str, shapes: Shapes) -> StageResult:
     batches = make_micro_batches(samples, shapes.train_micro_batch_tokens, packed=False)
     figures: dict[str, Any] = {"layers": config["num_hidden_layers"], "hidden": config["hidden_size"],
                                "seq": shapes.train_seq, "seqs": shapes.train_seqs, "micro_batches": len(batches),
-                               "recompute": "selective", "spec": "local", "dtype": str(dtype).split(".")[-1],
-                               "build_s": round(time.perf_counter() - built, 1)}
+                               "recompute": "selective", "spec": "local", "core_attention": CORE_ATTENTION,
+                               "dtype": str(dtype).split(".")[-1], "build_s": round(time.perf_counter() - built, 1),
+                               **sizing}
     figures.update(_memory_estimate(config, shapes))
     times = []
     for step in range(1 + shapes.train_timed_steps):
@@ -754,26 +851,53 @@ def stage_train_step(device: str, shapes: Shapes) -> StageResult:
     return StageResult("pass", figures)
 
 
+def _step_estimate(config: dict, shapes: Shapes):
+    from spade.models import ParallelLayout, read_model_spec
+    from spade.training.memory_plan import MicroBatchShape, RecomputeSettings, estimate_step_memory
+
+    rows = max(1, shapes.train_micro_batch_tokens // shapes.train_seq)
+    return estimate_step_memory(read_model_spec(config), ParallelLayout(), MicroBatchShape(rows, shapes.train_seq),
+                                RecomputeSettings("selective"), distributed_optimizer=True,
+                                local_attention=CORE_ATTENTION == "unfused")
+
+
 def _memory_estimate(config: dict, shapes: Shapes) -> dict[str, Any]:
     """spade.training.memory_plan's step estimate for this shape, to set beside the measured
     peak (the estimate is what refuses settings before a run; the GPU run checks it)."""
     try:
-        from spade.models import ParallelLayout, read_model_spec
-        from spade.training.memory_plan import MicroBatchShape, RecomputeSettings, estimate_step_memory
-
-        rows = max(1, shapes.train_micro_batch_tokens // shapes.train_seq)
-        estimate = estimate_step_memory(read_model_spec(config), ParallelLayout(), MicroBatchShape(rows, shapes.train_seq),
-                                        RecomputeSettings("selective"), distributed_optimizer=True,
-                                        local_attention=True)
-        return estimate.to_dict()
+        return _step_estimate(config, shapes).to_dict()
     except Exception as exc:  # noqa: BLE001  (a figure missing, not a failed stage)
         return {"estimate_gib": f"unavailable: {type(exc).__name__}: {exc}"}
 
 
+TRAIN_MEMORY_FRACTION = 0.8  # of the device's memory the sized train step may plan to use
+
+
+def train_config_for(device_bytes: int, shapes: Shapes) -> tuple[dict, dict[str, Any]]:
+    """The Qwen3-4B shape (tools/gpu_mfu.py) with as many of its 36 layers as fit in
+    ``TRAIN_MEMORY_FRACTION`` of ``device_bytes`` by spade's own estimate: all of them on a
+    141 GB H200; on an 80 GB H100, whose memory one unsharded 4B model's weights, gradients and
+    Adam state (67 GiB) nearly fill, fewer. Per-layer figures (tokens/s per layer, MFU) keep their
+    meaning; the figures say how many layers ran and why."""
+    import gpu_mfu
+
+    full = dict(gpu_mfu.QWEN3_4B)
+    budget = TRAIN_MEMORY_FRACTION * device_bytes
+    for layers in range(full["num_hidden_layers"], 0, -2):
+        config = dict(full, num_hidden_layers=layers)
+        if _step_estimate(config, shapes).total <= budget:
+            break
+    return config, {"full_depth_layers": full["num_hidden_layers"], "device_memory_gib": _gib(device_bytes),
+                    "sized_to_gib": _gib(budget)}
+
+
+OWN_STAGE_TEST_FILES = ("tests/test_gpu_routing_replay.py",)  # run by the routing_replay stage
+
+
 def gpu_test_files() -> list[str]:
-    """The test files with GPU-marked tests."""
+    """The test files with GPU-marked tests, less those a stage of their own runs."""
     return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
-                  if "mark.gpu" in p.read_text())
+                  if "mark.gpu" in p.read_text() and str(p.relative_to(REPO)) not in OWN_STAGE_TEST_FILES)
 
 
 def stage_gpu_tests(device: str, shapes: Shapes) -> StageResult:
