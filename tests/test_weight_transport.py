@@ -465,3 +465,24 @@ def test_cuda_ipc_update_gives_each_tp_worker_a_share_of_its_own(tmp_path, monke
     assert digests == expected
     assert len(entries) == 2 * buckets and buckets >= 2
     assert all(a != b for a, b in zip(entries[0::2], entries[1::2]))
+
+
+def test_the_recording_servers_can_open_payloads_in_another_process_as_real_servers_do():
+    """CUDA will not open a CUDA-IPC handle in the process that made it, so the GPU tests of the
+    publish order decode in a child process (tests/sglang_recording.py); the same path on CPU
+    reads the sender's shared-memory files from another pid and gets the sent values."""
+    from sglang_recording import RecordingEngine
+
+    weights = {"a.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b.bias": torch.full((4,), 0.5)}
+    engine = RecordingEngine(1, [], decode_in_child=True)
+    try:
+        from spade.rollout.sglang.weight_transport import serialize_named_tensors
+
+        entry = serialize_named_tensors(list(weights.items()))
+        asyncio.run(engine._http(engine.servers[0], "POST", "/update_weights_from_tensor",
+                                 {"serialized_named_tensors": [entry]}, 30))
+    finally:
+        engine.close_decoder()
+    [seen] = engine.received_elsewhere
+    assert seen["pid"] != os.getpid() and engine.received == []
+    assert seen["read"] == [["a.weight", [2, 3], 15.0], ["b.bias", [4], 2.0]]
