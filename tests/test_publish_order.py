@@ -9,7 +9,7 @@ start the servers load their weights and reserve their KV cache, and give both b
 trainer's model is built; the first publish then runs the order above and sends the weights (the
 memory saver does not keep them across a release). A server restarted mid-rollout goes through
 the same order on its own (released at once, weights, sync, parameters out, KV cache) while the
-others go on generating.
+others go on generating; one restarted at a step boundary is released and takes it with the others.
 
 A real SGLang server needs a GPU and the SGLang package, neither of which this machine has; the
 servers here are ``RecordingEngine`` (the real client with a recording transport,
@@ -143,7 +143,8 @@ def test_on_cuda_the_parameters_are_off_the_device_when_the_kv_cache_is_resumed(
         memory.onload_params()
         return iter([(name, p.detach()) for name, p in model.named_parameters()])
 
-    engine = RecordingEngine(1, log, on_call=on_call, keep=False)
+    # CUDA opens an IPC handle only in another process: the payloads are decoded in a child
+    engine = RecordingEngine(1, log, on_call=on_call, keep=False, decode_in_child=True)
     deployment_backend = backend_over(log, tmp_path, servers=1, engine=engine, memory=memory)
     deployment_backend.device = device
     deployment_backend.deployment.device = device
@@ -152,7 +153,12 @@ def test_on_cuda_the_parameters_are_off_the_device_when_the_kv_cache_is_resumed(
         await deployment_backend.switch_to_training(["sample"])
         await deployment_backend.publish(weights, 1)
 
-    asyncio.run(step())
+    try:
+        asyncio.run(step())
+    finally:
+        engine.close_decoder()
+    assert {name for entry in engine.received_elsewhere for name, _, _ in entry["read"]} == \
+        {name for name, _ in model.named_parameters()}
     assert reserved_at_kv, "the KV cache was never resumed"
     assert reserved_at_kv[0] - baseline < param_bytes // 4, (reserved_at_kv, baseline, param_bytes)
 
@@ -307,3 +313,36 @@ def test_a_server_restarted_mid_rollout_gets_its_kv_cache_back_after_the_paramet
     assert released < first(log, "/resume_memory_occupation", ("weights",)) < first(log, "/update_weights_from_tensor")
     assert first(log, "offload_params") < first(log, "/resume_memory_occupation", ("kv_cache",))
     assert all(held == {1} for call, held in held_at)  # no request could reach it before its KV cache was back
+
+
+def test_a_server_found_dead_at_the_step_boundary_takes_the_publish_order_with_the_others(tmp_path):
+    """Server 1 stops answering (its ``/health`` fails) during the update: the publish restarts it
+    and releases it with the others' memory already released, so its KV cache, like theirs, comes
+    back only after the parameters have left."""
+    from spade.rollout.sglang.http_client import TransportError
+
+    log: list[Call] = []
+    memory = RecordingMemory(log)
+    backend = backend_over(log, tmp_path, memory=memory)
+
+    def dead_on_health(call: Call) -> None:
+        if call.server == 1 and call.what == "/health":
+            raise TransportError("connection refused")
+
+    def weights():
+        memory.onload_params()
+        return stream()
+
+    async def step():
+        await backend.switch_to_training(["sample"])
+        backend.engine.on_call = dead_on_health
+        await backend.publish(weights, 1)
+
+    asyncio.run(step())
+    assert backend.step_metrics()["engine/restarted_servers"] == 1.0
+    restarted = [(c.what, c.tags) for c in log[last(log, "/health"):] if c.server == 1]
+    assert restarted == [("/release_memory_occupation", ("weights", "kv_cache")),
+                         ("/resume_memory_occupation", ("weights",)), ("/begin_weight_update", ()),
+                         ("/update_weights_from_tensor", ()), ("/end_weight_update", ()), ("/flush_cache", ()),
+                         ("/resume_memory_occupation", ("kv_cache",)), ("/continue_generation", ())]
+    assert first(log, "offload_params") < first(log, "/resume_memory_occupation", ("kv_cache",))

@@ -296,19 +296,21 @@ class SGLangDeployment:
 
     async def resume_and_sync(self, weights: WeightStream, version: int, *, changed: bool = True,
                               make_room: Optional[Callable[[], Any]] = None) -> list[int]:
-        """Every rank, after the train step: restart dead servers, resume weight memory, send the
-        weights (version ``version``; to every server when they ``changed``, else only to
-        restarted ones and to any still held from a failed sync), call ``make_room`` (the
-        trainer's parameters leave the GPU) and wait until every rank has, then resume the KV
-        cache and continue generation. Returns the servers that were restarted."""
+        """Every rank, after the train step: restart dead servers (released as they come up),
+        resume weight memory, send the weights (version ``version``; to every server when they
+        ``changed``, else only to restarted ones and to any still held from a failed sync), call
+        ``make_room`` (the trainer's parameters leave the GPU) and wait until every rank has, then
+        resume the KV cache and continue generation. Returns the servers that were restarted."""
         dead: list[int] = []
         held: list[int] = []
         if self.is_main:
             dead = await self._dead_servers()
             held = sorted(self.engine.held)
         dead, held = await in_thread(self.device, broadcast_object, (dead, held))
-        await self.restart(dead)  # a restarted server holds its memory: no longer among the released
+        await self.restart(dead)
         if self.is_main:
+            if dead and self.releases_memory:  # it came up holding its memory: the order below is for all
+                await self.engine.release_idle(dead)
             await self.engine.resume_weights_memory()
         stale = sorted(set(dead) | set(held))
         if changed or stale:
