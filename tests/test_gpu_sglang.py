@@ -269,9 +269,10 @@ def test_real_sglang_server_killed_mid_rollout_restarts_with_the_current_weights
     """spade's deployment (one colocated server, CUDA-IPC sync) on this GPU: the model's weights
     are replaced (version 3), long completions are in flight, and the server's whole process group
     is killed. The failed requests make the engine call the recovery hook, which does what the
-    trainer does (``spade.run.trainer._recover_servers``): the owner restarts the server and sends
-    it the current weights; the requests are retried there and complete. The restarted server
-    serves the current weights, not the checkpoint it loads at start."""
+    rollout manager does (``SGLangRolloutManager._recover_servers`` -> ``SGLangDeployment.recover``):
+    the owner restarts the server, releases its memory, sends it the current weights and gives its
+    KV cache back; the requests are retried there and complete. The restarted server serves the
+    current weights, not the checkpoint it loads at start."""
     from spade.rollout.sglang.deployment import SGLangDeployment
     from spade.rollout.sglang.settings import SGLangSection
     from spade.rollout.sglang.launcher import free_port
@@ -287,8 +288,7 @@ def test_real_sglang_server_killed_mid_rollout_restarts_with_the_current_weights
         return iter(named)
 
     async def recover(index: int) -> None:
-        await deployment.restart([index])
-        await deployment.sync_weights(weights, 3, [index])
+        await deployment.recover([index], weights, 3)
 
     deployment.recover_hook = recover
     long = [sampled((11 + i, 2, 250), seed=100 + i, tokens=512) for i in range(4)]
