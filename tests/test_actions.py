@@ -39,8 +39,9 @@ def test_parse_action(response, action):
     [
         (r"<think>maybe \boxed{a}</think> final \boxed{b}", r"\boxed{b}"),
         (r"  <think>\boxed{a}</think>  plain answer ", "plain answer"),
-        (r"<think>still thinking \boxed{a}", r"\boxed{a}"),
-        ("<think>  still thinking, no box", "still thinking, no box"),
+        (r"<think>still thinking \boxed{a}", ""),  # cut inside its reasoning: no action (SGLang's qwen3)
+        ("<think>  still thinking, no box", ""),
+        ("\n<think>\\boxed{a}</think> \\boxed{b}", r"\boxed{b}"),  # the block need not open the reply
         ("<think></think>", ""),
         (r"not leading <think>\boxed{a}</think> \boxed{b}", r"\boxed{b}"),
         (r"text <think>x</think> \boxed{c}", r"\boxed{c}"),

@@ -8,8 +8,9 @@ The expected values are written by hand from the rules of SGLang's parser
 ``serving_chat.py`` ``_build_chat_response``): leading ``<think>`` tags are dropped; the text
 before the first ``</think>`` is ``reasoning_content``, the text after it ``content``, neither
 stripped of whitespace; no ``</think>`` while inside reasoning means the reply was cut there, so
-all of it is reasoning and ``content`` is empty; a reply that does not open reasoning (and whose
-prompt did not open it) is all ``content``; tool calls are parsed from ``content`` only.
+all of it is reasoning and ``content`` is empty; a reply with no ``<think>`` in it (and whose
+prompt did not open one) is all ``content``; tool calls are parsed from ``content`` only. These rules
+are checked against SGLang's own parser by tests/test_reasoning_differential.py.
 """
 
 from __future__ import annotations
@@ -317,7 +318,7 @@ def test_any_chunking_adds_up_to_the_whole_split(inside):
     # the hand-derived cases of SGLang's rules
     assert (split("<think><think>x</think>y", inside=False).reasoning, split("a</think>b", inside=False).answer,
             split("a</think>b", inside=True).reasoning, split("x<think>y</think>z", inside=False).reasoning,
-            split("<think>cut </thi", inside=False).answer) == ("x", "a</think>b", "a", None, "")
+            split("<think>cut </thi", inside=False).answer) == ("x", "a</think>b", "a", "x<think>y", "")
 
 
 def test_the_benchmark_endpoint_passes_the_models_template_keywords_and_separates_reasoning():

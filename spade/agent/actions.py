@@ -2,7 +2,8 @@ r"""Turn an agent response into the action passed to ``env.step``.
 
 The action is the content of the last complete ``\boxed{...}`` (nested braces
 allowed), re-wrapped as ``\boxed{content}``; without one it is the stripped raw
-text.  A leading ``<think>...</think>`` block is ignored.  Standard library only.
+text.  The reasoning is set aside first (``reasoning.drop_leading_block``: SGLang's
+``qwen3`` reading; a reply cut inside ``<think>`` has no action).  Standard library only.
 """
 
 from __future__ import annotations

@@ -1,29 +1,31 @@
 """A thinking model's reasoning, separated from its answer (pure functions, no model).
 
-The rules are those of SGLang's reasoning parser (``sgl-project/sglang``,
-``python/sglang/srt/parser/reasoning_parser.py``: ``BaseReasoningFormatDetector``, with the
-``qwen3`` and ``deepseek-r1`` detectors) and agree with vLLM's ``Qwen3ReasoningParser``:
+The reading is that of SGLang 0.5.23's reasoning parser (``sglang/srt/parser/reasoning_parser.py``,
+``BaseReasoningFormatDetector.detect_and_parse`` with the ``Qwen3Detector`` and
+``DeepSeekR1Detector`` settings), checked against that code by
+``tests/test_reasoning_differential.py``:
 
-* A reply is inside reasoning from its start when the parser forces it (``deepseek-r1``: DeepSeek-R1
-  writes no opening tag) or when the prompt left a ``<think>`` open (``prompt_opens_reasoning``: the
-  generation prompt of Qwen3-Thinking-2507 and DeepSeek-R1-0528 ends in ``<think>\\n``); otherwise a
-  reply that begins with ``<think>`` opens it (Qwen3's hybrid models in thinking mode).
-* Leading ``<think>`` tags are dropped. The text before the first ``</think>`` is the reasoning, the
-  text after it the answer; neither is stripped of whitespace (Qwen3's answer usually starts with
-  the two newlines it writes after ``</think>``).
-* Inside reasoning with no ``</think>``: the reply was cut (or ended) there, so all of it is
-  reasoning and the answer is empty.
-* A reply that is not inside reasoning is all answer, ``<think>`` or not later on.
+* A reply is in reasoning when it starts inside it (``inside``: the prompt left a ``<think>`` open,
+  ``prompt_opens_reasoning``; ``deepseek-r1`` always, as DeepSeek-R1 writes no opening tag) or when
+  ``<think>`` occurs anywhere in it. Otherwise it is all answer.
+* In reasoning, ``<think>`` tags at the very start are dropped (only there: ``"\n<think>a</think>b"``
+  has the reasoning ``"\n<think>a"``). The text before the first ``</think>`` is the reasoning, the
+  text after it the answer; nothing is stripped of whitespace.
+* With no ``</think>`` at all the reply was cut (or ended) inside its reasoning: all of it is
+  reasoning and the answer is empty, except under ``qwen3``, where a ``<tool_call>`` ends the
+  reasoning (a Qwen3.5 habit SGLang follows): the answer is the text from that tag on.
 
-Where we differ from SGLang: SGLang's ``qwen3`` decides "inside from the start" from the request
+There is one reading, ``_read``: ``split`` is it for a whole reply, ``drop_leading_block`` its answer
+for a reply that does not start inside reasoning, and ``ReasoningStream`` sends, piece by piece, the
+part of it that no later text can change, so the concatenated deltas equal ``split`` of the whole
+text. The price of that in a stream: a reply not started inside reasoning is held until a
+``<think>`` turns up or the reply ends (a ``<think>`` anywhere makes the text before it reasoning),
+and under ``qwen3`` reasoning from a ``<tool_call>`` on is held until a ``</think>`` or the end
+decides (SGLang's own stream decides both at once and can differ from its whole-reply reading).
+
+Where we differ from SGLang: its ``qwen3`` decides "inside from the start" from the request
 (``enable_thinking`` not false) and a regex over the chat template, we from the rendered prompt
-itself, which is what the model continues; and newer SGLang/vLLM ``qwen3`` parsers end reasoning at
-a ``<tool_call>`` that comes before any ``</think>`` (a Qwen3.5 habit), which we do not: a tool call
-inside the reasoning is part of the reasoning, in a stream as in a whole response.
-
-``ReasoningStream`` applies the same rules to text that arrives in pieces: a piece that could be the
-start of ``<think>`` (at the start) or of ``</think>`` (inside reasoning) is held until the next
-piece decides, so the concatenated deltas equal the whole response's fields.
+itself, which is what the model continues (docs/fidelity.md, "Serving thinking models").
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ OPEN = "<think>"
 CLOSE = "</think>"
 PARSERS: tuple[str, ...] = ("auto", "qwen3", "deepseek-r1", "none")
 FORCED = frozenset({"deepseek-r1"})  # parsers whose replies are reasoning until </think>
+TOOL_OPEN = "<tool_call>"
+ENDS_AT_TOOL_CALL = frozenset({"qwen3"})  # parsers whose unclosed reasoning ends at a <tool_call>
 
 
 def resolve_parser(name: str, chat_template: Any, key: str = "--reasoning-parser") -> str:
@@ -69,29 +73,44 @@ class ReasoningSplit:
     answer: str
 
 
-def split(text: str, *, inside: bool) -> ReasoningSplit:
-    """Separate a whole reply (module docstring); ``inside``: the reply starts inside reasoning."""
-    if not (inside or text.startswith(OPEN)):
-        return ReasoningSplit(None, text)
-    while text.startswith(OPEN):
-        text = text[len(OPEN):]
-    reasoning, closed, answer = text.partition(CLOSE)
-    if not closed:
-        return ReasoningSplit(text or None, "")
+def split(text: str, *, inside: bool, parser: str = "qwen3") -> ReasoningSplit:
+    """Separate a whole reply (module docstring); ``inside``: the reply starts inside reasoning;
+    ``parser``: ``qwen3`` or ``deepseek-r1``."""
+    reasoning, answer = _read(text, inside=inside, parser=parser, final=True)
     return ReasoningSplit(reasoning or None, answer)
 
 
 def drop_leading_block(text: str) -> str:
-    """``text`` without a leading ``<think>...</think>`` block (whitespace before it goes too); of an
-    unclosed one only the tag goes, and what follows is kept (``split`` would call it all reasoning).
-    How the agent's action parser and the designer's code extraction skip a thinking model's reasoning."""
-    body = text.lstrip()
-    if not body.startswith(OPEN):
-        return text
-    end = body.find(CLOSE)
-    if end == -1:
-        return body[len(OPEN):]
-    return body[end + len(CLOSE):]
+    """``text`` without its reasoning: ``split``'s answer for a reply that does not start inside
+    reasoning under ``qwen3`` (so a reply cut inside ``<think>`` leaves nothing). How the agent's
+    action parser and the designer's code extraction skip a thinking model's reasoning."""
+    return split(text, inside=False).answer
+
+
+def _read(text: str, *, inside: bool, parser: str, final: bool) -> tuple[str, str]:
+    """(reasoning, answer) of ``text`` (module docstring). Not ``final``: ``text`` is the start of a
+    reply, and what is returned are the parts that no continuation can change (prefixes of the
+    whole reply's parts)."""
+    if parser not in FORCED and parser not in ENDS_AT_TOOL_CALL:
+        raise ValueError(f"reasoning parser {parser!r}: choose qwen3 or deepseek-r1")
+    if not (inside or parser in FORCED or OPEN in text):
+        return ("", text) if final else ("", "")  # a later <think> would make it reasoning
+    body = text
+    while body.startswith(OPEN):
+        body = body[len(OPEN):]
+    if not final and OPEN.startswith(body):
+        return "", ""  # more leading tags may follow
+    reasoning, closed, answer = body.partition(CLOSE)
+    if closed:
+        return reasoning, answer
+    cut = body.find(TOOL_OPEN) if parser in ENDS_AT_TOOL_CALL else -1
+    if cut >= 0:  # the answer from the <tool_call> on, unless a </think> follows
+        return (body[:cut], body[cut:]) if final else (body[:cut], "")
+    if final:
+        return body, ""
+    tags = (CLOSE, TOOL_OPEN) if parser in ENDS_AT_TOOL_CALL else (CLOSE,)
+    keep = max(_partial_suffix(body, tag) for tag in tags)  # could still become a tag
+    return body[:len(body) - keep], ""
 
 
 @dataclass
@@ -102,36 +121,20 @@ class ReasoningDelta:
 
 class ReasoningStream:
     """``split`` for text that arrives in pieces: ``push`` each piece (``final`` with the last one)
-    and send what it returns."""
+    and send what it returns (module docstring)."""
 
-    def __init__(self, *, inside: bool) -> None:
+    def __init__(self, *, inside: bool, parser: str = "qwen3") -> None:
         self._inside = inside
-        self._state = "start"  # start (leading <think> tags may follow) | reasoning | answer
-        self._held = ""
+        self._parser = parser
+        self._text = ""
+        self._sent = (0, 0)  # characters of reasoning and of answer already returned
 
     def push(self, piece: str, *, final: bool = False) -> ReasoningDelta:
-        out = ReasoningDelta()
-        text = self._held + piece
-        self._held = ""
-        if self._state == "start":
-            while text.startswith(OPEN):
-                text, self._inside = text[len(OPEN):], True
-            if text and OPEN.startswith(text) and not final:
-                self._held = text  # could still become <think>
-                return out
-            if not text and not final:
-                return out
-            self._state = "reasoning" if self._inside else "answer"
-        if self._state == "reasoning":
-            reasoning, closed, rest = text.partition(CLOSE)
-            if closed:
-                out.reasoning, self._state, text = reasoning, "answer", rest
-            else:
-                keep = 0 if final else _partial_suffix(text, CLOSE)
-                out.reasoning, self._held = text[:len(text) - keep], text[len(text) - keep:]
-                return out
-        out.answer = text
-        return out
+        self._text += piece
+        reasoning, answer = _read(self._text, inside=self._inside, parser=self._parser, final=final)
+        r, a = self._sent
+        self._sent = (len(reasoning), len(answer))
+        return ReasoningDelta(reasoning[r:], answer[a:])
 
 
 def _partial_suffix(text: str, tag: str) -> int:
