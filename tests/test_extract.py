@@ -121,9 +121,12 @@ def test_think_block_is_skipped():
     assert extract_code(response).code == "final = True"
 
 
-def test_unclosed_think_still_finds_code():
+def test_unclosed_think_is_all_reasoning():
+    """A reply cut inside its reasoning has no answer, so no code (SGLang's ``qwen3`` reading,
+    ``spade.agent.reasoning``), even when the reasoning drafted some."""
     response = "<think>I will write it.\n" + fenced("z = 0")
-    assert extract_code(response).code == "z = 0"
+    assert extract_code(response).code == ""
+    assert extract_code("Plan: <think>draft\n</think>\n" + fenced("z = 0")).code == "z = 0"
 
 
 def test_think_only_with_whitespace_before():

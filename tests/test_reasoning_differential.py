@@ -11,7 +11,8 @@ replies to prompts that already opened ``<think>`` (``inside``), both parsers (`
 ``deepseek-r1`` which is always inside).
 
 A disagreement fails the test unless a category of ``DOCUMENTED`` claims it; each category has a
-row in docs/fidelity.md ("Serving thinking models") saying why we differ. ``drop_leading_block``
+row in docs/fidelity.md ("Serving thinking models") saying why we differ. There is one: SGLang's
+``qwen3`` ends reasoning that has no ``</think>`` at a ``<tool_call>``, ours keeps it reasoning. ``drop_leading_block``
 (the action parser's and designer's reader) must give SGLang's ``qwen3`` content for a reply that
 does not start inside reasoning, and ``ReasoningStream`` fed the reply in random pieces must add up
 to ``split`` of the whole reply.
@@ -119,7 +120,7 @@ def chunkings(rng: random.Random, text: str) -> list[list[str]]:
 
 
 def spade_reading(case: Case) -> Reading:
-    got = split(case.text, inside=case.inside, parser=case.parser)
+    got = split(case.text, inside=case.inside)
     return Reading(got.reasoning, got.answer)
 
 
@@ -130,7 +131,7 @@ def sglang_reading(module: types.ModuleType, case: Case) -> Reading:
 
 
 def streamed(case: Case, pieces: list[str]) -> Reading:
-    stream = ReasoningStream(inside=case.inside, parser=case.parser)
+    stream = ReasoningStream(inside=case.inside)
     deltas = [stream.push(p, final=k == len(pieces) - 1) for k, p in enumerate(pieces)]
     reasoning = "".join(d.reasoning for d in deltas)
     return Reading(reasoning or None, "".join(d.answer for d in deltas))
@@ -142,9 +143,22 @@ class Category(NamedTuple):
     claims: Callable[[Case, Reading, Reading], bool]  # (case, spade's, SGLang's)
 
 
-# Disagreements we keep on purpose, each with its reason in docs/fidelity.md. None today: every
-# difference the first run found was fixed in spade.agent.reasoning.
-DOCUMENTED: tuple[Category, ...] = ()
+def _call_ends_unclosed_reasoning(case: Case, ours: Reading, theirs: Reading) -> bool:
+    """``qwen3`` in reasoning with no ``</think>``: SGLang ends the reasoning at the first
+    ``<tool_call>`` (content from the tag on), ours keeps all of it as reasoning."""
+    body = case.text
+    while body.startswith("<think>"):
+        body = body[len("<think>"):]
+    cut = body.find("<tool_call>")
+    return (case.parser == "qwen3" and (case.inside or "<think>" in case.text) and "</think>" not in body
+            and cut >= 0 and ours == Reading(body, "") and theirs == Reading(body[:cut] or None, body[cut:]))
+
+
+# Disagreements we keep on purpose, each with its reason in docs/fidelity.md.
+DOCUMENTED: tuple[Category, ...] = (
+    Category("a <tool_call> ends unclosed qwen3 reasoning", "`<tool_call>` inside reasoning",
+             _call_ends_unclosed_reasoning),
+)
 
 
 def differences(module: types.ModuleType, cases: list[Case],
@@ -204,6 +218,8 @@ def test_split_reads_every_reply_as_sglang_does(sglang_parser):
                     if not any(cat.claims(case, ours, theirs) for cat in DOCUMENTED)]
     assert not undocumented, "\n".join(f"{c.parser} inside={c.inside} {c.text!r}: spade {o}, SGLang {t}"
                                        for c, o, t in undocumented[:10])
+    for category in DOCUMENTED:  # each still happens (else its row and classifier go)
+        assert any(category.claims(*d) for d in found), category.name
 
 
 def test_documented_categories_have_their_fidelity_row():
@@ -225,7 +241,9 @@ def test_the_issue_examples(sglang_parser):
 def test_drop_leading_block_is_sglangs_qwen3_content(sglang_parser):
     for case in replies(seed=SEED + 1, count=400):
         plain = case._replace(parser="qwen3", inside=False)
-        assert drop_leading_block(case.text) == sglang_reading(sglang_parser, plain).content, case.text
+        ours, theirs = spade_reading(plain), sglang_reading(sglang_parser, plain)
+        assert drop_leading_block(case.text) == ours.content
+        assert ours == theirs or any(cat.claims(plain, ours, theirs) for cat in DOCUMENTED), case.text
 
 
 def test_any_chunking_of_the_stream_adds_up_to_the_whole_reply():
@@ -248,8 +266,6 @@ def test_a_stream_sends_what_no_later_text_can_change():
         ("Let me", ""), (" think.", ""), ("", "\n\nAns"), ("", "wer")]
     plain = ReasoningStream(inside=False)
     assert push(plain, "The answer") == ("", "") and push(plain, " is 4.", True) == ("", "The answer is 4.")
-    called = ReasoningStream(inside=True)
-    assert push(called, "plan " + CALL) == ("plan ", "")
-    assert push(called, " done", True) == ("", CALL + " done")  # no </think>: the call ends the reasoning
-    r1 = ReasoningStream(inside=True, parser="deepseek-r1")
-    assert push(r1, "plan " + CALL) == ("plan " + CALL, "")
+    late = ReasoningStream(inside=False)
+    assert push(late, "Sure. ") == ("", "") and push(late, "<think>hm") == ("Sure. <think>hm", "")
+    assert push(late, "</think>ok", True) == ("", "ok")

@@ -8,24 +8,26 @@ The reading is that of SGLang 0.5.23's reasoning parser (``sglang/srt/parser/rea
 * A reply is in reasoning when it starts inside it (``inside``: the prompt left a ``<think>`` open,
   ``prompt_opens_reasoning``; ``deepseek-r1`` always, as DeepSeek-R1 writes no opening tag) or when
   ``<think>`` occurs anywhere in it. Otherwise it is all answer.
-* In reasoning, ``<think>`` tags at the very start are dropped (only there: ``"\n<think>a</think>b"``
-  has the reasoning ``"\n<think>a"``). The text before the first ``</think>`` is the reasoning, the
+* In reasoning, ``<think>`` tags at the very start are dropped (only there: ``"\\n<think>a</think>b"``
+  has the reasoning ``"\\n<think>a"``). The text before the first ``</think>`` is the reasoning, the
   text after it the answer; nothing is stripped of whitespace.
 * With no ``</think>`` at all the reply was cut (or ended) inside its reasoning: all of it is
-  reasoning and the answer is empty, except under ``qwen3``, where a ``<tool_call>`` ends the
-  reasoning (a Qwen3.5 habit SGLang follows): the answer is the text from that tag on.
+  reasoning and the answer is empty.
 
 There is one reading, ``_read``: ``split`` is it for a whole reply, ``drop_leading_block`` its answer
 for a reply that does not start inside reasoning, and ``ReasoningStream`` sends, piece by piece, the
 part of it that no later text can change, so the concatenated deltas equal ``split`` of the whole
 text. The price of that in a stream: a reply not started inside reasoning is held until a
-``<think>`` turns up or the reply ends (a ``<think>`` anywhere makes the text before it reasoning),
-and under ``qwen3`` reasoning from a ``<tool_call>`` on is held until a ``</think>`` or the end
-decides (SGLang's own stream decides both at once and can differ from its whole-reply reading).
+``<think>`` turns up or the reply ends, since a ``<think>`` anywhere makes the text before it
+reasoning (SGLang's own stream sends such text as content at once, and so can read a reply otherwise
+than its whole-reply parser does).
 
-Where we differ from SGLang: its ``qwen3`` decides "inside from the start" from the request
-(``enable_thinking`` not false) and a regex over the chat template, we from the rendered prompt
-itself, which is what the model continues (docs/fidelity.md, "Serving thinking models").
+Where we differ from SGLang (docs/fidelity.md, "Serving thinking models"): its ``qwen3`` decides
+"inside from the start" from the request (``enable_thinking`` not false) and a regex over the chat
+template, we from the rendered prompt itself, which is what the model continues; and its ``qwen3``
+ends reasoning that has no ``</think>`` at a ``<tool_call>`` (a Qwen3.5 habit), so a call written in
+reasoning cut short becomes a real call. Ours stays reasoning: a call inside the reasoning is never
+one.
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ OPEN = "<think>"
 CLOSE = "</think>"
 PARSERS: tuple[str, ...] = ("auto", "qwen3", "deepseek-r1", "none")
 FORCED = frozenset({"deepseek-r1"})  # parsers whose replies are reasoning until </think>
-TOOL_OPEN = "<tool_call>"
-ENDS_AT_TOOL_CALL = frozenset({"qwen3"})  # parsers whose unclosed reasoning ends at a <tool_call>
 
 
 def resolve_parser(name: str, chat_template: Any, key: str = "--reasoning-parser") -> str:
@@ -73,27 +73,25 @@ class ReasoningSplit:
     answer: str
 
 
-def split(text: str, *, inside: bool, parser: str = "qwen3") -> ReasoningSplit:
-    """Separate a whole reply (module docstring); ``inside``: the reply starts inside reasoning;
-    ``parser``: ``qwen3`` or ``deepseek-r1``."""
-    reasoning, answer = _read(text, inside=inside, parser=parser, final=True)
+def split(text: str, *, inside: bool) -> ReasoningSplit:
+    """Separate a whole reply (module docstring); ``inside``: the reply starts inside reasoning
+    (``starts_inside``: always under ``deepseek-r1``)."""
+    reasoning, answer = _read(text, inside=inside, final=True)
     return ReasoningSplit(reasoning or None, answer)
 
 
 def drop_leading_block(text: str) -> str:
     """``text`` without its reasoning: ``split``'s answer for a reply that does not start inside
-    reasoning under ``qwen3`` (so a reply cut inside ``<think>`` leaves nothing). How the agent's
-    action parser and the designer's code extraction skip a thinking model's reasoning."""
+    reasoning (so a reply cut inside ``<think>`` leaves nothing). How the agent's action parser and
+    the designer's code extraction skip a thinking model's reasoning."""
     return split(text, inside=False).answer
 
 
-def _read(text: str, *, inside: bool, parser: str, final: bool) -> tuple[str, str]:
+def _read(text: str, *, inside: bool, final: bool) -> tuple[str, str]:
     """(reasoning, answer) of ``text`` (module docstring). Not ``final``: ``text`` is the start of a
     reply, and what is returned are the parts that no continuation can change (prefixes of the
     whole reply's parts)."""
-    if parser not in FORCED and parser not in ENDS_AT_TOOL_CALL:
-        raise ValueError(f"reasoning parser {parser!r}: choose qwen3 or deepseek-r1")
-    if not (inside or parser in FORCED or OPEN in text):
+    if not (inside or OPEN in text):
         return ("", text) if final else ("", "")  # a later <think> would make it reasoning
     body = text
     while body.startswith(OPEN):
@@ -103,13 +101,7 @@ def _read(text: str, *, inside: bool, parser: str, final: bool) -> tuple[str, st
     reasoning, closed, answer = body.partition(CLOSE)
     if closed:
         return reasoning, answer
-    cut = body.find(TOOL_OPEN) if parser in ENDS_AT_TOOL_CALL else -1
-    if cut >= 0:  # the answer from the <tool_call> on, unless a </think> follows
-        return (body[:cut], body[cut:]) if final else (body[:cut], "")
-    if final:
-        return body, ""
-    tags = (CLOSE, TOOL_OPEN) if parser in ENDS_AT_TOOL_CALL else (CLOSE,)
-    keep = max(_partial_suffix(body, tag) for tag in tags)  # could still become a tag
+    keep = 0 if final else _partial_suffix(body, CLOSE)  # could still become </think>
     return body[:len(body) - keep], ""
 
 
@@ -123,15 +115,14 @@ class ReasoningStream:
     """``split`` for text that arrives in pieces: ``push`` each piece (``final`` with the last one)
     and send what it returns (module docstring)."""
 
-    def __init__(self, *, inside: bool, parser: str = "qwen3") -> None:
+    def __init__(self, *, inside: bool) -> None:
         self._inside = inside
-        self._parser = parser
         self._text = ""
         self._sent = (0, 0)  # characters of reasoning and of answer already returned
 
     def push(self, piece: str, *, final: bool = False) -> ReasoningDelta:
         self._text += piece
-        reasoning, answer = _read(self._text, inside=self._inside, parser=self._parser, final=final)
+        reasoning, answer = _read(self._text, inside=self._inside, final=final)
         r, a = self._sent
         self._sent = (len(reasoning), len(answer))
         return ReasoningDelta(reasoning[r:], answer[a:])
