@@ -9,7 +9,7 @@ import sys
 
 from ..config import ConfigError
 from ..envs.sandbox.client import SandboxUnavailable
-from . import analyze, demo, engine_check, env_commands, eval, explore, memory, pool, score, serve, train
+from . import analyze, demo, engine_check, env_commands, eval, explore, memory, pool, prompts, score, serve, train
 from .common import UsageError
 
 EXIT_USAGE = 2
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(commands)
     eval.add_parser(commands)
     pool.add_parser(commands)
+    prompts.add_parser(commands)
     return parser
 
 

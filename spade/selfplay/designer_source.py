@@ -39,7 +39,7 @@ from typing import Any, Iterator
 
 from ..designer.corpus import Corpus, attempt_rng
 from ..designer.memory import Memory, format_memory_block, load_seed_records
-from ..designer.prompts import DesignerRequest, clean_hint, designer_messages, hint_messages
+from ..designer.prompts import DesignerRequest, Message, clean_hint, designer_messages, hint_messages
 from ..designer.tool_prompts import (TOOL_APP_DOMAINS, draw_tool_variant, parse_screen_verdict, screen_messages,
                                      tool_designer_messages, tool_hint_messages)
 from ..designer.skills import Skill, slot_skills
@@ -121,6 +121,52 @@ def env_id_for(step: int, slot: int) -> str:
     return f"s{step:06d}-e{slot:02d}"
 
 
+@dataclass(frozen=True)
+class DesignerPrompt:
+    """One designer attempt's prompt and what the run records of it (skill, document, ...)."""
+
+    messages: list[Message]
+    record: dict[str, Any]
+
+
+def seed_memory(settings: SelfPlaySettings, memory: Memory | None) -> int:
+    """Store the seed examples of ``memory_seed_dir`` that ``memory`` lacks; returns how many."""
+    if not settings.memory_seed_dir or not settings.use_memory or memory is None:
+        return 0
+    skills = [skill.name for skill in settings.skills.skill_list(settings.domain)]
+    return len(memory.seed(load_seed_records(resolve_seed_dir(settings.memory_seed_dir), skills)))
+
+
+def designer_prompt(settings: SelfPlaySettings, *, corpus: Corpus | None, memory: Memory | None, seed: int,
+                    step: int, slot: int, attempt: int, skill: Skill) -> DesignerPrompt:
+    """The prompt of designer attempt ``attempt`` for ``slot`` of ``step``: the corpus document,
+    memory examples and (tool use) app domain and variant drawn from the run's seed, as the run
+    draws them (``spade prompts`` shows the same)."""
+    s = settings
+    document = None
+    if s.use_corpus and corpus is not None:
+        document = corpus.sample(attempt_rng(seed, step, slot, attempt))
+    block = ""
+    if s.use_memory and memory is not None:
+        selection = memory.select_examples(skill.name, attempt_rng(seed, "memory", step, slot, attempt))
+        block = format_memory_block(selection)
+    request = DesignerRequest(skill=skill, document=None if document is None else document.text,
+                              memory_block=block, difficulty=s.difficulty, max_turns=s.max_turns,
+                              reference_policy=s.asks_reference_policy)
+    record: dict[str, Any] = {"step": step, "slot": slot, "attempt": attempt, "skill": skill.name,
+                              "document": None if document is None else document.key}
+    if s.domain == "tool_use":
+        rng = attempt_rng(seed, "tool_task", step, slot, attempt)
+        app_domain, variant = rng.choice(TOOL_APP_DOMAINS), draw_tool_variant(rng)
+        record.update(app_domain=app_domain, variant=variant[0])
+        messages = tool_designer_messages(request, app_domain, variant)
+    else:
+        messages = designer_messages(request, no_corpus=None if s.use_corpus else s.no_corpus_prompt,
+                                     rng=attempt_rng(seed, "concepts", step, slot, attempt),
+                                     order=s.designer_prompt_order)
+    return DesignerPrompt(messages, record)
+
+
 class DesignerRound:
     """Regenerates the environment set of one regeneration step."""
 
@@ -158,11 +204,7 @@ class DesignerRound:
 
     def seed_memory(self) -> int:
         """Store the seed examples of ``memory_seed_dir`` that the memory lacks; returns how many."""
-        s = self.settings
-        if not s.memory_seed_dir or not s.use_memory or self.memory is None:
-            return 0
-        skills = [skill.name for skill in s.skills.skill_list(s.domain)]
-        return len(self.memory.seed(load_seed_records(resolve_seed_dir(s.memory_seed_dir), skills)))
+        return seed_memory(self.settings, self.memory)
 
     async def regenerate(self, step: int) -> RegenerationResult:
         s = self.settings
@@ -189,27 +231,9 @@ class DesignerRound:
         s = self.settings
         rejections: list[Rejection] = []
         for attempt in range(s.max_attempts):
-            document = None
-            if s.use_corpus and self.corpus is not None:
-                document = self.corpus.sample(attempt_rng(self.seed, step, slot, attempt))
-            block = ""
-            if s.use_memory and self.memory is not None:
-                selection = self.memory.select_examples(skill.name, attempt_rng(self.seed, "memory", step, slot, attempt))
-                block = format_memory_block(selection)
-            request = DesignerRequest(skill=skill, document=None if document is None else document.text,
-                                      memory_block=block, difficulty=s.difficulty, max_turns=s.max_turns,
-                                      reference_policy=s.asks_reference_policy)
-            record: dict[str, Any] = {"step": step, "slot": slot, "attempt": attempt, "skill": skill.name,
-                                      "document": None if document is None else document.key}
-            if s.domain == "tool_use":
-                rng = attempt_rng(self.seed, "tool_task", step, slot, attempt)
-                app_domain, variant = rng.choice(TOOL_APP_DOMAINS), draw_tool_variant(rng)
-                record.update(app_domain=app_domain, variant=variant[0])
-                prompt = tool_designer_messages(request, app_domain, variant)
-            else:
-                prompt = designer_messages(request, no_corpus=None if s.use_corpus else s.no_corpus_prompt,
-                                           rng=attempt_rng(self.seed, "concepts", step, slot, attempt),
-                                           order=s.designer_prompt_order)
+            drawn = designer_prompt(s, corpus=self.corpus, memory=self.memory, seed=self.seed, step=step, slot=slot,
+                                    attempt=attempt, skill=skill)
+            prompt, record = drawn.messages, drawn.record
             sampling = TextSampling(temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
                                     max_tokens=s.designer_max_tokens, timeout_s=s.designer_timeout_s,
                                     seed=derive_seed(self.seed, "designer", step, slot, attempt))
