@@ -16,7 +16,9 @@ from typing import Any
 
 from ..agent.actions import parse_action
 from ..agent.prompts import first_tool_message, first_user_message, later_user_message
-from .tool_use.replies import read_tool_turn
+from ..agent.tool_calls import ToolCallError
+from .tool_use.replies import ToolTurn, read_tool_turn
+from .sandbox.client import ActionRefused
 from .sandbox.runtime.tool_base import FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD
 from .protocol import EnvError, EnvFault, EnvInstance, InfrastructureFault, episode_return
 
@@ -109,6 +111,9 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
 
     An environment fault ends the episode with return 0 and is recorded in ``error``;
     an :class:`InfrastructureFault` propagates, since the episode must be retried, not scored.
+    An action the sandbox refuses to send (``ActionRefused``: longer than
+    ``sandbox.max_action_chars``) is the policy's: the episode stops unterminated (return 0,
+    ``POLICY_STOPPED``, the reason in ``stop_detail``).
 
     ``episode``: the record to play into (the caller keeps a live view of its messages and turns).
     One that already holds its opening user message is a stopped episode to continue (partial rollouts): the fresh
@@ -156,6 +161,9 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
             raise
         except EnvFault as fault:
             episode.end_reason, episode.error = EndReason.ENV_ERROR, fault.error
+            return episode
+        except ActionRefused as refused:  # an action the sandbox cannot take: the policy's, not played
+            episode.end_reason, episode.stop_detail = EndReason.POLICY_STOPPED, str(refused)
             return episode
         episode.turns.append(Turn(response, action, result.observation, result.reward,
                                   result.terminated, result.truncated))
@@ -213,6 +221,11 @@ async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | N
     error (``FORMAT_ERROR_REWARD``, not terminal), and with ``mask_malformed`` the policy is asked
     to drop that reply's tokens from the loss (``policy.mask_last_turn()``). Return rule and
     budgets as in :func:`play_episode`.
+
+    No reply ends the play with an exception: reading it never raises (``read_tool_turn``), and a
+    call or answer the sandbox refuses to send (``ActionRefused``: arguments that are not strict
+    JSON, too deep or too large, an answer over ``sandbox.max_action_chars``) does not run and is
+    reported like a malformed block; a turn in which no call ran is a format error.
     """
     messages = [Message("system", system_prompt)] if system_prompt else []
     episode = EpisodeResult(seed, messages)
@@ -240,22 +253,32 @@ async def play_tool_episode(env: Any, policy: Any, *, parser: Any, seed: int | N
         turn = read_tool_turn(response, parser, tools, inside_reasoning=opened)
         try:
             if turn.kind == "calls":
-                log, replies = [], []
+                log, replies, refused = [], [], []
                 for call in turn.calls:
-                    result = await env.call_tool(call.name, call.arguments)
+                    try:
+                        result = await env.call_tool(call.name, call.arguments)
+                    except ActionRefused as exc:  # not sent: reported like a malformed block
+                        refused.append(ToolCallError(str(exc), call.name))
+                        continue
                     replies.append(Message("tool", result.output))
                     log.append({"name": call.name, "arguments": call.arguments, **result.to_json()})
-                action = json.dumps([{"name": c.name, "arguments": c.arguments} for c in turn.calls])
-                episode.turns.append(Turn(response, action, "\n".join(m.content for m in replies), 0.0,
-                                          False, False, tuple(log)))
-                messages.extend(replies)
-                continue
+                if log:
+                    ran = [{"name": entry["name"], "arguments": entry["arguments"]} for entry in log]
+                    episode.turns.append(Turn(response, json.dumps(ran), "\n".join(m.content for m in replies),
+                                              0.0, False, False, tuple(log)))
+                    messages.extend(replies)
+                    continue
+                turn = ToolTurn("format_error", errors=turn.errors + tuple(refused))
             if turn.kind == "answer":
                 action = f"<answer>{turn.answer}</answer>"
-                outcome = await env.step(action)
-                observation, reward = outcome.observation, outcome.reward
-                terminated, truncated = outcome.terminated, outcome.truncated
-            else:
+                try:
+                    outcome = await env.step(action)
+                except ActionRefused as exc:
+                    turn = ToolTurn("format_error", errors=(ToolCallError(str(exc), ""),))
+                else:
+                    observation, reward = outcome.observation, outcome.reward
+                    terminated, truncated = outcome.terminated, outcome.truncated
+            if turn.kind == "format_error":
                 if mask_malformed and hasattr(policy, "mask_last_turn"):
                     policy.mask_last_turn()
                 detail = "; ".join(e.message for e in turn.errors)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import EnvError, ErrorKind, InfrastructureFault, ResetResult, Stage, StepResult, raise_for
-from ..tool_use.protocol import CriteriaResult, CriterionValue, Progress, ToolResult, ToolSchemas
+from ..tool_use.protocol import CriteriaResult, CriterionValue, Progress, ToolResult, ToolSchemas, call_problem
 from .config import SandboxConfig
 from .runtime import framing
 from .runtime.probe_play import Episode, ProbeOutcome, ProbePlan
@@ -42,6 +42,12 @@ class ProbeRun:
     outcome: ProbeOutcome | None
     episodes: tuple[Episode, ...] = ()
     cut: EnvError | None = None
+
+
+class ActionRefused(ValueError):
+    """The host did not send an action or a tool call: the policy wrote something the sandbox
+    cannot take (too long, not strict JSON, nested too deep). Nothing ran; the environment is
+    unchanged and still usable."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -221,9 +227,9 @@ class SandboxedEnv:
         return ResetResult(result["observation"], result["info"], result.get("output", ""))
 
     async def step(self, action: str) -> StepResult:
-        """Raises ValueError for an action longer than ``sandbox.max_action_chars``."""
+        """Raises ActionRefused for an action longer than ``sandbox.max_action_chars``."""
         if len(action) > self._service.config.max_action_chars:
-            raise ValueError(f"action of {len(action)} characters exceeds sandbox.max_action_chars "
+            raise ActionRefused(f"action of {len(action)} characters exceeds sandbox.max_action_chars "
                              f"({self._service.config.max_action_chars})")
         result = await self._call("step", action=action)
         return StepResult(result["observation"], float(result["reward"]), result["terminated"],
@@ -249,12 +255,18 @@ class SandboxedEnv:
         return ToolSchemas(result["tools"], Progress.from_json(result))
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """One tool call with structured arguments. Raises ValueError for arguments larger than
+        """One tool call with structured arguments. Raises ActionRefused, sending nothing, for a
+        call the sandbox cannot take (``tool_use.protocol.call_problem``: arguments that are not
+        a strict-JSON object, nested too deep, a name too long; a frame the supervisor refused
+        would end every environment it serves) or arguments larger than
         ``sandbox.max_action_chars`` once encoded."""
-        size = len(framing.encode(arguments)) if isinstance(arguments, dict) else 0
+        problem = call_problem(name, arguments)
+        if problem is not None:
+            raise ActionRefused(problem)
+        size = len(framing.encode(arguments))
         if size > self._service.config.max_action_chars:
-            raise ValueError(f"tool arguments of {size} bytes exceed sandbox.max_action_chars "
-                             f"({self._service.config.max_action_chars})")
+            raise ActionRefused(f"tool arguments of {size} bytes exceed sandbox.max_action_chars "
+                                f"({self._service.config.max_action_chars})")
         result = await self._call("call_tool", name=name, arguments=arguments)
         return ToolResult(result["output"], int(result["returncode"]), Progress.from_json(result),
                           int(result["advanced"]), result.get("printed", ""))

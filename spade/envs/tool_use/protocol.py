@@ -20,10 +20,54 @@ loops, allocates without bound, exits or returns the wrong shape ends in one cla
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, runtime_checkable
 
 from ..protocol import EnvInstance
+from ..sandbox.runtime import framing
+
+MAX_TOOL_NAME_CHARS = 200  # the supervisor's limit on a call's name (supervisor.MAX_TOOL_NAME_CHARS)
+# the arguments travel two levels down in a frame ({"op", ..., "arguments": ...}), and every hop
+# refuses a frame nested deeper than framing.MAX_JSON_DEPTH: a margin of two more levels
+MAX_ARGUMENT_DEPTH = framing.MAX_JSON_DEPTH - 4
+
+
+def call_problem(name: Any, arguments: Any) -> Optional[str]:
+    """Why the sandbox cannot be sent this call, or None. ``arguments`` must be a JSON object that a
+    strict encoder takes (no NaN or Infinity, no sets, bytes or other non-JSON values, no integer
+    beyond Python's int-to-text limit), nested at most ``MAX_ARGUMENT_DEPTH`` levels; ``name`` a
+    string of at most ``MAX_TOOL_NAME_CHARS`` characters. A model can write any of these (JSON's
+    ``NaN``, a Python literal read by the XML form's fallback), so the host checks before sending:
+    a frame the supervisor refuses would end every environment it serves."""
+    if not isinstance(name, str) or len(name) > MAX_TOOL_NAME_CHARS:
+        return f"the tool name must be a string of at most {MAX_TOOL_NAME_CHARS} characters"
+    if not isinstance(arguments, dict):
+        return f"the tool arguments must be a JSON object, got {type(arguments).__name__}"
+    try:
+        json.dumps(arguments, allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as exc:
+        return f"the tool arguments are not strict JSON: {type(exc).__name__}: {str(exc)[:200]}"
+    if _depth_over(arguments, MAX_ARGUMENT_DEPTH):
+        return f"the tool arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    return None
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether dicts and lists in ``value`` nest more than ``limit`` levels (no recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ answer inside the reasoning is not one. What is left is, in this order (the rele
 * a format error when there is neither (no block parses, or there is no block and no answer),
   which the environment answers with the format-error observation (-0.1, not terminal).
 
+A call the sandbox cannot be sent (``spade.envs.tool_use.protocol.call_problem``: arguments that
+are not a JSON object a strict encoder takes, such as JSON's ``NaN``/``Infinity`` or a set read by
+the XML form's Python-literal fallback, nesting too deep, a name too long) counts as a malformed
+block: it is reported in ``errors`` and does not run. Reading never raises on a reply: anything
+that goes wrong while reading it (a parser that raises) makes the turn a format error.
+
 A JSON call whose name is not one of the episode's tools (``unknown_tool_names``):
 
 * ``"execute"`` (the default, the released training loop): it is a call like any other; the
@@ -34,6 +40,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...agent.tool_calls import ToolCall, ToolCallError
 from ...agent.reasoning import split
+from .protocol import call_problem
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -61,11 +68,22 @@ def read_tool_turn(response: str, parser: Any, tools: Optional[Sequence[Mapping[
     if unknown_tool_names not in UNKNOWN_TOOL_NAMES:
         raise ValueError(f"unknown_tool_names: {unknown_tool_names!r} is not allowed; choose one of: "
                          f"{', '.join(UNKNOWN_TOOL_NAMES)}")
-    body = split(response, inside=inside_reasoning).answer
-    answer = _ANSWER.search(body)
-    if answer:
-        return ToolTurn("answer", answer=answer.group(1).strip())
-    parsed = parser.parse(body, tools, drop_unknown_names=unknown_tool_names == "drop")
-    if parsed.calls:
-        return ToolTurn("calls", calls=parsed.calls, errors=parsed.errors)
-    return ToolTurn("format_error", errors=parsed.errors)
+    try:
+        body = split(response, inside=inside_reasoning).answer
+        answer = _ANSWER.search(body)
+        if answer:
+            return ToolTurn("answer", answer=answer.group(1).strip())
+        parsed = parser.parse(body, tools, drop_unknown_names=unknown_tool_names == "drop")
+        calls, errors = [], list(parsed.errors)
+        for call in parsed.calls:
+            problem = call_problem(call.name, call.arguments)
+            if problem is None:
+                calls.append(call)
+            else:
+                errors.append(ToolCallError(problem, str(call.name)[:200]))
+    except Exception as exc:  # noqa: BLE001 - a reply must never end a play (module docstring)
+        return ToolTurn("format_error", errors=(ToolCallError(
+            f"the reply could not be read: {type(exc).__name__}: {str(exc)[:200]}", ""),))
+    if calls:
+        return ToolTurn("calls", calls=tuple(calls), errors=tuple(errors))
+    return ToolTurn("format_error", errors=tuple(errors))
