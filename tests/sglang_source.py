@@ -9,6 +9,8 @@ small packages named in ``requirements/sglang-test.txt``, into ``.sglang-src/`` 
 * ``sglang.srt.entrypoints.api_contract``: the schema gate in front of ``/generate``,
 * ``sglang.srt.sampling.sampling_params``: the ``SamplingParams`` a ``/generate`` request becomes.
 
+``tool_call_detectors()`` imports the ``qwen25`` and ``qwen3_coder`` tool-call detectors the same way.
+
 Two of io_struct's imports would pull in the whole model runtime (CUDA kernels, torchvision,
 flashinfer), so they are built from SGLang's own source with only the definitions io_struct takes
 from them (``from_source``): ``managers/schedule_batch.py`` (``ReturnHiddenStatesMode``,
@@ -149,7 +151,7 @@ def load() -> SGLang:
     some of its own modules lazily) until ``unload()``; a test module calls that when it is done,
     so the rest of the test process sees no ``sglang`` (``tests/test_runtime_versions.py`` checks
     that this venv has none)."""
-    present = sys.modules.get("sglang")
+    present = None if _LOADED else sys.modules.get("sglang")
     if present is not None:  # a real installation already imported (the GPU image): use it as it is
         modules = _import_all()
         if modules[-1] != PINNED:
@@ -168,11 +170,14 @@ def load() -> SGLang:
     return SGLang(io_struct, server_args, api_contract, api_types, sampling_params, finish, serializer, version)
 
 
-def _load_from(pkg: Path) -> tuple:
-    import torch  # noqa: F401 - imported before the triton placeholder exists: torch sees no triton
-
+def _put_on_path(pkg: Path) -> tuple[str, set[str]]:
+    """``.sglang-src`` on ``sys.path`` and an empty ``sglang`` package in front of its
+    ``__init__.py`` (unless an earlier call did that); returns the path entry and the modules
+    imported before."""
     root = str(pkg.parent)
     before = set(sys.modules)
+    if "sglang" in sys.modules:  # put there by an earlier call (load() or tool_call_detectors())
+        return root, before
     sys.path.insert(0, root)
     _LOADED.append(root)
     top = types.ModuleType("sglang")
@@ -181,6 +186,25 @@ def _load_from(pkg: Path) -> tuple:
     top.__spec__ = importlib.machinery.ModuleSpec("sglang", None, origin=top.__file__, is_package=True)
     top.__spec__.submodule_search_locations = [str(pkg)]
     sys.modules["sglang"] = top
+    return root, before
+
+
+def _record(root: str, before: set[str]) -> None:
+    """SGLang's modules and the few packages .sglang-src adds (msgspec, orjson, IPython, ...), not
+    the modules of .venv they imported (torch, pydantic, ...): those stay as they are."""
+    def from_root(module: types.ModuleType) -> bool:  # a namespace package has a __path__ only
+        own = getattr(module, "__dict__", {})  # not getattr: lazy modules import on a miss
+        places = [own.get("__file__") or "", *(own.get("__path__") or [])]
+        return any(str(place).startswith(root) for place in places)
+
+    _LOADED.extend(sorted(name for name in set(sys.modules) - before
+                          if name == "sglang" or name.startswith("sglang.") or from_root(sys.modules[name])))
+
+
+def _load_from(pkg: Path) -> tuple:
+    import torch  # noqa: F401 - imported before the triton placeholder exists: torch sees no triton
+
+    root, before = _put_on_path(pkg)
     had_triton = "triton" in sys.modules
     if not had_triton:
         triton = _Inert("triton")
@@ -206,11 +230,7 @@ def _load_from(pkg: Path) -> tuple:
         if not had_triton:
             for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
                 del sys.modules[name]
-        # SGLang's modules and the few packages .sglang-src adds (msgspec, orjson, ...), not the
-        # modules of .venv they imported (torch, pydantic, ...): those stay as they are
-        _LOADED.extend(sorted(name for name in set(sys.modules) - before
-                              if name == "sglang" or name.startswith("sglang.")
-                              or str(getattr(sys.modules[name], "__file__", None) or "").startswith(root)))
+        _record(root, before)
 
 
 def unload() -> None:
@@ -223,6 +243,40 @@ def unload() -> None:
         elif entry in sys.path:
             sys.path.remove(entry)
     load.cache_clear()
+    tool_call_detectors.cache_clear()
+
+
+@dataclass(frozen=True)
+class Detectors:
+    """SGLang's tool-call detectors (``srt/function_call/``) and the request's ``Tool`` model."""
+
+    tool: type  # sglang.srt.entrypoints.openai.protocol.Tool
+    qwen25: type  # qwen25_detector.Qwen25Detector (``--tool-call-parser qwen`` / ``qwen25``)
+    qwen3_coder: type  # qwen3_coder_detector.Qwen3CoderDetector
+
+
+@functools.lru_cache(maxsize=1)
+def tool_call_detectors() -> Detectors:
+    """The tool-call detectors of the pinned wheel, imported unchanged (``sglang/utils.py``, on
+    their import chain, needs IPython and ``base_format_detector.py`` partial_json_parser: both in
+    requirements/sglang-test.txt). Like ``load()`` they stay until ``unload()``."""
+    def imported() -> Detectors:
+        from sglang.srt.entrypoints.openai.protocol import Tool
+        from sglang.srt.function_call.qwen3_coder_detector import Qwen3CoderDetector
+        from sglang.srt.function_call.qwen25_detector import Qwen25Detector
+        from sglang.version import __version__
+
+        if __version__ != PINNED:
+            raise RuntimeError(f"the imported sglang is {__version__}, spade pins {PINNED}: rerun `make sglang-src`")
+        return Detectors(Tool, Qwen25Detector, Qwen3CoderDetector)
+
+    if "sglang" in sys.modules and not _LOADED:  # a real installation is imported (the GPU image)
+        return imported()
+    root, before = _put_on_path(package_dir())
+    try:
+        return imported()
+    finally:
+        _record(root, before)
 
 
 # ------------------------------------------------------------------------------ read by ast
