@@ -422,10 +422,11 @@ def chat_choice(index: int, text: str, finish_reason: str, *, parse_tools: bool,
                 tools: Optional[Sequence[Mapping[str, Any]]] = None,
                 logprobs: Optional[list[dict[str, Any]]] = None,
                 reasoning: Optional[ReasoningSplit] = None) -> dict[str, Any]:
-    """One ``choices[i]`` of a chat completion; ``finish_reason`` becomes "tool_calls" when the
-    message carries calls. With ``reasoning`` (the reply separated by the server's reasoning
-    parser) the message carries ``reasoning_content`` and tool calls are read from the answer only;
-    an empty answer is ``""`` as SGLang sends it (``null`` next to tool calls, as before)."""
+    """One ``choices[i]`` of a chat completion; a "stop" ``finish_reason`` becomes "tool_calls" when
+    the message carries calls ("length" stays: SGLang's ``serving_chat.py`` changes only "stop").
+    With ``reasoning`` (the reply separated by the server's reasoning parser) the message carries
+    ``reasoning_content`` and tool calls are read from the answer only; an empty answer is ``""``
+    as SGLang sends it (``null`` next to tool calls, as before)."""
     if reasoning is None:
         message, called = chat_message(text, parse_tools=parse_tools, tools=tools)
     else:
@@ -433,7 +434,7 @@ def chat_choice(index: int, text: str, finish_reason: str, *, parse_tools: bool,
         message["reasoning_content"] = reasoning.reasoning
     return {"index": index, "message": message,
             "logprobs": None if logprobs is None else {"content": logprobs},
-            "finish_reason": "tool_calls" if called else finish_reason}
+            "finish_reason": "tool_calls" if called and finish_reason == "stop" else finish_reason}
 
 
 def completion_choice(index: int, text: str, finish_reason: str,
