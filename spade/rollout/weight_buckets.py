@@ -237,3 +237,23 @@ def unpack_bucket(bucket: Bucket, *, copy: bool = False) -> list[tuple[str, Tens
                 tensor = tensor.clone()
         out.append((meta.name, tensor))
     return out
+
+
+class WatchedStream:
+    """Iterates a weight stream and records when it has run out. ``pack_buckets`` reads one tensor
+    past a full bucket before handing it out, so the stream is spent exactly when the last bucket
+    comes: a sender can tell the last bucket without holding a second one."""
+
+    def __init__(self, source: Iterable[tuple[str, Tensor]]) -> None:
+        self._source = iter(source)
+        self.spent = False
+
+    def __iter__(self) -> "WatchedStream":
+        return self
+
+    def __next__(self) -> tuple[str, Tensor]:
+        try:
+            return next(self._source)
+        except StopIteration:
+            self.spent = True
+            raise

@@ -71,7 +71,7 @@ import torch
 from torch import Tensor
 
 from ...collectives import in_thread
-from ..weight_buckets import pack_buckets, unpack_bucket
+from ..weight_buckets import WatchedStream, pack_buckets, unpack_bucket
 from . import control_protocol as control
 
 if TYPE_CHECKING:
@@ -575,25 +575,6 @@ def _thread_device(device: Optional[Union[str, torch.device]]) -> torch.device:
     return device
 
 
-class _Watched:
-    """Iterates ``source`` and records when it has run out. ``pack_buckets`` reads one tensor past
-    a full bucket before handing it out, so the source is spent exactly when the last bucket comes."""
-
-    def __init__(self, source: Iterable[T]) -> None:
-        self._source = iter(source)
-        self.spent = False
-
-    def __iter__(self) -> "_Watched":
-        return self
-
-    def __next__(self) -> T:
-        try:
-            return next(self._source)
-        except StopIteration:
-            self.spent = True
-            raise
-
-
 async def _attempt(call: Awaitable[Any]) -> Optional[BaseException]:
     try:
         await call
@@ -628,7 +609,7 @@ async def update_weights_by_ipc(engine: Optional[ServerGroup], named: Iterable[t
     servers = feed.servers
     mine = feed.slots(rank)
     bound = _thread_device(device)
-    source = _Watched(named)
+    source = WatchedStream(named)
     buckets = pack_buckets(source, max_bucket_bytes, device=device)
 
     def next_entries() -> Optional[tuple[Any, dict[tuple[int, int], str], bool]]:
