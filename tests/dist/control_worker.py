@@ -125,11 +125,14 @@ async def scenarios(rank: int, work: Path, delay: float) -> dict:
                 return f"the server got {[sorted(e) for e in entries]}"
             if not all(torch.equal(e[name], WEIGHTS[name]) for e in entries for name in WEIGHTS):
                 return "the server got other weights"
+            if len(log) != 1:  # the restarted server's KV cache comes back once, after the re-sync
+                return f"kv resumes during the recovery: {log}"
         else:
             got = await backend.switch_to_training(None)
         return "ok" if same(got, SAMPLES) else f"wrong samples: {got!r}"
 
     async def publish():
+        log.clear()  # the recovery above resumed the restarted server's KV cache too
         phase["publish"] = True
         await backend.publish(lambda: iter(WEIGHTS.items()), 2)
         if rank == 0:
