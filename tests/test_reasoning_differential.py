@@ -192,11 +192,14 @@ def sglang_parser() -> types.ModuleType:
     try:
         yield importlib.import_module(name)
     finally:
+        def ours(name: str) -> bool:  # sglang and what .sglang-src added, not .venv's modules
+            own = sys.modules[name].__dict__  # no getattr: a lazy module would import on a miss
+            places = [own.get("__file__") or "", *(own.get("__path__") or [])]
+            return name.split(".")[0] == "sglang" or any(str(place).startswith(root) for place in places)
+
+        for added in [added for added in set(sys.modules) - before if ours(added)]:
+            del sys.modules[added]
         sys.path.remove(root)
-        for added in set(sys.modules) - before:
-            if added == "sglang" or added.startswith("sglang.") or \
-                    str(getattr(sys.modules[added], "__file__", None) or "").startswith(root):
-                del sys.modules[added]
 
 
 # ----------------------------------------------------------------------------- the tests
