@@ -1,7 +1,7 @@
 """What one agent reply means in a tool-use episode (SPEC 4, "Tool use").
 
 A reply is read after its reasoning is set aside (``spade.agent.reasoning.split``, SGLang's
-``qwen3`` reasoning rules: a reply that opens ``<think>``, or whose prompt left one open, is
+``qwen3`` reasoning rules: a reply with a ``<think>`` in it, or whose prompt left one open, is
 reasoning up to ``</think>``, and all of it when ``</think>`` never comes), so a tool call or an
 answer inside the reasoning is not one. What is left is, in this order (the released
 ``ToolUseBaseEnv.step`` looks for ``<answer>`` before ``<tool_call>``):
