@@ -106,8 +106,12 @@ class ReplayDiverged(Exception):
 
 async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = None,
                        max_turns: int = DEFAULT_MAX_TURNS, hint: str | None = None,
-                       system_prompt: str | None = None, episode: EpisodeResult | None = None) -> EpisodeResult:
+                       system_prompt: str | None = None, episode: EpisodeResult | None = None,
+                       game_prompt: str = "spade", action_extraction: str = "last_box") -> EpisodeResult:
     """Play until the environment ends the episode or a budget runs out.
+
+    ``game_prompt`` lays out the opening (``selfplay.agent_game_prompt``, :func:`first_user_message`);
+    ``action_extraction`` picks the box of each reply (``selfplay.action_extraction``, :func:`parse_action`).
 
     An environment fault ends the episode with return 0 and is recorded in ``error``;
     an :class:`InfrastructureFault` propagates, since the episode must be retried, not scored.
@@ -134,7 +138,7 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
             raise ReplayDiverged(f"reset failed on replay: {fault.error.message}") from None
         episode.end_reason, episode.error = EndReason.ENV_ERROR, fault.error
         return episode
-    opening = Message("user", first_user_message(first.observation, hint))
+    opening = Message("user", first_user_message(first.observation, hint, game_prompt))
     if resumed:
         await _replay(env, episode, opening)
     else:
@@ -154,7 +158,7 @@ async def play_episode(env: EnvInstance, policy: Policy, *, seed: int | None = N
         else:
             messages.append(Message("assistant", response))
             cut_off = False
-        action = parse_action(response)
+        action = parse_action(response, action_extraction)
         try:
             result = await env.step(action)
         except InfrastructureFault:
