@@ -14,8 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-Aggregation = Literal["token_mean", "seq_mean_token_mean"]
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean")
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "sample_mean"]
+AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "sample_mean")
 KL_CLAMP = 10.0
 
 
@@ -106,7 +106,10 @@ def policy_loss(
                                                                        # d = ref - logprobs
 
     ``token_mean`` averages ``pg`` over all masked tokens of the batch; ``seq_mean_token_mean``
-    averages each sequence's token mean over the sequences that have at least one masked token.
+    averages each sequence's token mean over the sequences that have at least one masked token;
+    ``sample_mean`` sums each sequence's token mean and divides by every sequence of the batch,
+    a sequence without masked tokens adding 0 to the sum and 1 to the count (the released code's
+    reducer: slime's sum of sample means over the step's samples, see docs/fidelity.md).
     The loss is computed in at least fp32.
     """
     _validate(
@@ -173,6 +176,8 @@ def _aggregate(values: Tensor, mask: Tensor, aggregation: str) -> Tensor:
         return masked.sum() / mask.sum().clamp(min=1.0)
     tokens_per_seq = mask.sum(dim=-1)
     seq_means = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1.0)
+    if aggregation == "sample_mean":  # every sequence counts, with or without loss tokens
+        return seq_means.sum() / max(int(values.shape[0]), 1)
     has_tokens = (tokens_per_seq > 0).to(values.dtype)
     return (seq_means * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
 

@@ -11,7 +11,7 @@ memory cannot fit (``memory_plan``). Then, once per step:
   detached current log-probs); the samples' rollout log-probs give truncated importance sampling;
   with the KL term, the reference model scores the samples first (brought to the device only for
   that when offloading). Every log-prob is taken at the temperature the sample was drawn with
-  (``TrainSample.temperature``). An empty list trains nothing and says so in the metrics.
+  (``TrainSample.temperature``), or at ``loss.logprob_temperature`` when that is a number. An empty list trains nothing and says so in the metrics.
 * ``weight_stream()`` yields every Hugging Face tensor of the current policy on every rank (TP and
   EP shards gathered, other pipeline stages broadcast), for the rollout engine.
 
@@ -135,6 +135,7 @@ class Learner:
         if not samples:
             return {"train/loss": None, "train/samples": 0.0, "train/skipped_no_samples": 1.0}
         samples = consistent_logprobs(list(samples))
+        samples = at_logprob_temperature(samples, self.options.loss.logprob_temperature)
         mine = [samples[i] for i in data_parallel_shard(samples, self.ctx.dp_size, self.ctx.dp_rank)]
         multiple = self.layout.tp if self.layout.sequence_parallel else 1
         budget = self.options.micro_batch_tokens
@@ -207,6 +208,15 @@ class Learner:
         if self.memory is not None:
             self.memory.offload_state()
             self.memory.offload_params()
+
+
+def at_logprob_temperature(samples: list[TrainSample], setting: str | float) -> list[TrainSample]:
+    """The samples with the temperature their trainer log-probs are taken at: their own sampling
+    temperature for ``"sampling"`` (unchanged), else ``setting`` for all of them (the released
+    code's 1.0: ``LossSettings.logprob_temperature``). The rollout log-probs stay the engine's."""
+    if setting == "sampling":
+        return samples
+    return [dataclasses.replace(s, temperature=float(setting)) for s in samples]
 
 
 def consistent_logprobs(samples: list[TrainSample]) -> list[TrainSample]:

@@ -4,7 +4,7 @@ Loss normalisation. ``spade.rl.loss.policy_loss`` returns a mean over the micro-
 Averaging such means over micro-batches or data-parallel ranks would weight tokens by how the
 batch happened to be split. Instead each micro-batch's loss function returns the *sum*
 ``mean * count`` together with ``count`` (loss tokens for ``token_mean``, sequences with a loss
-token for ``seq_mean_token_mean``), the model config has ``calculate_per_token_loss`` (set by
+token for ``seq_mean_token_mean``, every sequence for ``sample_mean``), the model config has ``calculate_per_token_loss`` (set by
 ``build_model``), so neither the schedule nor DDP rescales anything, and ``finalize_model_grads``
 divides every gradient once by the global count (summed over micro-batches, broadcast along the
 pipeline, all-reduced over data-parallel ranks). The step's loss and gradients are therefore
@@ -16,9 +16,11 @@ A micro-batch without ``old_logprobs`` uses the current log-probs, detached (rat
 on-policy case of a single update per batch).
 
 Temperature. Every log-prob here (the current policy's, the no-grad pass's for old or reference
-log-probs) is taken at the temperature each sample was drawn with (``TrainSample.temperature``,
-carried per target by ``MicroBatch.temperatures``), the distribution the engine's rollout
-log-probs describe. There is no separate loss temperature that could disagree with the sampler.
+log-probs) is taken at ``TrainSample.temperature`` (carried per target by
+``MicroBatch.temperatures``). With ``LossSettings.logprob_temperature`` ``"sampling"`` (spade's
+default) that is the temperature each sample was drawn with, the distribution the engine's rollout
+log-probs describe; a number (the released code's 1.0) replaces it for every sample
+(``Learner.update``), so the importance weights compare that policy with the sampler's.
 Beside the truncated importance weights the step reports how far the two policies are apart:
 ``rollout_logprob_abs_diff`` and ``rollout_kl`` (``spade.rl.loss.LossMetrics``).
 """
@@ -50,14 +52,23 @@ ROUTING_REPLAY: tuple[str, ...] = ("off", "rollout")
 
 @dataclass(frozen=True)
 class LossSettings:
-    """GRPO loss knobs (SPEC section 1 step 5) and the log-prob computation. The log-prob
-    temperature is no knob: each sample's own sampling temperature (module docstring)."""
+    """GRPO loss knobs (SPEC section 1 step 5) and the log-prob computation.
+
+    ``aggregation``: how token losses become the step's loss (``spade.rl.loss.policy_loss``);
+    ``sample_mean`` is the released code's reducer (slime's sum of per-sample token means divided
+    by the step's sample count, ``slime@bf14dc2:slime/backends/megatron_utils/loss.py``), counted
+    over every micro-batch and data-parallel rank. ``logprob_temperature``: ``"sampling"`` takes
+    every trainer log-prob at the temperature its sample was drawn with; a number ``T`` takes them
+    all at ``T`` (the released code: 1.0, slime's ``--rollout-temperature 1.0`` in
+    ``cmd/games/train_spade_4b.sh:77`` while the rollout samples at 0.6).
+    """
 
     eps_low: float = 0.2
     eps_high: float = 0.28
     tis_cap: float = 2.0
     kl_coef: float = 0.0
-    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "sample_mean"] = "token_mean"
+    logprob_temperature: Literal["sampling"] | float = "sampling"
     logprob_chunk_size: int = 1024
     # MoE rollout routing replay (R3): "rollout" routes every token the engine reported by the
     # engine's experts (docs/routing_replay.md); "off" lets the trainer's routers choose.
@@ -72,6 +83,11 @@ class LossSettings:
         require(self.kl_coef >= 0.0, "kl_coef", f"must be >= 0, got {self.kl_coef}")
         require(self.routing_replay in ROUTING_REPLAY, "routing_replay",
                 f"{self.routing_replay!r} is not allowed; choose one of: {', '.join(ROUTING_REPLAY)}")
+        temperature = self.logprob_temperature
+        require(temperature == "sampling" or (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+                                              and temperature > 0), "logprob_temperature",
+                f"{temperature!r} is not allowed; choose one of: sampling (each sample's own sampling "
+                "temperature), a number > 0 (the released code: 1.0)")
         require(self.logprob_chunk_size >= 1, "logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
 
 
@@ -117,8 +133,9 @@ class _Totals:
         row.update({name: getattr(metrics, name) * tokens for name in TOKEN_MEANS})
         self.values += torch.tensor([row[name] for name in _FIELDS], dtype=torch.float64)
 
-    def add_counts(self, micro_batch: MicroBatch) -> None:
-        """A micro-batch without loss tokens: only its tokens and samples count."""
+    def add_counts(self, micro_batch: MicroBatch, count: int = 0) -> None:
+        """A micro-batch without loss tokens: only its tokens, samples and loss count (``sample_mean``)."""
+        self.values[_FIELDS.index("count")] += count
         self.values[_FIELDS.index("tokens")] += micro_batch.num_tokens
         self.values[_FIELDS.index("samples")] += len(micro_batch.sample_indices)
 
@@ -144,12 +161,23 @@ class _Totals:
         )
 
 
+def _loss_count(micro_batch: MicroBatch, aggregation: str) -> int:
+    """What the step's loss is divided by, this micro-batch's share (module docstring)."""
+    if aggregation == "token_mean":
+        return micro_batch.num_loss_tokens
+    if aggregation == "sample_mean":
+        return len(micro_batch.sample_indices)  # a filler micro-batch has none
+    return micro_batch.num_loss_sequences
+
+
 def _loss_func(micro_batch: MicroBatch, settings: LossSettings, totals: _Totals, logprobs: Tensor):
     if micro_batch.num_loss_tokens == 0:
         # Nothing to train on (a filler micro-batch, or all-prompt samples): a zero that keeps
-        # the graph, so the backward and its collectives still run on this rank.
-        totals.add_counts(micro_batch)
-        return (logprobs * 0.0).sum(), torch.zeros((), dtype=torch.int, device=logprobs.device), {}
+        # the graph, so the backward and its collectives still run on this rank. Under
+        # sample_mean its samples still count in the step's denominator.
+        count = _loss_count(micro_batch, settings.aggregation)
+        totals.add_counts(micro_batch, count)
+        return (logprobs * 0.0).sum(), torch.tensor(count, dtype=torch.int, device=logprobs.device), {}
     old = micro_batch.old_logprobs if micro_batch.old_logprobs is not None else logprobs.detach()
     loss, metrics = policy_loss(
         logprobs,
@@ -164,10 +192,7 @@ def _loss_func(micro_batch: MicroBatch, settings: LossSettings, totals: _Totals,
         kl_coef=settings.kl_coef,
         aggregation=settings.aggregation,
     )
-    if settings.aggregation == "token_mean":
-        count = micro_batch.num_loss_tokens
-    else:
-        count = micro_batch.num_loss_sequences
+    count = _loss_count(micro_batch, settings.aggregation)
     totals.add(metrics, count, micro_batch)
     # A sum, not a mean: finalize_model_grads divides by the global count (module docstring).
     return loss * count, torch.tensor(count, dtype=torch.int, device=loss.device), {}
