@@ -73,6 +73,7 @@ from .plays import GroupsOutcome, Play, Player, PlayRequest, end_of_turn_stop_id
 from .rollout_shards import ShardChannel, ShardedPlayer
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
+from .play_rules import fill_round_robin
 from .settings import SelfPlaySettings
 from .step import Step
 from .trajectories import role_logprob_temperature
@@ -281,6 +282,12 @@ class Orchestrator:
                 out.samples.append(play.trajectory.replace(
                     role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
                     generated_step=origin, reward=play.episode_return, advantage=advantage))
+        if s.plays.drops_faults:  # env_faults retry_then_drop: copies fill in for the dropped plays (released)
+            agents = [t for t in out.samples if t.role is Role.AGENT]
+            others = [t for t in out.samples if t.role is not Role.AGENT]
+            filled = fill_round_robin(agents, len(groups) * s.g_nohint)
+            out.metrics["agent/fault_fill"] = float(len(filled) - len(agents))
+            out.samples[:] = filled + others
         if s.drop_equal_return_groups:
             out.metrics["agent/dropped_equal_groups"] = float(dropped_groups)
         if s.mask_truncated:
@@ -444,6 +451,9 @@ class Orchestrator:
         metrics["agent/episodes"] = float(len(nohint))
         metrics["agent/samples"] = float(len(out.agent_samples))
         metrics["agent/infra_dropped"] = float(self.player.infrastructure_failures)
+        if self.settings.plays.drops_faults:  # env_faults retry_then_drop (cumulative, like infra_dropped)
+            metrics["agent/fault_dropped"] = float(self.player.fault_drops)
+            metrics["env/hung"] = float(sum(env.env_id in self.player.hung_envs for env in self.envs))
         metrics.update(self.player.step_metrics())  # rollout shards: where the plays ran
         if nohint:
             mean = _mean(returns)
@@ -483,6 +493,9 @@ class Orchestrator:
             "designer_buffer": self.buffer.to_json(),
             "pending_samples": {key: value.to_json() for key, value in self.pending_samples.items()},
             "infrastructure_failures": self.player.infrastructure_failures,
+            # env_faults retry_then_drop: drops so far and the hung environments (absent when off)
+            **({"fault_drops": self.player.fault_drops, "hung_envs": sorted(self.player.hung_envs)}
+               if self.settings.plays.drops_faults else {}),
             "env_source": self.source.state_dict(),
             "rng": {"kind": "derived", "seed": self.seed},  # all draws come from derived seeds: no mutable rng
             # partial rollouts: the unfinished groups (absent when off, so that state is unchanged)
@@ -507,6 +520,8 @@ class Orchestrator:
         self.pending_samples = {key: Trajectory.from_json(value, default_logprob_temperature=designer_t)
                                 for key, value in state["pending_samples"].items()}
         self.player.infrastructure_failures = int(state.get("infrastructure_failures", 0))
+        self.player.fault_drops = int(state.get("fault_drops", 0))
+        self.player.hung_envs = set(state.get("hung_envs", []))
         self.source.load_state_dict(state.get("env_source", {}))
         agent_t = role_logprob_temperature(self.settings, Role.AGENT)
         self.carried = [CarriedGroup.from_json(group, agent_t) for group in state.get("carried", [])]

@@ -3,9 +3,18 @@
 Every play opens a fresh sandboxed instance of its environment, runs ``play_episode`` with a new
 :class:`EnginePolicy` and closes the instance. Seeds are derived from ``(seed, step, env_id, i)``:
 play ``i`` of the hinted and of the no-hint arm reset the environment with the same seed (like for
-like), and sample with different seeds. An :class:`InfrastructureFault` (sandbox failure) drops the
-attempt and retries the play, up to ``max_play_retries`` times; a play that never gets through is
-left out, never scored. Plays run concurrently, at most ``max_concurrent_episodes`` at a time.
+like), and sample with different seeds; ``selfplay.plays.reset_seeds: independent`` gives the hinted
+arm its own reset seeds (:func:`.seeds.reset_seed`). An :class:`InfrastructureFault` (sandbox failure)
+drops the attempt and retries the play, up to ``max_play_retries`` times; a play that never gets
+through is left out, never scored. Plays run concurrently, at most ``max_concurrent_episodes`` at a time.
+
+An environment that raises or times out during a play (load, reset, step) ends the play with
+return 0 (``selfplay.plays.env_faults: score_zero``). With ``retry_then_drop`` (the released code,
+:mod:`.play_rules`) a no-hint play that raised is played once more and then dropped, a timed-out
+play is dropped and its environment marked hung (:attr:`Player.hung_envs`): its plays not yet
+started are skipped, and :meth:`Player.requests` leaves it out until the set is replaced. The first
+play of each environment and arm then runs before the others (the released canary), so one hung
+environment costs one timed-out play, not a group of them.
 
 Partial rollouts (:meth:`Player.play_groups`): no-hint groups, fresh or carried from earlier steps
 (:mod:`.carried_plays`), play until enough groups are complete; then the rest stop at their next
@@ -27,7 +36,9 @@ from .play_record import Play
 from .carried_plays import CarriedGroup, CarriedPlay, CarryOver, conversation_state, restore_conversation
 from .designer_source import EnvSpec
 from .policy import EnginePolicy
-from .seeds import derive_seed
+from .play_rules import RELEASED_FAULT_RETRIES
+from .released_policy import released_hint_policy, scoped_mask_policy
+from .seeds import derive_seed, reset_seed
 from .settings import SelfPlaySettings
 from .trajectories import trajectory_of
 
@@ -87,6 +98,10 @@ class Player:
         self.seed = seed
         self.stop_token_ids = stop_token_ids
         self.infrastructure_failures = 0  # plays dropped after every retry failed (cumulative)
+        # env_faults retry_then_drop: plays dropped for an environment fault, and environments that
+        # timed out (left out until the set is replaced; env ids are unique across sets)
+        self.fault_drops = 0
+        self.hung_envs: set[str] = set()
         # tool use: the native tool-call parser of this model family, chosen by its chat template
         self.tool_parser = parser_for_template(getattr(tokenizer, "chat_template", None)) \
             if settings.domain == "tool_use" else None
@@ -97,6 +112,7 @@ class Player:
 
     def requests(self, envs: list[EnvSpec], *, with_hint: bool) -> list[PlayRequest]:
         s = self.settings
+        envs = [env for env in envs if env.env_id not in self.hung_envs]
         out = [PlayRequest(env, False, i) for env in envs for i in range(s.g_nohint)]
         if with_hint:
             out += [PlayRequest(env, True, i) for env in envs if env.hint for i in range(s.g_hint)]
@@ -105,10 +121,22 @@ class Player:
     async def play_all(self, step: int, requests: list[PlayRequest]) -> list[Play]:
         """The scored plays, in the order of ``requests`` (dropped plays left out)."""
         semaphore = asyncio.Semaphore(self.settings.max_concurrent_episodes)
+        canary = self.settings.plays.drops_faults  # the released canary: play 0 of a group first
+        first_done = {(r.env.env_id, r.hinted): asyncio.Event() for r in requests}
 
         async def bounded(request: PlayRequest) -> Play | None:
-            async with semaphore:
-                return await self._play(step, request)
+            gate = first_done[(request.env.env_id, request.hinted)]
+            if canary and request.index != 0 and any(r.index == 0 and r.env is request.env and r.hinted == request.hinted
+                                                      for r in requests):
+                await gate.wait()
+            try:
+                async with semaphore:
+                    if request.env.env_id in self.hung_envs:
+                        return None  # a hung environment's plays not yet started are left out
+                    return await self._play(step, request)
+            finally:
+                if request.index == 0:
+                    gate.set()
 
         results = await asyncio.gather(*(bounded(r) for r in requests))
         return [play for play in results if play is not None]
@@ -204,18 +232,27 @@ class Player:
 
     async def _play(self, step: int, request: PlayRequest) -> Play | None:
         s = self.settings
-        env_seed = derive_seed(self.seed, "reset", step, request.env.env_id, request.index)
+        env_seed = reset_seed(self.seed, step, request.env.env_id, request.index, hinted=request.hinted,
+                              paired=s.plays.reset_seeds == "paired")
         arm = "hint" if request.hinted else "nohint"
         sampling = SamplingParams(temperature=s.agent_temperature, top_p=s.top_p, top_k=s.top_k,
                                   max_new_tokens=s.agent_max_tokens, stop_token_ids=self.stop_token_ids,
                                   seed=derive_seed(self.seed, "agent", step, request.env.env_id, arm, request.index))
-        for _ in range(s.max_play_retries + 1):
-            policy = EnginePolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
-                                  chat_format=self.chat_format)
+        faults = infrastructure = 0
+        while infrastructure <= s.max_play_retries:
+            policy = self._policy(sampling, hinted=request.hinted)
             try:
                 result = await self._episode(request, policy, env_seed)
             except InfrastructureFault:
+                infrastructure += 1
                 continue
+            verdict = self._fault_verdict(request, result, faults)
+            if verdict == "retry":
+                faults += 1
+                continue
+            if verdict == "drop":
+                self.fault_drops += 1
+                return None
             trajectory = None if policy.conversation is None else trajectory_of(
                 policy.conversation, logprob_temperature=sampling.logprob_temperature)
             opening = next((m.content for m in result.messages if m.role == "user"), "")
@@ -224,6 +261,34 @@ class Player:
                         turn_log=tuple(result.turns))
         self.infrastructure_failures += 1
         return None
+
+    def _policy(self, sampling: SamplingParams, *, hinted: bool) -> EnginePolicy:
+        """A fresh policy for one attempt: the released hinted arm's budgets and the tool-use mask
+        scope where ``selfplay.plays`` asks for them (:mod:`.released_policy`)."""
+        s = self.settings
+        rules = s.plays
+        if hinted and rules.hint_arm_budgets == "released" and self.tool_parser is None:
+            return released_hint_policy(self.engine, self.tokenizer, sampling, chat_format=self.chat_format)
+        if self.tool_parser is not None and rules.tool_mask_scope == "tool_call_block":
+            return scoped_mask_policy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+                                      chat_format=self.chat_format)
+        return EnginePolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+                            chat_format=self.chat_format)
+
+    def _fault_verdict(self, request: PlayRequest, result: EpisodeResult, faults: int) -> str:
+        """``keep`` (score the play), ``retry`` or ``drop``: what ``selfplay.plays.env_faults`` makes of
+        an episode its environment ended. A timeout marks the environment hung in either arm; the
+        hinted arm keeps its faults scored, as the released hint plays did."""
+        if result.end_reason is not EndReason.ENV_ERROR or not self.settings.plays.drops_faults:
+            return "keep"
+        timed_out = result.error is not None and result.error.kind is ErrorKind.TIMEOUT
+        if timed_out:
+            self.hung_envs.add(request.env.env_id)
+        if request.hinted:
+            return "keep"
+        if timed_out or faults >= RELEASED_FAULT_RETRIES:
+            return "drop"
+        return "retry"
 
     async def _episode(self, request: PlayRequest, policy: EnginePolicy, env_seed: int,
                        episode: EpisodeResult | None = None) -> EpisodeResult:

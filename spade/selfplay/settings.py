@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..config import require
-from ..designer.prompts import DIFFICULTIES, PROMPT_ORDERS
+from ..agent.actions import ACTION_EXTRACTIONS
+from ..agent.prompts import GAME_PROMPTS
+from ..designer.extract import CODE_EXTRACTIONS
+from ..designer.prompts import DESIGNER_RULES, DIFFICULTIES, HINT_LENGTHS, PROMPT_ORDERS
 from ..designer.skills import DOMAINS, Domain, SkillSettings
 from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_THRESHOLD, ProbeSettings
 from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
@@ -26,6 +29,7 @@ from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .reward_settings import RewardSettings
 from .partial_rollout_settings import PartialRolloutSettings
+from .play_rules import PlayRules
 from .pool_settings import PoolSettings
 from .rlve_settings import RLVESettings
 
@@ -118,6 +122,25 @@ class SelfPlaySettings:
     # paper's code) or "shared_prefix" (same sections, document last: one regeneration's prompts share
     # their long prefix, which the engines compute once).
     designer_prompt_order: Literal["released", "shared_prefix"] = "released"
+    # -- prompts and extraction (issue 39): the default is spade's behaviour, the other value the
+    # released code's (spade-rl/spade 9b2b813; docs/fidelity.md, "Issue 39: prompts and extraction").
+    # The box of an agent reply that is the action (agent.actions.parse_action): "last_box", or
+    # "first_flat_box" (the released parser: the first brace-free box, else the last box by depth).
+    action_extraction: Literal["last_box", "first_flat_box"] = "last_box"
+    # The agent's games opening (agent.prompts.first_user_message): "spade", or "paper" (the
+    # appendix's and the released qwen3_game template's layout: task line, "Observation:", the
+    # step-by-step request last, the hint inside the observation).
+    agent_game_prompt: Literal["spade", "paper"] = "spade"
+    # The rules the games designer prompt states (designer.prompts): "spade" (with the ban on
+    # observations that state the answer or a formula giving it away, seeded rng, JSON info ...) or
+    # "released" (the released items only). The skills' descriptions: selfplay.skills.descriptions.
+    designer_prompt_rules: Literal["spade", "released"] = "spade"
+    # How the code is taken out of a designer reply (designer.extract.extract_code): "spade" or
+    # "released" (the first closed ```python block of the whole reply, repair on the error line only).
+    code_extraction: Literal["spade", "released"] = "spade"
+    # The games hint prompt's length (designer.prompts.hint_messages): "four_sentences", or
+    # "three_sentences" (the released "1-3 sentences (under 100 words)").
+    hint_length: Literal["four_sentences", "three_sentences"] = "four_sentences"
     use_memory: bool = True
     train_designer: bool = True
     # The "Fixed ED" ablation: designer, hint and tool-use screen calls go to this external
@@ -156,6 +179,10 @@ class SelfPlaySettings:
     # only through the return rule, and the garbled call itself is not reinforced or punished.
     tool_mask_malformed_calls: bool = True
     tool_admission: ToolAdmissionSettings = field(default_factory=ToolAdmissionSettings)
+    # How plays run where spade and the released code differ (spade.selfplay.play_rules): reset
+    # seeds of the two arms, environment faults, the hinted arm's budgets, the tool-use mask scope,
+    # the released loader's names for designed games. Defaults: spade's behaviour.
+    plays: PlayRules = field(default_factory=PlayRules)
 
     def __post_init__(self) -> None:
         def key(name: str) -> str:
@@ -220,6 +247,11 @@ class SelfPlaySettings:
                 f"{self.no_corpus_prompt!r} is not allowed; choose one of: concepts, corpus_without_document")
         require(self.designer_prompt_order in PROMPT_ORDERS, key("designer_prompt_order"),
                 f"{self.designer_prompt_order!r} is not allowed; choose one of: {', '.join(PROMPT_ORDERS)}")
+        for name, allowed in (("action_extraction", ACTION_EXTRACTIONS), ("agent_game_prompt", GAME_PROMPTS),
+                              ("designer_prompt_rules", DESIGNER_RULES), ("code_extraction", CODE_EXTRACTIONS),
+                              ("hint_length", tuple(HINT_LENGTHS))):
+            require(getattr(self, name) in allowed, key(name),
+                    f"{getattr(self, name)!r} is not allowed; choose one of: {', '.join(allowed)}")
         require(self.env_source in ENV_SOURCES, key("env_source"),
                 f"{self.env_source!r} is not allowed; choose one of: {', '.join(ENV_SOURCES)}")
         if self.env_source == "designer" and not self.designer_enabled:
@@ -231,6 +263,10 @@ class SelfPlaySettings:
                 key("memory_seed_dir"), "must be a directory of example environments or null")
         require(isinstance(self.rewards, RewardSettings), key("rewards"), "must be a rewards section")
         require(isinstance(self.skills, SkillSettings), key("skills"), "must be a skills section")
+        require(isinstance(self.plays, PlayRules), key("plays"), "must be a plays section")
+        require(not (self.plays.drops_faults and self.partial_rollouts.enabled), key("plays.env_faults"),
+                "retry_then_drop with partial_rollouts.enabled: true; allowed: score_zero with partial rollouts "
+                "(a carried play cannot be played again from its start), or partial_rollouts.enabled: false")
         require(self.designer_endpoint is None or not self.train_designer, key("train_designer"),
                 "must be false with selfplay.designer_endpoint set: an external designer makes no trainable samples")
         require(self.rollout_shards == 1 or not self.partial_rollouts.enabled, key("rollout_shards"),
