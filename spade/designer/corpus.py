@@ -45,6 +45,7 @@ __all__ = [
     "CorpusError",
     "CorpusSettings",
     "DEFAULT_TEXT_FIELDS",
+    "DOCUMENT_SPACINGS",
     "Document",
     "GAMES_MAX_WORDS",
     "TOOL_USE_MAX_WORDS",
@@ -58,6 +59,7 @@ TOOL_USE_MAX_WORDS = 4000
 DEFAULT_TEXT_FIELDS = ("text", "orig_doc")
 TRUNCATION_MARKER = "\n[... document truncated ...]"
 SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+DOCUMENT_SPACINGS = ("keep", "released")
 _WORD = re.compile(r"\S+")
 _GLOB_CHARS = frozenset("*?[")
 
@@ -80,11 +82,18 @@ class CorpusSettings:
     max_words: int = GAMES_MAX_WORDS
     truncation_marker: str = TRUNCATION_MARKER
     seed: int = 0
+    # "keep": a document keeps its own spacing, a cut one up to its last kept word. "released": as the
+    # released core/corpus.py (spade-rl/spade 9b2b813, :75 and :110-116) every document is stripped
+    # at its ends and a cut one is its first max_words words joined by single spaces (newlines,
+    # paragraphs and code indentation of the kept part collapse).
+    document_spacing: str = "keep"
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str):  # a lone string is a one-element list, not characters
             object.__setattr__(self, "paths", (self.paths,))
         require(self.max_words > 0, "corpus.max_words", f"must be positive, got {self.max_words}")
+        require(self.document_spacing in DOCUMENT_SPACINGS, "corpus.document_spacing",
+                f"{self.document_spacing!r} is not allowed; choose one of: {', '.join(DOCUMENT_SPACINGS)}")
         require(self.text_field is None or bool(self.text_field.strip()), "corpus.text_field",
                 "must be a non-empty field name (or null for 'text', then 'orig_doc')")
 
@@ -119,11 +128,19 @@ class Document:
         return f"{self.path}:{self.position}"
 
 
-def truncate_words(text: str, max_words: int, marker: str = TRUNCATION_MARKER) -> tuple[str, int, bool]:
+def truncate_words(text: str, max_words: int, marker: str = TRUNCATION_MARKER,
+                   spacing: str = "keep") -> tuple[str, int, bool]:
     """Cut ``text`` after ``max_words`` whitespace-separated words and append ``marker``.
 
-    The kept part keeps its original spacing. Returns ``(text, words_in_original, truncated)``.
+    ``spacing`` "keep": the kept part keeps its original spacing; "released": the text is stripped
+    and a cut one's kept words are joined by single spaces (``CorpusSettings.document_spacing``).
+    Returns ``(text, words_in_original, truncated)``.
     """
+    if spacing == "released":
+        words = text.split()
+        if len(words) <= max_words:
+            return text.strip(), len(words), False
+        return " ".join(words[:max_words]) + marker, len(words), True
     end = 0
     count = 0
     for match in _WORD.finditer(text):
@@ -419,7 +436,8 @@ class Corpus:
         source = self._sources[which]
         start = self._ends[which - 1] if which else 0
         raw, position, doc_id = source.get(index - start)
-        text, words, truncated = truncate_words(raw, self.settings.max_words, self.settings.truncation_marker)
+        text, words, truncated = truncate_words(raw, self.settings.max_words, self.settings.truncation_marker,
+                                                self.settings.document_spacing)
         return Document(text=text, path=source.path, position=position, doc_id=doc_id, words=words,
                         truncated=truncated)
 

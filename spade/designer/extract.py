@@ -10,6 +10,16 @@ fields (``{{...}}``) and nothing else.
 Standard library only.  Targets the Python 3.11 f-string grammar, where a
 literal is a single ``STRING`` token; the 3.12 ``FSTRING_*`` tokens are handled
 too.
+
+How is ``selfplay.code_extraction`` (:data:`CODE_EXTRACTIONS`):
+
+- ``spade`` (the default): the reasoning set aside, the first python-tagged fenced block (any
+  tag spelling, an unclosed last fence included), else the first untagged one, else the whole
+  text, dedented and stripped; f-string fields repaired on the error line, then anywhere.
+- ``released``: the released ``extract_game_code`` (``spade/core/utils/parsing.py:111-113`` of
+  spade-rl/spade at 9b2b813) read on the whole reply, reasoning included: the first closed
+  `````python`` block (the fence followed by a newline, the body ending in a newline and three
+  backticks), else the reply unchanged; then :func:`repair_error_line` (``parsing.py:82-108``).
 """
 
 from __future__ import annotations
@@ -24,7 +34,11 @@ from dataclasses import dataclass
 
 from ..agent.reasoning import drop_leading_block
 
-__all__ = ["Extraction", "extract_code", "repair_fstring_braces"]
+__all__ = ["CODE_EXTRACTIONS", "Extraction", "extract_code", "repair_error_line", "repair_fstring_braces"]
+
+CODE_EXTRACTIONS: tuple[str, ...] = ("spade", "released")
+_RELEASED_BLOCK = re.compile(r"```python\n(.*?)\n```", re.DOTALL)
+_FLAT_FIELD = re.compile(r"\{([^{}]*)\}")
 
 _PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
 _OPEN_FENCE = re.compile(r"[ \t]*(?P<ticks>`{3,})[ \t]*(?P<lang>[^\s`]*)[^`]*")
@@ -45,11 +59,47 @@ class Extraction:
     syntax_error: str | None = None
 
 
-def extract_code(response: str, *, max_repair_passes: int = 20) -> Extraction:
-    """Select the code in ``response``, repair f-string braces, report syntax."""
+def extract_code(response: str, *, max_repair_passes: int = 20, how: str = "spade") -> Extraction:
+    """Select the code in ``response``, repair f-string braces, report syntax (``how``: see the module doc)."""
+    if how == "released":
+        found = _RELEASED_BLOCK.search(response)
+        code, repairs = repair_error_line(found.group(1) if found else response, max_repair_passes)
+        return Extraction(code, found is not None, repairs, _describe(_parse_error(code)))
+    if how != "spade":
+        raise ValueError(f"selfplay.code_extraction: {how!r} is not allowed; choose one of: {', '.join(CODE_EXTRACTIONS)}")
     code, from_fence = _select_code(drop_leading_block(response))
     code, repairs = repair_fstring_braces(code, max_repair_passes)
     return Extraction(code, from_fence, repairs, _describe(_parse_error(code)))
+
+
+def repair_error_line(code: str, max_passes: int = 20) -> tuple[str, int]:
+    """The released repair: while ``code`` fails to parse, every brace-free ``{...}`` on the
+    reported line whose inside is not an expression (an empty one included) becomes ``{{...}}``,
+    f-string or not; it stops when a pass changes nothing. Returns the code and the number of
+    fields escaped. Never raises (the released loop would on a null byte; here it stops)."""
+    total = 0
+    for _ in range(max_passes):
+        error = _parse_error(code)
+        if not isinstance(error, SyntaxError) or not error.lineno:
+            break
+        lines = code.split("\n")
+        if error.lineno > len(lines):
+            break
+        escaped = 0
+
+        def escape(field: re.Match) -> str:
+            nonlocal escaped
+            if _parse_expression(field.group(1)):
+                return field.group(0)
+            escaped += 1
+            return "{{" + field.group(1) + "}}"
+
+        line = _FLAT_FIELD.sub(escape, lines[error.lineno - 1])
+        if line == lines[error.lineno - 1]:
+            break
+        lines[error.lineno - 1] = line
+        code, total = "\n".join(lines), total + escaped
+    return code, total
 
 
 # --------------------------------------------------------------------------

@@ -21,6 +21,19 @@ little beyond it. The content order is the paper's; the cache pays for it.
 The no-corpus ablation (``selfplay.no_corpus_prompt: concepts``, :func:`concepts_designer_messages`)
 follows the released code's plain multi-turn prompt: three concepts drawn from four written for the
 skill, the run's turn budget as the class's default and pacing, a binary win/lose reward.
+
+Which rules the contract states is ``selfplay.designer_prompt_rules`` (:data:`DESIGNER_RULES`):
+``spade`` (the default) adds to the released items an explicit ban on observations that state the
+answer or a formula that gives it away, ``random.Random(seed)`` as the only source of chance, no
+``input()``/clock/files/network, JSON-serialisable info, a bad command using up its turn, and a
+reward in [0, 1] on every step; ``released`` states the released items only, in our words
+(``corpus_template.py:18-96`` with the corpus; ``template.py:444-619`` for the concepts prompt).
+The paper reports the share of environments whose first observation states the governing formula
+falling during training (SPEC 6): a prompt that forbids it from step 0 changes that measurement.
+
+The hint prompt's length is ``selfplay.hint_length`` (:data:`HINT_LENGTHS`): ``four_sentences``
+(the default) or ``three_sentences`` (the released "1-3 sentences (under 100 words)",
+``core/hint_generator.py:37``).
 """
 
 from __future__ import annotations
@@ -36,11 +49,14 @@ Message = dict[str, str]
 DESIGNER_SYSTEM = ("You are a Python programmer who designs interactive, multi-turn text games: environments in "
                    "which a player makes a sequence of decisions and every action changes the state of the game.")
 
-HINT_SYSTEM = """You write privileged hints for interactive text games. You will read the full \
-source of a game. Write a short hint (at most four sentences) that would help a capable player: \
+HINT_LENGTHS: dict[str, str] = {"four_sentences": "at most four sentences",
+                                "three_sentences": "one to three sentences, fewer than 100 words"}
+_HINT_SYSTEM = """You write privileged hints for interactive text games. You will read the full \
+source of a game. Write a short hint ({length}) that would help a capable player: \
 the key insight, a good plan, and the exact answer format the game accepts. Never state the \
 secret answer itself, any value that is only known after reset, or anything that makes playing \
 unnecessary. Reply with the hint only."""
+HINT_SYSTEM = _HINT_SYSTEM.format(length=HINT_LENGTHS["four_sentences"])
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,7 @@ class DesignerRequest:
     difficulty: str = "medium"
     max_turns: int = 25  # the run's turn budget (selfplay.max_turns); the concepts prompt quotes it
     reference_policy: bool = False  # ask for a reference_policy() method (selfplay.require_reference_policy)
+    rules: str = "spade"  # selfplay.designer_prompt_rules: "spade" or "released" (DESIGNER_RULES)
 
 
 # The released code's difficulty line: "the goal should need N+ interaction steps", 2 for easy and
@@ -195,6 +212,64 @@ reward at the end) every time. Keep it short and deterministic, and never let `s
 differently because the reference policy exists."""
 
 
+# -- selfplay.designer_prompt_rules: released (the released items only, in our words) ----------------
+
+DESIGNER_RULES = ("spade", "released")
+
+# corpus_template.py:29-36: partial reward, terminated at the goal, the state and the reply format shown
+_MULTI_TURN_RELEASED = """## What makes it multi-turn (all required)
+- No single action reaches the goal. It takes a sequence: probe to uncover hidden information and \
+then act on it, or move the state toward a target one step at a time.
+- Hidden state: `reset()` does not show everything. The agent learns more by acting, and the \
+observations change as it does.
+- Partial reward for progress toward the goal; `terminated=True` only when the goal is reached.
+- Every observation shows the updated state and reminds the agent to reply with its next action \
+as \\boxed{<action>}."""
+
+# corpus_template.py:79-89: the reward scale and the robustness list, nothing else
+_RULES_RELEASED = """## Rules that keep it loadable
+- Reward scale: the total reward stays within [0, 1]; progress earns less than 1.0, full success 1.0.
+- In f-strings and `.format()` a literal brace is doubled: inside an f-string write \\boxed{{<action>}} \
+to show \\boxed{<action>}.
+- Create every attribute in `__init__` before it calls `reset()`.
+- Python standard library only (`math`, `random` and the like); import everything you use and never \
+call a name you did not import (no bare `integrate`, no `np.`; write `math.cos(x)`).
+- Every path through `step()` returns the 5-tuple (str, float, bool, bool, dict); info is always a dict.
+- An unknown or garbled command never crashes: it gets a helpful observation and reward 0.0.
+- Never divide by a value that can be zero. Keep answers in attributes such as `self._solution`, \
+never `self.solution`, which would hide the method."""
+
+# template.py:604-615: the no-corpus prompt's robustness list
+_RULES_RELEASED_CONCEPTS = """## Rules that keep it loadable
+- Never call `input()`: the `action` argument of `step()` is the player's whole reply.
+- Never divide by a value that can be zero.
+- Create every attribute in `__init__` before it calls `reset()`.
+- Info is always a dict (`{}`), never a string.
+- Every path through `step()` returns the 5-tuple (str, float, bool, bool, dict).
+- Unexpected input never crashes the game: show the valid actions instead.
+- Python standard library only (`random`, `re`, `collections` and the like).
+- In f-strings a literal brace is doubled: `{{ }}`.
+- No backslash inside an f-string expression: put the text in a variable first \
+(`sep = '\\n'` and then `f'{sep.join(items)}'`), or call `'\\n'.join(items)` outside the f-string."""
+
+
+def _interface_released(default_turns: int, reward_rule: str, with_solution: bool) -> str:
+    """The interface sketch with the released comments: chance 'by the seed', no rng named."""
+    return (_interface(default_turns, reward_rule, with_solution)
+            .replace("        self.rng = random.Random(seed)\n", "")
+            .replace("drawn from self.rng", "randomised by the seed"))
+
+
+def _spec(request: DesignerRequest, document: bool) -> str:
+    """The corpus prompt's specification for ``request.rules`` (with or without grounding)."""
+    if request.rules == "released":
+        sections = [_ACTING, _MULTI_TURN_RELEASED, _AVOID] + ([_GROUNDING] if document else []) + [
+            _interface_released(EXAMPLE_MAX_TURNS, _PARTIAL_RULE, with_solution=True), _RULES_RELEASED,
+            _SELF_CHECK_PARTIAL]
+        return _game_spec(request, "\n\n".join(sections))
+    return _game_spec(request, GAME_SPEC if document else GAME_SPEC_NO_DOCUMENT)
+
+
 def _game_spec(request: DesignerRequest, spec: str) -> str:
     """The specification, with the reference-policy section when the request asks for one."""
     return f"{spec}\n\n{REFERENCE_POLICY_SPEC}" if request.reference_policy else spec
@@ -203,6 +278,12 @@ def _game_spec(request: DesignerRequest, spec: str) -> str:
 def _check_difficulty(difficulty: str) -> None:
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty {difficulty!r}: choose one of {', '.join(DIFFICULTIES)}")
+
+
+def _check_rules(rules: str) -> None:
+    if rules not in DESIGNER_RULES:
+        raise ValueError(f"selfplay.designer_prompt_rules: {rules!r} is not allowed; choose one of: "
+                         f"{', '.join(DESIGNER_RULES)}")
 
 
 def difficulty_line(request: DesignerRequest) -> str:
@@ -235,6 +316,7 @@ def designer_messages(request: DesignerRequest, *, no_corpus: str | None = None,
     if no_corpus is not None and no_corpus not in NO_CORPUS_PROMPTS:
         raise ValueError(f"selfplay.no_corpus_prompt: {no_corpus!r} is not allowed; choose one of: "
                          f"{', '.join(NO_CORPUS_PROMPTS)}")
+    _check_rules(request.rules)
     if no_corpus == "concepts":
         return concepts_designer_messages(request, rng if rng is not None else random.Random(0))
     _check_difficulty(request.difficulty)
@@ -243,17 +325,17 @@ def designer_messages(request: DesignerRequest, *, no_corpus: str | None = None,
                          f"{', '.join(PROMPT_ORDERS)}")
     if request.document is None:
         parts = ["Build an interactive, multi-turn Python game environment.",
-                 _game_spec(request, GAME_SPEC_NO_DOCUMENT)]
+                 _spec(request, document=False)]
     elif order == "shared_prefix":
         # the same sections, the document moved behind everything one regeneration's slots share
         parts = ["You are given a reference document (at the end). Build an interactive, multi-turn Python game "
-                 "environment around a concept or technique from it.", _game_spec(request, GAME_SPEC),
+                 "environment around a concept or technique from it.", _spec(request, document=True),
                  difficulty_line(request)]
         return _with_memory(parts, request, after=(f"<document>\n{request.document}\n</document>", _CLOSING))
     else:
         parts = ["You are given a reference document. Build an interactive, multi-turn Python game environment "
                  "around a concept or technique from it.\n\n"
-                 f"<document>\n{request.document}\n</document>", _game_spec(request, GAME_SPEC)]
+                 f"<document>\n{request.document}\n</document>", _spec(request, document=True)]
     parts.append(f"{difficulty_line(request)}\n\n{_CLOSING}")
     return _with_memory(parts, request)
 
@@ -323,14 +405,18 @@ def skill_concepts(skill: Skill, rng: random.Random) -> list[str]:
     return rng.sample(pool, min(CONCEPTS_SHOWN, len(pool)))
 
 
-def concepts_spec(max_turns: int) -> str:
+def concepts_spec(max_turns: int, rules: str = "spade") -> str:
     """The no-corpus game specification: binary reward, no solution() method, the run's turn
-    budget as the class's default, and the pacing the released prompt asks for."""
+    budget as the class's default, and the pacing the released prompt asks for; ``rules``
+    ``released`` states the released prompt's robustness list instead of :data:`_RULES`."""
     pacing = (f"## Pacing\nThe game is played for at most {max_turns} turns: set budgets and difficulty to match. "
               f"Good play should win in roughly {max_turns // 2} to {max_turns * 3 // 4} turns, and random play "
               "should usually lose. The game has a clear way to win and, ideally, a way to lose.")
-    return "\n\n".join((_ACTING, _MULTI_TURN_BINARY.rstrip(), _AVOID, pacing,
-                        _interface(max_turns, _BINARY_RULE, with_solution=False), _RULES, _SELF_CHECK_BINARY))
+    if rules == "released":
+        interface, checked = _interface_released(max_turns, _BINARY_RULE, with_solution=False), _RULES_RELEASED_CONCEPTS
+    else:
+        interface, checked = _interface(max_turns, _BINARY_RULE, with_solution=False), _RULES
+    return "\n\n".join((_ACTING, _MULTI_TURN_BINARY.rstrip(), _AVOID, pacing, interface, checked, _SELF_CHECK_BINARY))
 
 
 def concepts_designer_messages(request: DesignerRequest, rng: random.Random) -> list[Message]:
@@ -338,19 +424,23 @@ def concepts_designer_messages(request: DesignerRequest, rng: random.Random) -> 
     few concepts for the skill (drawn with ``rng``), a binary win/lose reward, no difficulty line
     (the released prompt has none), the memory block last. ``request.document`` is ignored."""
     _check_difficulty(request.difficulty)
+    _check_rules(request.rules)
     concepts = "\n".join(f"- {concept}" for concept in skill_concepts(request.skill, rng))
     parts = [f"Build an interactive, multi-turn text game as a Python class that trains {request.skill.name} "
              f"({request.skill.description})",
              f"## Concept ideas for {request.skill.name}\nStart from one of these or invent a similar one:\n"
              f"{concepts}",
-             _game_spec(request, concepts_spec(request.max_turns)),
+             _game_spec(request, concepts_spec(request.max_turns, request.rules)),
              f"{_CLOSING} Each turn must offer choices that lead to different outcomes: a game with only one "
              "sensible action per turn does not qualify."]
     return _with_memory(parts, request)
 
 
-def hint_messages(source: str) -> list[Message]:
-    return [{"role": "system", "content": HINT_SYSTEM},
+def hint_messages(source: str, length: str = "four_sentences") -> list[Message]:
+    """The games hint call; ``length`` is ``selfplay.hint_length`` (:data:`HINT_LENGTHS`)."""
+    if length not in HINT_LENGTHS:
+        raise ValueError(f"selfplay.hint_length: {length!r} is not allowed; choose one of: {', '.join(HINT_LENGTHS)}")
+    return [{"role": "system", "content": _HINT_SYSTEM.format(length=HINT_LENGTHS[length])},
             {"role": "user", "content": f"```python\n{source}\n```\n\nWrite the hint."}]
 
 

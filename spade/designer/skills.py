@@ -12,6 +12,12 @@ step ``r * k``) a curriculum picks the active skills, and environment slot ``i``
   Recognition, as the paper ran it; a custom list or tool use: its first two skills.
 
 The skill list and the window are configurable (:class:`SkillSettings`). Standard library only.
+
+The description the designer prompt shows with each skill is ``selfplay.skills.descriptions``
+(:data:`DESCRIPTION_SETS`): ``spade`` (the default) is the two-sentence text of :data:`GAME_SKILLS`
+and :data:`TOOL_USE_SKILLS`; ``released`` is the released code's one-line description, in our
+words (:data:`RELEASED_DESCRIPTIONS`: games ``spade/core/game_generator.py:42-105``, tool use
+``spade/core/prompts/tool_use_template.py:14-69`` of spade-rl/spade at 9b2b813).
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ __all__ = [
     "ALL_SKILLS",
     "CURRICULA",
     "Curriculum",
+    "DESCRIPTION_SETS",
     "DOMAINS",
     "Domain",
     "GAME_SKILLS",
+    "RELEASED_DESCRIPTIONS",
     "Skill",
     "SkillSettings",
     "TOOL_USE_SKILLS",
@@ -122,6 +130,24 @@ TOOL_USE_SKILLS: tuple[Skill, ...] = (
 )
 
 ALL_SKILLS: tuple[Skill, ...] = GAME_SKILLS + TOOL_USE_SKILLS
+
+DescriptionSet = Literal["spade", "released"]
+DESCRIPTION_SETS: tuple[str, ...] = get_args(DescriptionSet)
+# The released one-line descriptions (their meaning; the wording is ours).
+RELEASED_DESCRIPTIONS: dict[str, str] = {
+    "Mathematical Reasoning": "Working out mathematical problems and equations",
+    "Logical Deduction": "Reaching conclusions from stated premises and rules",
+    "Spatial Reasoning": "Grasping how things sit in space and turning them in the mind",
+    "Pattern Recognition": "Spotting regularities in sequences, numbers or text",
+    "Optimization": "Finding the best solution within constraints",
+    "Causal Inference": "Understanding how causes lead to effects",
+    "API Orchestration": "Chaining several state-changing tool calls one after another",
+    "Data Retrieval": "Finding information with query tools first, then acting on it exactly",
+    "State Modification": "Running state-changing operations, each depending on the state before it",
+    "Error Recovery": "Coping with failed calls: check the state before acting, retry with corrections",
+    "Tool Selection": "Picking the right tool among alternatives for the current state",
+    "Multi-Step Workflows": "Running ordered steps whose later ones need the results of earlier ones",
+}
 _BY_NAME = {skill.name: skill for skill in ALL_SKILLS}
 
 
@@ -204,6 +230,7 @@ class SkillSettings:
     curriculum: Curriculum = "full"
     skills: tuple[str, ...] | None = None
     window: int | None = None
+    descriptions: DescriptionSet = "spade"  # see the module doc
 
     def __post_init__(self) -> None:
         if self.curriculum not in CURRICULA:
@@ -221,19 +248,24 @@ class SkillSettings:
             raise ValueError(f"window: must be an integer >= 1, got {self.window!r}")
         if self.curriculum == "two_skill" and self.window not in (None, 2):
             raise ValueError(f"window: the two_skill curriculum uses a window of 2, got {self.window}")
+        if self.descriptions not in DESCRIPTION_SETS:
+            raise ValueError(f"descriptions: {self.descriptions!r} is not allowed; choose one of: "
+                             f"{', '.join(DESCRIPTION_SETS)}")
 
     def skill_list(self, domain: Domain) -> tuple[Skill, ...]:
-        """The configured skills, or the domain's six."""
-        if self.skills is None:
-            return domain_skills(domain)
-        return tuple(skill_by_name(name) for name in self.skills)
+        """The configured skills, or the domain's six, with the configured descriptions."""
+        chosen = domain_skills(domain) if self.skills is None else tuple(skill_by_name(n) for n in self.skills)
+        if self.descriptions == "released":
+            chosen = tuple(Skill(skill.name, RELEASED_DESCRIPTIONS[skill.name]) for skill in chosen)
+        return chosen
 
     def active(self, domain: Domain, regeneration_index: int) -> tuple[Skill, ...]:
         """:func:`active_skills` with these settings."""
         skills = None if self.skills is None else self.skill_list(domain)
-        return active_skills(
-            domain, regeneration_index, self.window, skills=skills, curriculum=self.curriculum
-        )
+        active = active_skills(domain, regeneration_index, self.window, skills=skills, curriculum=self.curriculum)
+        if self.descriptions == "released":  # also for the domain's own list (the two_skill pair is picked by name)
+            active = tuple(Skill(skill.name, RELEASED_DESCRIPTIONS[skill.name]) for skill in active)
+        return active
 
 
 def _is_int(value: object) -> bool:

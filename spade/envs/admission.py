@@ -114,7 +114,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 tool_settings: ToolAdmissionSettings | None = None,
                 screen: ModelScreen | None = None, determinism: bool = True,
                 probes: ProbeSettings | None = ProbeSettings(),
-                reference: ReferenceSettings | None = None) -> AdmissionVerdict:
+                reference: ReferenceSettings | None = None, code_extraction: str = "spade") -> AdmissionVerdict:
     """Run every admission stage on a designer response (or plain source).
 
     A tool environment (its class subclasses ``ToolUseBaseEnv``) also goes through the tool-use
@@ -125,7 +125,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     the degenerate-policy probes (another addition, :mod:`spade.envs.degenerate_probes`); None
     leaves them out (``selfplay.admission_probes``, ``selfplay.admission_paper_exact``). ``reference``
     are the settings of the reference-policy stage (:mod:`spade.envs.reference_policy`;
-    ``selfplay.require_reference_policy``); None, the default, leaves it out.
+    ``selfplay.require_reference_policy``); None, the default, leaves it out. ``code_extraction`` is how
+    the code is taken out of the response (``selfplay.code_extraction``, :func:`extract_code`).
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
     """
@@ -134,7 +135,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     if not_text is not None:
         return AdmissionVerdict(False, code="", error=not_text)
     with timer.stage(Stage.EXTRACT):
-        extraction = extract_code(response, max_repair_passes=max_repair_passes)
+        extraction = extract_code(response, max_repair_passes=max_repair_passes, how=code_extraction)
     code = extraction.code
     partial = dict(code=code, repairs=extraction.repairs, timings_ms=timer.timings)
     if not code.strip():

@@ -152,7 +152,7 @@ def designer_prompt(settings: SelfPlaySettings, *, corpus: Corpus | None, memory
         block = format_memory_block(selection)
     request = DesignerRequest(skill=skill, document=None if document is None else document.text,
                               memory_block=block, difficulty=s.difficulty, max_turns=s.max_turns,
-                              reference_policy=s.asks_reference_policy)
+                              reference_policy=s.asks_reference_policy, rules=s.designer_prompt_rules)
     record: dict[str, Any] = {"step": step, "slot": slot, "attempt": attempt, "skill": skill.name,
                               "document": None if document is None else document.key}
     if s.domain == "tool_use":
@@ -286,19 +286,26 @@ class DesignerRound:
         return parse_screen_verdict(generated.text)
 
     async def make_hint(self, source: str, step: int, slot: int) -> str:
-        """One hint call (hint temperature, ``hint_thinking``) on the admitted source; "" when it
-        fails or times out."""
+        """Up to ``hint_attempts`` hint calls (hint temperature, ``hint_thinking``) on the admitted
+        source, until one returns a non-empty reply; "" when every call fails, times out or replies
+        with nothing (the environment is then hintless: ``rewards.failed_hint``). The first call's
+        seed is the one a single call has always had; later calls derive their own. The released
+        code's 3 tries wait 1, 2, 4 s between calls (``core/hint_generator.py:265-287``); spade does
+        not wait (a wait changes no sample)."""
         s = self.settings
-        messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source)
-        sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
-                                max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s,
-                                seed=derive_seed(self.seed, "hint", step, slot))
-        try:
-            generated = await self.hint_generator.generate(messages, sampling)
-        except GenerationFailed:
-            return ""
-        # hint_max_chars null: no cap (the token budget binds)
-        return clean_hint(generated.text, s.hint_max_chars or len(generated.text))
+        messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source, s.hint_length)
+        for attempt in range(s.hint_attempts):
+            seed = derive_seed(self.seed, "hint", step, slot, *((attempt,) if attempt else ()))
+            sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
+                                    max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s, seed=seed)
+            try:
+                generated = await self.hint_generator.generate(messages, sampling)
+            except GenerationFailed:
+                continue
+            if generated.text:  # the released code retries an empty reply too
+                # hint_max_chars null: no cap (the token budget binds)
+                return clean_hint(generated.text, s.hint_max_chars or len(generated.text))
+        return ""
 
     # ------------------------------------------------------------------ disk
 
@@ -332,10 +339,11 @@ async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response
             return await asyncio.wait_for(
                 admit(sandbox, response, max_turns=settings.max_turns,
                       require_tool_env=settings.domain == "tool_use",
-                      tool_settings=settings.tool_admission, screen=screen,
+                      tool_settings=settings.tool_admission_settings(), screen=screen,
                       determinism=settings.admission_checks_determinism,
                       probes=settings.admission_probe_settings(),
-                      reference=settings.admission_reference_settings()),
+                      reference=settings.admission_reference_settings(),
+                      code_extraction=settings.code_extraction),
                 settings.admission_timeout_s)
         except (InfrastructureFault, asyncio.TimeoutError):
             continue
