@@ -14,7 +14,7 @@ memory of that update all double relative to the paper's code (each sample is up
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..config import require
@@ -284,6 +284,12 @@ class SelfPlaySettings:
     def admission_checks_determinism(self) -> bool:
         """The determinism stage runs (its switch on, the paper-exact switch off)."""
         return self.admission_determinism and not self.admission_paper_exact
+
+    def tool_admission_settings(self) -> ToolAdmissionSettings:
+        """The tool-use stages' switches; ``admission_paper_exact`` turns the schema gate off too."""
+        if self.admission_paper_exact and self.tool_admission.schema_gate:
+            return replace(self.tool_admission, schema_gate=False)
+        return self.tool_admission
 
     def admission_probe_settings(self) -> ProbeSettings | None:
         """The degenerate-policy probes' settings, or None when they are off."""

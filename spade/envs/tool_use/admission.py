@@ -53,8 +53,15 @@ class ToolAdmissionSettings:
     reject_trivial: bool = False
     model_screen: bool = True            # ask the policy (when an engine is there to ask)
     probe_seed: int = 42
+    # Stage 1 (tool_schema) and the reset gate's instructions-versus-criteria count: spade's checks.
+    # The released validation has neither (it loads, resets and steps the class, then the reset gate
+    # and the model screen, core/orchestrator.py:1137-1176); false, or selfplay.admission_paper_exact,
+    # leaves them out.
+    schema_gate: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.schema_gate, bool):
+            raise ValueError(f"tool admission: schema_gate must be true or false, got {self.schema_gate!r}")
         if not (1 <= self.min_tools <= self.max_tools):
             raise ValueError(f"tool admission: need 1 <= min_tools <= max_tools, got {self.min_tools}, "
                              f"{self.max_tools}")
@@ -171,8 +178,8 @@ async def tool_stages(env: Any, source: str, settings: ToolAdmissionSettings, ti
         await env.reset(seed=settings.probe_seed)
         schemas = await env.tools()
         report.tools, report.instructions = len(schemas.tools), schemas.progress.total
-        problems = schema_problems(schemas.tools, settings)
-        if schemas.progress.total < 1:
+        problems = schema_problems(schemas.tools, settings) if settings.schema_gate else []
+        if settings.schema_gate and schemas.progress.total < 1:
             problems.append("no user instructions (_user_messages is empty)")
         if problems:
             raise ToolRejection(EnvError(ErrorKind.BAD_TOOL_SCHEMA, Stage.TOOL_SCHEMA, "; ".join(problems)[:2000]))
@@ -186,7 +193,7 @@ async def tool_stages(env: Any, source: str, settings: ToolAdmissionSettings, ti
             for index, value in enumerate(values):
                 if value.error is not None:
                     report.gate_errors[index] = report.gate_errors.get(index, 0) + 1
-        if n_criteria != report.instructions:
+        if settings.schema_gate and n_criteria != report.instructions:
             raise ToolRejection(EnvError(ErrorKind.CRITERION_ERROR, Stage.RESET_GATE,
                                          f"{report.instructions} instructions but {n_criteria} criteria"))
         broken = [i for i, count in report.gate_errors.items() if count == len(GATE_SEEDS)]
