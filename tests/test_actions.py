@@ -115,3 +115,44 @@ def test_last_box_is_recovered(prefix, content):
 def test_box_followed_by_plain_text(content, suffix):
     response = "\\boxed{" + content + "}" + suffix
     assert boxed_contents(response)[-1] == content
+
+
+# -- selfplay.action_extraction (issue 39): last_box (default) against the released first_flat_box --
+
+@pytest.mark.parametrize(
+    ("response", "last_box", "first_flat_box"),
+    [
+        # the released parser takes the first brace-free box anywhere, spade the last box
+        (r"first \boxed{a} then \boxed{b}", r"\boxed{b}", r"\boxed{a}"),
+        (r"\boxed{x} or \boxed{\frac{1}{2}}", r"\boxed{\frac{1}{2}}", r"\boxed{x}"),
+        # a flat box later in the reply beats an earlier nested one
+        (r"\boxed{\frac{1}{2}} or \boxed{x}", r"\boxed{x}", r"\boxed{x}"),
+        (r"\boxed{{a}} then \boxed{b}", r"\boxed{b}", r"\boxed{b}"),
+        # double and triple braces around a flat content are peeled
+        (r"say \boxed{{go}} now", r"\boxed{{go}}", r"\boxed{go}"),
+        (r"say \boxed{{{go}}} now", r"\boxed{{{go}}}", r"\boxed{go}"),
+        # no flat box: the last \boxed by brace depth, outer pairs peeled (at most two)
+        (r"\boxed{\frac{1}{2}}", r"\boxed{\frac{1}{2}}", r"\boxed{\frac{1}{2}}"),
+        (r"\boxed{{{{a}{b}}}}", r"\boxed{{{{a}{b}}}}", r"\boxed{{a}{b}}"),
+        # the released fallback takes the first brace after \boxed, wherever it is
+        (r"\boxed is {x{y}}", r"\boxed is {x{y}}", r"\boxed{x{y}}"),
+        # empty content: the stripped text in both readings
+        (r" \boxed{} ", r"\boxed{}", r"\boxed{}"),
+        (r" \boxed{   } ", r"\boxed{}", r"\boxed{   }"),
+        (r"\boxed{never closed", r"\boxed{never closed", r"\boxed{never closed"),
+        ("no box at all ", "no box at all", "no box at all"),
+        # \boxed followed by a space: a box for spade, the released regexes need \boxed{ at once
+        (r"\boxed {7} and \boxed{8}", r"\boxed{8}", r"\boxed{8}"),
+        # reasoning is set aside first in both
+        (r"<think>\boxed{a}</think> \boxed{b} \boxed{c}", r"\boxed{c}", r"\boxed{b}"),
+    ],
+)
+def test_action_extraction_both_readings(response, last_box, first_flat_box):
+    assert parse_action(response) == last_box  # the default is unchanged
+    assert parse_action(response, "last_box") == last_box
+    assert parse_action(response, "first_flat_box") == first_flat_box
+
+
+def test_action_extraction_refuses_an_unknown_reading():
+    with pytest.raises(ValueError, match="selfplay.action_extraction: 'first'.*last_box, first_flat_box"):
+        parse_action(r"\boxed{a}", "first")

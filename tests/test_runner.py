@@ -135,3 +135,20 @@ def test_raw_text_without_a_box_is_the_action(sandbox):
 ])
 def test_episode_return_rule(rewards, terminated, expected):
     assert episode_return(rewards, terminated) == expected
+
+
+def test_game_prompt_and_action_extraction_reach_the_episode(sandbox):
+    """selfplay.agent_game_prompt and selfplay.action_extraction (issue 39) through play_episode."""
+    from spade.agent.prompts import first_user_message
+
+    reply = "\\boxed{1} is what I start with; not \\boxed{9}"  # the first box is right, the last wrong
+    spade_way = play(sandbox, LADDER, scripted(reply), seed=0, max_turns=1, hint="climb")
+    assert spade_way.turns[0].action == "\\boxed{9}" and spade_way.turns[0].reward == 0.0
+    assert spade_way.messages[0].content == first_user_message("Say the next rung number, starting at 1.", "climb")
+
+    released = play(sandbox, LADDER, scripted(reply), seed=0, max_turns=1, hint="climb",
+                    game_prompt="paper", action_extraction="first_flat_box")
+    assert released.turns[0].action == "\\boxed{1}" and released.turns[0].reward == 0.25
+    assert released.messages[0].content.startswith(
+        "You are playing a text game. Take valid actions and win it.\n"
+        "Observation: Say the next rung number, starting at 1.\n\nHINT: climb\n")

@@ -92,12 +92,12 @@ async def build_prompts(config: Any, args: argparse.Namespace, source: Optional[
         from ..designer.prompts import hint_messages
         from ..designer.tool_prompts import tool_hint_messages
 
-        hint = tool_hint_messages(source) if sp.domain == "tool_use" else hint_messages(source)
+        hint = tool_hint_messages(source) if sp.domain == "tool_use" else hint_messages(source, sp.hint_length)
     agent, agent_with_hint, tools, where = await _agent_openings(config, args, source, tokenizer)
     prompts = Prompts(designer=designer, hint=hint, agent=agent, agent_with_hint=agent_with_hint, domain=sp.domain,
                       designer_record=record, tools=tools, observation_from=where)
     if args.reply is not None:
-        prompts.action = _action(sp.domain, args.reply, tokenizer, tools)
+        prompts.action = _action(sp, args.reply, tokenizer, tools)
     prompts.rendered = _render_all(config, prompts, tokenizer, why_no_tokenizer)
     return prompts
 
@@ -163,9 +163,12 @@ async def _agent_openings(config: Any, args: argparse.Namespace, source: Optiona
     tool_use = config.selfplay.domain == "tool_use"
     if source is None or args.observation is not None:
         observation = args.observation if args.observation is not None else OBSERVATION_PLACEHOLDER
-        opening = first_tool_message if tool_use else first_user_message
-        return ([{"role": "user", "content": opening(observation)}],
-                [{"role": "user", "content": opening(observation, args.hint)}], None,
+        if tool_use:
+            plain, hinted = first_tool_message(observation), first_tool_message(observation, args.hint)
+        else:
+            style = config.selfplay.agent_game_prompt
+            plain, hinted = first_user_message(observation, None, style), first_user_message(observation, args.hint, style)
+        return ([{"role": "user", "content": plain}], [{"role": "user", "content": hinted}], None,
                 "--observation" if args.observation is not None else "placeholder")
     from ..envs.runner import play_episode, play_tool_episode
     from ..envs.sandbox.client import SandboxService
@@ -178,7 +181,8 @@ async def _agent_openings(config: Any, args: argparse.Namespace, source: Optiona
                 if tool_use:
                     await play_tool_episode(env, _capture, parser=_tool_parser(tokenizer), seed=args.seed, hint=hint)
                 else:
-                    await play_episode(env, _capture, seed=args.seed, hint=hint)
+                    await play_episode(env, _capture, seed=args.seed, hint=hint,
+                                       game_prompt=config.selfplay.agent_game_prompt)
                 raise RuntimeError("the environment ended before the agent's first turn")
             except _Opening as opening:
                 openings.append(_plain(opening.messages))
@@ -188,11 +192,11 @@ async def _agent_openings(config: Any, args: argparse.Namespace, source: Optiona
     return openings[0], openings[1], tools, f"{args.env} reset with seed {args.seed}"
 
 
-def _action(domain: str, reply: str, tokenizer: Any, tools: Any) -> Any:
-    if domain != "tool_use":
+def _action(sp: Any, reply: str, tokenizer: Any, tools: Any) -> Any:
+    if sp.domain != "tool_use":
         from ..agent.actions import parse_action
 
-        return parse_action(reply)
+        return parse_action(reply, sp.action_extraction)
     from ..envs.tool_use.replies import read_tool_turn
 
     turn = read_tool_turn(reply, _tool_parser(tokenizer), tools)
