@@ -36,8 +36,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--samples", type=int, default=None, help="override samples per item")
     parser.add_argument("--temperature", type=float, default=None, help="override the sampling temperature")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="override the completion budget")
-    parser.add_argument("--rg-episodes", type=int, default=4,
-                        help="Reasoning-Gym episodes per task (default 4, the released in-loop evaluator)")
+    parser.add_argument("--protocol", default="spade", metavar="NAME",
+                        help="evaluation protocol: spade (default, spade's own settings), in_loop or offline "
+                             "(the released in-loop / offline evaluation configurations; docs/evaluation.md)")
+    parser.add_argument("--rg-episodes", type=int, default=None,
+                        help="Reasoning-Gym episodes per task (default: the protocol's, 4; offline 8)")
     parser.add_argument("--isolation", default=None, help="sandbox isolation for LCB (bubblewrap, unsafe-local)")
     parser.add_argument("--config", default=None, help="YAML whose sandbox: section the LCB judge uses")
     parser.add_argument("--tau2", action="append", default=[], metavar="KEY=VALUE",
@@ -88,8 +91,13 @@ def resolve_model_path(path: str) -> str:
 def run_eval(args: argparse.Namespace) -> int:
     if not args.model:
         raise UsageError("spade eval needs --model PATH (or 'spade eval report DIR...')")
+    from ..eval.protocol import check_protocol
     from ..eval.suites import BenchmarkOptions, benchmark_names
 
+    try:
+        check_protocol(args.protocol, "--protocol")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     try:
         names = benchmark_names(args.suite, args.benchmarks.split(",") if args.benchmarks else None)
     except ValueError as exc:
@@ -110,7 +118,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
         tau2 = _harness_settings(args.tau2, Tau2Settings)
         acebench = _harness_settings(args.acebench, AceBenchSettings)
-    options = BenchmarkOptions(data_dir=Path(args.data) if args.data else None, n=args.samples,
+    if args.rg_episodes is not None and args.rg_episodes < 1:
+        raise UsageError("--rg-episodes must be >= 1")
+    options = BenchmarkOptions(protocol=args.protocol, data_dir=Path(args.data) if args.data else None, n=args.samples,
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                rg_episodes=args.rg_episodes, sandbox=sandbox, tau2=tau2, acebench=acebench)
     return asyncio.run(_evaluate(args, names, options))
@@ -159,7 +169,7 @@ async def _evaluate(args: argparse.Namespace, names: list[str], options) -> int:
                      max_context_tokens=loaded.max_context_tokens)
     out = Path(args.out) if args.out else None
     info = {"model": args.model, "resolved_model": model_path, "label": loaded.label, "step": loaded.step,
-            "engine": args.engine, "suite": args.suite, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "engine": args.engine, "suite": args.suite, "protocol": options.protocol, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
         scores = await run_suite(benchmarks, chat, seed=args.seed, limit=args.limit, out_dir=out,
                                  progress=stderr_progress, info=info)
@@ -167,6 +177,9 @@ async def _evaluate(args: argparse.Namespace, names: list[str], options) -> int:
         raise UsageError(str(exc)) from None
     finally:
         loaded.engine.close()
+    from ..eval.protocol import describe
+
+    print(f"eval protocol: {describe(options.protocol)}")
     print(format_table(scores))
     return 0
 

@@ -5,6 +5,13 @@ Protocol (the released ``eval_configs/eval_aime_avg32.yaml`` and ``cmd/eval/prep
 "\\nPlease reason step by step, and put your final answer within \\boxed{}." appended; the answer is
 the last ``\\boxed{}`` of the text after any reasoning (a reply cut inside ``<think>`` has none).
 
+Protocols (``eval.protocol``): ``spade`` (default) and ``in_loop`` are the above. ``offline`` is the
+released offline suite (``eval_offline/configs/games.yaml``, ``eval_offline/suites/aime.py``): 64
+samples at T 1.0, top-p 0.95, top-k 20, 32,768 tokens, the same prompt; the answer is the last
+``\\boxed{...}`` whose content has no braces (a nested box such as ``\\boxed{\\frac{1}{2}}`` is not
+read), compared by math-verify with the gold also parsed as a box; when math-verify raises, the two
+are compared as integers (else as trimmed strings).
+
 Data: ``aime2025.jsonl`` / ``aime2026.jsonl`` (or .json/.csv/.parquet) in the data directory, one
 problem per row with ``problem`` (or ``question``), ``answer`` and an id (``id``, ``problem_idx``
 or ``ID``; the row number when absent). This is the layout of the published AIME sets
@@ -13,12 +20,15 @@ or ``ID``; the row number when absent). This is the layout of the published AIME
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
 from .data_files import field, find_file, read_rows
 from .extract import last_boxed
 from .benchmark import Benchmark
+from .extract import strip_thinking
+from .protocol import OFFLINE, SPADE, check_protocol
 from .types import BenchmarkUnavailable, EvalItem, SampleRecord, SamplingSettings
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -38,10 +48,37 @@ def math_equal(gold: str, answer: Optional[str]) -> bool:
     return bool(verify(gold_parsed, answer_parsed))
 
 
+_FLAT_BOX = re.compile(r"\\boxed\{([^{}]+)\}")
+
+
+def flat_boxed(text: str) -> Optional[str]:
+    """The offline suite's reading: the trimmed content of the last ``\\boxed{...}`` without braces inside."""
+    found = _FLAT_BOX.findall(strip_thinking(text))
+    return found[-1].strip() if found else None
+
+
+def offline_equal(gold: str, answer: Optional[str]) -> bool:
+    """The offline suite's check: math-verify on both as boxes; if it raises, integers, else strings."""
+    if answer is None:
+        return False
+    try:
+        from math_verify import parse, verify
+
+        return bool(verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{answer}}}")))
+    except Exception:  # noqa: BLE001  (the released fallback)
+        pass
+    try:
+        return int(answer.strip()) == int(gold.strip())
+    except (ValueError, TypeError):
+        return answer.strip() == gold.strip()
+
+
 class AIME(Benchmark):
     metric = "avg@n"
 
-    def __init__(self, year: int, *, data_dir: Optional[Path] = None, sampling: SamplingSettings = AIME_SAMPLING):
+    def __init__(self, year: int, *, data_dir: Optional[Path] = None, sampling: SamplingSettings = AIME_SAMPLING,
+                 protocol: str = SPADE):
+        self.protocol = check_protocol(protocol)
         self.year = year
         self.name = f"aime{year % 100:02d}"
         self.data_dir = data_dir
@@ -66,6 +103,10 @@ class AIME(Benchmark):
         return items[:limit] if limit is not None else items
 
     async def score(self, item: EvalItem, text: str) -> SampleRecord:
-        answer = last_boxed(text)
-        correct = math_equal(item.reference, answer)
+        if self.protocol == OFFLINE:
+            answer = flat_boxed(text)
+            correct = offline_equal(item.reference, answer)
+        else:
+            answer = last_boxed(text)
+            correct = math_equal(item.reference, answer)
         return SampleRecord(text, answer, 1.0 if correct else 0.0, correct)

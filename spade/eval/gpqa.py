@@ -13,17 +13,27 @@ Protocol (the released ``mcq:GPQA-Diamond-official`` task, ``eval_configs/gem_ev
 - prompt: the General-Reasoner GPQA template the released code uses (question, ``A: ...`` lines,
   step-by-step with the letter alone in ``\\boxed{}``);
 - answer: the letter in the last ``\\boxed{}`` of the answer (after any reasoning), nothing else.
+
+Protocols (``eval.protocol``): ``spade`` (default) and ``in_loop`` are the above. ``offline`` is the
+released offline suite (``eval_offline/configs/games.yaml``, ``eval_offline/suites/gpqa_diamond.py``):
+8 samples at T 0.7, top-p 0.95, no top-k, 32,768 tokens; one ``random.Random(42)`` shuffles the
+option order of every row in turn; the prompt lists the options as ``A. ...`` and asks for
+``\\boxed{LETTER}``; the answer is the letter of the last ``\\boxed{A}``..``\\boxed{D}`` (exactly
+that), else the first "answer is X" / "Answer: X" (either case).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Optional
 
 from .data_files import field, find_file, read_rows
 from .extract import boxed_choice
 from .benchmark import Benchmark
+from .extract import strip_thinking
+from .protocol import OFFLINE, SPADE, check_protocol
 from .types import EvalItem, SampleRecord, SamplingSettings, BenchmarkUnavailable
 
 LETTERS = "ABCD"
@@ -48,11 +58,43 @@ def gpqa_prompt(question: str, options: list[str]) -> str:
     return TEMPLATE.format(question=question, a=a, b=b, c=c, d=d)
 
 
+# The released offline suite's prompt (eval_offline/suites/gpqa_diamond.py), reproduced as protocol data
+OFFLINE_INSTRUCTION = ("Please reason step by step, and put your final answer within \\boxed{}. "
+                       "Specifically, you should provide your final answer in the format "
+                       "\\boxed{LETTER} where LETTER is one of ABCD.")
+_OFFLINE_BOX = re.compile(r"\\boxed\{([A-D])\}")
+_OFFLINE_PHRASE = re.compile(r"(?:answer is|Answer:)\s*([A-D])\b", re.IGNORECASE)
+
+
+def offline_prompt(question: str, options: list[str]) -> str:
+    listed = "\n".join(f"{LETTERS[i]}. {option}" for i, option in enumerate(options))
+    return f"{question}\n\n{listed}\n\n{OFFLINE_INSTRUCTION}"
+
+
+def offline_choice(text: str) -> Optional[str]:
+    """The offline suite's letter: the last exact ``\\boxed{A-D}``, else the first answer phrase."""
+    text = strip_thinking(text)
+    boxed = _OFFLINE_BOX.findall(text)
+    if boxed:
+        return boxed[-1].upper()
+    phrase = _OFFLINE_PHRASE.search(text)
+    return phrase.group(1).upper() if phrase else None
+
+
+def offline_order(rng: random.Random, correct: str, incorrect: list[str]) -> tuple[list[str], str]:
+    """One row's options as the offline suite orders them with its single running ``rng``."""
+    choices = [correct, *incorrect]
+    order = list(range(4))
+    rng.shuffle(order)
+    return [choices[j] for j in order], LETTERS[order.index(0)]
+
+
 class GPQADiamond(Benchmark):
     name = "gpqa_diamond"
 
     def __init__(self, *, data_dir: Optional[Path] = None, sampling: SamplingSettings = GPQA_SAMPLING,
-                 shuffle_seed: int = SHUFFLE_SEED):
+                 shuffle_seed: int = SHUFFLE_SEED, protocol: str = SPADE):
+        self.protocol = check_protocol(protocol)
         self.data_dir = data_dir
         self.sampling = sampling
         self.shuffle_seed = shuffle_seed
@@ -60,6 +102,7 @@ class GPQADiamond(Benchmark):
     def load(self, seed: int, limit: Optional[int] = None) -> list[EvalItem]:
         path = find_file(self.data_dir, ["gpqa_diamond", "gpqa-diamond"], "GPQA-Diamond")
         items = []
+        running = random.Random(self.shuffle_seed)  # the offline suite's one shuffler for all rows
         for index, row in enumerate(read_rows(path)):
             question = field(row, ["Question", "question"])
             correct = field(row, ["Correct Answer", "correct_answer"])
@@ -68,13 +111,17 @@ class GPQADiamond(Benchmark):
                 raise BenchmarkUnavailable(f"{path}: row {index + 1} lacks Question / Correct Answer / "
                                            "Incorrect Answer 1-3")
             record_id = str(field(row, ["Record ID", "record_id", "id"], index))
-            options, letter = shuffled_options(str(correct).strip(), [str(w).strip() for w in wrong], index,
-                                               self.shuffle_seed)
-            prompt = gpqa_prompt(str(question).strip(), options)
+            if self.protocol == OFFLINE:
+                options, letter = offline_order(running, str(correct), [str(w) for w in wrong])
+                prompt = offline_prompt(str(question), options)
+            else:
+                options, letter = shuffled_options(str(correct).strip(), [str(w).strip() for w in wrong], index,
+                                                   self.shuffle_seed)
+                prompt = gpqa_prompt(str(question).strip(), options)
             items.append(EvalItem(record_id, ({"role": "user", "content": prompt},), reference=letter))
         return items[:limit] if limit is not None else items
 
     async def score(self, item: EvalItem, text: str) -> SampleRecord:
-        answer = boxed_choice(text, LETTERS)
+        answer = offline_choice(text) if self.protocol == OFFLINE else boxed_choice(text, LETTERS)
         correct = answer == item.reference
         return SampleRecord(text, answer, 1.0 if correct else 0.0, correct, detail={"gold": item.reference})

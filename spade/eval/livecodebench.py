@@ -27,6 +27,13 @@ LiveCodeBench's runner does for chat models. Sampling: the released in-loop eval
 The program is what LiveCodeBench's ``extract_code`` takes: the lines between the last two lines
 that contain a fence. It passes when every public and private test passes (``code_judge``).
 A problem the sandbox could not judge (infrastructure) is counted apart, never as a failure.
+
+Protocols (``eval.protocol``): ``spade`` (default) and ``in_loop`` are the above. ``offline`` is the
+released offline suite (``eval_offline/configs/games.yaml``, ``eval_offline/suites/livecodebench.py``):
+the whole ``release_v6`` problem set, one sample at T 0.2, top-p 0.95, no top-k, 16,384 tokens; the
+prompt is the question, the starter code (when there is one) in a python fence, and a request for one
+python block (layout ``offline``); the program is the last python-fenced block, or the whole reply
+when there is none; it is judged by the same LiveCodeBench rules.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import base64
 import io
 import json
 import pickle
+import re
 import zlib
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -43,12 +51,14 @@ from ..envs.sandbox.config import SandboxConfig
 from .benchmark import Benchmark
 from .code_judge import DEFAULT_MEMORY_LIMIT_MB, LCB_TIME_LIMIT_S, ProgramTest, judge, judge_config
 from .data_files import default_data_dir, field, find_file, read_rows
+from .extract import strip_thinking
+from .protocol import OFFLINE, SPADE, check_protocol
 from .types import (BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord,
                     SamplingSettings)
 
 LCB_SAMPLING = SamplingSettings(n=1, temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=16384)
 PROBLEM_SETS = ("v6", "release_v6")
-PROMPT_LAYOUTS = ("in_loop", "system_message")
+PROMPT_LAYOUTS = ("in_loop", "system_message", "offline")
 V6_FILE = "test6.jsonl"
 V6_PROBLEMS = 175
 # contest days of the v6 problems: the public copies of test6.jsonl span 2025-01-04 .. 2025-04-05,
@@ -75,7 +85,27 @@ def question_prompt(question: str, starter_code: str) -> str:
     return f"### Question:\n{question}\n\n{body}### Answer: (use the provided format with backticks)\n\n"
 
 
+# the released offline suite's prompt pieces (eval_offline/suites/livecodebench.py), as protocol data
+OFFLINE_STARTER = "\nStarter code:\n```python\n{starter}\n```"
+OFFLINE_REQUEST = "\nWrite the complete solution in a single ```python ... ``` block."
+_OFFLINE_FENCE = re.compile(r"```python\s*\n(.*?)\n```", re.DOTALL)
+
+
+def offline_prompt(question: str, starter_code: str) -> str:
+    parts = [question] + ([OFFLINE_STARTER.format(starter=starter_code)] if starter_code else []) + [OFFLINE_REQUEST]
+    return "\n".join(parts)
+
+
+def offline_program(text: str) -> str:
+    """The offline suite's program: the last python-fenced block; the whole text without one."""
+    text = strip_thinking(text)
+    found = _OFFLINE_FENCE.findall(text)
+    return found[-1] if found else text
+
+
 def prompt_messages(question: str, starter_code: str, layout: str = "in_loop") -> tuple[dict[str, str], ...]:
+    if layout == "offline":
+        return ({"role": "user", "content": offline_prompt(question, starter_code)},)
     text = question_prompt(question, starter_code)
     if layout == "system_message":
         return ({"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": text})
@@ -118,9 +148,14 @@ class LiveCodeBench(Benchmark):
     needs_sandbox = True
 
     def __init__(self, *, data_dir: Optional[Path] = None, sampling: SamplingSettings = LCB_SAMPLING,
-                 problem_set: str = "v6", start_date: Optional[str] = None, end_date: Optional[str] = None,
-                 prompt_layout: str = "in_loop", time_limit_s: float = LCB_TIME_LIMIT_S,
-                 memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB, sandbox: Optional[SandboxConfig] = None):
+                 problem_set: Optional[str] = None, start_date: Optional[str] = None, end_date: Optional[str] = None,
+                 prompt_layout: Optional[str] = None, time_limit_s: float = LCB_TIME_LIMIT_S,
+                 memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB, sandbox: Optional[SandboxConfig] = None,
+                 protocol: str = SPADE):
+        self.protocol = check_protocol(protocol)
+        offline = self.protocol == OFFLINE
+        problem_set = problem_set or ("release_v6" if offline else "v6")
+        prompt_layout = prompt_layout or ("offline" if offline else "in_loop")
         if problem_set not in PROBLEM_SETS:
             raise ValueError(f"lcb problem_set must be one of {', '.join(PROBLEM_SETS)}, got {problem_set!r}")
         if prompt_layout not in PROMPT_LAYOUTS:
@@ -191,7 +226,7 @@ class LiveCodeBench(Benchmark):
             self._service = await SandboxService.start(self.config)
 
     async def score(self, item: EvalItem, text: str) -> SampleRecord:
-        program = extract_program(text)
+        program = offline_program(text) if self.protocol == OFFLINE else extract_program(text)
         if not program.strip():
             return SampleRecord(text, None, 0.0, False, detail={"status": "no_code"})
         await self.start()

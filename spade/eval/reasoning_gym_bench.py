@@ -13,7 +13,14 @@ Category score = pooled win rate over all episodes of the category's tasks. A ca
 that could not be built (dataset or items) gets no score: it is reported skipped with the reason,
 never scored over the tasks that did build.
 
-Known scorer defects of reasoning-gym 0.1.25, and what we do instead:
+Protocols (``eval.protocol``, spade/eval/protocol.py): the above is ``spade``, the default. Under
+``in_loop`` and ``offline`` the benchmark is played as the released evaluator plays it
+(``rg_released.py``): the released item pool and draw, the boxed suffix on the question, the
+``<answer>`` extraction with the ``\\boxed{}`` fallback, the package's scorer for every task, and an
+episode whose scorer raises left out of the count; ``in_loop`` 4 episodes per task, ``offline`` 8.
+
+Known scorer defects of reasoning-gym 0.1.25, and what ``spade`` does instead (the released
+protocols keep the package's behaviour, as the released runs did):
 - ``game_of_life_halting``: its scorer returns 1.0 for any non-empty answer. We do not call it;
   the answer succeeds when it equals the item's gold answer ("True"/"False"), case-insensitively.
 - ``prime_factorization``: its scorer raises ValueError on a non-numeric factor. A raising scorer
@@ -35,6 +42,9 @@ from typing import Any, Optional, Sequence
 
 from .extract import strip_thinking
 from .benchmark import Benchmark
+from .protocol import RELEASED, SPADE, check_protocol
+from .rg_released import (EXCLUDED, POOL_SEED, POOL_SIZE, episode_indices, released_answer, released_question,
+                          released_score)
 from .types import BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SampleRecord, SamplingSettings
 
 log = logging.getLogger("spade.eval")
@@ -94,9 +104,11 @@ class ReasoningGymHard(Benchmark):
     metric = "win rate"
 
     def __init__(self, category: str, *, episodes: int = RG_EPISODES, sampling: SamplingSettings = RG_SAMPLING,
-                 tasks: Optional[Sequence[str]] = None):
+                 tasks: Optional[Sequence[str]] = None, protocol: str = SPADE):
         if category not in CATEGORIES:
             raise ValueError(f"unknown Reasoning-Gym category {category!r}; one of {CATEGORIES}")
+        self.protocol = check_protocol(protocol)
+        self.released = self.protocol in RELEASED
         self.category = category
         self.name = f"rg_{category}"
         self.episodes = episodes
@@ -109,9 +121,22 @@ class ReasoningGymHard(Benchmark):
             import reasoning_gym
 
             params = hard_settings()["params"][task]
-            size = 2 * self.episodes
-            self._loaded[task] = _Task(reasoning_gym.create_dataset(task, seed=seed, size=size, **params), {})
+            if self.released:
+                dataset = reasoning_gym.create_dataset(task, seed=POOL_SEED, size=POOL_SIZE, **params)
+            else:
+                dataset = reasoning_gym.create_dataset(task, seed=seed, size=2 * self.episodes, **params)
+            self._loaded[task] = _Task(dataset, {})
         return self._loaded[task]
+
+    def _indices(self, task: str, seed: int) -> list[int]:
+        """The dataset indices to try, in order: ``spade`` 0, 1, ...; the released protocols draw
+        from the pool. Either way ``episodes`` extra tries cover entries that fail to generate."""
+        if self.released:
+            return episode_indices(task, seed, 2 * self.episodes)
+        return list(range(2 * self.episodes))
+
+    def prompt(self, question: str) -> str:
+        return rg_prompt(released_question(question) if self.released else question)
 
     def load(self, seed: int, limit: Optional[int] = None) -> list[EvalItem]:
         try:
@@ -129,22 +154,22 @@ class ReasoningGymHard(Benchmark):
                 self.absent[task] = f"{type(exc).__name__}: {exc}"[:200]
                 log.warning("reasoning-gym %s: cannot build the dataset: %s", task, exc)
                 continue
-            kept, index, failures = 0, 0, 0
-            while kept < episodes and index < 2 * self.episodes:
+            kept, failures = 0, 0
+            for episode, index in enumerate(self._indices(task, seed)):
+                if kept >= episodes:
+                    break
                 try:
                     entry = holder.dataset[index]
                 except Exception as exc:  # noqa: BLE001  (generation failure: take the next index)
                     failures += 1
                     log.info("reasoning-gym %s[%d] failed to generate: %s", task, index, exc)
-                    index += 1
                     continue
                 holder.entries[index] = entry
-                prompt = rg_prompt(entry["question"])
-                items.append(EvalItem(f"{task}/{index}", ({"role": "user", "content": prompt},),
-                                      reference=index, group=task,
-                                      meta={"replaced_failures": failures}))
+                # a released draw may repeat an index: the episode number keeps item ids unique
+                item_id = f"{task}/{episode}:{index}" if self.released else f"{task}/{index}"
+                items.append(EvalItem(item_id, ({"role": "user", "content": self.prompt(entry["question"])},),
+                                      reference=index, group=task, meta={"replaced_failures": failures}))
                 kept += 1
-                index += 1
             if kept < episodes:
                 self.absent[task] = f"{kept} of {episodes} items generated ({failures} failures)"
         return items
@@ -153,14 +178,28 @@ class ReasoningGymHard(Benchmark):
         task = item.group
         holder = self._loaded[task]
         entry = holder.entries[item.reference]
-        answer = rg_answer(text)
-        score, detail = score_rg_answer(task, holder.dataset, entry, answer)
+        if self.released:
+            answer, source = released_answer(strip_thinking(text))
+            score, detail = released_score(holder.dataset, entry, answer)
+            detail = {"answer_from": source, **detail}
+        else:
+            answer = rg_answer(text)
+            score, detail = score_rg_answer(task, holder.dataset, entry, answer)
         return SampleRecord(text, answer, score, score >= WIN, detail=detail)
 
     def summarize(self, records: Sequence[ItemRecord]) -> BenchmarkScore:
+        """Pooled win rate per category; under the released protocols a sample whose scorer raised
+        is left out (the released evaluator's episode error), counted in ``notes["excluded"]``."""
+        excluded = sum(1 for r in records for s in r.samples if s.detail.get(EXCLUDED))
+        if excluded:
+            records = [ItemRecord(r.item_id, r.group, tuple(s for s in r.samples if not s.detail.get(EXCLUDED)),
+                                  r.seed, r.weight_version) for r in records]
+            records = [r for r in records if r.samples]
         result = super().summarize(records)
         absent = getattr(self, "absent", {})
         notes = {f"absent {task}": why for task, why in absent.items()}
+        if excluded:
+            notes["excluded"] = f"{excluded} sample(s) left out: the package's scorer raised (released protocol)"
         if absent:
             reason = (f"not scored: {len(absent)} of {len(self.tasks)} tasks failed to build "
                       f"({', '.join(sorted(absent))}); a category score needs every task")

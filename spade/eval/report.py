@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 from .paper_tables import (ACEBENCH_CATEGORIES, BFCL_GROUPS, DELTA, PAPER_ROWS, ROW_KEYS, SIZES, TABLE1_BENCHMARKS,
                            TABLE1_COLUMNS, TABLE2_COLUMNS, TABLE_COLUMNS, TABLES, TAU2_DOMAINS, paper_value)
 from .runner import SUMMARY_FILE
+from .protocol import DEFAULT_PROTOCOL, describe
 
 TABLE1 = TABLE1_BENCHMARKS
 PAPER_GAINS = {4.0: 5.2, 8.0: 5.7, 30.0: 8.1}  # SPADE's gain over base by model size (billions), SPEC.md
@@ -43,6 +44,7 @@ class Row:
     table2: dict[str, Optional[float]] = field(default_factory=dict)
     excluded: dict[str, str] = field(default_factory=dict)  # benchmark -> why its score fills no column
     limit: Optional[int] = None  # run with --limit: a subset of every benchmark, never a paper cell
+    protocol: str = DEFAULT_PROTOCOL  # the eval protocol that produced it (summary.json; absent: spade)
 
 
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -74,7 +76,7 @@ def load_row(directory: Path) -> Row:
     step = summary.get("step")
     run = label.split("@")[0]
     row = Row(label if step is None or "@" in label else f"{label}@{step}", run, step, directory,
-              limit=summary.get("limit"))
+              limit=summary.get("limit"), protocol=str(summary.get("protocol") or DEFAULT_PROTOCOL))
     for column, name in TABLE1:
         score = _usable(benchmarks, name, row.excluded).get("score")
         row.cells[column] = None if score is None else float(score)
@@ -88,6 +90,15 @@ def load_row(directory: Path) -> Row:
         row.table2[total] = _mean([row.table2[c] for c, _ in parts])
     row.table2["Avg"] = _mean([row.table2["BFCL"], row.table2["tau2"], row.table2["ACEBench"]])
     return row
+
+
+def protocol_line(rows: Sequence[Row]) -> str:
+    """Which evaluation protocol produced a table's rows: one line, or one per row when they differ."""
+    used = sorted({row.protocol for row in rows})
+    if len(used) == 1:
+        return f"Evaluation protocol: {describe(used[0])}"
+    per_row = "; ".join(f"{row.label}: {row.protocol}" for row in rows)
+    return f"Evaluation protocols differ between rows (not comparable): {per_row}"
 
 
 def find_result_dirs(paths: Sequence[Path]) -> list[Path]:
@@ -262,6 +273,7 @@ def build_report(paths: Sequence[Path], *, base: Optional[Path] = None, fmt: str
         out: dict[str, Any] = {}
         if found:
             out.update({"table1": table1, "table2": table2,
+                        "protocols": {r.label: r.protocol for r in ([base_row] if base_row else []) + found},
                         "best_checkpoint": {run: r.label for run, r in best1.items()}})
         if papers is not None:
             out["paper_tables"] = {t: _strip(r) for t, r in papers.items()}
@@ -275,6 +287,8 @@ def build_report(paths: Sequence[Path], *, base: Optional[Path] = None, fmt: str
                     entry["label"] += " (best)"
         for title, columns, table in (("Table 1: games", t1_cols, table1), ("Table 2: tool use", t2_cols, table2)):
             text = _table(title, columns + extra, table, fmt)
+            if fmt == "md":
+                text += "\n\n" + protocol_line(([base_row] if base_row is not None else []) + found)
             notes = [f"- {r['label']}: {b}: {why}" for r in table for b, why in r["excluded"].items()]
             if notes and fmt != "csv":
                 text += "\n\nNot in the columns:\n" + "\n".join(notes)

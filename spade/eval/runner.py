@@ -23,6 +23,7 @@ from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
 from ..agent.reasoning import prompt_opens_reasoning
 from .benchmark import Benchmark
 from .chat_interface import ChatModelLike, Completion
+from .protocol import DEFAULT_PROTOCOL
 from .types import BenchmarkScore, BenchmarkUnavailable, EvalItem, ItemRecord, SamplingSettings
 
 SUMMARY_FILE = "summary.json"
@@ -195,7 +196,10 @@ async def run_suite(benchmarks: Iterable[Benchmark], model: ChatModelLike, *, se
                     limit: Optional[int] = None, out_dir: Optional[Path] = None,
                     progress: Optional[Progress] = None, info: Optional[Mapping[str, Any]] = None
                     ) -> dict[str, BenchmarkScore]:
-    """Run the benchmarks one after another; writes ``DIR/summary.json`` after each."""
+    """Run the benchmarks one after another; writes ``DIR/summary.json`` after each. ``info``'s
+    ``protocol`` is recorded there; a directory written under another protocol is not resumed."""
+    if out_dir is not None and (info or {}).get("protocol"):
+        _same_protocol(Path(out_dir), str(info["protocol"]))  # type: ignore[index]
     scores: dict[str, BenchmarkScore] = {}
     started = time.time()
     for benchmark in benchmarks:
@@ -205,6 +209,21 @@ async def run_suite(benchmarks: Iterable[Benchmark], model: ChatModelLike, *, se
             write_summary(Path(out_dir), scores, {**dict(info or {}), "seed": seed, "limit": limit,
                                                   "elapsed_s": round(time.time() - started, 3)})
     return scores
+
+
+def _same_protocol(out_dir: Path, protocol: str) -> None:
+    """An EvalError when ``out_dir`` holds results of another protocol (a summary without the key
+    predates protocols: spade's own)."""
+    path = Path(out_dir) / SUMMARY_FILE
+    if not path.is_file():
+        return
+    try:
+        recorded = json.loads(path.read_text()).get("protocol") or DEFAULT_PROTOCOL
+    except (ValueError, AttributeError):
+        return
+    if recorded != protocol:
+        raise EvalError(f"{out_dir} holds results of eval protocol {recorded!r}, not {protocol!r}: "
+                        "use another --out or the same protocol")
 
 
 def write_summary(out_dir: Path, scores: Mapping[str, BenchmarkScore], info: Mapping[str, Any]) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .benchmark import Benchmark
+from .protocol import DEFAULT_PROTOCOL, RG_EPISODES, check_protocol, protocol_sampling
 from .types import SamplingSettings
 
 GAMES = ("aime25", "aime26", "gpqa_diamond", "lcb_v6", "rg_math", "rg_algorithmic", "rg_cognition", "rg_logic")
@@ -21,8 +22,11 @@ SUITES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class BenchmarkOptions:
-    """What every benchmark may read: the data directory, sampling overrides (None: the
-    benchmark's paper default), Reasoning-Gym episodes per task, LCB limits and date window."""
+    """What every benchmark may read: the evaluation protocol (``spade``, ``in_loop``, ``offline``:
+    protocol.py), the data directory, sampling overrides (None: the protocol's setting),
+    Reasoning-Gym episodes per task (None: the protocol's), LCB limits and date window."""
+
+    protocol: str = DEFAULT_PROTOCOL
 
     data_dir: Optional[Path] = None
     n: Optional[int] = None
@@ -30,7 +34,7 @@ class BenchmarkOptions:
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     max_new_tokens: Optional[int] = None
-    rg_episodes: int = 4  # the released in-loop evaluator's episodes per task (its offline config: 8)
+    rg_episodes: Optional[int] = None  # None: the protocol's (spade and in_loop 4, offline 8)
     rg_tasks: Optional[Mapping[str, Sequence[str]]] = None
     lcb_start_date: Optional[str] = None
     lcb_end_date: Optional[str] = None
@@ -40,39 +44,54 @@ class BenchmarkOptions:
     tau2: Any = None  # a tau2_bench.Tau2Settings (None: its defaults)
     acebench: Any = None  # an acebench.AceBenchSettings (None: its defaults)
 
+    def __post_init__(self) -> None:
+        check_protocol(self.protocol)
+        if self.rg_episodes is not None and self.rg_episodes < 1:
+            raise ValueError(f"rg_episodes must be >= 1 or null, got {self.rg_episodes}")
+
     def sampling(self, default: SamplingSettings) -> SamplingSettings:
         return default.replace(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                                max_new_tokens=self.max_new_tokens)
 
+    def protocol_sampling(self, family: str) -> SamplingSettings:
+        """The protocol's sampling for ``family`` with this run's overrides on top."""
+        return self.sampling(protocol_sampling(family, self.protocol))
+
+    def episodes(self) -> int:
+        return self.rg_episodes if self.rg_episodes is not None else RG_EPISODES[self.protocol]
+
 
 def _rg(category: str) -> Callable[[BenchmarkOptions], Benchmark]:
     def build(options: BenchmarkOptions) -> Benchmark:
-        from .reasoning_gym_bench import RG_SAMPLING, ReasoningGymHard
+        from .reasoning_gym_bench import ReasoningGymHard
 
         tasks = (options.rg_tasks or {}).get(category)
-        return ReasoningGymHard(category, episodes=options.rg_episodes, sampling=options.sampling(RG_SAMPLING),
-                                tasks=tasks)
+        return ReasoningGymHard(category, episodes=options.episodes(), sampling=options.protocol_sampling("rg"),
+                                tasks=tasks, protocol=options.protocol)
     return build
 
 
 def _aime(year: int) -> Callable[[BenchmarkOptions], Benchmark]:
     def build(options: BenchmarkOptions) -> Benchmark:
-        from .aime import AIME, AIME_SAMPLING
+        from .aime import AIME
 
-        return AIME(year, data_dir=options.data_dir, sampling=options.sampling(AIME_SAMPLING))
+        return AIME(year, data_dir=options.data_dir, sampling=options.protocol_sampling("aime"),
+                    protocol=options.protocol)
     return build
 
 
 def _gpqa(options: BenchmarkOptions) -> Benchmark:
-    from .gpqa import GPQA_SAMPLING, GPQADiamond
+    from .gpqa import GPQADiamond
 
-    return GPQADiamond(data_dir=options.data_dir, sampling=options.sampling(GPQA_SAMPLING))
+    return GPQADiamond(data_dir=options.data_dir, sampling=options.protocol_sampling("gpqa"),
+                       protocol=options.protocol)
 
 
 def _lcb(options: BenchmarkOptions) -> Benchmark:
-    from .livecodebench import LCB_SAMPLING, LiveCodeBench
+    from .livecodebench import LiveCodeBench
 
-    return LiveCodeBench(data_dir=options.data_dir, sampling=options.sampling(LCB_SAMPLING),
+    return LiveCodeBench(data_dir=options.data_dir, sampling=options.protocol_sampling("lcb"),
+                         protocol=options.protocol,
                          start_date=options.lcb_start_date, end_date=options.lcb_end_date,
                          time_limit_s=options.lcb_time_limit_s, memory_limit_mb=options.lcb_memory_limit_mb,
                          sandbox=options.sandbox)
