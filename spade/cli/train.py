@@ -181,7 +181,7 @@ def _print_bf16_note(config) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from ..train_config import apply_overrides, from_dict, load_train_config, override_keys, read_config_file
-    from ..run.preflight import preflight, sandbox_self_test
+    from ..run.preflight import check_real_corpus, preflight, sandbox_self_test
     from ..run.run_dir import CONFIG_FILE, RunDir, RunDirError
 
     if args.resume:
@@ -214,6 +214,7 @@ def _run_train(args: argparse.Namespace) -> int:
                              "environments, Qwen3 settings) with every default. Give a config with at least the "
                              "model, or pass --allow-defaults to mean it")
         config = load_train_config(args.config, args.overrides)
+        _checked(lambda c: check_real_corpus(c, args.config), config, RunDirError)  # --check refuses it too
         if args.check:
             sys.stdout.write(config.to_yaml())
             return 0

@@ -87,11 +87,16 @@ class CorpusSettings:
     # at its ends and a cut one is its first max_words words joined by single spaces (newlines,
     # paragraphs and code indentation of the kept part collapse).
     document_spacing: str = "keep"
+    # true (the reproduction recipes): a run refuses to start while ``paths`` holds the demo corpus
+    # (examples/corpus/demo*), which is for the smoke run; see :func:`demo_corpus_files`.
+    require_real: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str):  # a lone string is a one-element list, not characters
             object.__setattr__(self, "paths", (self.paths,))
         require(self.max_words > 0, "corpus.max_words", f"must be positive, got {self.max_words}")
+        require(isinstance(self.require_real, bool), "corpus.require_real",
+                f"must be true or false, got {self.require_real!r}")
         require(self.document_spacing in DOCUMENT_SPACINGS, "corpus.document_spacing",
                 f"{self.document_spacing!r} is not allowed; choose one of: {', '.join(DOCUMENT_SPACINGS)}")
         require(self.text_field is None or bool(self.text_field.strip()), "corpus.text_field",
@@ -377,6 +382,44 @@ def _open_source(path: str, field: str | None) -> _Source:
     if path.endswith(".parquet"):
         return _Parquet(path, field)
     raise CorpusError(f"corpus file {path}: unknown format; expected one of {', '.join(SUFFIXES)}")
+
+
+# The paper's corpora, for the message that refuses the demo corpus in a reproduction run (SPEC 2).
+PAPER_CORPORA = {
+    "games": "about 10,000 math documents (DCLM) and 5,000 science documents (MegaScience), cut to 6,000 words",
+    "tool_use": "about 15,000 code documents (Nemotron), cut to 4,000 words",
+}
+DEMO_CORPUS_DIR = Path(__file__).resolve().parents[2] / "examples" / "corpus"
+
+
+def is_demo_corpus_file(path: str | Path) -> bool:
+    """A file of the bundled demo corpus: ``examples/corpus/demo*`` (this checkout's, or any copy
+    of that layout)."""
+    resolved = Path(path).resolve()
+    return resolved.name.startswith("demo") and (
+        resolved.parent == DEMO_CORPUS_DIR or (resolved.parent.name == "corpus" and resolved.parent.parent.name == "examples"))
+
+
+def demo_corpus_files(entries: tuple[str, ...], root: Path | None = None) -> list[str]:
+    """The files of ``corpus.paths`` that belong to the demo corpus (empty: none)."""
+    try:
+        files = resolve_paths(entries, root)
+    except (OSError, ValueError):
+        files = []
+    return [f for f in files if is_demo_corpus_file(f)] + [e for e in entries if is_demo_corpus_file(e)
+                                                         and e not in files and Path(e).exists()]
+
+
+def demo_corpus_refusal(entries: tuple[str, ...], domain: str, root: Path | None = None) -> str | None:
+    """Why a run that requires a real corpus (``corpus.require_real``) cannot use ``entries``, or None."""
+    demo = demo_corpus_files(entries, root)
+    if not demo:
+        return None
+    return (f"corpus.paths: {', '.join(demo)} is the demo corpus (for the smoke run), and corpus.require_real is "
+            f"true (a reproduction recipe). The paper's {domain} runs used {PAPER_CORPORA.get(domain, PAPER_CORPORA['games'])}. "
+            "Point corpus.paths at a real corpus (JSONL with a 'text' or 'orig_doc' field, or Parquet; files, "
+            "directories or globs), or run the no-corpus ablation (selfplay.use_corpus: false, "
+            "examples/recipes/ablation_no_corpus.yaml).")
 
 
 def resolve_paths(entries: tuple[str, ...], root: Path | None = None) -> list[str]:

@@ -19,6 +19,28 @@ from .run_dir import RunDirError
 ISOLATION_VARIABLE = "SPADE_SANDBOX_ISOLATION"
 
 
+def paper_recipe(path: str | Path | None) -> bool:
+    """A reproduction recipe: a config file under a ``recipes/paper`` directory."""
+    if path is None:
+        return False
+    parts = Path(path).resolve().parts
+    return any(parts[i:i + 2] == ("recipes", "paper") for i in range(len(parts) - 1))
+
+
+def check_real_corpus(config: TrainConfig, recipe: str | Path | None = None) -> None:
+    """Refuse the demo corpus where a real one is required: ``corpus.require_real`` (set by the
+    reproduction recipes), or any recipe under ``recipes/paper/``. Cheap (no record is read), so
+    ``spade train --check`` runs it too. Nothing to refuse when the designer reads no corpus."""
+    sp = config.selfplay
+    if not (config.corpus.require_real or paper_recipe(recipe)) or not (sp.designer_enabled and sp.use_corpus):
+        return
+    from ..designer.corpus import demo_corpus_refusal
+
+    refusal = demo_corpus_refusal(config.corpus.paths, sp.domain)
+    if refusal is not None:
+        raise RunDirError(refusal)
+
+
 def preflight(config: TrainConfig) -> None:
     """Raise ``RunDirError`` for the first input of ``config`` that cannot be used."""
     if config.model.hf_dir != EMBEDDED:
@@ -35,6 +57,7 @@ def preflight(config: TrainConfig) -> None:
             except TemplateError as exc:
                 raise RunDirError(str(exc)) from None
     sp = config.selfplay
+    check_real_corpus(config)
     if sp.designer_enabled and sp.use_corpus:
         if not config.corpus.paths:
             raise RunDirError("corpus.paths is empty but selfplay.use_corpus is true: give a corpus "
