@@ -73,6 +73,7 @@ from .plays import GroupsOutcome, Play, Player, PlayRequest, end_of_turn_stop_id
 from .rollout_shards import ShardChannel, ShardedPlayer
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
+from .fixed_pool import ReleasedLoaderSandbox
 from .play_rules import fill_round_robin
 from .settings import SelfPlaySettings
 from .step import Step
@@ -151,6 +152,8 @@ class Orchestrator:
         self.chat_format = ChatFormat(tokenizer, chat_template_kwargs)  # every role's prompts (model.thinking)
         if stop_token_ids is None:
             stop_token_ids = end_of_turn_stop_ids(self.chat_format, tokenizer)
+        if settings.plays.released_loader_names and settings.env_source == "designer":
+            sandbox = ReleasedLoaderSandbox(sandbox)  # designed games admitted and played under the released names
         common = dict(sandbox=sandbox, engine=engine, tokenizer=tokenizer, chat_format=self.chat_format,
                       seed=self.seed, stop_token_ids=tuple(stop_token_ids))
         self.designer = DesignerRound(settings, corpus=corpus, memory=memory, run_dir=self.run_dir, **common)
