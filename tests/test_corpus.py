@@ -292,3 +292,28 @@ def test_skipped_parquet_rows_are_counted_with_the_first_row(tmp_path: Path) -> 
     assert len(c) == 3
     assert c.skipped_warnings == [f"corpus file {path}: skipped 2 of 5 rows whose 'text' is null or blank "
                                   f"(the first at row 1)"]
+
+
+# -- corpus.document_spacing (issue 39) -----------------------------------------------------------
+
+def test_document_spacing_keep_is_the_default_and_released_collapses_a_cut_document():
+    text = "  one  two\n\n    three\tfour five \n"
+    assert CorpusSettings().document_spacing == "keep"
+    assert truncate_words(text, 3) == ("  one  two\n\n    three" + TRUNCATION_MARKER, 5, True)
+    assert truncate_words(text, 3, spacing="keep") == truncate_words(text, 3)
+    assert truncate_words(text, 3, spacing="released") == ("one two three" + TRUNCATION_MARKER, 5, True)
+    # an uncut document: kept as it is, or stripped at its ends (its inner spacing stays)
+    assert truncate_words(text, 5) == (text, 5, False)
+    assert truncate_words(text, 5, spacing="released") == ("one  two\n\n    three\tfour five", 5, False)
+
+
+def test_document_spacing_reaches_the_drawn_document(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"text": "def f(x):\n    return x\n\nprint(f(2))"}) + "\n")
+    keep = Corpus(CorpusSettings(paths=(str(path),), max_words=4, truncation_marker=" [cut]"))
+    released = Corpus(CorpusSettings(paths=(str(path),), max_words=4, truncation_marker=" [cut]",
+                                     document_spacing="released"))
+    assert keep.document(0).text == "def f(x):\n    return x [cut]"
+    assert released.document(0).text == "def f(x): return x [cut]"
+    with pytest.raises(ConfigError, match="corpus.document_spacing: 'tight' is not allowed; choose one of: keep, released"):
+        from_mapping(CorpusSettings, {"document_spacing": "tight"}, where="corpus")

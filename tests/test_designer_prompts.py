@@ -345,3 +345,89 @@ def test_designer_prompt_order_config_key():
     assert SelfPlaySettings().designer_prompt_order == "released"
     with pytest.raises(ConfigError, match="selfplay.designer_prompt_order.*released, shared_prefix"):
         from_mapping(SelfPlaySettings, {"designer_prompt_order": "sorted"}, where="selfplay")
+
+
+# -- selfplay.designer_prompt_rules and selfplay.hint_length (issue 39) -----------------------------
+
+SPADE_ONLY_RULES = ("a formula that gives it away", "random.Random(seed)", "JSON-serialisable", "no `input()`",
+                    "uses up the turn")
+
+
+def sections(text: str) -> list[str]:
+    return [line for line in text.split("\n") if line.startswith("## ")]
+
+
+def test_designer_prompt_rules_spade_is_the_default_and_unchanged():
+    request = DesignerRequest(SKILL, "DOC")
+    assert designer_messages(request) == designer_messages(DesignerRequest(SKILL, "DOC", rules="spade"))
+    assert GAME_SPEC in user_of(request)
+    for rule in SPADE_ONLY_RULES:
+        assert rule in user_of(request)
+
+
+@pytest.mark.parametrize("document", ["DOC", None])
+def test_released_rules_state_the_released_items_only(document):
+    spade_text = user_of(DesignerRequest(SKILL, document))
+    released = user_of(DesignerRequest(SKILL, document, rules="released"))
+    for rule in SPADE_ONLY_RULES:
+        assert rule not in released
+    assert "formula" not in released  # nothing forbids revealing the governing formula
+    assert sections(released) == sections(spade_text)  # the same sections, in the same order
+    for kept in ("## How the agent acts", "## Do not", "## Check before you answer"):
+        block = spade_text.split(kept, 1)[1].split("\n## ", 1)[0]
+        assert block in released  # the sections whose items are the released ones are shared word for word
+    for item in ("total reward stays within [0, 1]", "never call a name you did not import", "randomised by the seed",
+                 "# never the solution", "never `self.solution`", "a helpful observation and reward 0.0",
+                 "Partial reward for progress toward the goal; `terminated=True` only when the goal is reached."):
+        assert item in released
+    assert ("## Grounding" in released) == (document is not None)
+
+
+def test_released_rules_in_the_concepts_prompt():
+    request = DesignerRequest(SKILL, None, rules="released")
+    released = user_of(request, no_corpus="concepts", rng=random.Random(3))
+    spade_text = user_of(DesignerRequest(SKILL, None), no_corpus="concepts", rng=random.Random(3))
+    assert "formula" in spade_text and "formula" not in released
+    for item in ("Never call `input()`", "the player's whole reply", "No backslash inside an f-string expression",
+                 "show the valid actions instead"):
+        assert item in released and item not in spade_text
+    assert sections(released) == sections(spade_text)
+
+
+def test_unknown_designer_prompt_rules_are_refused():
+    with pytest.raises(ValueError, match="selfplay.designer_prompt_rules: 'paper'.*spade, released"):
+        designer_messages(DesignerRequest(SKILL, "DOC", rules="paper"))
+
+
+def test_hint_length_both_values():
+    default = hint_messages("class AEnv: pass")
+    assert default == hint_messages("class AEnv: pass", "four_sentences")
+    assert "Write a short hint (at most four sentences) that" in default[0]["content"]
+    released = hint_messages("class AEnv: pass", "three_sentences")
+    assert "Write a short hint (one to three sentences, fewer than 100 words) that" in released[0]["content"]
+    assert released[1] == default[1]
+    assert released[0]["content"].replace("one to three sentences, fewer than 100 words", "at most four sentences") \
+        == default[0]["content"]
+    with pytest.raises(ValueError, match="selfplay.hint_length: 'short'.*four_sentences, three_sentences"):
+        hint_messages("x", "short")
+
+
+def test_prompt_keys_reach_the_designer_prompt_and_are_validated():
+    from spade.config import ConfigError, from_mapping
+    from spade.selfplay.designer_source import designer_prompt
+    from spade.selfplay.settings import SelfPlaySettings
+
+    defaults = SelfPlaySettings()
+    assert (defaults.designer_prompt_rules, defaults.hint_length, defaults.skills.descriptions) == (
+        "spade", "four_sentences", "spade")
+    released = from_mapping(SelfPlaySettings, {"designer_prompt_rules": "released", "use_corpus": False,
+                                               "no_corpus_prompt": "corpus_without_document",
+                                               "skills": {"descriptions": "released"}}, where="selfplay")
+    drawn = designer_prompt(released, corpus=None, memory=None, seed=0, step=0, slot=0, attempt=0,
+                            skill=released.skills.active("games", 0)[0])
+    user = drawn.messages[1]["content"]
+    assert "formula" not in user and "Reward scale" in user
+    assert "Skill to train: Mathematical Reasoning (Working out mathematical problems and equations). Difficulty:" in user
+    for name, value in (("designer_prompt_rules", "paper"), ("hint_length", "long")):
+        with pytest.raises(ConfigError, match=f"selfplay.{name}: '{value}' is not allowed; choose one of"):
+            from_mapping(SelfPlaySettings, {name: value}, where="selfplay")

@@ -423,3 +423,67 @@ def test_repair_is_identity_on_valid_code(code):
 def test_repair_is_identity_whenever_code_parses(text):
     if parses(text):
         assert repair_fstring_braces(text) == (text, 0)
+
+
+# -- selfplay.code_extraction (issue 39): spade (default) against the released extraction -----------
+
+FENCE = "`" * 3
+
+
+@pytest.mark.parametrize(
+    ("response", "spade_code", "released_code"),
+    [
+        # a block written inside the reasoning: set aside by spade, the first block for the release
+        (f"<think>draft\n{FENCE}python\nx = 1\n{FENCE}\n</think>\nfinal\n{FENCE}python\ny = 2\n{FENCE}\n",
+         "y = 2", "x = 1"),
+        # only ```python followed by a newline counts for the release
+        (f"{FENCE}py\nz = 3\n{FENCE}", "z = 3", f"{FENCE}py\nz = 3\n{FENCE}"),
+        (f"{FENCE}python3\nz = 3\n{FENCE}", "z = 3", f"{FENCE}python3\nz = 3\n{FENCE}"),
+        # an unclosed fence (cut by the token limit): spade reads to the end, the release takes the reply
+        (f"intro\n{FENCE}python\nw = 4\n", "w = 4", f"intro\n{FENCE}python\nw = 4\n"),
+        # the release keeps the block as written: no dedent, no strip
+        (f"{FENCE}python\n  v = 5\n{FENCE}", "v = 5", "  v = 5"),
+        (f"{FENCE}python\n\nu = 6\n\n{FENCE}", "u = 6", "\nu = 6\n"),
+    ],
+)
+def test_code_extraction_selects_the_block_each_way(response, spade_code, released_code):
+    assert extract_code(response).code == spade_code  # the default is unchanged
+    assert extract_code(response, how="spade").code == spade_code
+    released = extract_code(response, how="released")
+    assert released.code == released_code
+    assert released.from_fence == (released_code != response)  # no closed python block: the whole reply
+
+
+def test_released_repair_escapes_every_bad_brace_pair_on_the_error_line_only():
+    code = "x = {'a': 1}; print(f\"pick {a b}\")\nlabel = f\"{row col}\"\n"
+    spade = extract_code(code)
+    # spade: the f-string fields alone, first on the error line, then wherever they are
+    assert spade.code == "x = {'a': 1}; print(f\"pick {{a b}}\")\nlabel = f\"{{row col}}\"" and spade.repairs == 2
+    released = extract_code(code, how="released")
+    # the release: the dict literal on the error line is escaped too (it parses, as a set holding a dict),
+    # then the next pass reaches line 2
+    assert released.code == "x = {{'a': 1}}; print(f\"pick {{a b}}\")\nlabel = f\"{{row col}}\"\n"
+    assert released.repairs == 3 and released.syntax_error is None
+
+
+def test_released_repair_stops_when_the_error_line_has_nothing_to_escape():
+    code = "def f(:\n    return f\"{a b}\"\n"
+    released = extract_code(code, how="released")
+    assert released.code == code and released.repairs == 0 and "line 1" in released.syntax_error
+    # an empty field on the error line is escaped as well (ast reads an empty expression as an error)
+    assert extract_code("s = f\"{}\"\n", how="released").code == "s = f\"{{}}\"\n"
+    # while the line still fails, each pass escapes the innermost pair again (the released loop does):
+    # one more pair per pass, up to the pass limit
+    grown = extract_code("s = f\"{}\" + {\n", how="released", max_repair_passes=3)
+    assert grown.code == "s = f\"{{{{}}}}\" + {\n" and grown.repairs == 3
+
+
+def test_unknown_code_extraction_is_refused():
+    from spade.config import ConfigError, from_mapping
+    from spade.selfplay.settings import SelfPlaySettings
+
+    with pytest.raises(ValueError, match="selfplay.code_extraction: 'first'.*spade, released"):
+        extract_code("x = 1", how="first")
+    assert SelfPlaySettings().code_extraction == "spade"
+    with pytest.raises(ConfigError, match="selfplay.code_extraction: 'first' is not allowed; choose one of"):
+        from_mapping(SelfPlaySettings, {"code_extraction": "first"}, where="selfplay")

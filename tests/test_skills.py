@@ -161,3 +161,41 @@ def test_skill_settings_from_config_mapping():
     assert from_mapping(SkillSettings, {}, where="skills") == SkillSettings()
     with pytest.raises(ConfigError, match="skills.curriculum.*full, two_skill"):
         from_mapping(SkillSettings, {"curriculum": "ten_skill"}, where="skills")
+
+
+# -- selfplay.skills.descriptions (issue 39) ------------------------------------------------------
+
+def test_skill_descriptions_default_is_unchanged():
+    from spade.designer.skills import GAME_SKILLS, TOOL_USE_SKILLS, SkillSettings
+
+    assert SkillSettings().descriptions == "spade"
+    assert SkillSettings().skill_list("games") == GAME_SKILLS
+    assert SkillSettings().skill_list("tool_use") == TOOL_USE_SKILLS
+    assert SkillSettings().active("games", 1) == GAME_SKILLS[3:6]
+
+
+def test_released_descriptions_are_the_one_liners_with_the_same_rotation():
+    from spade.designer.skills import GAME_SKILLS, RELEASED_DESCRIPTIONS, TOOL_USE_SKILLS, SkillSettings
+
+    released = SkillSettings(descriptions="released")
+    assert [s.name for s in released.active("games", 1)] == [s.name for s in GAME_SKILLS[3:6]]
+    assert released.active("games", 0)[2].description == "Grasping how things sit in space and turning them in the mind"
+    assert [s.description for s in released.skill_list("tool_use")] == [
+        RELEASED_DESCRIPTIONS[s.name] for s in TOOL_USE_SKILLS]
+    for skill in released.skill_list("games") + released.skill_list("tool_use"):
+        assert "\n" not in skill.description and len(skill.description.split()) <= 12
+    # the two-skill ablation keeps the paper's pair, a custom list its own order
+    pair = SkillSettings(curriculum="two_skill", descriptions="released").active("games", 0)
+    assert [s.name for s in pair] == ["Mathematical Reasoning", "Pattern Recognition"]
+    assert pair[1].description == "Spotting regularities in sequences, numbers or text"
+    custom = SkillSettings(skills=("Optimization", "Causal Inference"), window=1, descriptions="released")
+    assert custom.active("games", 1)[0].description == "Understanding how causes lead to effects"
+
+
+def test_unknown_description_set_is_refused():
+    from spade.config import ConfigError, from_mapping
+    from spade.selfplay.settings import SelfPlaySettings
+
+    with pytest.raises(ConfigError, match="selfplay.skills.descriptions: 'short' is not allowed; choose one of: "
+                                          "spade, released"):
+        from_mapping(SelfPlaySettings, {"skills": {"descriptions": "short"}}, where="selfplay")

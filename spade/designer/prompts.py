@@ -287,8 +287,9 @@ def _check_rules(rules: str) -> None:
 
 
 def difficulty_line(request: DesignerRequest) -> str:
-    return f"Skill to train: {request.skill.name} ({request.skill.description}) Difficulty: {request.difficulty}: " \
-           f"{DIFFICULTIES[request.difficulty]}."
+    stop = "" if request.skill.description.endswith(".") else "."  # the released one-liners have no full stop
+    return f"Skill to train: {request.skill.name} ({request.skill.description}){stop} Difficulty: " \
+           f"{request.difficulty}: {DIFFICULTIES[request.difficulty]}."
 
 
 def _with_memory(parts: list[str], request: DesignerRequest, after: tuple[str, ...] = ()) -> list[Message]:
