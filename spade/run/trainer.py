@@ -238,7 +238,8 @@ class Trainer:
                                          tokenizer=self.tokenizer, corpus=corpus, memory=self.memory,
                                          run_dir=self.run_dir.root, seed=cfg.run.seed,
                                          chat_template_kwargs=template_kwargs, shards=self.shards,
-                                         play_engine=self.rollout.play_engine, device=self.ctx.device)
+                                         play_engine=self.rollout.play_engine, device=self.ctx.device,
+                                         final_step=cfg.run.steps - 1)
         self.orchestrator.on_phase = self.phase_memory.mark
 
     def _build_shard_server(self) -> None:

@@ -73,7 +73,8 @@ class PendingDesignerSample:
     def evidence(self) -> DesignerEvidence:
         """The window so far, as the designer reward reads it."""
         return DesignerEvidence(self.hint_returns, self.nohint_returns,
-                                tuple(returns for _step, returns in self.later_returns))
+                                tuple(returns for _step, returns in self.later_returns),
+                                hint_failed=not self.hint_returns)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -171,7 +172,8 @@ class DesignerBuffer:
     ) -> None:
         """Hold the designer sample of environment ``env_id`` generated at ``step``.
 
-        ``hint_returns`` and ``nohint_returns`` are the plays of ``step`` itself (both non-empty).
+        ``hint_returns`` and ``nohint_returns`` are the plays of ``step`` itself (both non-empty;
+        ``hint_returns`` may be empty with ``failed_hint: hint_return_zero``: a failed hint).
         ``sample_ref`` must be a JSON value that survives a round trip unchanged (str, number, list,
         dict of those). An ``env_id`` may not have two pending samples whose windows overlap.
         """
@@ -196,7 +198,8 @@ class DesignerBuffer:
                 skill=skill,
                 generated_step=step,
                 sample_ref=sample_ref,
-                hint_returns=_returns(hint_returns, "hint_returns", allow_empty=False),
+                hint_returns=_returns(hint_returns, "hint_returns",
+                                      allow_empty=self.settings.failed_hint != "drop"),
                 nohint_returns=_returns(nohint_returns, "nohint_returns", allow_empty=False),
             )
         )
@@ -226,10 +229,18 @@ class DesignerBuffer:
         some steps is scored on the plays recorded.
         """
         Step(step)  # validates
-        due = [entry for entry in self._pending if Step(entry.generated_step).release_step(self.k) <= step]
+        return self._score([entry for entry in self._pending
+                            if Step(entry.generated_step).release_step(self.k) <= step])
+
+    def release_all(self) -> list[ReleasedDesignerSample]:
+        """Remove and score every pending sample, windows closed or not (the run's last step under
+        ``selfplay.batch.release_at_final_step``): each scored on the plays recorded so far."""
+        return self._score(list(self._pending))
+
+    def _score(self, due: list[PendingDesignerSample]) -> list[ReleasedDesignerSample]:
         if not due:
             return []
-        self._pending = [entry for entry in self._pending if Step(entry.generated_step).release_step(self.k) > step]
+        self._pending = [entry for entry in self._pending if entry not in due]
         due.sort(key=lambda entry: entry.generated_step)  # stable: keeps add order within a step
         released: list[ReleasedDesignerSample] = []
         for generated in sorted({entry.generated_step for entry in due}):

@@ -66,15 +66,21 @@ class DesignerEvidence:
 
     ``hint_returns`` / ``nohint_returns``: the hinted and no-hint plays of the generation step
     ``s``; ``later_returns``: the no-hint plays of each later step ``s+1 .. s+k-1``, in order (a step
-    without plays is an empty tuple).
+    without plays is an empty tuple). ``hint_failed``: the environment got no hint (every hint call
+    failed) and is scored anyway, its hinted mean read as 0 (``RewardSettings.failed_hint``).
     """
 
     hint_returns: tuple[float, ...]
     nohint_returns: tuple[float, ...]
     later_returns: tuple[tuple[float, ...], ...] = ()
+    hint_failed: bool = False  # no hint (failed_hint: hint_return_zero): hint_returns is empty
 
     @property
     def regret(self) -> float:
+        """The raw hint regret; for a failed hint (kept by ``failed_hint: hint_return_zero``) the
+        hinted mean counts as 0, as the released code reads it."""
+        if self.hint_failed and not self.hint_returns:
+            return 0.0 - finite_mean(self.nohint_returns, "nohint_returns")
         return hint_regret(self.hint_returns, self.nohint_returns)
 
     @property

@@ -142,10 +142,11 @@ class Orchestrator:
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
                  stop_token_ids: tuple[int, ...] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
                  shards: ShardChannel | None = None, play_engine: RolloutEngine | None = None,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, final_step: int | None = None):
         refuse_unsupported(settings.partial_rollouts, domain=settings.domain,
                            refill_equal_groups=settings.refill_equal_groups)
         self.settings = settings
+        self.final_step = final_step  # the run's last step (batch.release_at_final_step); None: unknown
         self.memory = memory
         self.run_dir = Path(run_dir)
         self.seed = int(seed)
@@ -199,6 +200,9 @@ class Orchestrator:
         if regenerate:
             self.enqueue_designs(step, designs, plays)                                 # 4, for this step's set
             self.update_memory(step, plays)                                            # 6
+        if self._flushes(step):  # batch.release_at_final_step: every waiting design, this step's too
+            self._designer_samples(out, self.buffer.release_all())
+        out.samples[:] = self.settings.batch.assemble(out.agent_samples, out.designer_samples)
         self._step_metrics(out, plays, regenerate)
         out.metrics["time/designer_s"] = designed - started
         out.metrics["time/play_s"] = played - designed
@@ -310,7 +314,12 @@ class Orchestrator:
             for env in self.envs:
                 if env.env_id in waiting:
                     self.buffer.record_window_returns(n, env.env_id, plays.nohint_returns(env.env_id))
-        self._designer_samples(out, self.buffer.release(n))
+        if not self._flushes(out.step):  # else released with the rest after this step's designs join
+            self._designer_samples(out, self.buffer.release(n))
+
+    def _flushes(self, step: Step) -> bool:
+        """Whether ``step`` is the run's last and releases every waiting designer sample (released code)."""
+        return self.settings.batch.release_at_final_step and step.updates_done == self.final_step
 
     def enqueue_designs(self, step: Step, designs: dict[str, Trajectory], plays: StepPlays) -> None:
         """4 (this step's set). Each environment's designer call waits in the buffer with this
@@ -320,8 +329,8 @@ class Orchestrator:
         n = step.updates_done
         for env in self.envs:
             h, nohint = plays.hint_returns(env.env_id), plays.nohint_returns(env.env_id)
-            if not (h and nohint):
-                continue
+            if not nohint or (not h and self.settings.rewards.failed_hint == "drop"):
+                continue  # hint_return_zero keeps a hintless environment (its regret reads the hinted mean as 0)
             self.buffer.add(n, env.env_id, env.skill, env.env_id, h, nohint)
             design = designs.get(env.env_id)
             if design is not None:  # an external designer has no trajectory: its rewards are still measured
@@ -377,7 +386,8 @@ class Orchestrator:
             flat = [env for env in self.envs if _all_equal(by_env[env.env_id])]
             if not flat:
                 break
-            requests = [PlayRequest(env, False, round_ * s.g_nohint + i) for env in flat for i in range(s.g_nohint)]
+            g = s.nohint_plays(len(self.envs))
+            requests = [PlayRequest(env, False, round_ * g + i) for env in flat for i in range(g)]
             new = await self.player.play_all(step, requests)
             for play in new:
                 by_env[play.env_id].append(play.episode_return)

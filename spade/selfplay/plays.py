@@ -113,7 +113,7 @@ class Player:
     def requests(self, envs: list[EnvSpec], *, with_hint: bool) -> list[PlayRequest]:
         s = self.settings
         envs = [env for env in envs if env.env_id not in self.hung_envs]
-        out = [PlayRequest(env, False, i) for env in envs for i in range(s.g_nohint)]
+        out = [PlayRequest(env, False, i) for env in envs for i in range(s.nohint_plays(len(envs)))]
         if with_hint:
             out += [PlayRequest(env, True, i) for env in envs if env.hint for i in range(s.g_hint)]
         return out
@@ -144,7 +144,7 @@ class Player:
     def fresh_groups(self, step: int, envs: list[EnvSpec]) -> list[CarriedGroup]:
         """This step's no-hint groups, not started (their reset seeds as :meth:`_play` derives them)."""
         return [CarriedGroup(env, step, 0, [], [CarriedPlay(i, derive_seed(self.seed, "reset", step, env.env_id, i))
-                                               for i in range(self.settings.g_nohint)]) for env in envs]
+                                               for i in range(self.settings.nohint_plays(len(envs)))]) for env in envs]
 
     async def play_groups(self, groups: list[CarriedGroup], *, stop_after: int | None) -> GroupsOutcome:
         """Play every unfinished no-hint play of ``groups``; once ``stop_after`` groups are complete

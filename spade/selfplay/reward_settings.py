@@ -20,6 +20,8 @@ from .reward_checks import check, require_finite
 
 DesignerRewardName = Literal["regret_plateau", "learning_potential", "window_progress", "solver_variance"]
 DESIGNER_REWARDS: tuple[str, ...] = get_args(DesignerRewardName)
+FailedHint = Literal["drop", "hint_return_zero"]
+FAILED_HINTS: tuple[str, ...] = get_args(FailedHint)
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,12 @@ class RewardSettings:
     ``"solver_variance"`` (SPICE, ``SolverVarianceReward``, reads ``sv_target`` / ``sv_sigma``).
     ``advantage_cap`` caps the designer advantage weight; ``advantage_agent_samples`` is the
     agent-sample count that weight uses (``advantages.designer_advantage_weight``).
+    ``failed_hint``: what becomes of an environment without a hint (every hint call failed, or its
+    hinted plays did): ``"drop"`` (spade) leaves its designer sample out; ``"hint_return_zero"``
+    (the released code: ``slime/spade_rollout.py:544-546`` caches no hinted return and
+    ``core/utils/delayed_env_rewards.py:462`` reads the missing one as 0.0) keeps it, with the
+    hinted mean taken as 0, so ``regret = -mean no-hint return`` (0 after the blend's floor when
+    that mean is >= 0) and the sample is trained on its plateau term.
     """
 
     # Keys of older spades that a config may not use any more, with what replaces them.
@@ -56,6 +64,7 @@ class RewardSettings:
     # The released code's agent samples per step (its global batch); null: this step's agent samples
     advantage_agent_samples: int | None = 192
     designer_reward: DesignerRewardName = "regret_plateau"
+    failed_hint: FailedHint = "drop"
     # learning_potential (paper Eq. 4 and its released values): mu <- (1 - gamma) * mu + gamma * r
     lp_gamma_fast: float = 0.98
     lp_gamma_slow: float = 0.85
@@ -73,6 +82,8 @@ class RewardSettings:
                 f"designer_reward: {self.designer_reward!r} is not allowed; "
                 f"choose one of: {', '.join(DESIGNER_REWARDS)}"
             )
+        check(self.failed_hint in FAILED_HINTS, "failed_hint",
+              f"{self.failed_hint!r} is not allowed; choose one of: {', '.join(FAILED_HINTS)}")
         for name in (
             "regret_scale", "regret_weight", "plateau_weight", "plateau_lo", "plateau_hi",
             "plateau_ramp", "advantage_cap", "lp_gamma_fast", "lp_gamma_slow", "wp_fast_alpha",

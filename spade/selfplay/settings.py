@@ -29,6 +29,7 @@ from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .reward_settings import RewardSettings
 from .partial_rollout_settings import PartialRolloutSettings
+from .batch_rules import BatchRules
 from .play_rules import PlayRules
 from .pool_settings import PoolSettings
 from .rlve_settings import RLVESettings
@@ -76,6 +77,9 @@ class SelfPlaySettings:
     designer_timeout_s: float = 300.0  # one designer generation
     admission_timeout_s: float = 60.0  # validation of one candidate
     hint_timeout_s: float = 120.0      # one hint generation
+    # Hint calls per admitted environment before it counts as hintless (a failed or empty reply
+    # tries again): 1 (spade), 3 (the released code, core/hint_generator.py:265-287)
+    hint_attempts: int = 1
     # A cap on the hint's characters after cleaning; None (the released code: the parsed reply is
     # kept whole, core/hint_generator.py) lets the token budget hint_max_tokens bind alone.
     hint_max_chars: int | None = None
@@ -179,10 +183,17 @@ class SelfPlaySettings:
     # only through the return rule, and the garbled call itself is not reinforced or punished.
     tool_mask_malformed_calls: bool = True
     tool_admission: ToolAdmissionSettings = field(default_factory=ToolAdmissionSettings)
+    # How a step's batch is sized and assembled (spade.selfplay.batch_rules): plays per environment,
+    # the cut to the global batch, the release of waiting designer samples at the last step.
+    batch: BatchRules = field(default_factory=BatchRules)
     # How plays run where spade and the released code differ (spade.selfplay.play_rules): reset
     # seeds of the two arms, environment faults, the hinted arm's budgets, the tool-use mask scope,
     # the released loader's names for designed games. Defaults: spade's behaviour.
     plays: PlayRules = field(default_factory=PlayRules)
+
+    def nohint_plays(self, n_envs: int) -> int:
+        """No-hint plays per environment of a set of ``n_envs`` (``batch.nohint_plays``)."""
+        return self.batch.plays_per_env(self.g_nohint, n_envs)
 
     def __post_init__(self) -> None:
         def key(name: str) -> str:
@@ -192,7 +203,8 @@ class SelfPlaySettings:
                 f"{', '.join(DOMAINS)}")
         for name in ("k", "envs_per_set", "g_nohint", "max_attempts", "designer_max_tokens",
                      "agent_max_tokens", "hint_max_tokens", "max_turns", "max_context_tokens",
-                     "max_concurrent_episodes", "screen_max_tokens", "memory_capacity", "rollout_shards"):
+                     "max_concurrent_episodes", "screen_max_tokens", "memory_capacity", "rollout_shards",
+                     "hint_attempts"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key(name),
                     f"must be an integer >= 1, got {value!r}")
@@ -263,6 +275,7 @@ class SelfPlaySettings:
                 key("memory_seed_dir"), "must be a directory of example environments or null")
         require(isinstance(self.rewards, RewardSettings), key("rewards"), "must be a rewards section")
         require(isinstance(self.skills, SkillSettings), key("skills"), "must be a skills section")
+        require(isinstance(self.batch, BatchRules), key("batch"), "must be a batch section")
         require(isinstance(self.plays, PlayRules), key("plays"), "must be a plays section")
         require(not (self.plays.drops_faults and self.partial_rollouts.enabled), key("plays.env_faults"),
                 "retry_then_drop with partial_rollouts.enabled: true; allowed: score_zero with partial rollouts "
