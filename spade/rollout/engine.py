@@ -87,7 +87,7 @@ FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound; vLLM's default max_logprobs
 
 TopLogprobs = tuple[tuple[int, float], ...]  # one token's alternatives: (token id, log-prob)
-CONSTRAINT_KINDS = ("json_schema", "ebnf", "structural_tag")  # SGLang's sampling_params fields
+CONSTRAINT_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")  # SGLang's sampling_params fields
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Constraint:
     """A grammar the completion must follow (constrained decoding; module docstring, "Constraints").
 
     ``kind`` is one of ``CONSTRAINT_KINDS``: ``json_schema`` (``spec``: the schema as a JSON
-    string), ``ebnf`` (``spec``: an EBNF grammar, root rule ``root``) or ``structural_tag``
+    string), ``regex`` (``spec``: a regular expression the whole completion matches), ``ebnf`` (``spec``: an EBNF grammar, root rule ``root``) or ``structural_tag``
     (``spec``: xgrammar's structural-tag JSON): the fields SGLang takes in ``sampling_params``."""
 
     kind: str
@@ -125,6 +125,17 @@ class SamplingParams:
     (module docstring), as ``(token id, log-prob)`` pairs sorted by log-prob descending, ties by
     token id ascending. Rollouts leave it at 0 (no cost). ``constraint`` (serving only): a grammar
     the completion must follow (``Constraint``); None for free text.
+
+    Penalties and ``min_p`` (serving only; SGLang 0.5.23's definitions, ``srt/sampling/penaltylib``
+    and ``srt/layers/sampler.py``): with ``c[t]`` the number of times token ``t`` was generated so
+    far in this completion (the prompt does not count), the logits become
+    ``l[t] - frequency_penalty * c[t] - presence_penalty * (c[t] > 0)`` (OpenAI's formula), then,
+    for ``c[t] > 0``, ``l[t] / repetition_penalty`` where ``l[t] > 0`` and
+    ``l[t] * repetition_penalty`` elsewhere; the temperature divides them after that, and the
+    log-probs are those of the penalised distribution (SGLang applies penalties to the logits
+    before its sampler). ``min_p`` keeps, after top-k and top-p, the candidates whose probability
+    is at least ``min_p`` times the most likely one's (a truncation like top-p: log-probs are not
+    affected; ``min_p = 1`` keeps only the most likely token).
     """
 
     temperature: float = 1.0
@@ -137,6 +148,10 @@ class SamplingParams:
     return_routed_experts: bool = False
     top_logprobs: int = 0
     constraint: Optional["Constraint"] = None
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -150,6 +165,18 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 1 or None (off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any penalty changes the logits."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1)
 
     @property
     def greedy(self) -> bool:

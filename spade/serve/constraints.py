@@ -18,7 +18,17 @@ What SGLang 0.5.23's ``serving_chat.py`` sends in ``sampling_params``, restated:
   choice allows that function only, and ``parallel_tool_calls: false`` stops after the first call
   (xgrammar's ``stop_after_first``).
 
-Schemas are checked before anything is generated (``jsonschema``'s meta-schema check and
+SGLang's own grammar fields, ``regex`` and ``ebnf`` (a request's extra fields, both endpoints), are
+sent as they are: ``regex`` the whole reply matches, ``ebnf`` a grammar whose root rule is
+``root``. At most one of them, ``response_format`` (other than text) and a constraining
+``tool_choice`` per request.
+
+A request's tool ``parameters`` are checked against JSON Schema's meta-schema, as SGLang's
+``serving_chat.py`` checks them (``Draft202012Validator.check_schema``, after mapping DB-style type
+names such as ``varchar`` or ``int``; here any type name outside JSON Schema's is let through
+unchecked, so no schema SGLang takes is refused): a bad one is a 400 naming the tool.
+
+Schemas and grammars are checked before anything is generated (``jsonschema``'s meta-schema check and
 xgrammar's converter); a bad one is a 400 naming the field. The constraint applies from the first
 generated token, so a reply that would start inside a thinking model's reasoning is refused
 (turn thinking off with ``chat_template_kwargs``).
@@ -54,6 +64,70 @@ def response_format_constraint(format_: Optional[Mapping[str, Any]]) -> Optional
         raise APIError(f"{where}.schema must be a JSON schema object", f"{where}.schema")
     check_schema(schema, f"{where}.schema")
     return Constraint("json_schema", json.dumps(schema))
+
+
+def grammar_constraint(grammar: Optional[tuple[str, str]]) -> Optional[Constraint]:
+    """The constraint of a request's ``regex`` / ``ebnf`` field (None without one)."""
+    if grammar is None:
+        return None
+    kind, spec = grammar
+    xgrammar = _xgrammar(kind)
+    try:
+        xgrammar.Grammar.from_regex(spec) if kind == "regex" else xgrammar.Grammar.from_ebnf(spec)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for a grammar it cannot read
+        raise APIError(f"{kind} cannot be used for constrained decoding: {_last_line(exc)}", kind) from None
+    return Constraint(kind, spec)
+
+
+_SCHEMA_TYPES = {"null", "boolean", "object", "array", "number", "string", "integer"}
+
+
+def check_tool_parameters(tools: Optional[Sequence[Mapping[str, Any]]]) -> None:
+    """A 400 naming the tool whose ``parameters`` is not a valid JSON schema (module docstring)."""
+    try:
+        import jsonschema
+    except ImportError:  # the check needs requirements/constrained.txt; without it nothing is refused
+        return
+    for i, tool in enumerate(tools or ()):
+        parameters = tool["function"].get("parameters")
+        if parameters is None:
+            continue
+        where = f"tools[{i}].function.parameters"
+        try:
+            jsonschema.Draft202012Validator.check_schema(_standard_types(parameters))
+        except jsonschema.SchemaError as exc:
+            raise APIError(f"{where} is not a valid JSON schema: {exc.message}", where) from None
+        except RecursionError:
+            raise APIError(f"{where} is nested too deeply", where) from None
+
+
+def _standard_types(schema: Any) -> Any:
+    """``schema`` with every ``type`` name outside JSON Schema's replaced by ``string``."""
+    if isinstance(schema, list):
+        return [_standard_types(item) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {key: _standard_types(value) for key, value in schema.items()}
+    kind = out.get("type")
+    if isinstance(kind, str) and kind not in _SCHEMA_TYPES:
+        out["type"] = "string"
+    elif isinstance(kind, list):
+        out["type"] = [k if not isinstance(k, str) or k in _SCHEMA_TYPES else "string" for k in kind]
+    return out
+
+
+def _xgrammar(param: str) -> Any:
+    try:
+        import xgrammar
+    except ImportError:
+        raise APIError("constrained decoding needs xgrammar on the server (requirements/constrained.txt)",
+                       param, 501, "server_error") from None
+    return xgrammar
+
+
+def _last_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
 
 
 def tool_choice_constraint(choice: Any, tools: Optional[Sequence[Mapping[str, Any]]],

@@ -6,12 +6,14 @@ naming the offending field (``param``), and ``chat_choice`` / ``completion_choic
 text into the response's choice objects, parsing the model's native tool calls with
 ``spade.agent.tool_calls`` (from the answer only, once ``reasoning`` has separated a thinking
 model's reasoning). Unknown fields are ignored, as OpenAI-compatible servers do, except
-the ones whose meaning we cannot honour (listed in ``_UNSUPPORTED``), which are refused.
+the ones whose meaning we cannot honour (listed in ``_UNSUPPORTED``), which are refused; every
+field that changes the result is either honoured or refused (docs/serving.md lists them).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -58,6 +60,11 @@ class Sampling:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token (chat: top_logprobs; completions: logprobs N)
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_regex: tuple[str, ...] = ()  # the reply ends at the end of the first match (service.py)
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class ChatRequest:
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema (constraints.py)
     tool_choice: Any = None  # "required" or {"type": "function", ...}: constrained (constraints.py)
     parallel_tool_calls: bool = True
+    grammar: Optional[tuple[str, str]] = None  # ("regex" | "ebnf", spec): SGLang's fields (constraints.py)
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,12 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     response_format: Optional[dict[str, Any]] = None  # json_object / json_schema (constraints.py)
+    grammar: Optional[tuple[str, str]] = None  # ("regex" | "ebnf", spec): SGLang's fields (constraints.py)
 
+
+MAX_STOP_REGEX = 32  # SGLang's MAX_STOP_REGEX_COUNT
+MAX_STOP_REGEX_BYTES = 256  # SGLang's MAX_STOP_REGEX_LEN
+GRAMMAR_FIELDS = ("regex", "ebnf")
 
 _UNSUPPORTED: dict[str, tuple[str, Any]] = {  # field: (why, the value that asks for nothing)
     "suffix": ("suffix (fill-in-the-middle) is not supported", ""),
@@ -191,7 +204,47 @@ def _sampling(body: Mapping[str, Any], *, chat: bool) -> Sampling:
         ignore_eos=_flag(body, "ignore_eos"),
         logprobs=logprobs,
         top_logprobs=top,
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True),
+        stop_regex=_stop_regex(body.get("stop_regex")),
     )
+
+
+def _stop_regex(value: Any) -> tuple[str, ...]:
+    """``stop_regex``: a pattern or a list of them (SGLang's field and limits), each compiled here."""
+    if value is None:
+        return ()
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+        raise APIError("stop_regex must be a non-empty string or a list of them", "stop_regex")
+    if len(patterns) > MAX_STOP_REGEX:
+        raise APIError(f"at most {MAX_STOP_REGEX} stop_regex patterns are allowed, got {len(patterns)}",
+                       "stop_regex")
+    for pattern in patterns:
+        if len(pattern.encode("utf-8", "surrogatepass")) > MAX_STOP_REGEX_BYTES:
+            raise APIError(f"a stop_regex pattern may be at most {MAX_STOP_REGEX_BYTES} bytes", "stop_regex")
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise APIError(f"stop_regex {json.dumps(pattern)} is not a regular expression: {exc}",
+                           "stop_regex") from None
+    return tuple(patterns)
+
+
+def _grammar(body: Mapping[str, Any], *others: str) -> Optional[tuple[str, str]]:
+    """``regex`` or ``ebnf`` (SGLang's fields; the grammar is checked in constraints.py). At most one
+    grammar per request, counting ``others`` (the request's other constraining fields that are set),
+    as SGLang checks."""
+    given = [key for key in GRAMMAR_FIELDS if body.get(key) not in (None, "")]
+    for key in given:
+        if not isinstance(body[key], str):
+            raise APIError(f"{key} must be a string", key)
+    if len(given) + len(others) > 1:
+        names = given + list(others)
+        raise APIError(f"only one of {', '.join(names)} can constrain the reply", names[-1])
+    return (given[0], body[given[0]]) if given else None
 
 
 def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -355,6 +408,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if reserved:
         raise APIError(f"chat_template_kwargs must not set {', '.join(sorted(reserved))}",
                        "chat_template_kwargs")
+    grammar = _grammar(body, *(["response_format"] if format_ is not None and format_.get("type") != "text" else []),
+                       *(["tool_choice"] if choice not in (None, "none", "auto") else []))
     stream, include_usage = _stream(body)
     separate = body.get("separate_reasoning", True)
     if not isinstance(separate, bool):
@@ -362,7 +417,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
                        "separate_reasoning")
     return ChatRequest(_model(body), messages, tools, tools is not None, _sampling(body, chat=True),
                        stream, include_usage, dict(kwargs), separate,
-                       format_, choice, parallel)
+                       format_, choice, parallel, grammar)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
@@ -385,8 +440,10 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise APIError("prompt must be a string, a list of strings, a list of token ids or a list "
                        "of lists of token ids (non-empty)", "prompt")
     stream, include_usage = _stream(body)
+    format_ = _response_format(body)
+    grammar = _grammar(body, *(["response_format"] if format_ is not None and format_.get("type") != "text" else []))
     return CompletionRequest(_model(body), prompts, _sampling(body, chat=False),
-                             _flag(body, "echo"), stream, include_usage, _response_format(body))
+                             _flag(body, "echo"), stream, include_usage, format_, grammar)
 
 
 # ---------------------------------------------------------------------------- responses

@@ -76,6 +76,7 @@ class Generated:
 class _Prepared:
     prompt_ids: list[int]
     requests: list[GenerationRequest]
+    text_stops: bool = False  # the reply can end at text the engine does not see (_run)
 
 
 class ModelService:
@@ -194,12 +195,14 @@ class ModelService:
     def chat_constraint(self, request: ChatRequest, inside: Optional[bool]) -> Optional[Constraint]:
         """The grammar ``response_format`` / ``tool_choice`` ask for (``constraints``), or None."""
         constraint = (constraints.response_format_constraint(request.response_format)
+                      or constraints.grammar_constraint(request.grammar)
                       or constraints.tool_choice_constraint(request.tool_choice, request.tools,
                                                             request.parallel_tool_calls))
         if constraint is not None and inside:
+            field = ("response_format" if request.response_format else
+                     request.grammar[0] if request.grammar else "tool_choice")
             raise APIError("a constrained reply cannot start inside the model's reasoning; turn "
-                           "thinking off (chat_template_kwargs: {\"enable_thinking\": false})",
-                           "response_format" if request.response_format else "tool_choice")
+                           "thinking off (chat_template_kwargs: {\"enable_thinking\": false})", field)
         return constraint
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
@@ -221,10 +224,13 @@ class ModelService:
                            f"{self.max_context_tokens} tokens", param)
         wanted = sampling.max_tokens or self.default_max_tokens or room
         stop_ids = set(sampling.stop_token_ids)
+        text_stops = bool(sampling.stop_regex)
         for stop in sampling.stop:
             ids = self.encode(stop, add_special_tokens=False)
             if len(ids) == 1:
                 stop_ids.add(ids[0])
+            else:
+                text_stops = True
         requests = []
         for j in range(sampling.n):
             seed = None if sampling.seed is None else (sampling.seed + first_index + j) % SEED_MODULUS
@@ -234,16 +240,34 @@ class ModelService:
                     max_new_tokens=min(wanted, room), stop_token_ids=tuple(sorted(stop_ids)),
                     seed=seed, ignore_eos=sampling.ignore_eos,
                     top_logprobs=sampling.top_logprobs if sampling.logprobs else 0,
-                    constraint=constraint)
+                    constraint=constraint, min_p=sampling.min_p,
+                    frequency_penalty=sampling.frequency_penalty, presence_penalty=sampling.presence_penalty,
+                    repetition_penalty=sampling.repetition_penalty)
             except ValueError as exc:
                 raise APIError(str(exc)) from None
             requests.append(GenerationRequest(tuple(prompt_ids), params))
-        return _Prepared(prompt_ids, requests)
+        return _Prepared(prompt_ids, requests, text_stops)
 
     async def _run(self, prepared: _Prepared, sampling: Sampling) -> list[Generated]:
+        if prepared.text_stops:  # a stop string of several tokens, a stop_regex: read as a stream,
+            # which stops the generation at the first one
+            return list(await asyncio.gather(*(self._collect(r, sampling) for r in prepared.requests)))
         results = await asyncio.gather(*(self.engine.generate(r) for r in prepared.requests))
         return [self._finish(result, request.sampling, sampling)
                 for result, request in zip(results, prepared.requests)]
+
+    async def _collect(self, request: GenerationRequest, sampling: Sampling) -> Generated:
+        """One choice read from the engine's stream (as a streamed response reads it), so that the
+        generation stops at the first stop string or ``stop_regex`` match."""
+        steps: list[Delta] = []
+        generated = 0
+        async with contextlib.aclosing(self._choice_steps(request, sampling)) as choice:
+            async for step, _, generated in choice:
+                steps.append(step)
+        kept = [t for step in steps for t in step.logprobs]
+        tops = tuple(t.top for t in kept)
+        return Generated("".join(step.text for step in steps), steps[-1].finish_reason or "stop", generated,
+                         tuple((t.token, t.logprob) for t in kept), tops if any(tops) else ())
 
     def _finish(self, result: GenerationResult, params: SamplingParams, sampling: Sampling) -> Generated:
         if result.finish_reason == "abort":
@@ -279,6 +303,7 @@ class ModelService:
     async def _chat(self, body: Any) -> Response | StreamResponse:
         request = protocol.parse_chat_request(body)
         self._check_model(request.model)
+        constraints.check_tool_parameters(request.tools)
         prompt = self.chat_prompt(request)
         inside = self.reasoning_start(request, prompt)
         constraint = self.chat_constraint(request, inside)
@@ -313,7 +338,7 @@ class ModelService:
         def delta(index: int, value: dict[str, Any], finish: Optional[str] = None,
                   logprobs: Optional[list[TokenLogprob]] = None) -> dict[str, Any]:
             return {"index": index, "delta": value, "finish_reason": finish,
-                    "logprobs": {"content": _chat_logprob_entries(logprobs or [])} if logprobs_on else None}
+                    "logprobs": {"content": _chat_logprob_entries(logprobs)} if logprobs_on and logprobs else None}
 
         n = request.sampling.n
         parts = [ChatChoiceStream(inside=inside, parse_tools=request.parse_tools, tools=request.tools,
@@ -342,7 +367,8 @@ class ModelService:
         def usage(completion_tokens: int) -> bytes:
             return chunk([], usage=protocol.usage(len(prepared.prompt_ids), completion_tokens))
 
-        yield chunk([delta(i, {"role": "assistant", "content": ""}) for i in range(n)])
+        for i in range(n):  # every choice's first chunk carries the role, one choice per chunk
+            yield chunk([delta(i, {"role": "assistant", "content": ""})])
         async with contextlib.aclosing(self._step_events(
                 [prepared], request.sampling, events, usage if request.include_usage else None)) as rest:
             async for event in rest:
@@ -357,7 +383,8 @@ class ModelService:
     async def _completions(self, body: Any) -> Response | StreamResponse:
         request = protocol.parse_completion_request(body)
         self._check_model(request.model)
-        constraint = constraints.response_format_constraint(request.response_format)
+        constraint = (constraints.response_format_constraint(request.response_format)
+                      or constraints.grammar_constraint(request.grammar))
         n = request.sampling.n
         prepared, prompt_texts = [], []
         for i, prompt in enumerate(request.prompts):
@@ -404,8 +431,8 @@ class ModelService:
         def chunk(index: int, text: str, finish: Optional[str] = None,
                   logprobs: Optional[list[TokenLogprob]] = None) -> bytes:
             entries = None
-            if request.sampling.logprobs:
-                entries, offsets[index] = _completion_logprob_entries(logprobs or [], offsets[index])
+            if request.sampling.logprobs and logprobs:  # a chunk without tokens: null, as SGLang sends
+                entries, offsets[index] = _completion_logprob_entries(logprobs, offsets[index])
             body = {**head, "choices": [protocol.completion_choice(index, text, finish, entries)]}
             if request.include_usage:
                 body["usage"] = None
@@ -466,34 +493,39 @@ class ModelService:
 
     async def _stream_one(self, k: int, request: GenerationRequest, sampling: Sampling,
                           steps: "_Steps") -> None:
-        params = request.sampling
-        text = ChoiceText(self.decode, end_ids=self.eos_token_ids | frozenset(params.stop_token_ids),
-                          stops=sampling.stop, logprobs=sampling.logprobs)
         try:
-            async with contextlib.aclosing(self.engine.generate_stream(request)) as stream:
-                async for piece in stream:
-                    step = text.push(piece.token_ids, piece.logprobs, piece.top_logprobs)
-                    if text.stopped:  # a stop string: done, and closing the stream stops generation
-                        steps.put(k, text.finish("stop"), True, text.generated)
-                        return
-                    if piece.last:
-                        if piece.finish_reason == "abort":
-                            steps.fail(APIError("the engine stopped before the completion was done",
-                                                None, 503, "server_error", "engine_closed"))
-                            return
-                        if step.text or step.logprobs:
-                            steps.put(k, step, False, text.generated)
-                        steps.put(k, text.finish(piece.finish_reason), True, text.generated)
-                        return
-                    if step.text or step.logprobs:
-                        steps.put(k, step, False, text.generated)
-            steps.fail(APIError("the engine's stream ended without a finish reason", None, 500,
-                                "server_error"))
+            async with contextlib.aclosing(self._choice_steps(request, sampling)) as choice:
+                async for step, final, generated in choice:
+                    steps.put(k, step, final, generated)
         except asyncio.CancelledError:
             raise
+        except APIError as exc:
+            steps.fail(exc)
         except Exception as exc:  # noqa: BLE001 - reported to the client in the stream
             log.exception("streaming choice %d failed", k)
             steps.fail(APIError(f"generation failed: {exc}", None, 500, "server_error"))
+
+    async def _choice_steps(self, request: GenerationRequest,
+                            sampling: Sampling) -> AsyncIterator[tuple[Delta, bool, int]]:
+        """One choice's deltas as the engine streams its tokens: ``(delta, final, tokens generated
+        so far)``, the last one final. A stop string or ``stop_regex`` match ends it at once
+        (leaving the engine's stream stops the generation). Raises APIError when the engine
+        aborts the request or its stream ends without a finish reason."""
+        params = request.sampling
+        text = ChoiceText(self.decode, end_ids=self.eos_token_ids | frozenset(params.stop_token_ids),
+                          stops=sampling.stop, logprobs=sampling.logprobs, stop_regex=sampling.stop_regex)
+        async with contextlib.aclosing(self.engine.generate_stream(request)) as stream:
+            async for piece in stream:
+                step = text.push(piece.token_ids, piece.logprobs, piece.top_logprobs)
+                if not text.stopped and piece.last and piece.finish_reason == "abort":
+                    raise APIError("the engine stopped before the completion was done",
+                                   None, 503, "server_error", "engine_closed")
+                if step.text or step.logprobs:
+                    yield step, False, text.generated
+                if text.stopped or piece.last:
+                    yield text.finish("stop" if text.stopped else piece.finish_reason), True, text.generated
+                    return
+        raise APIError("the engine's stream ended without a finish reason", None, 500, "server_error")
 
 
 _DONE = b"data: [DONE]\n\n"

@@ -10,6 +10,11 @@ the concatenated deltas equal the text the non-streamed response would carry for
   split over several deltas: text that could be the start of a stop string is held until the
   next delta decides. A stop string ends the choice at once (the engine stream is closed, which
   stops the generation).
+* ``stop_regex`` patterns (SGLang's field) are searched in the text so far after each token's
+  text arrives, whatever the chunking; the first search that finds a match ends the choice at the
+  end of that match (the match stays in the text, as SGLang keeps a regex match: its stop trim
+  looks for the pattern's own text). Text already sent cannot be taken back, so a match that
+  ends inside it (a lookahead or ``$`` that only held for a shorter text) ends the choice there.
 * A token that ends a completion (EOS or a stop token id) is held until the next token shows it
   was not the last one; a final one is dropped, as the non-streamed text drops it.
 
@@ -27,6 +32,7 @@ split (``spade.agent.reasoning.ReasoningStream``) in front of it for one chat ch
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -77,18 +83,31 @@ class IncrementalDecoder:
 
 
 class StopMatcher:
-    """Cuts a text that arrives in pieces at its first occurrence of any stop string."""
+    """Cuts a text that arrives in pieces at its first occurrence of any stop string (excluded),
+    or after the first match of any ``regexes`` (included; module docstring)."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], regexes: Sequence[str] = ()) -> None:
         self.stops = tuple(stops)
+        self.regexes = tuple(re.compile(r) for r in regexes)
+        self._widths = tuple(_max_width(r) for r in self.regexes)
         self._held = ""
+        self._text = ""  # everything pushed (regexes search it)
         self.stopped = False
 
     def push(self, piece: str) -> str:
         """The text that can be sent now (``stopped`` is set once a stop string was found)."""
         if self.stopped:
             return ""
+        searched = len(self._text)
+        self._text += piece
         text = self._held + piece
+        match_end = self._regex_end(searched)
+        if match_end is not None:
+            sent = len(self._text) - len(text)
+            cut = max(match_end - sent, 0)
+            found = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=cut)
+            self.stopped, self._held = True, ""
+            return text[:min(cut, found)]
         if not self.stops:
             self._held = ""
             return text
@@ -114,6 +133,17 @@ class StopMatcher:
             return text[:found]
         return text
 
+    def _regex_end(self, searched: int) -> Optional[int]:
+        """Where the first match of any regex in the text so far ends (None: no match). A match
+        of at most ``width`` characters that ends before ``searched`` was there at the last search."""
+        ends = []
+        for pattern, width in zip(self.regexes, self._widths):
+            start = 0 if width is None else max(0, searched - width)
+            match = pattern.search(self._text, start)
+            if match is not None:
+                ends.append(match.end())
+        return min(ends, default=None)
+
     def _partial_start(self, text: str) -> Optional[int]:
         """The first position from which the rest of ``text`` is a proper prefix of a stop string."""
         longest = max(len(s) for s in self.stops)
@@ -122,6 +152,16 @@ class StopMatcher:
             if any(len(rest) < len(s) and s.startswith(rest) for s in self.stops):
                 return position
         return None
+
+
+def _max_width(pattern: str) -> Optional[int]:
+    """The most characters a match of ``pattern`` can span (None: unbounded, or not known)."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+        width = _parser.parse(pattern).getwidth()[1]
+    except Exception:  # noqa: BLE001 - a private module: when it fails, search the whole text
+        return None
+    return width if width < (1 << 16) else None
 
 
 @dataclass
@@ -150,10 +190,10 @@ class ChoiceText:
     delta carries the log-probs of the tokens whose text it completes."""
 
     def __init__(self, decode: Callable[[Sequence[int]], str], *, end_ids: frozenset[int],
-                 stops: Sequence[str], logprobs: bool) -> None:
+                 stops: Sequence[str], logprobs: bool, stop_regex: Sequence[str] = ()) -> None:
         self._decode = decode
         self.decoder = IncrementalDecoder(decode)
-        self.matcher = StopMatcher(stops)
+        self.matcher = StopMatcher(stops, stop_regex)
         self.end_ids = end_ids
         self.want_logprobs = logprobs
         self.generated = 0  # every id the engine produced (usage counts them all)
@@ -184,7 +224,15 @@ class ChoiceText:
         if self.stopped:
             return Delta()
         self._keep(kept)
-        text = self.matcher.push(self.decoder.push([entry[0] for entry in kept]))
+        ids = [entry[0] for entry in kept]
+        if self.matcher.regexes:  # searched after each token, so the chunking does not matter
+            text = ""
+            for token in ids:
+                text += self.matcher.push(self.decoder.push([token]))
+                if self.stopped:
+                    break
+        else:
+            text = self.matcher.push(self.decoder.push(ids))
         return self._delta(text, final=False)
 
     def finish(self, finish_reason: str) -> Delta:

@@ -98,11 +98,12 @@ MEMORY_TAGS = ("weights", "kv_cache")
 # SGLang's SamplingParams fields. The stand-in implements the first group; the second must keep
 # SGLang's defaults (they would change what is sampled); the third only concern text.
 _SAMPLING_IMPLEMENTED = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids",
-                         "sampling_seed", "ignore_eos", "no_stop_trim", "json_schema", "ebnf",
-                         "structural_tag"}
+                         "sampling_seed", "ignore_eos", "no_stop_trim", "json_schema", "regex", "ebnf",
+                         "structural_tag", "min_p", "frequency_penalty", "presence_penalty",
+                         "repetition_penalty"}
 # SGLang's grammar fields (srt/sampling/sampling_params.py); at most one per request, as SGLang
 # checks (a ValueError -> 400). The stand-in's engine decodes them with xgrammar, as SGLang does.
-_CONSTRAINT_FIELDS = ("json_schema", "ebnf", "structural_tag")
+_CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _SAMPLING_DEFAULTS: dict[str, Any] = {
     "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
     "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None,
@@ -535,6 +536,10 @@ class Standin:
                 # SGLang answers it only with --enable-return-routed-experts (else no capturer, no key)
                 return_routed_experts=bool(body.get("return_routed_experts")) and self.opts.return_routed_experts,
                 constraint=constraint,
+                min_p=float(sp.get("min_p") or 0.0),
+                frequency_penalty=float(sp.get("frequency_penalty") or 0.0),
+                presence_penalty=float(sp.get("presence_penalty") or 0.0),
+                repetition_penalty=float(sp.get("repetition_penalty") or 1.0),
             )
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"bad sampling_params: {exc}") from None

@@ -1,6 +1,6 @@
 """Constrained decoding for the hf engine with xgrammar (the grammar library SGLang uses).
 
-``GrammarCompilerCache`` compiles a ``Constraint`` (JSON, JSON schema, EBNF, structural tag) once
+``GrammarCompilerCache`` compiles a ``Constraint`` (JSON schema, regex, EBNF, structural tag) once
 per engine against the tokenizer's vocabulary (``xgrammar.TokenizerInfo.from_huggingface`` with
 the model's logits width and the engine's end-of-sequence ids as the grammar's end tokens) and
 keeps compiled grammars by constraint; ``start`` gives one row its own ``GrammarState``: a
@@ -9,8 +9,8 @@ each sampled token. A row ends when its grammar accepts an end token. xgrammar i
 only, on the first constrained request (requirements/constrained.txt).
 
 SGLang's xgrammar backend (``srt/constrained/xgrammar_backend.py``, 0.5.23) is followed: JSON
-schemas compiled with ``any_whitespace`` (its default), EBNF with root rule ``root``, structural
-tags from their JSON.
+schemas compiled with ``any_whitespace`` (its default), regexes with ``compile_regex``, EBNF
+with root rule ``root``, structural tags from their JSON.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ class GrammarCompilerCache:
             return self.compiler.compile_json_schema(constraint.spec, any_whitespace=True)
         if constraint.kind == "ebnf":
             return self.compiler.compile_grammar(constraint.spec)
+        if constraint.kind == "regex":
+            return self.compiler.compile_regex(constraint.spec)
         return self.compiler.compile_structural_tag(constraint.spec)
 
     def start(self, constraint: Constraint) -> "GrammarState":

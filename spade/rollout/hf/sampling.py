@@ -11,19 +11,37 @@ batch (left padding changes logits only at rounding level).
 
 from __future__ import annotations
 
+import math
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
 from ..engine import SamplingParams, TopLogprobs
 
 
+def penalize(logits: Tensor, generated: Sequence[int], sampling: SamplingParams) -> Tensor:
+    """One row's ``logits`` with the frequency, presence and repetition penalties of the tokens
+    ``generated`` so far (``SamplingParams``' docstring; SGLang's penalisers)."""
+    if not generated or not sampling.penalised:
+        return logits
+    counts = torch.bincount(torch.tensor(generated, device=logits.device), minlength=logits.numel())
+    counts = counts[:logits.numel()].to(logits.dtype)
+    seen = counts > 0
+    logits = logits - sampling.frequency_penalty * counts - sampling.presence_penalty * seen.to(logits.dtype)
+    if sampling.repetition_penalty != 1:
+        scaled = torch.where(logits < 0, logits * sampling.repetition_penalty, logits / sampling.repetition_penalty)
+        logits = torch.where(seen, scaled, logits)
+    return logits
+
+
 def choose_token(logp: Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
-    """Greedy argmax, or an exact sample of the top-k / top-p truncated distribution."""
+    """Greedy argmax, or an exact sample of the top-k / top-p / min-p truncated distribution."""
     if sampling.greedy:
         return int(torch.argmax(logp))
     vocab = logp.numel()
     top_k = min(sampling.top_k or vocab, vocab)
-    if top_k == vocab and sampling.top_p >= 1.0:
+    if top_k == vocab and sampling.top_p >= 1.0 and sampling.min_p <= 0:
         weights = logp.exp()
     else:
         if top_k < vocab:
@@ -34,6 +52,9 @@ def choose_token(logp: Tensor, sampling: SamplingParams, generator: torch.Genera
             probs = torch.softmax(values, dim=0)
             before = torch.cumsum(probs, dim=0) - probs  # mass of strictly better candidates
             kept = before < sampling.top_p  # the best candidate always stays
+            values, ids = values[kept], ids[kept]
+        if sampling.min_p > 0:  # after top-k / top-p, relative to the best candidate (SGLang's order)
+            kept = values >= values[0] + math.log(sampling.min_p)
             values, ids = values[kept], ids[kept]
         weights = torch.zeros_like(logp)
         weights[ids] = torch.softmax(values, dim=0)

@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 from ..engine import FinishReason, GenerationRequest, GenerationResult, TopLogprobs
-from .sampling import choose_token, top_alternatives
+from .sampling import choose_token, penalize, top_alternatives
 
 if TYPE_CHECKING:  # the cache modules import transformers, which this module loads only when used
     from .grammar import GrammarCompilerCache, GrammarState
@@ -585,6 +585,7 @@ class BatchScheduler:
         )
         logits = logits.float()
         for i, row in enumerate(rows):
+            logits[i] = penalize(logits[i], row.tokens, row.pending.request.sampling)
             if row.grammar is not None:  # constrained: only the grammar's tokens (engine docstring)
                 logits[i] = row.grammar.mask(logits[i])
         logp = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)

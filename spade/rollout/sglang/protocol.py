@@ -193,8 +193,13 @@ def generate_payload(request: GenerationRequest, rid: str, *, stream: bool = Fal
         sampling["sampling_seed"] = int(s.seed)
     if s.ignore_eos:
         sampling["ignore_eos"] = True
-    if s.constraint is not None:  # json_schema / ebnf / structural_tag, as serving_chat sends them
+    if s.constraint is not None:  # json_schema / regex / ebnf / structural_tag, as serving_chat sends them
         sampling[s.constraint.kind] = s.constraint.spec
+    # SGLang's own fields with the same definitions (SamplingParams' docstring), sent when set
+    for name, off in (("min_p", 0.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0),
+                      ("repetition_penalty", 1.0)):
+        if getattr(s, name) != off:
+            sampling[name] = float(getattr(s, name))
     payload = {
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,
