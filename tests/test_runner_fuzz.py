@@ -241,3 +241,9 @@ def test_generated_replies_never_end_a_game_play(sandbox, script):
     _check(sandbox, episode, len(script))
     if episode.end_reason is EndReason.POLICY_STOPPED and episode.stop_detail != "script done":
         assert re.search("max_action_chars", episode.stop_detail)
+
+
+def test_the_name_limit_is_the_supervisors():
+    from spade.envs.sandbox import supervisor
+
+    assert MAX_TOOL_NAME_CHARS == supervisor.MAX_TOOL_NAME_CHARS

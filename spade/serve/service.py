@@ -16,8 +16,10 @@ Sampling: ``temperature``, ``top_p``, ``top_k`` (extra field), ``seed`` (choice 
 ``i`` gets ``seed + i * n + j``, so every choice differs and the whole response is reproducible),
 ``max_tokens`` (clamped to the context left after the prompt; default: all of it, or the
 server's ``default_max_tokens``), ``stop`` strings (not included in the text; a stop string that is
-one token also stops generation there, the others cut the text afterwards; a stream
-stops at any of them at once), ``stop_token_ids`` and
+one token is also an engine stop id; a reply with longer ones, or with ``stop_regex``, is read from
+the engine's stream even when not streamed, so generation stops at the first one), ``stop_regex``
+(the reply ends at the end of the first match, ``streaming.StopMatcher``), the penalties and
+``min_p`` (``SamplingParams``), ``regex`` / ``ebnf`` grammars (``constraints``), ``stop_token_ids`` and
 ``ignore_eos`` (extra fields), ``logprobs`` of the sampled tokens and their most likely
 alternatives (chat ``top_logprobs``, completions ``logprobs: N``, at most 20; from the engine's
 ``SamplingParams.top_logprobs``, the sampled token's own distribution).
