@@ -120,3 +120,55 @@ def test_every_recipe_has_its_prompts(recipe):
     assert prompts.agent[0]["content"].startswith("An observation.") or "An observation." in prompts.agent[0]["content"]
     assert prompts.agent_with_hint[0]["content"].endswith("A hint.")
     assert prompts.action is not None
+
+
+# -- the issue 39 prompt keys: the shown prompts follow each of them ---------------------------------
+
+def prompts_with(*overrides: str, env: bool = False, reply: str = "\\boxed{1}"):
+    from spade.cli.prompts import build_prompts
+    from spade.train_config import load_train_config
+
+    config_path = str(ROOT / "examples/smoke_cpu.yaml")
+    config = load_train_config(config_path, list(overrides))
+    args = argparse.Namespace(config=config_path, observation=None if env else "An observation.", hint="A hint.",
+                              reply=reply, seed=0, env=str(GAME) if env else None)
+    return asyncio.run(build_prompts(config, args, GAME.read_text() if env else None))
+
+
+def test_agent_game_prompt_shapes_the_runners_opening():
+    from spade.agent.prompts import PAPER_GAME_REQUEST, PAPER_GAME_TASK
+
+    spade_way, paper = prompts_with(env=True), prompts_with("selfplay.agent_game_prompt=paper", env=True)
+    assert paper.observation_from.endswith("reset with seed 0")  # the real runner's opening
+    observation = spade_way.agent[0]["content"].split("\n\n", 1)[1]  # after spade's instructions
+    assert paper.agent[0]["content"] == f"{PAPER_GAME_TASK}\nObservation: {observation}\n{PAPER_GAME_REQUEST}"
+    assert paper.agent_with_hint[0]["content"] == (
+        f"{PAPER_GAME_TASK}\nObservation: {observation}\n\nHINT: A hint.\n{PAPER_GAME_REQUEST}")
+    placeholder = prompts_with("selfplay.agent_game_prompt=paper")  # no --env: the same layout
+    assert placeholder.agent[0]["content"] == f"{PAPER_GAME_TASK}\nObservation: An observation.\n{PAPER_GAME_REQUEST}"
+
+
+def test_action_extraction_reads_the_reply():
+    reply = "\\boxed{north} or maybe \\boxed{south}"
+    assert prompts_with(reply=reply).action == "\\boxed{south}"
+    assert prompts_with("selfplay.action_extraction=first_flat_box", reply=reply).action == "\\boxed{north}"
+
+
+def test_designer_prompt_rules_and_skill_descriptions_reach_the_designer_prompt():
+    default = prompts_with().designer[-1]["content"]
+    rules = prompts_with("selfplay.designer_prompt_rules=released").designer[-1]["content"]
+    assert "a formula that gives it away" in default and "formula" not in rules
+    described = prompts_with("selfplay.skills.descriptions=released").designer[-1]["content"]
+    from spade.designer.skills import GAME_SKILLS, RELEASED_DESCRIPTIONS
+
+    skill = prompts_with().designer_record["skill"]
+    spade_text = next(s.description for s in GAME_SKILLS if s.name == skill)
+    assert spade_text in default and spade_text not in described
+    assert f"({RELEASED_DESCRIPTIONS[skill]})." in described
+
+
+def test_hint_length_reaches_the_hint_prompt():
+    default = prompts_with(env=True).hint[0]["content"]
+    released = prompts_with("selfplay.hint_length=three_sentences", env=True).hint[0]["content"]
+    assert "(at most four sentences)" in default
+    assert "(one to three sentences, fewer than 100 words)" in released
