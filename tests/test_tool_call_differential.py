@@ -392,3 +392,17 @@ def test_a_call_cut_by_max_tokens_keeps_finish_reason_length():
     cut = chat_choice(0, text, "length", parse_tools=True, tools=TOOLS)
     assert cut["finish_reason"] == "length" and cut["message"]["tool_calls"]
     assert chat_choice(0, text, "stop", parse_tools=True, tools=TOOLS)["finish_reason"] == "tool_calls"
+
+
+def test_the_streamed_last_chunk_takes_the_same_finish_reason():
+    """The streamed chat path decides its last chunk's reason with the same rule as the whole reply."""
+    import inspect
+
+    from spade.serve import service
+    from spade.serve.protocol import chat_finish_reason
+
+    assert chat_finish_reason(True, "length") == "length" and chat_finish_reason(True, "stop") == "tool_calls"
+    assert chat_finish_reason(False, "stop") == "stop"
+    source = inspect.getsource(service)
+    assert "protocol.chat_finish_reason(final and parts[i].called, step.finish_reason)" in source
+    assert '"tool_calls" if' not in source

@@ -491,7 +491,14 @@ def chat_choice(index: int, text: str, finish_reason: str, *, parse_tools: bool,
         message["reasoning_content"] = reasoning.reasoning
     return {"index": index, "message": message,
             "logprobs": None if logprobs is None else {"content": logprobs},
-            "finish_reason": "tool_calls" if called and finish_reason == "stop" else finish_reason}
+            "finish_reason": chat_finish_reason(called, finish_reason)}
+
+
+def chat_finish_reason(called: bool, finish_reason: Optional[str]) -> Optional[str]:
+    """A chat choice's ``finish_reason``, streamed or not: "stop" becomes "tool_calls" when the
+    message carries calls; "length" stays (a call cut by ``max_tokens``), as SGLang's chat server
+    does."""
+    return "tool_calls" if called and finish_reason == "stop" else finish_reason
 
 
 def completion_choice(index: int, text: str, finish_reason: str,

@@ -357,7 +357,7 @@ class ModelService:
                 out.append(({"content": found.content}, None))
             if found.calls:
                 out.append(({"tool_calls": found.calls}, None))
-            finish = "tool_calls" if final and parts[i].called else step.finish_reason
+            finish = protocol.chat_finish_reason(final and parts[i].called, step.finish_reason)
             if final:
                 out.append(({}, finish))
             sent = []
