@@ -36,3 +36,15 @@ def test_paper_opening_adds_nothing_else():
 def test_unknown_opening_is_refused():
     with pytest.raises(ValueError, match="selfplay.agent_game_prompt: 'appendix'.*spade, paper"):
         first_user_message("x", prompt="appendix")
+
+
+@pytest.mark.parametrize(("name", "default", "other"), [("agent_game_prompt", "spade", "paper"),
+                                                        ("action_extraction", "last_box", "first_flat_box")])
+def test_agent_keys_default_to_spade_and_name_their_values(name, default, other):
+    from spade.config import ConfigError, from_mapping
+    from spade.selfplay.settings import SelfPlaySettings
+
+    assert getattr(SelfPlaySettings(), name) == default
+    assert getattr(from_mapping(SelfPlaySettings, {name: other}, where="selfplay"), name) == other
+    with pytest.raises(ConfigError, match=f"selfplay.{name}: 'x' is not allowed; choose one of: {default}, {other}"):
+        from_mapping(SelfPlaySettings, {name: "x"}, where="selfplay")
