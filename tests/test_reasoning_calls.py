@@ -67,3 +67,15 @@ def test_served_message_and_stream_carry_no_call_from_the_reasoning(text, inside
         deltas = [stream.push(p, final=k == len(pieces) - 1) for k, p in enumerate(pieces)]
         assert "".join(d.reasoning for d in deltas) == (reading.reasoning or ""), pieces
         assert _served_cities([c for d in deltas for c in d.calls]) == cities, pieces
+
+
+def test_the_sandboxed_tool_base_sets_reasoning_aside_as_the_runner_does():
+    """``ToolUseBaseEnv.step`` runs inside the sandbox, where spade cannot be imported: its own
+    reader must give the answer ``reasoning.split`` gives (a ``<think>`` anywhere opens reasoning)."""
+    from spade.agent.reasoning import split
+    from spade.envs.sandbox.runtime.tool_base import _answer_part
+
+    replies = ["plain <tool_call>x</tool_call>", "<think>a</think>b", "<think><think>a</think>b", "\n<think>a</think>b",
+               " x<think>a</think>b", "<think>never closed <tool_call>y</tool_call>", "a</think>b", "", "<think>"]
+    for reply in replies:
+        assert _answer_part(reply) == split(reply, inside=False).answer, reply

@@ -201,12 +201,10 @@ def _normalise(text: str) -> str:
 
 def _answer_part(text: str) -> str:
     """The reply without its reasoning (``spade.agent.reasoning.split`` for a reply that is not
-    inside reasoning from the start): a reply opening ``<think>`` is reasoning up to the first
-    ``</think>``, all of it when none follows."""
-    if not text.startswith(_THINK_OPEN):
+    inside reasoning from the start, as SGLang's ``qwen3`` parser reads it): a reply holding
+    ``<think>`` anywhere is reasoning up to the first ``</think>``, all of it when none follows."""
+    if _THINK_OPEN not in text:
         return text
-    while text.startswith(_THINK_OPEN):
-        text = text[len(_THINK_OPEN):]
     _, closed, answer = text.partition(_THINK_CLOSE)
     return answer if closed else ""
 
