@@ -292,7 +292,7 @@ class Orchestrator:
         if s.plays.drops_faults:  # env_faults retry_then_drop: copies fill in for the dropped plays (released)
             agents = [t for t in out.samples if t.role is Role.AGENT]
             others = [t for t in out.samples if t.role is not Role.AGENT]
-            filled = fill_round_robin(agents, len(groups) * s.g_nohint)
+            filled = fill_round_robin(agents, len(groups) * s.nohint_plays(len(groups)))  # the plays asked for
             out.metrics["agent/fault_fill"] = float(len(filled) - len(agents))
             out.samples[:] = filled + others
         if s.drop_equal_return_groups:
