@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
+RECIPES = sorted([*(ROOT / "examples" / "recipes").glob("*.yaml"), *(ROOT / "examples" / "recipes" / "paper").glob("*.yaml")])
 GAME = ROOT / "examples" / "envs" / "foggy_grid.py"
 TOOL_ENV = ROOT / "examples" / "envs" / "tool_use" / "smart_home.py"
 
@@ -106,7 +106,7 @@ def test_tool_use_prompts_come_from_the_tool_runner():
     assert "model.hf_dir" in shown["rendered"]["agent"]["why_not"]
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
+@pytest.mark.parametrize("recipe", RECIPES, ids=[str(r.relative_to(ROOT / "examples" / "recipes")) for r in RECIPES])
 def test_every_recipe_has_its_prompts(recipe):
     from spade.cli.prompts import build_prompts
     from spade.train_config import load_train_config
