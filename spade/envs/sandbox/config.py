@@ -9,6 +9,7 @@ from ...config import from_mapping, require
 from .runtime.limits import DEFAULT_ALLOWED_IMPORTS, ChildLimits
 
 Isolation = Literal["bubblewrap", "unsafe-local"]
+NUMPY_MIN_MEMORY_MB = 256
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,11 @@ class SandboxConfig:
 
     ``isolation: unsafe-local`` runs the zygote without bubblewrap (no namespaces, no uid change),
     keeping the layers the kernel offers (rlimits, Landlock, seccomp); every start warns.
+
+    ``offer_numpy`` (default false; a reproduction of the released loader turns it on): generated
+    code may import numpy, as the released loader's games could. The trainer's numpy is mounted
+    read-only, made readable to each child, imported once in the zygote with one BLAS thread, and
+    added to the import allow-list (:mod:`.launcher`, :mod:`.runtime.zygote`).
     """
 
     isolation: Isolation = "bubblewrap"
@@ -37,6 +43,7 @@ class SandboxConfig:
     step_timeout_s: float = 30.0
     start_timeout_s: float = 60.0
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
+    offer_numpy: bool = False
     bwrap_path: str = "bwrap"
 
     def __post_init__(self) -> None:
@@ -49,6 +56,11 @@ class SandboxConfig:
         require(self.recursion_limit >= 100, "sandbox.recursion_limit", "must be at least 100")
         require(self.open_files >= 16, "sandbox.open_files", "must be at least 16")
         require(self.memory_limit_mb >= 64, "sandbox.memory_limit_mb", "must be at least 64")
+        require(isinstance(self.offer_numpy, bool), "sandbox.offer_numpy",
+                f"must be true or false, got {self.offer_numpy!r}")
+        require(not self.offer_numpy or self.memory_limit_mb >= NUMPY_MIN_MEMORY_MB, "sandbox.memory_limit_mb",
+                f"must be at least {NUMPY_MIN_MEMORY_MB} with sandbox.offer_numpy (numpy and its OpenBLAS take "
+                "about 85 MiB of each environment's address space)")
         for key in ("load_timeout_s", "reset_timeout_s", "step_timeout_s", "start_timeout_s"):
             require(getattr(self, key) > 0, f"sandbox.{key}", "must be positive")
 
@@ -69,6 +81,12 @@ class SandboxConfig:
         astral character), so a source or action at its limit always fits."""
         return 12 * max(self.max_source_bytes, self.max_action_chars) + 64 * 1024
 
+    @property
+    def imports_offered(self) -> tuple[str, ...]:
+        """The import allow-list a child gets: ``allowed_imports``, and numpy with ``offer_numpy``."""
+        extra = ("numpy",) if self.offer_numpy and "numpy" not in self.allowed_imports else ()
+        return (*self.allowed_imports, *extra)
+
     def child_limits(self, readable_paths: tuple[str, ...]) -> ChildLimits:
         strict = self.isolation == "bubblewrap"
         return ChildLimits(
@@ -79,7 +97,7 @@ class SandboxConfig:
             max_observation_chars=self.max_observation_chars,
             max_frame_bytes=self.max_frame_bytes,
             max_captured_output_bytes=self.max_captured_output_bytes,
-            allowed_imports=self.allowed_imports,
+            allowed_imports=self.imports_offered,
             readable_paths=readable_paths,
             require_landlock=strict,
             require_seccomp=strict,

@@ -90,7 +90,7 @@ class Sandbox:
         try:  # a bubblewrap that cannot set up the sandbox has exited by now: say what it said
             self._send({"limits": limits.to_json(), "warm_children": self.config.warm_children,
                         "tmp_probe": self.tmp_probe, "probe_filesystem": self.bubblewrap,
-                        "host_modules": host_module_sources()})
+                        "host_modules": host_module_sources(), "numpy_site": plan.numpy_site})
             self.hello = await asyncio.wait_for(self._hello, self.config.start_timeout_s)
         except (asyncio.TimeoutError, SandboxDied):
             await self.destroy()

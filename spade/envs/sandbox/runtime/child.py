@@ -580,8 +580,9 @@ def _guarded_builtins(allowed: frozenset[str]) -> dict[str, Any]:
         if level != 0:
             raise ImportBlocked("relative imports are not allowed in an environment")
         if top not in allowed:
-            raise ImportBlocked(f"import of {name!r} is not allowed in an environment "
-                                f"(standard-library modules for computation only)")
+            offered = "numpy is offered only with sandbox.offer_numpy" if top == "numpy" \
+                else "standard-library modules for computation only"
+            raise ImportBlocked(f"import of {name!r} is not allowed in an environment ({offered})")
         return real_import(name, globals, locals, fromlist, level)
 
     namespace = dict(builtins.__dict__)

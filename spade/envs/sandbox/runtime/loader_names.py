@@ -8,9 +8,9 @@ the same (:func:`bind`). The table is fixed here: a request can only switch it o
 name a module. Each module is imported by the child itself, and only when its top-level package is
 on the sandbox's import allow-list, so the game gets nothing it could not import itself.
 
-numpy (``np``, ``numpy``) is in the released table but not importable in the sandbox (its Python
-runs isolated, ``-I -S``, without site-packages) and not on the default allow-list, so it is not
-bound: :data:`NOT_OFFERED`.
+numpy (``np``, ``numpy``) is in the released table and on the allow-list only with
+``sandbox.offer_numpy`` (the sandbox's Python runs isolated, ``-I -S``, without site-packages; the
+switch mounts numpy and imports it in the zygote), so it is bound only then.
 """
 
 from __future__ import annotations
@@ -38,15 +38,10 @@ RELEASED_LOADER_NAMES: tuple[tuple[str, str, str | None], ...] = (
         "Sequence", "Mapping")),
 )
 
-# Modules of the released table the sandbox cannot offer, and why.
-NOT_OFFERED: dict[str, str] = {
-    "numpy": "not importable in the sandbox: its Python runs isolated (-I -S), without site-packages",
-}
-
 
 def offered(allowed_imports: tuple[str, ...] | frozenset[str]) -> tuple[tuple[str, str, str | None], ...]:
-    """The rows of the released table whose module is on ``allowed_imports`` (numpy is not, by
-    default; were it added, it would be bound only where it imports)."""
+    """The rows of the released table whose module is on ``allowed_imports`` (numpy is only with
+    ``sandbox.offer_numpy``)."""
     allowed = frozenset(allowed_imports)
     return tuple(row for row in RELEASED_LOADER_NAMES if row[1].partition(".")[0] in allowed)
 

@@ -7,6 +7,13 @@ and each new child's socket travels with its ``spawned`` record (SCM_RIGHTS), so
 talks to the child directly. It keeps a few children forked and hardened ahead of demand, kills
 children on request, and reports every exit status, which is how the supervisor tells a seccomp
 kill from a segfault from ``os._exit``.
+
+With ``sandbox.offer_numpy`` the start record names the folder numpy is mounted in; the zygote
+imports numpy (and ``numpy.random``) from there before any fork, with one BLAS thread
+(:data:`BLAS_THREAD_VARIABLES`, set before numpy's OpenBLAS loads: a child cannot start threads,
+``clone`` is fatal under seccomp, and threads started here would not exist in a forked child); the
+variables are removed again once read. The folder is on ``sys.path`` only for that import. A numpy
+that does not import stops the sandbox.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from .limits import ChildLimits
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 RECORD_BYTES = 1 << 16
 _ALWAYS_PRELOAD = ("inspect", "traceback", "json", "dataclasses", "typing", "random", "collections")
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class Zygote:
@@ -42,6 +50,8 @@ class Zygote:
         self.tmp_probe = str(config.get("tmp_probe", ""))
         self.probe_filesystem = bool(config.get("probe_filesystem", False))
         self.hardening_failures = 0
+        if config.get("numpy_site"):
+            _import_numpy(str(config["numpy_site"]))
         _preload(self.limits.allowed_imports)
         host_modules.install(config.get("host_modules") or {})  # before any fork: children inherit them
 
@@ -180,6 +190,18 @@ def _write_fails(path: str) -> bool:
     except OSError as exc:
         return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT)
     return False
+
+
+def _import_numpy(site: str) -> None:
+    os.environ.update(dict.fromkeys(BLAS_THREAD_VARIABLES, "1"))
+    sys.path.insert(0, site)
+    try:
+        importlib.import_module("numpy")
+        importlib.import_module("numpy.random")
+    finally:
+        sys.path.remove(site)
+        for name in BLAS_THREAD_VARIABLES:  # read once, as the libraries loaded: the environment stays clean
+            os.environ.pop(name, None)
 
 
 def _preload(modules: tuple[str, ...]) -> None:
