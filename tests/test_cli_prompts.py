@@ -118,7 +118,11 @@ def test_every_recipe_has_its_prompts(recipe):
     if prompts.designer is not None:
         assert prompts.designer[-1]["role"] == "user" and prompts.designer_record["skill"]
     assert prompts.agent[0]["content"].startswith("An observation.") or "An observation." in prompts.agent[0]["content"]
-    assert prompts.agent_with_hint[0]["content"].endswith("A hint.")
+    hinted = prompts.agent_with_hint[0]["content"]
+    if config.selfplay.domain == "games" and config.selfplay.agent_game_prompt == "paper":
+        assert "\n\nHINT: A hint.\n" in hinted  # the released layout: the request follows the hinted observation
+    else:
+        assert hinted.endswith("A hint.")
     assert prompts.action is not None
 
 

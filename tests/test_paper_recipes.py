@@ -70,10 +70,12 @@ def _released_code() -> dict:
     }
 
 
-def _trainer(f: str, *, lr: int, eps: int, grpo: int, tp: int, size: str, sglang: int, mem: float) -> dict:
+def _trainer(f: str, *, lr: int, eps: int, grpo: int, tp: int, size: str, sglang: int, mem: float, temp: int,
+             logprob_t: float = 1.0) -> dict:
     """The trainer's flags of launcher ``f``: optimizer (``lr`` = the --lr line), loss (``eps`` = the
     --eps-clip line, ``grpo`` = the GRPO_ARGS line), Megatron layout (``tp`` = the tensor-parallel
-    line) and the colocated SGLang servers (``sglang`` = the --rollout-num-gpus-per-engine line)."""
+    line), the colocated SGLang servers (``sglang`` = the --rollout-num-gpus-per-engine line) and
+    the temperature slime takes the trainer's log-probs at (``temp`` = the --rollout-temperature line)."""
     table = {
         "optimizer.lr": (1.0e-6, f"{f}:{lr} --lr 1e-6"),
         "optimizer.schedule": ("constant", f"{f}:{lr + 1} --lr-decay-style constant"),
@@ -85,8 +87,9 @@ def _trainer(f: str, *, lr: int, eps: int, grpo: int, tp: int, size: str, sglang
         "loss.eps_low": (0.2, f"{f}:{eps} --eps-clip 0.2"),
         "loss.eps_high": (0.28, f"{f}:{eps + 1} --eps-clip-high 0.28"),
         "loss.tis_cap": (2.0, f"{f}:{eps + 2} --use-tis"),
-        # no --calculate-per-token-loss: slime's per-sample token mean, then the batch
-        "loss.aggregation": ("seq_mean_token_mean", f"{f}:{grpo}-{eps + 2} --advantage-estimator grpo"),
+        # no --calculate-per-token-loss: each sample's token mean, summed, / the step's samples
+        "loss.aggregation": ("sample_mean", f"{f}:{grpo}-{eps + 2} --advantage-estimator grpo"),
+        "loss.logprob_temperature": (logprob_t, f"{f}:{temp} --rollout-temperature {logprob_t}"),
         "loss.routing_replay": ("off", f"{f}:{grpo}-{eps + 2} --advantage-estimator grpo"),
         "model.recompute": ("full", f"{f}:{tp + 6} --recompute-granularity full"),
         "model.recompute_method": ("uniform", f"{f}:{tp + 7} --recompute-method uniform"),
@@ -118,12 +121,43 @@ def _trainer(f: str, *, lr: int, eps: int, grpo: int, tp: int, size: str, sglang
     return table
 
 
+def _switches(f: str, *, gbs: int, template: int, corpus_check: str, global_batch: int = 192) -> dict:
+    """The issue-39 switches a designer launcher (``f``) sets to the released behaviour: ``gbs`` =
+    its --global-batch-size line, ``template`` = its --spade-actor-template line, ``corpus_check`` =
+    the lines that make it refuse to start without a corpus."""
+    return {
+        "selfplay.batch.nohint_plays": ("global_batch", f"{ORCH}:2382 math.ceil(global_batch_size / len(selected_game_files))"),
+        "selfplay.batch.global_batch": (global_batch, f"{f}:{gbs} --global-batch-size {global_batch}"),
+        "selfplay.batch.cut_to_global_batch": (True, f"{ROLLOUT}:836-838 grouped_samples[:global_batch_size]"),
+        "selfplay.batch.release_at_final_step": (True, f"{ROLLOUT}:557-558 Flush at final rollout"),
+        "selfplay.rewards.advantage_agent_samples": (None, f"{ROLLOUT}:597-603 num_actor_trajectories=len(actor_samples)"),
+        "selfplay.rewards.failed_hint": ("hint_return_zero", "spade/core/utils/delayed_env_rewards.py:462 cached_hint_rewards.get(game_file, 0.0)"),
+        "selfplay.hint_attempts": (3, "spade/core/hint_generator.py:265-287 generate_hint_with_retry"),
+        "selfplay.hint_length": ("three_sentences", "spade/core/hint_generator.py:37 1-3 sentences (under 100 words)"),
+        "selfplay.action_extraction": ("first_flat_box", "spade/core/utils/parsing.py:7-36 def extract_boxed_answer"),
+        "selfplay.agent_game_prompt": ("paper", f"{f}:{template} --spade-actor-template qwen3_game"),
+        "selfplay.designer_prompt_rules": ("released", "spade/core/prompts/corpus_template.py:18-96 INTERACTIVE_SPEC"),
+        "selfplay.code_extraction": ("released", "spade/core/utils/parsing.py:111-113 def extract_game_code"),
+        "selfplay.skills.descriptions": ("released", "spade/core/game_generator.py:42 Identifying patterns"),
+        "selfplay.plays.reset_seeds": ("independent", f"{ORCH}:1950-1952 hash(game_file + \"0\") % (2**31)"),
+        "selfplay.plays.env_faults": ("retry_then_drop", f"{ORCH}:1498 max_attempts: int = 2"),
+        "selfplay.plays.hint_arm_budgets": ("released", f"{ORCH}:1861 for turn in range(self.config.max_turns)"),
+        "selfplay.plays.tool_mask_scope": ("tool_call_block", f"{ORCH}:924-926 SPADE_MASK_MALFORMED_TOOLCALL"),
+        "selfplay.plays.released_loader_names": (True, "spade/core/envs/synthetic_game_env.py:43 _COMMON_STDLIB_INJECTIONS"),
+        "selfplay.tool_admission.schema_gate": (False, f"{ORCH}:1137-1138 validate_game_async"),
+        "corpus.document_spacing": ("released", "spade/core/corpus.py:110-116 \" \".join(words[: self.max_doc_tokens])"),
+        "corpus.require_real": (True, corpus_check),
+        "eval.protocol": ("in_loop", "eval_configs/eval_aime_avg32.yaml:3-7 n_samples_per_eval_prompt: 32"),
+    }
+
+
 def _games(f: str, n: dict) -> dict:
     """A SPADE games launcher (``f``) with its line numbers ``n``."""
     return {
         **_released_code(),
         **_trainer(f, lr=n["lr"], eps=n["eps"], grpo=n["eps"] - 7, tp=n["tp"], size=n["size"], sglang=n["sglang"],
-                   mem=0.7),
+                   mem=0.7, temp=n["batch"] + 3),
+        **_switches(f, gbs=n["batch"] + 4, template=n["template"] + 1, corpus_check=n["corpus_check"]),
         "selfplay.domain": ("games", f"{f}:{n['template']} qwen3_multiturn_game_generation"),
         "selfplay.k": (4, f"{f}:{n['regen']} --spade-game-regeneration-interval"),
         "selfplay.envs_per_set": (24, f"{f}:{n['batch']} --rollout-batch-size 24"),
@@ -150,7 +184,6 @@ def _games(f: str, n: dict) -> dict:
         "selfplay.rewards.plateau_lo": (0.4, f"{f}:{n['blend'] + 7} --spade-plateau-lo"),
         "selfplay.rewards.plateau_hi": (0.6, f"{f}:{n['blend'] + 8} --spade-plateau-hi"),
         "selfplay.rewards.plateau_ramp": (0.25, f"{f}:{n['blend'] + 9} --spade-plateau-ramp"),
-        "selfplay.rewards.advantage_agent_samples": (192, f"{f}:{n['batch'] + 4} --global-batch-size 192"),
         "selfplay.rewards.lp_gamma_fast": (0.98, f"{f}:{n['temp'] - 2} --spade-gamma1 0.98"),
         "selfplay.rewards.lp_gamma_slow": (0.85, f"{f}:{n['temp'] - 1} --spade-gamma2 0.85"),
         "selfplay.skills.curriculum": ("full", f"{f}:{n['skills']} --spade-skills"),
@@ -168,7 +201,7 @@ def _games(f: str, n: dict) -> dict:
 GAMES_4B = {
     **_games(G4, dict(template=101, lr=188, eps=165, regen=93, batch=74, hint=115, temp=86, difficulty=98, memory=142,
                       corpus=129, no_train=134, spade_args=83, blend=104, skills=94, save=67, eval=179, tp=146,
-                      sglang=196, size="4b")),
+                      sglang=196, size="4b", corpus_check=f"{G4}:36-37 Set CORPUS_FILE")),
     "model.hf_dir": ("models/Qwen3-4B-Instruct-2507", f"{G4}:63 Qwen3-4B-Instruct-2507"),
     "model.thinking": ("auto", f"{G4}:70-81 ROLLOUT_ARGS"),  # no chat-template switch: the Instruct-2507 model
     "loss.kl_coef": (0.0, f"{G4}:162 --kl-loss-coef 0.00"),
@@ -177,7 +210,7 @@ GAMES_4B = {
 GAMES_8B = {
     **_games(G8, dict(template=109, lr=212, eps=189, regen=101, batch=81, hint=114, temp=94, difficulty=106, memory=166,
                       corpus=153, no_train=158, spade_args=91, blend=122, skills=102, save=74, eval=203, tp=170,
-                      sglang=220, size="8b")),
+                      sglang=220, size="8b", corpus_check=f"{G8}:35-36 Set CORPUS_FILE")),
     "model.hf_dir": ("models/Qwen3-8B", f"{G8}:70 Qwen3-8B"),
     "model.thinking": ("on", f"{G8}:111 --spade-env-enable-thinking"),
     "selfplay.hint_thinking": ("off", f"{G8}:88 \"enable_thinking\":false"),
@@ -188,7 +221,7 @@ GAMES_8B = {
 GAMES_30B = {
     **_games(G30, dict(template=128, lr=247, eps=224, regen=120, batch=100, hint=132, temp=113, difficulty=125,
                        memory=199, corpus=186, no_train=191, spade_args=110, blend=141, skills=121, save=93, eval=238,
-                       tp=203, sglang=258, size="30b")),
+                       tp=203, sglang=258, size="30b", corpus_check=f"{G30}:35-36 Set CORPUS_FILE")),
     "model.hf_dir": ("models/Qwen3-30B-A3B-Instruct-2507", f"{G30}:89 Qwen3-30B-A3B-Instruct-2507"),
     "model.thinking": ("auto", f"{G30}:107 \"enable_thinking\":false"),
     "loss.kl_coef": (0.0, f"{G30}:221 --kl-loss-coef 0.00"),
@@ -208,7 +241,8 @@ def _tool_blend(size: str) -> dict:
     return {
         **_released_code(),
         **_trainer(TB, lr=243, eps=221, grpo=214, tp=26 if size == "8b" else 49, size=size,
-                   sglang=37 if size == "8b" else 62, mem=0.7 if size == "8b" else 0.85),
+                   sglang=37 if size == "8b" else 62, mem=0.7 if size == "8b" else 0.85, temp=157),
+        **_switches(TB, gbs=158, template=184, corpus_check=f"{TB}:12 Set CORPUS_FILE"),
         "selfplay.domain": ("tool_use", f"{TB}:181 --spade-game-type tool_use"),
         "loss.kl_coef": (0.005, f"{TB}:218 --kl-loss-coef 0.005"),
         "selfplay.k": (8, f"{TB}:174 REGEN_INTERVAL:-8"),
@@ -239,7 +273,6 @@ def _tool_blend(size: str) -> dict:
         "selfplay.rewards.plateau_lo": (0.4, f"{TB}:194 --spade-plateau-lo 0.4"),
         "selfplay.rewards.plateau_hi": (0.6, f"{TB}:195 --spade-plateau-hi 0.6"),
         "selfplay.rewards.plateau_ramp": (0.25, f"{TB}:196 --spade-plateau-ramp 0.25"),
-        "selfplay.rewards.advantage_agent_samples": (192, f"{TB}:158 --global-batch-size 192"),
         "selfplay.skills.curriculum": ("full", f"{TB}:182 --spade-skills API_Orchestration"),
         "selfplay.skills.window": (None, f"{ARGS}:213-221 --spade-skills-per-regen"),  # absent: all six
         "corpus.max_words": (4000, f"{TB}:204 --spade-corpus-max-doc-tokens 4000"),
@@ -267,7 +300,8 @@ TOOL_30B = {
 }
 TOOL_4B = {
     **_released_code(),
-    **_trainer(T4, lr=150, eps=128, grpo=121, tp=109, size="4b", sglang=158, mem=0.7),
+    **_trainer(T4, lr=150, eps=128, grpo=121, tp=109, size="4b", sglang=158, mem=0.7, temp=63, logprob_t=0.7),
+    **_switches(T4, gbs=64, template=89, corpus_check=f"{T4}:28 Set CORPUS_FILE", global_batch=256),
     "model.hf_dir": ("models/Qwen3-4B-Instruct-2507", f"{T4}:50 Qwen3-4B-Instruct-2507"),
     "model.thinking": ("auto", f"{T4}:56-68 ROLLOUT_ARGS"),
     "selfplay.domain": ("tool_use", f"{T4}:86 --spade-game-type tool_use"),
@@ -298,7 +332,6 @@ TOOL_4B = {
     "selfplay.rewards.regret_weight": (1.0, f"{T4}:91 --spade-env-reward-variant regret_based"),
     "selfplay.rewards.plateau_weight": (0.0, f"{T4}:91 --spade-env-reward-variant regret_based"),
     "selfplay.rewards.regret_scale": (1.0, f"{T4}:91 --spade-env-reward-variant regret_based"),
-    "selfplay.rewards.advantage_agent_samples": (256, f"{T4}:64 --global-batch-size 256"),
     "selfplay.skills.window": (None, f"{T4}:87 --spade-skills API_Orchestration"),
     "corpus.max_words": (4000, f"{T4}:100 --spade-corpus-max-doc-tokens 4000"),
     "corpus.seed": (42, f"{T4}:101 --spade-corpus-seed 42"),
@@ -320,7 +353,12 @@ def _fixed_gpt55(size: str, kl: float, kl_line: int, name_line: int, tp: int, sg
     base = {"4b": GAMES_4B, "8b": GAMES_8B, "30b": GAMES_30B}[size]
     return {
         **_actor_only(base),
-        **_trainer(F, lr=255, eps=232, grpo=224, tp=tp, size=size, sglang=sglang, mem=0.7),
+        **_trainer(F, lr=255, eps=232, grpo=224, tp=tp, size=size, sglang=sglang, mem=0.7, temp=189),
+        "selfplay.batch.nohint_plays": ("global_batch", f"{ORCH}:2382 math.ceil(global_batch_size / len(selected_game_files))"),
+        "selfplay.batch.global_batch": (192, f"{F}:13 GLOBAL_BATCH_SIZE:-192"),
+        "selfplay.batch.cut_to_global_batch": (True, f"{ROLLOUT}:836-838 grouped_samples[:global_batch_size]"),
+        "selfplay.action_extraction": ("first_flat_box", "spade/core/utils/parsing.py:7-36 def extract_boxed_answer"),
+        "selfplay.agent_game_prompt": ("paper", f"{F}:213 --spade-actor-template qwen3_game"),
         "model.hf_dir": (base["model.hf_dir"][0], f"{F}:{name_line} MODEL_NAME="),
         "model.thinking": ("on" if size == "8b" else "auto", f"{F}:{name_line + 2} ACTOR_THINKING="),
         "loss.kl_coef": (kl, f"{F}:{kl_line} KL_COEF="),
@@ -361,7 +399,10 @@ def _rlve(size: str, shift: int, *, kl: int, eval_line: int, lr: int, eps: int, 
     args = f"{at(93)}-{114 + shift} SPADE_ARGS=("
     return {
         **_actor_only(base),
-        **_trainer(f, lr=lr, eps=eps, grpo=eps - 7, tp=tp, size=size, sglang=sglang, mem=0.7),
+        **_trainer(f, lr=lr, eps=eps, grpo=eps - 7, tp=tp, size=size, sglang=sglang, mem=0.7, temp=86 + shift),
+        "selfplay.batch.global_batch": (256, f"{at(87)} --global-batch-size 256"),
+        "selfplay.batch.cut_to_global_batch": (True, "spade/slime/fixed_env_rollout.py:469-470 all_samples[:global_batch_size]"),
+        "selfplay.agent_game_prompt": ("paper", f"{at(105)} --spade-actor-template qwen3_game"),
         "model.hf_dir": (base["model.hf_dir"][0], f"{at(72)} --hf-checkpoint"),
         "loss.kl_coef": (0.0, f"{f}:{kl} --kl-loss-coef 0.00"),
         "selfplay.env_source": ("rlve", f"{at(94)} --spade-mode fixed_env"),
@@ -451,7 +492,13 @@ BASES = ("games_base.yaml", "tool_use_base.yaml")
 # released one: key -> (spade's value, the released value). docs/fidelity.md has a row for each.
 SWITCHES: dict[str, tuple] = {
     "selfplay.g_nohint": (16, 8),                              # the paper's 16 plays; the code's 192 / 24
-    "loss.aggregation": ("token_mean", "seq_mean_token_mean"),  # token-level; per-sample mean first
+    "loss.aggregation": ("token_mean", "sample_mean"),          # token-level; per-sample mean first
+    "loss.logprob_temperature": ("sampling", 1.0),             # each sample's own temperature; slime's 1.0
+    "selfplay.batch.nohint_plays": ("g_nohint", "global_batch"),
+    "selfplay.action_extraction": ("last_box", "first_flat_box"),
+    "selfplay.plays.reset_seeds": ("paired", "independent"),
+    "selfplay.agent_game_prompt": ("spade", "paper"),
+    "corpus.require_real": (False, True),
     "selfplay.admission_probes": (True, False),                # degenerate-policy probes (issue 23)
     "selfplay.admission_determinism": (True, False),           # determinism stage (SPEC 3.5)
     "selfplay.admission_paper_exact": (False, True),
@@ -542,6 +589,10 @@ def test_the_two_families_stay_apart(key):
         config = load_train_config(PAPER / name, [])
         if key == "selfplay.g_nohint" and (config.selfplay.env_source == "rlve" or name == "tool_use_4b.yaml"):
             continue  # 256 / 16 in those launchers
+        if key == "loss.logprob_temperature" and name == "tool_use_4b.yaml":
+            continue  # --rollout-temperature 0.7 there
+        if key == "selfplay.batch.nohint_plays" and config.selfplay.env_source == "rlve":
+            continue  # rlve plays g_nohint problems' samples (released: 256 / 16 = 16 each)
         assert _same(value_at(config, key), released), f"paper/{name}: {key} is {value_at(config, key)!r}"
 
 
