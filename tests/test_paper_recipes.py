@@ -144,6 +144,7 @@ def _switches(f: str, *, gbs: int, template: int, corpus_check: str, global_batc
         "selfplay.plays.hint_arm_budgets": ("released", f"{ORCH}:1861 for turn in range(self.config.max_turns)"),
         "selfplay.plays.tool_mask_scope": ("tool_call_block", f"{ORCH}:924-926 SPADE_MASK_MALFORMED_TOOLCALL"),
         "selfplay.plays.released_loader_names": (True, "spade/core/envs/synthetic_game_env.py:43 _COMMON_STDLIB_INJECTIONS"),
+        "sandbox.offer_numpy": (True, "spade/core/envs/synthetic_game_env.py:43-104 \"np\": np"),
         "selfplay.tool_admission.schema_gate": (False, f"{ORCH}:1137-1138 validate_game_async"),
         "corpus.document_spacing": ("released", "spade/core/corpus.py:110-116 \" \".join(words[: self.max_doc_tokens])"),
         "corpus.require_real": (True, corpus_check),
