@@ -52,7 +52,7 @@ def captured_designer_prompt(config) -> list[dict]:
         designer.settings, designer.seed, designer.run_dir = sp, config.run.seed, Path(folder)
         designer.corpus = Corpus(config.corpus) if sp.use_corpus and config.corpus.paths else None
         designer.memory = Memory(Path(folder) / "memory.sqlite", capacity=sp.memory_capacity)
-        designer.generator = Recording()
+        designer.generator = designer.designer_generator = Recording()
         designer.seed_memory()
         skill = slot_skills(sp.skills.active(sp.domain, Step(0).regeneration(sp.k)), sp.envs_per_set)[0]
         asyncio.run(designer.fill_slot(0, 0, skill))
@@ -176,3 +176,34 @@ def test_hint_length_reaches_the_hint_prompt():
     released = prompts_with("selfplay.hint_length=three_sentences", env=True).hint[0]["content"]
     assert "(at most four sentences)" in default
     assert "(one to three sentences, fewer than 100 words)" in released
+
+
+def test_designer_and_hinted_arm_thinking_switches_are_rendered():
+    """Each role's prompt is rendered with its own switch (model.thinking on): the designer with
+    selfplay.designer_thinking, the agent's hinted opening with selfplay.hint_arm_thinking, the hint
+    call with selfplay.hint_thinking; auto follows model.thinking, as the run does."""
+    from chat_templates import bpe_tokenizer
+    from spade.cli.prompts import _render_all, describe
+
+    tokenizer = bpe_tokenizer((ROOT / "tests" / "fixtures" / "qwen3_hybrid.jinja").read_text())
+    on, off = "<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+    def endings(*overrides: str) -> dict[str, str]:
+        from spade.train_config import load_train_config
+
+        config = load_train_config(str(ROOT / "examples/smoke_cpu.yaml"), ["model.thinking=on", *overrides])
+        prompts = prompts_with(*overrides, env=True)  # the messages; the embedded model has no switch
+        prompts.rendered = _render_all(config, prompts, tokenizer, "")
+        assert "(thinking: " in describe(prompts)
+        return {role: "off" if shown.text.endswith(off) else "on" if shown.text.endswith(on) else "?"
+                for role, shown in prompts.rendered.items()}
+
+    assert endings() == {"designer": "on", "hint": "on", "agent": "on", "agent_with_hint": "on"}
+    assert endings("selfplay.designer_thinking=off", "selfplay.hint_arm_thinking=off") == \
+        {"designer": "off", "hint": "on", "agent": "on", "agent_with_hint": "off"}
+    assert endings("selfplay.hint_thinking=off", "selfplay.designer_thinking=on") == \
+        {"designer": "on", "hint": "off", "agent": "on", "agent_with_hint": "on"}
+    # the embedded model's template has no switch: the role is shown unrendered, naming the key
+    shown = prompts_with("selfplay.designer_thinking=off", env=True).rendered
+    assert shown["designer"].text is None and "selfplay.designer_thinking: 'off' needs" in shown["designer"].why_not
+    assert shown["agent"].text is not None

@@ -218,24 +218,31 @@ def _tool_parser(tokenizer: Any) -> Any:
 
 
 def _render_all(config: Any, prompts: Prompts, tokenizer: Any, why_not: str) -> dict[str, Rendered]:
-    from ..rollout.conversation import thinking_template_kwargs
+    from ..rollout.conversation import TemplateError, thinking_template_kwargs
     from ..selfplay.role_thinking import role_template_kwargs
 
     sp = config.selfplay
     shared_setting = config.model.thinking
-    roles = {"designer": (prompts.designer, shared_setting, None), "hint": (prompts.hint, sp.hint_thinking, None),
-             "agent": (prompts.agent, shared_setting, prompts.tools),
-             "agent_with_hint": (prompts.agent_with_hint, shared_setting, prompts.tools)}
+    # each role's thinking switch: auto follows model.thinking (spade.selfplay.role_thinking)
+    roles = {"designer": (prompts.designer, sp.designer_thinking, None, "selfplay.designer_thinking"),
+             "hint": (prompts.hint, sp.hint_thinking, None, "selfplay.hint_thinking"),
+             "agent": (prompts.agent, shared_setting, prompts.tools, "model.thinking"),
+             "agent_with_hint": (prompts.agent_with_hint, sp.hint_arm_thinking, prompts.tools,
+                                 "selfplay.hint_arm_thinking")}
     rendered = {}
-    for role, (messages, setting, tools) in roles.items():
+    for role, (messages, setting, tools, key) in roles.items():
         if messages is None:
             continue
         if tokenizer is None:
             rendered[role] = Rendered(str(setting), why_not=f"no tokenizer: {why_not}")
             continue
         template = getattr(tokenizer, "chat_template", None)
-        shared = thinking_template_kwargs(template, shared_setting)
-        kwargs = shared if role != "hint" else role_template_kwargs(template, shared, setting, "selfplay.hint_thinking")
+        try:
+            shared = thinking_template_kwargs(template, shared_setting)
+            kwargs = role_template_kwargs(template, shared, setting, key)
+        except TemplateError as exc:  # a switch this model's template lacks: the run's preflight refuses it too
+            rendered[role] = Rendered(str(setting), why_not=str(exc))
+            continue
         if tools:
             kwargs = {**kwargs, "tools": tools}
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)

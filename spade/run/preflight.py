@@ -51,7 +51,9 @@ def preflight(config: TrainConfig) -> None:
 
         for key, thinking in (("model.thinking", config.model.thinking),
                               ("selfplay.hint_thinking", config.selfplay.hint_thinking),
-                              ("selfplay.screen_thinking", config.selfplay.screen_thinking)):
+                              ("selfplay.screen_thinking", config.selfplay.screen_thinking),
+                              ("selfplay.designer_thinking", config.selfplay.designer_thinking),
+                              ("selfplay.hint_arm_thinking", config.selfplay.hint_arm_thinking)):
             try:
                 thinking_template_kwargs(_chat_template(path), thinking, key)
             except TemplateError as exc:

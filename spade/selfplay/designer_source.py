@@ -190,6 +190,8 @@ class DesignerRound:
         # thinking switch (selfplay.hint_thinking / screen_thinking, spade.selfplay.role_thinking).
         self.hint_generator = self._role_generator(settings.hint_thinking, "selfplay.hint_thinking")
         self.screen_generator = self._role_generator(settings.screen_thinking, "selfplay.screen_thinking")
+        # the designer call itself: selfplay.designer_thinking (the released corpus path: off)
+        self.designer_generator = self._role_generator(settings.designer_thinking, "selfplay.designer_thinking")
 
     def _role_generator(self, thinking: str, key: str) -> TextGenerator:
         if self.settings.designer_endpoint is not None:
@@ -238,7 +240,7 @@ class DesignerRound:
                                     max_tokens=s.designer_max_tokens, timeout_s=s.designer_timeout_s,
                                     seed=derive_seed(self.seed, "designer", step, slot, attempt))
             try:
-                generated = await self.generator.generate(prompt, sampling)
+                generated = await self.designer_generator.generate(prompt, sampling)
             except GenerationFailed as exc:
                 rejections.append(self._reject(record, exc.kind, Stage.GENERATE, exc.message, ""))
                 continue

@@ -281,14 +281,16 @@ class Orchestrator:
                 continue
             advantages = agent_advantages(returns)
             for play, advantage in zip(env_plays, advantages):
-                if play.trajectory is None or not play.trajectory.trainable:
+                # one sequence per play, or one per turn (agent_sample_form per_turn), each with the play's advantage
+                trainable = [t for t in play.training_trajectories if t.trainable]
+                if not trainable:
                     continue
                 if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
                     masked += 1
                     continue
-                out.samples.append(play.trajectory.replace(
+                out.samples += [trajectory.replace(
                     role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
-                    generated_step=origin, reward=play.episode_return, advantage=advantage))
+                    generated_step=origin, reward=play.episode_return, advantage=advantage) for trajectory in trainable]
         if s.plays.drops_faults:  # env_faults retry_then_drop: copies fill in for the dropped plays (released)
             agents = [t for t in out.samples if t.role is Role.AGENT]
             others = [t for t in out.samples if t.role is not Role.AGENT]
@@ -402,8 +404,9 @@ class Orchestrator:
         metrics["designer/reward_mean"] = _mean([r.reward for r in released])
         metrics["designer/regret_mean"] = _mean([r.regret for r in released])
         metrics["designer/win_mean"] = _mean([r.win for r in released])
-        scale = designer_advantage_weight(self.settings.rewards, len(out.agent_samples), len(released),
-                                          self.settings.k)
+        scale = designer_advantage_weight(
+            self.settings.rewards, _agent_episodes(out.agent_samples, self.settings.agent_sample_form == "per_turn"),
+            len(released), self.settings.k)
         advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], scale)
         metrics["designer/advantage_scale"] = scale
         for average, per_skill in sorted(self.buffer.reward_state.items()):  # learning potential: per-skill EMAs
@@ -538,6 +541,15 @@ class Orchestrator:
         self.source.load_state_dict(state.get("env_source", {}))
         agent_t = role_logprob_temperature(self.settings, Role.AGENT)
         self.carried = [CarriedGroup.from_json(group, agent_t) for group in state.get("carried", [])]
+
+
+def _agent_episodes(samples: list[Trajectory], per_turn: bool) -> int:
+    """The agent count of the designer weight: the samples, or with ``agent_sample_form: per_turn``
+    the plays they come from, as the released weight counts episodes before the thinking fan-out
+    into turn samples (``slime/spade_rollout.py:597-603``; fan-out at ``:879-895``)."""
+    if not per_turn:
+        return len(samples)
+    return len({(t.env_id, t.generated_step, t.index) for t in samples})
 
 
 def _all_equal(values: list[float]) -> bool:

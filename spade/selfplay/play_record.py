@@ -11,7 +11,9 @@ from ..rl.samples import Trajectory
 
 @dataclass
 class Play:
-    """One scored play. ``trajectory`` is the conversation's sequence (None when nothing was generated)."""
+    """One scored play. ``trajectory`` is the conversation's sequence (None when nothing was generated);
+    with ``selfplay.agent_sample_form: per_turn`` it is the last turn's, and ``turn_samples`` holds
+    every turn's prompt + completion (:mod:`.turn_samples`)."""
 
     env_id: str
     hinted: bool
@@ -23,6 +25,14 @@ class Play:
     seed: int | None = None  # the reset seed
     opening: str = ""  # the first user message, as the agent saw it
     turn_log: tuple[Turn, ...] = ()
+    turn_samples: tuple[Trajectory, ...] = ()
+
+    @property
+    def training_trajectories(self) -> tuple[Trajectory, ...]:
+        """What the play trains on: its turn samples (per-turn form), else its one sequence."""
+        if self.turn_samples:
+            return self.turn_samples
+        return () if self.trajectory is None else (self.trajectory,)
 
 
 def turn_to_json(turn: Turn) -> dict[str, Any]:

@@ -38,9 +38,16 @@ from .designer_source import EnvSpec
 from .policy import EnginePolicy
 from .play_rules import RELEASED_FAULT_RETRIES
 from .released_policy import released_hint_policy, scoped_mask_policy
+from .role_thinking import role_chat_format
+from .turn_samples import PerTurnPolicy, play_trajectories
 from .seeds import derive_seed, reset_seed
 from .settings import SelfPlaySettings
-from .trajectories import trajectory_of
+from ..rl.samples import Trajectory
+
+
+def _turn_samples(policy: EnginePolicy, trajectories: tuple[Trajectory, ...]) -> tuple[Trajectory, ...]:
+    """The play's turn samples in the per-turn form (``Play.turn_samples``), else none."""
+    return trajectories if isinstance(policy, PerTurnPolicy) else ()
 
 
 async def open_game(sandbox: Sandbox, source: str, budget: int) -> Any:
@@ -95,6 +102,9 @@ class Player:
         self.engine = engine
         self.tokenizer = tokenizer
         self.chat_format = chat_format
+        # the hinted arm's prompts: selfplay.hint_arm_thinking (the released games runs: off)
+        self.hint_arm_format = chat_format if chat_format is None else role_chat_format(
+            tokenizer, chat_format, settings.hint_arm_thinking, "selfplay.hint_arm_thinking")
         self.seed = seed
         self.stop_token_ids = stop_token_ids
         self.infrastructure_failures = 0  # plays dropped after every retry failed (cumulative)
@@ -209,7 +219,8 @@ class Player:
                                                    carried.index))
         request = PlayRequest(group.env, False, carried.index)
         for _ in range(s.max_play_retries + 1):
-            policy = EnginePolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+            policy_class = PerTurnPolicy if s.agent_sample_form == "per_turn" else EnginePolicy
+            policy = policy_class(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                                   chat_format=self.chat_format, stop=stop)
             if carried.conversation is not None:
                 policy.restore(restore_conversation(carried.conversation, self.tokenizer, self.chat_format))
@@ -221,12 +232,12 @@ class Player:
             except CarryOver:
                 state = None if policy.conversation is None else conversation_state(policy.conversation)
                 return CarriedPlay(carried.index, carried.env_seed, list(episode.messages), list(episode.turns), state)
-            trajectory = None if policy.conversation is None else trajectory_of(
-                policy.conversation, logprob_temperature=sampling.logprob_temperature)
+            trajectories = play_trajectories(policy, logprob_temperature=sampling.logprob_temperature)
+            trajectory = trajectories[-1] if trajectories else None
             opening = next((m.content for m in result.messages if m.role == "user"), "")
             return Play(group.env.env_id, False, carried.index, result.episode_return, len(result.turns),
                         result.end_reason.value, trajectory, seed=carried.env_seed, opening=opening,
-                        turn_log=tuple(result.turns))
+                        turn_log=tuple(result.turns), turn_samples=_turn_samples(policy, trajectories))
         self.infrastructure_failures += 1
         return None
 
@@ -253,12 +264,12 @@ class Player:
             if verdict == "drop":
                 self.fault_drops += 1
                 return None
-            trajectory = None if policy.conversation is None else trajectory_of(
-                policy.conversation, logprob_temperature=sampling.logprob_temperature)
+            trajectories = play_trajectories(policy, logprob_temperature=sampling.logprob_temperature)
+            trajectory = trajectories[-1] if trajectories else None
             opening = next((m.content for m in result.messages if m.role == "user"), "")
             return Play(request.env.env_id, request.hinted, request.index, result.episode_return, len(result.turns),
                         result.end_reason.value, trajectory, seed=env_seed, opening=opening,
-                        turn_log=tuple(result.turns))
+                        turn_log=tuple(result.turns), turn_samples=_turn_samples(policy, trajectories))
         self.infrastructure_failures += 1
         return None
 
@@ -267,13 +278,17 @@ class Player:
         scope where ``selfplay.plays`` asks for them (:mod:`.released_policy`)."""
         s = self.settings
         rules = s.plays
+        chat_format = self.hint_arm_format if hinted else self.chat_format
         if hinted and rules.hint_arm_budgets == "released" and self.tool_parser is None:
-            return released_hint_policy(self.engine, self.tokenizer, sampling, chat_format=self.chat_format)
+            return released_hint_policy(self.engine, self.tokenizer, sampling, chat_format=chat_format)
         if self.tool_parser is not None and rules.tool_mask_scope == "tool_call_block":
             return scoped_mask_policy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
-                                      chat_format=self.chat_format)
+                                      chat_format=chat_format)
+        if not hinted and s.agent_sample_form == "per_turn":
+            return PerTurnPolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+                                 chat_format=chat_format)
         return EnginePolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
-                            chat_format=self.chat_format)
+                            chat_format=chat_format)
 
     def _fault_verdict(self, request: PlayRequest, result: EpisodeResult, faults: int) -> str:
         """``keep`` (score the play), ``retry`` or ``drop``: what ``selfplay.plays.env_faults`` makes of

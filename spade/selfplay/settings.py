@@ -39,6 +39,7 @@ EnvSourceName = Literal["designer", "fixed_pool", "rlve"]
 Thinking = Literal["auto", "on", "off"]
 THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve")
+AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
 
 _WHERE = "selfplay"
 
@@ -93,6 +94,19 @@ class SelfPlaySettings:
     # the agent are switched on). With selfplay.designer_endpoint the endpoint decides (its extra_body).
     hint_thinking: Thinking | bool = "auto"
     screen_thinking: Thinking | bool = "auto"
+    # Thinking of the designer call and of the hinted arm's plays, read as hint_thinking is (auto:
+    # model.thinking). The released 8B runs: the corpus-grounded designer call kept the launchers'
+    # enable_thinking false (spade/core/corpus_orchestrator.py:113 passes no override), so "off" with
+    # use_corpus (games 8B with a corpus, tool use 8B); the games hinted arm renders its messages
+    # with the same default (core/orchestrator.py:1861-1880), so "off" for games (tool use's hinted
+    # arm takes the agent's path and thinks). docs/fidelity.md, "Issue 39: Qwen3-8B thinking".
+    designer_thinking: Thinking | bool = "auto"
+    hint_arm_thinking: Thinking | bool = "auto"
+    # What a no-hint play becomes for training (spade.selfplay.turn_samples): "sequence" (one
+    # token-exact sample per episode, every turn's reasoning kept) or "per_turn" (the released 8B
+    # thinking actor: each turn's prompt is the template's rendering of the messages so far, earlier
+    # reasoning dropped, one sample per turn, each with the episode's advantage). Games only.
+    agent_sample_form: Literal["sequence", "per_turn"] = "sequence"
     # Admission's determinism stage (two resets with one seed give one first observation): this
     # project's addition to the paper's checks (SPEC 3.5). false leaves it out (admission_paper_exact:
     # every addition out).
@@ -211,7 +225,7 @@ class SelfPlaySettings:
         require(self.hint_max_chars is None or (isinstance(self.hint_max_chars, int)
                 and not isinstance(self.hint_max_chars, bool) and self.hint_max_chars >= 1), key("hint_max_chars"),
                 f"must be an integer >= 1 or null (no cap), got {self.hint_max_chars!r}")
-        for name in ("hint_thinking", "screen_thinking"):
+        for name in ("hint_thinking", "screen_thinking", "designer_thinking", "hint_arm_thinking"):
             value = getattr(self, name)
             if isinstance(value, bool):  # YAML 1.1 reads an unquoted on / off as a boolean
                 value = "on" if value else "off"
@@ -264,6 +278,19 @@ class SelfPlaySettings:
                               ("hint_length", tuple(HINT_LENGTHS))):
             require(getattr(self, name) in allowed, key(name),
                     f"{getattr(self, name)!r} is not allowed; choose one of: {', '.join(allowed)}")
+        require(self.agent_sample_form in AGENT_SAMPLE_FORMS, key("agent_sample_form"),
+                f"{self.agent_sample_form!r} is not allowed; choose one of: {', '.join(AGENT_SAMPLE_FORMS)}")
+        require(self.agent_sample_form == "sequence" or self.domain == "games", key("agent_sample_form"),
+                "per_turn with domain tool_use; allowed: sequence (the released tool-use episodes are one sequence)")
+        for clash, value, allowed in (("batch.cut_to_global_batch", self.batch.cut_to_global_batch, "false"),
+                                      ("plays.env_faults", self.plays.env_faults, "score_zero")):
+            shown = str(value).lower()
+            require(self.agent_sample_form == "sequence" or shown == allowed, key("agent_sample_form"),
+                    f"per_turn with {_WHERE}.{clash}: {shown}; allowed: sequence, or per_turn with {clash}: "
+                    f"{allowed} (the cut and the fill count samples; the released code counted episodes)")
+        require(self.agent_sample_form == "sequence" or not self.partial_rollouts.enabled, key("agent_sample_form"),
+                "per_turn with partial_rollouts.enabled: true; allowed: sequence with partial rollouts (a carried "
+                "play keeps one sequence), or partial_rollouts.enabled: false")
         require(self.env_source in ENV_SOURCES, key("env_source"),
                 f"{self.env_source!r} is not allowed; choose one of: {', '.join(ENV_SOURCES)}")
         if self.env_source == "designer" and not self.designer_enabled:

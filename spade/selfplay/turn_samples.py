@@ -1,0 +1,66 @@
+"""The per-turn form of an agent episode (``selfplay.agent_sample_form: per_turn``).
+
+The released 8B thinking runs (``--spade-actor-enable-thinking``) play a game episode as a series of
+separate prompts: at every turn the messages so far are rendered afresh with the chat template,
+which drops the reasoning of earlier assistant turns (Qwen3's template keeps only the answer of a
+turn before the latest user message), and the reply is generated from that rendering. Each turn is
+then its own training sample, that prompt plus that reply, the loss on the reply only, and every
+turn sample of the episode gets the episode's advantage.
+
+:class:`PerTurnPolicy` plays that way: one fresh :class:`~spade.rollout.conversation.Conversation`
+per turn from the runner's whole message list, so each turn's prompt is the template's rendering
+of the conversation so far and its completion is appended token for token as generated. The turn
+conversations it keeps become the play's trajectories (:func:`play_trajectories`). The default
+``sequence`` form keeps one token-exact sequence per episode (:class:`EnginePolicy`).
+
+Budgets are the no-hint arm's: a turn whose prompt leaves no room for a reply within
+``max_context_tokens`` ends the episode, a reply cut by its token limit ends it too and stays a
+sample (the released code: a turn without end-of-sequence is kept and the episode truncated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..envs.runner import Message, StopEpisode
+from ..rl.samples import Trajectory
+from ..rollout.conversation import Conversation
+from .policy import EnginePolicy
+from .trajectories import trajectory_of
+
+
+class PerTurnPolicy(EnginePolicy):
+    """Renders the messages afresh every turn; keeps each turn's prompt + completion."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.turn_conversations: list[Conversation] = []
+
+    async def __call__(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
+        if tools:
+            raise ValueError("selfplay.agent_sample_form per_turn is for games; tool episodes stay one sequence")
+        self.conversation, self._consumed = None, 0  # the whole message list is this turn's prompt
+        base = self.sampling
+        if base.seed is not None:  # a new seed each turn, as EnginePolicy derives it from its turn count
+            self.sampling = replace(base, seed=base.seed + len(self.turn_conversations))
+        try:
+            return await super().__call__(messages, tools)
+        finally:
+            self.sampling = base
+            if self.conversation is not None and self.conversation.turns:
+                self.turn_conversations.append(self.conversation)
+
+    def mask_last_turn(self) -> None:
+        if self.turn_conversations:
+            self.turn_conversations[-1].mask_last_completion()
+
+
+def play_trajectories(policy: EnginePolicy, *, logprob_temperature: float) -> tuple[Trajectory, ...]:
+    """A play's training sequences: one per turn for :class:`PerTurnPolicy`, else the episode's one
+    sequence (none when nothing was generated)."""
+    if isinstance(policy, PerTurnPolicy):
+        return tuple(trajectory_of(c, logprob_temperature=logprob_temperature) for c in policy.turn_conversations)
+    if policy.conversation is None:
+        return ()
+    return (trajectory_of(policy.conversation, logprob_temperature=logprob_temperature),)
