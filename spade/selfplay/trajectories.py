@@ -2,10 +2,12 @@
 
 Agent trajectories: one per no-hint play that generated anything, the conversation's token ids
 with the loss on the agent's own tokens; the step gives each the z-score of its return among the
-plays of the same environment in the same step (SPEC 1.3). A multi-turn play is one sample, never
-one per turn: with a thinking model every turn's ``<think>`` reasoning stays in it as generated,
-though the chat template would drop earlier turns' reasoning on re-rendering, so the sample is
-exactly the sequence the engine conditioned on (see ``spade.rollout.conversation``).
+plays of the same environment in the same step (SPEC 1.3). By default a multi-turn play is one
+sample: with a thinking model every turn's ``<think>`` reasoning stays in it as generated, though
+the chat template would drop earlier turns' reasoning on re-rendering, so the sample is exactly the
+sequence the engine conditioned on (see ``spade.rollout.conversation``). The released 8B form, one
+sample per turn with the play's advantage, is ``selfplay.agent_sample_form: per_turn``
+(``spade.selfplay.turn_samples``).
 
 Designer trajectories: one per admitted environment, the designer call's prompt and whole
 response (loss on the response tokens), held in their JSON form until the delay buffer releases
