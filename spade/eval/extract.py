@@ -43,14 +43,21 @@ def last_boxed(text: str) -> Optional[str]:
         index += 1
     if index >= len(text) or text[index] != "{":
         return None
-    start, depth = index + 1, 1
+    end = balancing_brace(text, index)
+    return None if end is None else text[index + 1:end].strip()
+
+
+def balancing_brace(text: str, start: int) -> Optional[int]:
+    """The index of the ``}`` that balances the braces counted from ``start`` on (None when they
+    never balance)."""
+    depth = 0
     for index in range(start, len(text)):
         if text[index] == "{":
             depth += 1
         elif text[index] == "}":
             depth -= 1
             if depth == 0:
-                return text[start:index].strip()
+                return index
     return None
 
 

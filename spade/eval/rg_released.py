@@ -25,6 +25,8 @@ import random
 import re
 from typing import Any, Optional
 
+from .extract import balancing_brace
+
 POOL_SEED = 42  # the seed every rg:<task>-hard environment is registered with
 POOL_SIZE = 500  # SpadeReasoningGymEnv's default dataset size
 # appended to the question by the released environment's reset (the prompt suffix)
@@ -47,15 +49,7 @@ def gem_last_boxed(text: str) -> Optional[str]:
     start = text.rfind("\\boxed")
     if start < 0:
         return None
-    depth, end = 0, None
-    for index in range(start, len(text)):
-        if text[index] == "{":
-            depth += 1
-        elif text[index] == "}":
-            depth -= 1
-            if depth == 0:
-                end = index
-                break
+    end = balancing_brace(text, start)
     if end is None:
         return None
     whole = text[start:end + 1]
