@@ -94,6 +94,8 @@ def policy_loss(
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
     aggregation: Aggregation = "token_mean",
+    sample_weights: Tensor | None = None,
+    sample_counts: Tensor | None = None,
 ) -> tuple[Tensor, LossMetrics]:
     """Clipped GRPO loss over ``[B, T]`` token log-probs; returns ``(loss, metrics)``.
 
@@ -110,12 +112,15 @@ def policy_loss(
     ``sample_mean`` sums each sequence's token mean and divides by every sequence of the batch,
     a sequence without masked tokens adding 0 to the sum and 1 to the count (the released code's
     reducer: slime's sum of sample means over the step's samples, see docs/fidelity.md).
+    ``sample_weights`` and ``sample_counts`` (``[B]``, ``sample_mean`` only; ``TrainSample.loss_weight``
+    and ``count_weight``) make it ``sum_i w_i * mean_i / max(sum_i c_i, 1)``: with the weights of an
+    episode's turn samples the episode is one token mean over all its turns, counted once.
     The loss is computed in at least fp32.
     """
     _validate(
         logprobs, old_logprobs, advantages, loss_mask, rollout_logprobs, ref_logprobs,
         eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, kl_coef=kl_coef,
-        aggregation=aggregation,
+        aggregation=aggregation, sample_weights=sample_weights, sample_counts=sample_counts,
     )
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logp = logprobs.to(dtype)
@@ -143,7 +148,9 @@ def policy_loss(
         kl = torch.clamp(torch.exp(d) - d - 1.0, -KL_CLAMP, KL_CLAMP)
     total = pg + kl_coef * kl if (kl is not None and kl_coef > 0) else pg
 
-    loss = _aggregate(total, mask, aggregation)
+    weights = None if sample_weights is None else sample_weights.detach().to(dtype)
+    counts = None if sample_counts is None else sample_counts.detach().to(dtype)
+    loss = _aggregate(total, mask, aggregation, weights, counts)
 
     with torch.no_grad():
         n = mask.sum()
@@ -161,7 +168,7 @@ def policy_loss(
             tis_weight_mean=masked_mean(tis_weight) if tis_weight is not None else float(n > 0),
             tis_clip_frac=masked_mean((raw_weight > tis_cap).to(dtype)) if raw_weight is not None else 0.0,
             kl_mean=masked_mean(kl) if kl is not None else 0.0,
-            pg_loss=float(_aggregate(pg, mask, aggregation)),
+            pg_loss=float(_aggregate(pg, mask, aggregation, weights, counts)),
             loss=float(loss),
             num_tokens=float(n),
             rollout_logprob_abs_diff=masked_mean(behaviour_gap.abs()) if behaviour_gap is not None else 0.0,
@@ -170,14 +177,18 @@ def policy_loss(
     return loss, metrics
 
 
-def _aggregate(values: Tensor, mask: Tensor, aggregation: str) -> Tensor:
+def _aggregate(values: Tensor, mask: Tensor, aggregation: str, weights: Tensor | None = None,
+               counts: Tensor | None = None) -> Tensor:
     masked = values * mask
     if aggregation == "token_mean":
         return masked.sum() / mask.sum().clamp(min=1.0)
     tokens_per_seq = mask.sum(dim=-1)
     seq_means = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1.0)
     if aggregation == "sample_mean":  # every sequence counts, with or without loss tokens
-        return seq_means.sum() / max(int(values.shape[0]), 1)
+        if weights is not None:
+            seq_means = seq_means * weights
+        count = counts.sum() if counts is not None else values.new_tensor(float(values.shape[0]))
+        return seq_means.sum() / count.clamp(min=1.0)
     has_tokens = (tokens_per_seq > 0).to(values.dtype)
     return (seq_means * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
 
@@ -195,9 +206,18 @@ def _validate(
     tis_cap: float,
     kl_coef: float,
     aggregation: str,
+    sample_weights: Tensor | None,
+    sample_counts: Tensor | None,
 ) -> None:
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation={aggregation!r} is not supported; allowed values: {', '.join(AGGREGATIONS)}")
+    for name, tensor in (("sample_weights", sample_weights), ("sample_counts", sample_counts)):
+        if tensor is None:
+            continue
+        if aggregation != "sample_mean":
+            raise ValueError(f"{name} is for aggregation sample_mean, got {aggregation!r}")
+        if tensor.shape != logprobs.shape[:1]:
+            raise ValueError(f"{name} must be [B] = {tuple(logprobs.shape[:1])}, got {tuple(tensor.shape)}")
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
     shape = logprobs.shape

@@ -74,8 +74,14 @@ class Trajectory:
     # rollout``): row i is the routing of token_ids[i], a prefix of the targets' length; None: not
     # recorded (``spade.rl.routing_record``).
     routed_experts: Optional[RoutedExperts] = None
+    # How the sample enters a ``sample_mean`` loss (TrainSample.loss_weight / count_weight): 1 and
+    # 1 but for the turn samples of one episode (spade.selfplay.turn_samples.episode_weights).
+    loss_weight: float = 1.0
+    count_weight: int = 1
 
     def __post_init__(self) -> None:
+        _check_weights(self.loss_weight, self.count_weight)
+        object.__setattr__(self, "loss_weight", float(self.loss_weight))
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
         object.__setattr__(self, "loss_mask", tuple(int(m) for m in self.loss_mask))
         if self.rollout_logprobs is not None:
@@ -121,7 +127,8 @@ class Trajectory:
                            advantages=float(self.advantage),
                            rollout_logprobs=None if self.rollout_logprobs is None else list(self.rollout_logprobs),
                            weight_version=self.weight_version, temperature=self.logprob_temperature,
-                           routed_experts=self.routed_experts)
+                           routed_experts=self.routed_experts, loss_weight=self.loss_weight,
+                           count_weight=self.count_weight)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -133,6 +140,9 @@ class Trajectory:
             del data["token_weight_versions"]
         else:
             data["token_weight_versions"] = list(data["token_weight_versions"])
+        for name in ("loss_weight", "count_weight"):  # the defaults: the record is as before the fields
+            if data[name] == 1:
+                del data[name]
         if self.routed_experts is None:  # not recorded: the record is as before the field
             del data["routed_experts"]
         else:
@@ -157,6 +167,13 @@ class Trajectory:
 ArrayLike = Union[Sequence[float], Sequence[int], Tensor]
 
 
+def _check_weights(loss_weight: float, count_weight: int) -> None:
+    if not (isinstance(loss_weight, (int, float)) and 0.0 <= float(loss_weight) < float("inf")):
+        raise ValueError(f"loss_weight must be a finite number >= 0, got {loss_weight!r}")
+    if isinstance(count_weight, bool) or not isinstance(count_weight, int) or count_weight < 0:
+        raise ValueError(f"count_weight must be an integer >= 0, got {count_weight!r}")
+
+
 def _as_1d(value: ArrayLike, dtype: torch.dtype, name: str) -> Tensor:
     tensor = torch.as_tensor(value, dtype=dtype).detach().cpu()
     if tensor.dim() != 1:
@@ -177,6 +194,13 @@ class TrainSample:
     trainer reports how far behind the updated policy the samples are. ``temperature`` (> 0) is
     the ``T`` of ``softmax(logits / T)`` every trainer log-prob of the sample is computed at: the
     temperature its tokens were sampled with (1 for greedy), as in its ``rollout_logprobs``.
+
+    ``loss_weight`` and ``count_weight`` (defaults 1.0 and 1) say how the sample enters a
+    ``sample_mean`` loss (``spade.rl.loss.policy_loss``): its token mean times ``loss_weight`` is
+    summed, and the step divides by the sum of ``count_weight`` over its samples. The turn samples
+    of one episode (``selfplay.agent_sample_form: per_turn``) share one count and weigh their
+    token means by their loss tokens, so the episode is one token mean over all its turns
+    (``spade.selfplay.turn_samples.episode_weights``). Other aggregations ignore both.
     """
 
     token_ids: ArrayLike
@@ -188,8 +212,12 @@ class TrainSample:
     weight_version: Optional[int] = None
     temperature: float = 1.0
     routed_experts: Optional[Union[RoutedExperts, Tensor]] = None  # stored as int64 [n, layers, top_k]
+    loss_weight: float = 1.0
+    count_weight: int = 1
 
     def __post_init__(self) -> None:
+        _check_weights(self.loss_weight, self.count_weight)
+        object.__setattr__(self, "loss_weight", float(self.loss_weight))
         if not float(self.temperature) > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         object.__setattr__(self, "temperature", float(self.temperature))

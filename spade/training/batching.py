@@ -71,6 +71,10 @@ class MicroBatch:
     # routing replay: like input_ids plus [layers, top_k], the rollout's experts of each input
     # token (int32, -1 where not recorded); None when no sample has a record
     routed_experts: Optional[Tensor] = None
+    # [B] each sample's TrainSample.loss_weight and count_weight (float, int64); None: all 1 (and
+    # always for a filler micro-batch, whose one row is no sample)
+    loss_weights: Optional[Tensor] = None
+    count_weights: Optional[Tensor] = None
 
     @property
     def is_packed(self) -> bool:
@@ -98,6 +102,13 @@ class MicroBatch:
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
+
+    @property
+    def sample_count(self) -> int:
+        """The samples a ``sample_mean`` loss counts: the sum of their count weights."""
+        if self.count_weights is None:
+            return len(self.sample_indices)
+        return int(self.count_weights.sum())
 
     @property
     def num_loss_sequences(self) -> int:
@@ -188,9 +199,12 @@ def _loss_side(samples: Sequence[TrainSample], width: int) -> dict:
         advantages = torch.zeros(len(samples), width)
         for row, sample in enumerate(samples):
             advantages[row, : sample.num_targets] = sample.advantages  # a float broadcasts
+    weighted = any(s.loss_weight != 1.0 or s.count_weight != 1 for s in samples)
     return dict(
         loss_mask=mask,
         advantages=advantages,
+        loss_weights=torch.tensor([s.loss_weight for s in samples]) if weighted else None,
+        count_weights=torch.tensor([s.count_weight for s in samples], dtype=torch.long) if weighted else None,
         old_logprobs=_optional_stack(samples, "old_logprobs", width),
         rollout_logprobs=_optional_stack(samples, "rollout_logprobs", width),
         ref_logprobs=_optional_stack(samples, "ref_logprobs", width),

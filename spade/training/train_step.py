@@ -4,7 +4,8 @@ Loss normalisation. ``spade.rl.loss.policy_loss`` returns a mean over the micro-
 Averaging such means over micro-batches or data-parallel ranks would weight tokens by how the
 batch happened to be split. Instead each micro-batch's loss function returns the *sum*
 ``mean * count`` together with ``count`` (loss tokens for ``token_mean``, sequences with a loss
-token for ``seq_mean_token_mean``, every sequence for ``sample_mean``), the model config has ``calculate_per_token_loss`` (set by
+token for ``seq_mean_token_mean``, every sequence for ``sample_mean``, or the sum of the samples'
+``TrainSample.count_weight``: an episode's turn samples count once together), the model config has ``calculate_per_token_loss`` (set by
 ``build_model``), so neither the schedule nor DDP rescales anything, and ``finalize_model_grads``
 divides every gradient once by the global count (summed over micro-batches, broadcast along the
 pipeline, all-reduced over data-parallel ranks). The step's loss and gradients are therefore
@@ -126,8 +127,8 @@ class _Totals:
         self.values = torch.zeros(len(_FIELDS), dtype=torch.float64)
 
     def add(self, metrics, count: int, micro_batch: MicroBatch) -> None:
-        tokens = metrics.num_tokens
-        row = dict(loss=metrics.loss * count, pg_loss=metrics.pg_loss * count, count=count,
+        tokens, scale = metrics.num_tokens, max(count, 1)  # the sum policy_loss divided (see _loss_func)
+        row = dict(loss=metrics.loss * scale, pg_loss=metrics.pg_loss * scale, count=count,
                    loss_tokens=tokens, tokens=micro_batch.num_tokens,
                    samples=len(micro_batch.sample_indices))
         row.update({name: getattr(metrics, name) * tokens for name in TOKEN_MEANS})
@@ -166,7 +167,11 @@ def _loss_count(micro_batch: MicroBatch, aggregation: str) -> int:
     if aggregation == "token_mean":
         return micro_batch.num_loss_tokens
     if aggregation == "sample_mean":
-        return len(micro_batch.sample_indices)  # a filler micro-batch has none
+        # Megatron adds this up in an int tensor (schedules' total_num_tokens, torch.int), so the
+        # counts are integers: an episode's turn samples do not split its count into 1/T each, its
+        # first turn sample carries all of it (count weights 1, 0, ..., 0; a common multiple of the
+        # turn counts would overflow int32 on long games). A filler micro-batch has none.
+        return micro_batch.sample_count
     return micro_batch.num_loss_sequences
 
 
@@ -191,11 +196,21 @@ def _loss_func(micro_batch: MicroBatch, settings: LossSettings, totals: _Totals,
         ref_logprobs=micro_batch.ref_logprobs,
         kl_coef=settings.kl_coef,
         aggregation=settings.aggregation,
+        **_sample_weights(micro_batch, settings.aggregation),
     )
     count = _loss_count(micro_batch, settings.aggregation)
     totals.add(metrics, count, micro_batch)
     # A sum, not a mean: finalize_model_grads divides by the global count (module docstring).
-    return loss * count, torch.tensor(count, dtype=torch.int, device=loss.device), {}
+    # policy_loss divides by max(count, 1): a micro-batch of an episode's later turn samples has
+    # count 0 and a loss that is already its sum.
+    return loss * max(count, 1), torch.tensor(count, dtype=torch.int, device=loss.device), {}
+
+
+def _sample_weights(micro_batch: MicroBatch, aggregation: str) -> dict:
+    """The samples' loss and count weights for a ``sample_mean`` loss (none: every weight 1)."""
+    if aggregation != "sample_mean" or micro_batch.loss_weights is None:
+        return {}
+    return dict(sample_weights=micro_batch.loss_weights, sample_counts=micro_batch.count_weights)
 
 
 def _train_step_fn(settings: LossSettings, totals: _Totals, model: torch.nn.Module, micro_batch: MicroBatch):
