@@ -26,6 +26,7 @@ from spade.selfplay.partial_rollout_settings import PartialRolloutSettings
 from spade.selfplay.play_rules import PlayRules
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
+from spade.selfplay.turn_samples import episode_weights
 from spade.train_config import from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,6 +163,20 @@ def test_per_turn_thinking_episode_is_one_sample_per_turn(sandbox, tokenizer, tm
         assert len(plays) == 3
         assert all(p.reward == returns[index] and p.advantage == pytest.approx(advantages[index]) for p in plays)
     assert {round(a, 6) for a in advantages.values()} == {1.0, -1.0}
+    for plays in by_play.values():  # one episode in the loss: its first turn counts it, weights by loss tokens
+        tokens = [sum(p.loss_mask) for p in plays]
+        assert [p.count_weight for p in plays] == [1, 0, 0]
+        assert [p.loss_weight for p in plays] == pytest.approx([n / sum(tokens) for n in tokens])
+
+
+def test_per_turn_step_under_the_released_cut_and_fault_fill(sandbox, tokenizer, tmp_path):
+    """Both plays survive (no fill); the cut to a global batch of 1 keeps one whole episode."""
+    _, out = run_step(sandbox, tokenizer, tmp_path, agent_sample_form="per_turn",
+                      batch=BatchRules(global_batch=1, cut_to_global_batch=True),
+                      plays=PlayRules(env_faults="retry_then_drop"))
+    samples = [s for s in out.samples if s.role is Role.AGENT]
+    assert len(samples) == 3 and len({s.index for s in samples}) == 1
+    assert [s.count_weight for s in samples] == [1, 0, 0] and out.metrics["agent/fault_fill"] == 0.0
 
 
 def test_sequence_form_stays_the_default(sandbox, tokenizer, tmp_path):
@@ -180,8 +195,8 @@ def test_the_designer_weight_counts_episodes_in_the_per_turn_form():
         return Trajectory(token_ids=(1, 2), loss_mask=(1,), env_id="e", index=index, generated_step=0)
 
     samples = [turn(0), turn(0), turn(0), turn(1), turn(1)]
-    assert _agent_episodes(samples, per_turn=True) == 2
-    assert _agent_episodes(samples, per_turn=False) == 5
+    assert _agent_episodes(episode_weights(samples[:3]) + episode_weights(samples[3:])) == 2
+    assert _agent_episodes(samples) == 5  # one sequence per episode
 
 
 # --------------------------------------------------------------------------- the two role switches
@@ -213,12 +228,13 @@ def test_switch_values_and_errors():
     with pytest.raises(ConfigError, match=r"selfplay\.agent_sample_form: 'turns' is not allowed; choose one of: "
                                           r"sequence, per_turn"):
         from_dict({"selfplay": {"agent_sample_form": "turns"}})
-    clashes = ({"domain": "tool_use"}, {"batch": BatchRules(cut_to_global_batch=True)},
-               {"plays": PlayRules(env_faults="retry_then_drop")},
-               {"partial_rollouts": PartialRolloutSettings(enabled=True)})
-    for clash in clashes:
+    for clash in ({"domain": "tool_use"}, {"partial_rollouts": PartialRolloutSettings(enabled=True)}):
         with pytest.raises(ConfigError, match=r"selfplay\.agent_sample_form: per_turn with .*allowed: sequence"):
             SelfPlaySettings(agent_sample_form="per_turn", **clash)
+    # the released batch cut and fault fill keep and copy whole episodes (tests/test_per_episode_loss.py)
+    released = SelfPlaySettings(agent_sample_form="per_turn", batch=BatchRules(cut_to_global_batch=True),
+                                plays=PlayRules(env_faults="retry_then_drop"))
+    assert released.batch.cut_to_global_batch and released.plays.drops_faults
 
 
 def test_preflight_checks_the_new_switches_against_the_template(tmp_path):

@@ -79,6 +79,7 @@ from .settings import SelfPlaySettings
 from .step import Step
 from .trajectories import role_logprob_temperature
 from .trajectory_log import TrajectoryLog
+from .turn_samples import episode_weights, episodes
 
 STATE_VERSION = 1
 LEARNABLE_BAND = (0.2, 0.8)
@@ -202,7 +203,9 @@ class Orchestrator:
             self.update_memory(step, plays)                                            # 6
         if self._flushes(step):  # batch.release_at_final_step: every waiting design, this step's too
             self._designer_samples(out, self.buffer.release_all())
-        out.samples[:] = self.settings.batch.assemble(out.agent_samples, out.designer_samples)
+        # whole episodes: the turn samples of a play are cut together and count once (released)
+        batch = self.settings.batch.assemble(episodes(out.agent_samples), episodes(out.designer_samples))
+        out.samples[:] = [sample for episode in batch for sample in episode]
         self._step_metrics(out, plays, regenerate)
         out.metrics["time/designer_s"] = designed - started
         out.metrics["time/play_s"] = played - designed
@@ -281,8 +284,9 @@ class Orchestrator:
                 continue
             advantages = agent_advantages(returns)
             for play, advantage in zip(env_plays, advantages):
-                # one sequence per play, or one per turn (agent_sample_form per_turn), each with the play's advantage
-                trainable = [t for t in play.training_trajectories if t.trainable]
+                # one sequence per play, or one per turn (agent_sample_form per_turn), each with the play's
+                # advantage, the turns weighted to be one episode in the loss and the batch
+                trainable = episode_weights([t for t in play.training_trajectories if t.trainable])
                 if not trainable:
                     continue
                 if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
@@ -292,11 +296,11 @@ class Orchestrator:
                     role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
                     generated_step=origin, reward=play.episode_return, advantage=advantage) for trajectory in trainable]
         if s.plays.drops_faults:  # env_faults retry_then_drop: copies fill in for the dropped plays (released)
-            agents = [t for t in out.samples if t.role is Role.AGENT]
+            agents = episodes([t for t in out.samples if t.role is Role.AGENT])  # copied whole
             others = [t for t in out.samples if t.role is not Role.AGENT]
             filled = fill_round_robin(agents, len(groups) * s.nohint_plays(len(groups)))  # the plays asked for
             out.metrics["agent/fault_fill"] = float(len(filled) - len(agents))
-            out.samples[:] = filled + others
+            out.samples[:] = [t for episode in filled for t in episode] + others
         if s.drop_equal_return_groups:
             out.metrics["agent/dropped_equal_groups"] = float(dropped_groups)
         if s.mask_truncated:
@@ -405,7 +409,7 @@ class Orchestrator:
         metrics["designer/regret_mean"] = _mean([r.regret for r in released])
         metrics["designer/win_mean"] = _mean([r.win for r in released])
         scale = designer_advantage_weight(
-            self.settings.rewards, _agent_episodes(out.agent_samples, self.settings.agent_sample_form == "per_turn"),
+            self.settings.rewards, _agent_episodes(out.agent_samples),
             len(released), self.settings.k)
         advantages = designer_advantages([r.reward for r in released], [r.skill for r in released], scale)
         metrics["designer/advantage_scale"] = scale
@@ -543,13 +547,12 @@ class Orchestrator:
         self.carried = [CarriedGroup.from_json(group, agent_t) for group in state.get("carried", [])]
 
 
-def _agent_episodes(samples: list[Trajectory], per_turn: bool) -> int:
+def _agent_episodes(samples: list[Trajectory]) -> int:
     """The agent count of the designer weight: the samples, or with ``agent_sample_form: per_turn``
-    the plays they come from, as the released weight counts episodes before the thinking fan-out
-    into turn samples (``slime/spade_rollout.py:597-603``; fan-out at ``:879-895``)."""
-    if not per_turn:
-        return len(samples)
-    return len({(t.env_id, t.generated_step, t.index) for t in samples})
+    the episodes they come from (copies of the fault fill included), as the released weight counts
+    episodes before the thinking fan-out into turn samples (``slime/spade_rollout.py:597-603``;
+    fan-out at ``:879-895``)."""
+    return sum(t.count_weight for t in samples)
 
 
 def _all_equal(values: list[float]) -> bool:

@@ -282,12 +282,6 @@ class SelfPlaySettings:
                 f"{self.agent_sample_form!r} is not allowed; choose one of: {', '.join(AGENT_SAMPLE_FORMS)}")
         require(self.agent_sample_form == "sequence" or self.domain == "games", key("agent_sample_form"),
                 "per_turn with domain tool_use; allowed: sequence (the released tool-use episodes are one sequence)")
-        for clash, value, allowed in (("batch.cut_to_global_batch", self.batch.cut_to_global_batch, "false"),
-                                      ("plays.env_faults", self.plays.env_faults, "score_zero")):
-            shown = str(value).lower()
-            require(self.agent_sample_form == "sequence" or shown == allowed, key("agent_sample_form"),
-                    f"per_turn with {_WHERE}.{clash}: {shown}; allowed: sequence, or per_turn with {clash}: "
-                    f"{allowed} (the cut and the fill count samples; the released code counted episodes)")
         require(self.agent_sample_form == "sequence" or not self.partial_rollouts.enabled, key("agent_sample_form"),
                 "per_turn with partial_rollouts.enabled: true; allowed: sequence with partial rollouts (a carried "
                 "play keeps one sequence), or partial_rollouts.enabled: false")

@@ -16,18 +16,25 @@ conversations it keeps become the play's trajectories (:func:`play_trajectories`
 Budgets are the no-hint arm's: a turn whose prompt leaves no room for a reply within
 ``max_context_tokens`` ends the episode, a reply cut by its token limit ends it too and stays a
 sample (the released code: a turn without end-of-sequence is kept and the episode truncated).
+
+An episode's turn samples stay one episode for the loss and the batch (:func:`episode_weights`,
+:func:`episodes`): the released code keeps them in one slime group, whose reducer makes the episode
+one token mean over all its turns, and cuts and fills the batch before fanning episodes out into
+turns (``slime/trajectory_converter.py:100-116``, ``slime/spade_rollout.py:836-906``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Sequence, TypeVar
 
 from ..envs.runner import Message, StopEpisode
 from ..rl.samples import Trajectory
 from ..rollout.conversation import Conversation
 from .policy import EnginePolicy
 from .trajectories import trajectory_of
+
+T = TypeVar("T", bound=Trajectory)
 
 
 class PerTurnPolicy(EnginePolicy):
@@ -64,3 +71,29 @@ def play_trajectories(policy: EnginePolicy, *, logprob_temperature: float) -> tu
     if policy.conversation is None:
         return ()
     return (trajectory_of(policy.conversation, logprob_temperature=logprob_temperature),)
+
+
+def episode_weights(turns: Sequence[Trajectory]) -> list[Trajectory]:
+    """The turn samples of one episode weighted as the released group reducer reads them: turn
+    ``t`` with ``n_t`` of the episode's ``N`` loss tokens gets ``loss_weight = n_t / N``, so the
+    weighted sum of the turns' token means is the episode's token mean; the first turn sample
+    carries the episode's count (``count_weight`` 1, the others 0). One sample keeps 1 and 1."""
+    if len(turns) < 2:
+        return list(turns)
+    tokens = [sum(t.loss_mask) for t in turns]
+    total = sum(tokens)
+    return [t.replace(loss_weight=n / total if total else 0.0, count_weight=int(i == 0))
+            for i, (t, n) in enumerate(zip(turns, tokens))]
+
+
+def episodes(samples: Sequence[T]) -> list[list[T]]:
+    """``samples`` in episodes: each begins at a sample that counts (``count_weight`` > 0) and
+    holds the turn samples after it that do not (:func:`episode_weights`). Samples that each count
+    (one sequence per episode, designer samples) are one episode each."""
+    out: list[list[T]] = []
+    for sample in samples:
+        if sample.count_weight > 0 or not out:
+            out.append([sample])
+        else:
+            out[-1].append(sample)
+    return out
