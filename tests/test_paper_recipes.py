@@ -497,19 +497,6 @@ RELEASED: dict[str, dict] = {
 }
 BASES = ("games_base.yaml", "tool_use_base.yaml")
 
-# Where a reproduction recipe cannot take the released value because spade refuses the released
-# combination: {recipe: {key: (the recipe's value, why)}}. These keys are not in RELEASED for it.
-_PER_TURN = {
-    "selfplay.batch.cut_to_global_batch": (False, "refused with agent_sample_form per_turn: the released cut "
-                                                  "counted episodes (slime/spade_rollout.py:836-842)"),
-    "selfplay.plays.env_faults": ("score_zero", "refused with agent_sample_form per_turn: the released fill "
-                                                "counted episodes (core/orchestrator.py:2607-2620)"),
-}
-DEPARTURES: dict[str, dict] = {"games_8b.yaml": _PER_TURN, "baseline_fixed_gpt55_8b.yaml": _PER_TURN}
-for _name, _keys in DEPARTURES.items():
-    for _key in _keys:
-        RELEASED[_name].pop(_key, None)
-
 # The switches where spade's own recipes keep spade's choice and the reproduction recipes the
 # released one: key -> (spade's value, the released value). docs/fidelity.md has a row for each.
 SWITCHES: dict[str, tuple] = {
@@ -553,16 +540,6 @@ def test_every_setting_is_the_released_one(name):
     wrong = [f"{key}: recipe has {value_at(config, key)!r}, released {want!r} ({cite})"
              for key, (want, cite) in sorted(RELEASED[name].items()) if not _same(value_at(config, key), want)]
     assert not wrong, f"{name} differs from the released run:\n  " + "\n  ".join(wrong)
-
-
-@pytest.mark.parametrize("name", sorted(DEPARTURES))
-def test_departures_are_the_ones_named(name):
-    config = load_train_config(PAPER / name, [])
-    for key, (want, why) in DEPARTURES[name].items():
-        assert _same(value_at(config, key), want), f"{name} {key}: {value_at(config, key)!r}, expected {want!r} ({why})"
-        assert key not in RELEASED[name]
-    # the header says so
-    assert "Not expressible" in (PAPER / name).read_text() or name != "games_8b.yaml"
 
 
 def test_every_launcher_has_a_recipe_and_every_recipe_a_row():
