@@ -38,6 +38,7 @@ CASES = {
     "pp2": (True, True),
     "pp2_tied": (True, False),
     "dp2": (True, True),
+    "dp2_turns": (True, False),  # sample_mean over per-turn samples weighted as episodes
     "dp2_distopt": (False, True),
     "moe_ep2": (True, False),
     "moe_tp2": (True, False),

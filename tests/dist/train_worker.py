@@ -68,6 +68,7 @@ class Case:
     grads: bool = True
     loss: LossSettings = field(default_factory=lambda: LossSettings(kl_coef=0.05))
     per_token_advantages: bool = False
+    turn_episodes: bool = False  # the samples are the turn samples of EPISODES, weighted (per_turn)
 
 
 CASES: dict[str, Case] = {
@@ -77,10 +78,28 @@ CASES: dict[str, Case] = {
     "pp2_tied": Case("llama-tied", ParallelLayout(pp=2), budget=40,
                      loss=LossSettings(aggregation="seq_mean_token_mean")),
     "dp2": Case("qwen3", ParallelLayout(), budget=40, steps=3),
+    # per-turn samples of one episode land on both ranks and in several micro-batches
+    "dp2_turns": Case("qwen3", ParallelLayout(), budget=40, loss=LossSettings(aggregation="sample_mean"),
+                      turn_episodes=True),
     "dp2_distopt": Case("qwen3", ParallelLayout(), budget=40, steps=3, distributed_optimizer=True, grads=False),
     "moe_ep2": Case("qwen3-moe", ParallelLayout(ep=2, etp=1), budget=30),  # 3 vs 2 micro-batches
     "moe_tp2": Case("qwen3-moe", ParallelLayout(tp=2, sequence_parallel=True)),
 }
+
+
+# turn samples of four episodes (indices into LENGTHS), as selfplay.agent_sample_form per_turn gives them
+EPISODES = ((0, 1, 2), (3,), (4, 5), (6, 7))
+
+
+def as_turn_episodes(samples: list[TrainSample]) -> list[TrainSample]:
+    """Each episode's advantage on its turns, loss weights n_t / N, the count on its first turn."""
+    out = list(samples)
+    for episode in EPISODES:
+        total = sum(samples[i].num_loss_tokens for i in episode)
+        for t, i in enumerate(episode):
+            out[i] = dataclasses.replace(samples[i], advantages=samples[episode[0]].advantages,
+                                         loss_weight=samples[i].num_loss_tokens / total, count_weight=int(t == 0))
+    return out
 
 
 def make_samples(per_token_advantages: bool) -> list[TrainSample]:
@@ -135,6 +154,8 @@ def run_case(name: str, case: Case, reference: bool, out_dir: Path) -> dict:
         ep_gather=ep_all_gather(), stages=StageBroadcast(ctx.device) if layout.pp > 1 else None)}
     multiple = layout.tp if layout.sequence_parallel else 1
     samples = make_samples(case.per_token_advantages)
+    if case.turn_episodes:
+        samples = as_turn_episodes(samples)
     mine = data_parallel_shard(samples, ctx.dp_size, ctx.dp_rank)
     local = [samples[i] for i in mine]
     logprobs = compute_logprobs(model.chunks, make_micro_batches(local, budget, packed=False,
