@@ -9,7 +9,9 @@ code's (``spade-rl/spade@9b2b813``; docs/fidelity.md, "Training signal (issue 39
 * ``cut_to_global_batch``: false (spade) trains every sample of the step, agent samples first;
   true (released, ``slime/spade_rollout.py:666`` and ``:836-842``) puts the released designer
   samples first and cuts the step's samples to ``global_batch``, so the surplus agent samples at
-  the end are not trained (their group's advantages are computed before the cut).
+  the end are not trained (their group's advantages are computed before the cut). The
+  orchestrator hands it episodes, so the turn samples of a ``per_turn`` episode are kept or cut
+  together and the cut counts episodes (released: the cut comes before the thinking fan-out).
 * ``release_at_final_step``: false (spade) leaves the designer samples still waiting when the run
   ends untrained; true (released, ``slime/spade_rollout.py:557-561``) releases every waiting
   designer sample at the run's last step, the set generated at that step too, scored on the plays

@@ -18,7 +18,7 @@ admission").
   canary), a hung environment's plays not yet started are skipped and it is not played again
   until the next regeneration (``core/orchestrator.py:2355-2369``); the surviving no-hint samples
   are repeated in turn until the step has as many as it asked for (``upsample_trajectories``,
-  ``core/orchestrator.py:2607-2620``). The hinted arm keeps scoring a fault 0 (released
+  ``core/orchestrator.py:2607-2620``), whole episodes with ``per_turn`` samples. The hinted arm keeps scoring a fault 0 (released
   ``_play_game_with_hint_async`` returns 0.0, ``core/orchestrator.py:1826-1836``).
 - ``hint_arm_budgets``: ``like_nohint`` (spade): the hinted arm ends on the same context budget and
   the same cut-off reply rule as the no-hint arm. ``released`` (games; released
