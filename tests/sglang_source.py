@@ -242,6 +242,10 @@ def unload() -> None:
             del sys.modules[entry]
         elif entry in sys.path:
             sys.path.remove(entry)
+    # SGLang's modules imported after load() returned (lazily, by a test) are not in _LOADED; one
+    # left behind without its parent breaks the next import of the package (KeyError 'sglang.srt')
+    for name in [name for name in sys.modules if name == "sglang" or name.startswith("sglang.")]:
+        del sys.modules[name]
     load.cache_clear()
     tool_call_detectors.cache_clear()
 
