@@ -133,6 +133,7 @@ def _switches(f: str, *, gbs: int, template: int, corpus_check: str, global_batc
         "selfplay.rewards.advantage_agent_samples": (None, f"{ROLLOUT}:597-603 num_actor_trajectories=len(actor_samples)"),
         "selfplay.rewards.failed_hint": ("hint_return_zero", "spade/core/utils/delayed_env_rewards.py:462 cached_hint_rewards.get(game_file, 0.0)"),
         "selfplay.hint_attempts": (3, "spade/core/hint_generator.py:265-287 generate_hint_with_retry"),
+        "selfplay.hint_sampling": ("released", "spade/core/hint_generator.py:250-256 temperature=self.temperature"),
         "selfplay.hint_length": ("three_sentences", "spade/core/hint_generator.py:37 1-3 sentences (under 100 words)"),
         "selfplay.action_extraction": ("first_flat_box", "spade/core/utils/parsing.py:7-36 def extract_boxed_answer"),
         "selfplay.agent_game_prompt": ("paper", f"{f}:{template} --spade-actor-template qwen3_game"),

@@ -149,3 +149,27 @@ def test_failed_hint(sandbox, engine, tokenizer, tmp_path, failed_hint):
         assert trajectory.reward == pytest.approx(0.6 * _plateau(sum(window) / len(window)))
     assert out2.metrics["designer/regret_mean"] == pytest.approx(
         sum(-sum(p.nohint_returns) / len(p.nohint_returns) for p in pending.values()) / 2)
+
+
+class RecordingHintSampling(ScriptedDesigner):
+    """The scripted designer that keeps the sampling settings each hint call reached the engine with."""
+
+    def __init__(self, real, tokenizer, sources):
+        super().__init__(real, tokenizer, sources)
+        self.hint_sampling: list = []
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if HINT_SYSTEM[:60] in self.tokenizer.decode(list(request.prompt_ids)):
+            self.hint_sampling.append((request.sampling.top_p, request.sampling.top_k))
+        return await super().generate(request)
+
+
+@pytest.mark.parametrize("hint_sampling, expected", [("shared", (0.95, 20)), ("released", (0.9, None))])
+def test_hint_sampling(sandbox, engine, tokenizer, tmp_path, hint_sampling, expected):
+    """``shared`` (spade): the hint call samples with selfplay.top_p / top_k like every role;
+    ``released``: top-p 0.9 and no top-k, what the released hint call got from its adapter."""
+    designer = RecordingHintSampling(engine, tokenizer, [COIN_SOURCE])
+    orch = _orchestrator(sandbox, designer, tokenizer, tmp_path, envs_per_set=1, hint_sampling=hint_sampling,
+                         top_p=0.95, top_k=20)
+    sandbox.run(orch.regenerate_and_admit(Step(0), _Out()), timeout=120)
+    assert designer.hint_sampling == [expected]

@@ -296,9 +296,10 @@ class DesignerRound:
         not wait (a wait changes no sample)."""
         s = self.settings
         messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source, s.hint_length)
+        top_p, top_k = s.hint_top_p_k()
         for attempt in range(s.hint_attempts):
             seed = derive_seed(self.seed, "hint", step, slot, *((attempt,) if attempt else ()))
-            sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
+            sampling = TextSampling(temperature=s.hint_temperature, top_p=top_p, top_k=top_k,
                                     max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s, seed=seed)
             try:
                 generated = await self.hint_generator.generate(messages, sampling)

@@ -43,6 +43,9 @@ AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
 
 _WHERE = "selfplay"
 
+HINT_SAMPLINGS = ("shared", "released")
+RELEASED_HINT_TOP_P = 0.9  # the released hint call's top-p (slime/model_adapter.py:155); no top-k
+
 
 @dataclass(frozen=True)
 class SelfPlaySettings:
@@ -159,6 +162,10 @@ class SelfPlaySettings:
     # The games hint prompt's length (designer.prompts.hint_messages): "four_sentences", or
     # "three_sentences" (the released "1-3 sentences (under 100 words)").
     hint_length: Literal["four_sentences", "three_sentences"] = "four_sentences"
+    # The hint call's top-p / top-k: "shared" (selfplay.top_p / top_k, as every role) or "released"
+    # (the released hint call passes neither and gets the adapter's top-p 0.9 and no top-k:
+    # slime/model_adapter.py:155, core/hint_generator.py:250-256).
+    hint_sampling: Literal["shared", "released"] = "shared"
     use_memory: bool = True
     train_designer: bool = True
     # The "Fixed ED" ablation: designer, hint and tool-use screen calls go to this external
@@ -204,6 +211,10 @@ class SelfPlaySettings:
     # seeds of the two arms, environment faults, the hinted arm's budgets, the tool-use mask scope,
     # the released loader's names for designed games. Defaults: spade's behaviour.
     plays: PlayRules = field(default_factory=PlayRules)
+
+    def hint_top_p_k(self) -> tuple[float, int | None]:
+        """The hint call's (top-p, top-k) under ``hint_sampling``."""
+        return (RELEASED_HINT_TOP_P, None) if self.hint_sampling == "released" else (self.top_p, self.top_k)
 
     def nohint_plays(self, n_envs: int) -> int:
         """No-hint plays per environment of a set of ``n_envs`` (``batch.nohint_plays``)."""
@@ -275,7 +286,7 @@ class SelfPlaySettings:
                 f"{self.designer_prompt_order!r} is not allowed; choose one of: {', '.join(PROMPT_ORDERS)}")
         for name, allowed in (("action_extraction", ACTION_EXTRACTIONS), ("agent_game_prompt", GAME_PROMPTS),
                               ("designer_prompt_rules", DESIGNER_RULES), ("code_extraction", CODE_EXTRACTIONS),
-                              ("hint_length", tuple(HINT_LENGTHS))):
+                              ("hint_length", tuple(HINT_LENGTHS)), ("hint_sampling", HINT_SAMPLINGS)):
             require(getattr(self, name) in allowed, key(name),
                     f"{getattr(self, name)!r} is not allowed; choose one of: {', '.join(allowed)}")
         require(self.agent_sample_form in AGENT_SAMPLE_FORMS, key("agent_sample_form"),
