@@ -167,9 +167,9 @@ def test_games_that_lean_on_the_released_loaders_injected_names_are_reported(tmp
             "(Tuple 1, deque 1, math 1, np 1, undefined_helper 1)") in err
     # the switch binds deque, Tuple and math, not numpy, and nothing binds undefined_helper
     assert "selfplay.pool.released_loader_names" in err
-    assert ("With it, 1 load; 1 still fail because they use numpy (np), which the sandbox cannot import; "
+    assert ("With it, 1 load; 1 still fail because they use numpy (np), which the sandbox imports only with sandbox.offer_numpy; "
             "1 still fail because they use names no loader binds") in err
-    assert "game_000006.py uses numpy, not importable in the sandbox (np)" in err
+    assert "game_000006.py uses numpy, importable in the sandbox only with sandbox.offer_numpy (np)" in err
     assert "game_000007.py uses names no loader binds (undefined_helper)" in err
     for name in ("game_000005.py", "game_000006.py", "game_000007.py"):
         assert (tmp_path / "pool" / name).is_file()  # kept: the pool stays the released one

@@ -78,8 +78,8 @@ class ImportSummary:
     def unbound_by_outcome(self) -> dict[str, list[str]]:
         """The games of :attr:`unbound` by what happens to them at load under
         ``selfplay.pool.released_loader_names``: ``covered`` (the switch binds every such name),
-        ``numpy`` (uses ``np``/``numpy``, which the released loader binds and the sandbox cannot
-        offer), ``other`` (uses a name no loader binds: it fails at load either way)."""
+        ``numpy`` (uses ``np``/``numpy``, which the released loader binds and the sandbox offers only
+        with ``sandbox.offer_numpy``), ``other`` (uses a name no loader binds: it fails at load either way)."""
         groups: dict[str, list[str]] = {"covered": [], "numpy": [], "other": []}
         for game, names in self.unbound.items():
             missing = set(names) - SWITCH_NAMES
@@ -135,7 +135,7 @@ def unbound_names(tree: ast.AST) -> list[str]:
     """Names the code reads that nothing in it binds (assignment, import, def, class, argument) and
     that are not builtins. The released loader supplies common standard-library names (and numpy)
     to every game, so a released game may use them without importing them; spade's sandbox binds
-    them only with ``selfplay.pool.released_loader_names``, and never numpy."""
+    them only with ``selfplay.pool.released_loader_names``, and numpy only with ``sandbox.offer_numpy``."""
     bound: set[str] = set(dir(builtins))
     read: set[str] = set()
     for node in ast.walk(tree):
@@ -296,9 +296,9 @@ def import_released_pool(source: Path | str, out: Path | str, *, expect: int | N
                "sandbox does so only with selfplay.pool.released_loader_names (on in "
                "baseline_fixed_pool.yaml), and admission rejects these games when drawn without it. With it, "
                f"{len(groups['covered'])} load; {len(groups['numpy'])} still fail because they use numpy "
-               f"(np), which the sandbox cannot import; {len(groups['other'])} still fail because they use "
+               f"(np), which the sandbox imports only with sandbox.offer_numpy; {len(groups['other'])} still fail because they use "
                "names no loader binds")
-        for outcome, why in (("numpy", "uses numpy, not importable in the sandbox"),
+        for outcome, why in (("numpy", "uses numpy, importable in the sandbox only with sandbox.offer_numpy"),
                              ("other", "uses names no loader binds")):
             for game in groups[outcome]:
                 names = ", ".join(n for n in summary.unbound[game] if n not in SWITCH_NAMES)
