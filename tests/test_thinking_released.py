@@ -250,3 +250,42 @@ def test_preflight_checks_the_new_switches_against_the_template(tmp_path):
     for key in ("designer_thinking", "hint_arm_thinking"):
         with pytest.raises(RunDirError, match=rf"selfplay\.{key}: 'off' needs a chat template"):
             preflight(from_dict({"model": {"hf_dir": str(model)}, "selfplay": {"use_corpus": False, key: "off"}}))
+
+
+def test_per_turn_keeps_the_released_reply_reserve(tokenizer):
+    """``core/orchestrator.py:626-642``: a turn whose prompt leaves 64 tokens or fewer ends the
+    episode; otherwise the reply may take at most what is left beyond those 64."""
+    import asyncio
+
+    from spade.envs.runner import Message, StopEpisode
+    from spade.rollout.engine import SamplingParams
+    from spade.selfplay.turn_samples import RESERVED_REPLY_TOKENS, PerTurnPolicy
+
+    asked: list[int] = []
+
+    class Recording(RolloutEngine):
+        weight_version = 0
+
+        async def generate(self, request: GenerationRequest) -> GenerationResult:
+            asked.append(request.sampling.max_new_tokens)
+            reply = ids(tokenizer, "\\boxed{A}<|im_end|>")
+            return GenerationResult(tuple(reply), tuple([-1.0] * len(reply)), "stop", 0)
+
+        async def update_weights(self, named_tensors, version):
+            pass
+
+        def close(self) -> None:
+            pass
+
+    messages = [Message("user", "Say A.")]
+    prompt = len(ids(tokenizer, tokenizer.apply_chat_template([m.to_dict() for m in messages], tokenize=False,
+                                                               add_generation_prompt=True)))
+
+    def policy(context: int) -> PerTurnPolicy:
+        return PerTurnPolicy(Recording(), tokenizer, SamplingParams(max_new_tokens=1000), max_context_tokens=context)
+
+    asyncio.run(policy(prompt + RESERVED_REPLY_TOKENS + 10)(messages))
+    assert asked == [10]  # what lies beyond the reserve, below the per-turn limit
+    with pytest.raises(StopEpisode):
+        asyncio.run(policy(prompt + RESERVED_REPLY_TOKENS)(messages))
+    assert asked == [10]  # no request: only the reserve was left

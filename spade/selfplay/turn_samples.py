@@ -13,9 +13,11 @@ of the conversation so far and its completion is appended token for token as gen
 conversations it keeps become the play's trajectories (:func:`play_trajectories`). The default
 ``sequence`` form keeps one token-exact sequence per episode (:class:`EnginePolicy`).
 
-Budgets are the no-hint arm's: a turn whose prompt leaves no room for a reply within
-``max_context_tokens`` ends the episode, a reply cut by its token limit ends it too and stays a
-sample (the released code: a turn without end-of-sequence is kept and the episode truncated).
+Budgets are the released per-turn loop's: a turn whose prompt leaves ``RESERVED_REPLY_TOKENS`` or
+fewer tokens of ``max_context_tokens`` ends the episode, and a reply may take at most what is left
+beyond that reserve (``core/orchestrator.py:626-642``: ``min_generation_tokens = 64``); a reply cut
+by its token limit ends the episode too and stays a sample (the released code: a turn without
+end-of-sequence is kept and the episode truncated).
 
 An episode's turn samples stay one episode for the loss and the batch (:func:`episode_weights`,
 :func:`episodes`): the released code keeps them in one slime group, whose reducer makes the episode
@@ -37,11 +39,17 @@ from .trajectories import trajectory_of
 T = TypeVar("T", bound=Trajectory)
 
 
+RESERVED_REPLY_TOKENS = 64  # the released per-turn loop's min_generation_tokens
+
+
 class PerTurnPolicy(EnginePolicy):
     """Renders the messages afresh every turn; keeps each turn's prompt + completion."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # each turn's conversation is measured against the context less the reserve: it ends when
+        # no more than the reserve is left, and a reply gets at most what lies beyond it
+        self.max_context_tokens -= RESERVED_REPLY_TOKENS
         self.turn_conversations: list[Conversation] = []
 
     async def __call__(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
