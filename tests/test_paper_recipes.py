@@ -365,6 +365,8 @@ def _fixed_gpt55(size: str, kl: float, kl_line: int, name_line: int, tp: int, sg
         "selfplay.batch.nohint_plays": ("global_batch", f"{ORCH}:2382 math.ceil(global_batch_size / len(selected_game_files))"),
         "selfplay.batch.global_batch": (192, f"{F}:13 GLOBAL_BATCH_SIZE:-192"),
         "selfplay.batch.cut_to_global_batch": (True, f"{ROLLOUT}:836-838 grouped_samples[:global_batch_size]"),
+        # the fixed pool plays through the designer runs' rollout function and orchestrator
+        "selfplay.plays.env_faults": ("retry_then_drop", f"{F}:184 spade.slime.spade_rollout.spade_generate_rollout"),
         "selfplay.action_extraction": ("first_flat_box", "spade/core/utils/parsing.py:7-36 def extract_boxed_answer"),
         "selfplay.agent_game_prompt": ("paper", f"{F}:213 --spade-actor-template qwen3_game"),
         "model.hf_dir": (base["model.hf_dir"][0], f"{F}:{name_line} MODEL_NAME="),
