@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spade.selfplay.advantages import designer_advantage_scale
+from spade.selfplay.advantages import designer_advantage_scale, designer_advantages
 from spade.selfplay.designer_rewards import (
     DesignerEvidence,
     LearningPotentialReward,
     RegretPlateauReward,
+    ReleasedRegretReward,
     SolverVarianceReward,
     WindowProgressReward,
     designer_reward_for,
@@ -215,7 +216,8 @@ def test_reward_settings_is_frozen():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(designer_reward="ema"), "regret_plateau, learning_potential, window_progress, solver_variance"),
+        (dict(designer_reward="ema"),
+         "designer_reward.*regret_plateau, regret_released, learning_potential, window_progress, solver_variance"),
         (dict(plateau_lo=0.7), "plateau_lo"),
         (dict(plateau_ramp=0.0), "plateau_ramp"),
         (dict(regret_scale=-1.0), "regret_scale"),
@@ -360,3 +362,41 @@ def test_learning_potential_skill_return_pools_the_plays():
     assert reward.state_dict()["slow"] == approx({LOGIC: 0.25, MATH: 0.5})
 
 
+
+
+# ------------------------------------------------ regret_released: the released regret_based variant
+
+
+def test_released_regret_reads_the_whole_window_with_no_scale_or_cap():
+    # hinted mean 3/4; no-hint plays of the window: step s (0, 1, 0, 0), then (1, 1), (0, 1):
+    # mean 4/8 = 0.5, so max(0, 0.75 - 0.5) = 0.25 (step s alone would give 0.75 - 0.25 = 0.5)
+    evidence = DesignerEvidence((1.0, 1.0, 0.0, 1.0), (0.0, 1.0, 0.0, 0.0), ((1.0, 1.0), (0.0, 1.0)))
+    reward = designer_reward_for(RewardSettings(designer_reward="regret_released"))
+    assert reward == ReleasedRegretReward()
+    assert reward(evidence) == approx(0.25)
+    # the old approximation (regret weight 1, scale 1, plateau 0) reads step s only: 0.5
+    assert RegretPlateauReward(1.0, 1.0, 0.0, **SPEC_BAND)(evidence) == approx(0.5)
+    # no cap at 1 and no regret scale: hinted 1.0, window mean -0.5 -> 1.5
+    assert reward(DesignerEvidence((1.0, 1.0), (-1.0,), ((0.0,),))) == approx(1.5)
+
+
+def test_released_regret_floors_a_negative_regret_and_keeps_the_sample():
+    reward = ReleasedRegretReward()
+    # hinted mean 0.25, window mean 0.5: regret -0.25 -> 0, not masked
+    negative = DesignerEvidence((0.0, 0.0, 1.0, 0.0), (1.0, 0.0), ((1.0, 0.0),))
+    positive = DesignerEvidence((1.0,), (0.0, 0.0), ((1.0, 0.0),))  # 1 - 0.25 = 0.75
+    rewards = score_released(reward, [LOGIC, LOGIC], [negative, positive])
+    assert rewards == approx([0.0, 0.75])
+    # both samples stay and are centred on their skill's mean 0.375 (released: every sample is kept)
+    assert designer_advantages(rewards, [LOGIC, LOGIC], scale=2.0) == approx([-0.75, 0.75])
+
+
+def test_released_regret_reads_a_missing_hint_as_zero():
+    reward = ReleasedRegretReward()
+    # failed_hint: hint_return_zero keeps the environment with no hinted plays: 0 - window mean
+    assert reward(DesignerEvidence((), (-0.5, 0.0), ((),), hint_failed=True)) == approx(0.25)
+    assert reward(DesignerEvidence((), (0.5,), (), hint_failed=True)) == 0.0
+
+
+def test_default_designer_reward_is_still_regret_plateau():
+    assert RewardSettings().designer_reward == "regret_plateau"

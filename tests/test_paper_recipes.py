@@ -335,11 +335,9 @@ TOOL_4B = {
     "selfplay.memory_capacity": (200, f"{T4}:105 --spade-env-memory-max-size 200"),
     "selfplay.use_memory": (True, f"{T4}:103 --spade-use-env-memory"),
     "selfplay.use_corpus": (True, f"{T4}:99 --spade-corpus-file"),
-    # regret_based (T4:91) as closely as spade says it: max(0, regret) capped at 1 (recipe header)
-    "selfplay.rewards.designer_reward": ("regret_plateau", f"{T4}:91 --spade-env-reward-variant regret_based"),
-    "selfplay.rewards.regret_weight": (1.0, f"{T4}:91 --spade-env-reward-variant regret_based"),
-    "selfplay.rewards.plateau_weight": (0.0, f"{T4}:91 --spade-env-reward-variant regret_based"),
-    "selfplay.rewards.regret_scale": (1.0, f"{T4}:91 --spade-env-reward-variant regret_based"),
+    # regret_based (T4:91): max(0, hinted mean - window no-hint mean), no scale, cap or masking
+    # (spade/core/utils/delayed_env_rewards.py:343-348; ReleasedRegretReward)
+    "selfplay.rewards.designer_reward": ("regret_released", f"{T4}:91 --spade-env-reward-variant regret_based"),
     "selfplay.skills.window": (None, f"{T4}:87 --spade-skills API_Orchestration"),
     "corpus.max_words": (4000, f"{T4}:100 --spade-corpus-max-doc-tokens 4000"),
     "corpus.seed": (42, f"{T4}:101 --spade-corpus-seed 42"),

@@ -9,10 +9,12 @@ The designer's reward is one small interface, :class:`DesignerReward`: a callabl
 evidence of one environment's window (:class:`DesignerEvidence`: hinted and no-hint returns of the
 generation step, no-hint returns of each later step) to a number. A reward that needs the whole
 released set and state across regenerations (the paper's learning potential) implements
-:class:`SetDesignerReward` instead; :func:`score_released` scores a set with either kind. Four
+:class:`SetDesignerReward` instead; :func:`score_released` scores a set with either kind. Five
 implementations, chosen by ``RewardSettings.designer_reward`` through :func:`designer_reward_for`:
 
 * ``regret_plateau``: :class:`RegretPlateauReward` (SPEC 1.4, the method);
+* ``regret_released``: :class:`ReleasedRegretReward` (the released code's
+  ``--spade-env-reward-variant regret_based``: hinted mean minus the window's no-hint mean, floored at 0);
 * ``learning_potential``: :class:`LearningPotentialReward` (the paper's EMA ablation, Eqs. 4-6:
   per-skill EMAs across regenerations, ``lp_gamma_fast`` / ``lp_gamma_slow``; before issue 20 it
   read gamma as a decay, keys ``lp_fast_decay`` / ``lp_slow_decay``);
@@ -126,6 +128,39 @@ class RegretPlateauReward:
 
     def __call__(self, evidence: DesignerEvidence) -> float:
         return self.blend(evidence.regret, evidence.win)
+
+
+@dataclass(frozen=True)
+class ReleasedRegretReward:
+    """The released ``--spade-env-reward-variant regret_based`` (``regret_released``).
+
+    ``max(0, mean(hinted returns of step s) - mean(every no-hint return of the window s .. s+k-1))``:
+    no scale, no cap, no plateau. Released code (spade-rl/spade 9b2b813):
+    ``spade/core/utils/delayed_env_rewards.py:343-348`` (``r_hint`` cached at the regeneration step,
+    ``r_no_hint`` the mean of the accumulated plays, ``raw = max(0.0, regret)``); the plays are every
+    agent play of the regeneration epoch, keyed by step (``spade/slime/spade_rollout.py:530-537``,
+    popped whole at ``:589-592``, flattened at ``:634``); ``r_hint`` is the hinted plays' mean
+    (``spade/core/orchestrator.py:1980``, cached at ``spade/slime/spade_rollout.py:540-546``). A
+    negative regret is floored to 0 and the sample is kept (``delayed_env_rewards.py:347``: "floor it
+    without dropping the sample"); ``proposer_masked``, which ``spade_rollout.py:660`` drops, is set
+    only by the blend variant (``delayed_env_rewards.py:527``). ``--spade-use-solver-variance-reward``
+    is not passed to this path (``spade_rollout.py:635-640``; only the learning-potential path reads
+    it, ``:648``). Centring per skill and the advantage weight are :mod:`advantages` as for every
+    reward (released: ``delayed_env_rewards.py:45-62`` and ``compute_env_reward_scale``). A missing
+    hint reads as a hinted mean of 0 (``delayed_env_rewards.py:343``, ``failed_hint: hint_return_zero``).
+    Not reproduced: the released -0.5 for a generated-code step timeout (``delayed_env_rewards.py:336-340``).
+    """
+
+    @classmethod
+    def from_settings(cls, settings: RewardSettings) -> "ReleasedRegretReward":
+        return cls()
+
+    def __call__(self, evidence: DesignerEvidence) -> float:
+        if evidence.hint_failed and not evidence.hint_returns:
+            hint_mean = 0.0
+        else:
+            hint_mean = finite_mean(evidence.hint_returns, "hint_returns")
+        return max(0.0, hint_mean - evidence.win)
 
 
 @dataclass(frozen=True)
@@ -340,6 +375,7 @@ def score_released(reward: "DesignerReward | SetDesignerReward", skills: Sequenc
 
 _DESIGNER_REWARDS: dict[str, Callable[[RewardSettings], "DesignerReward | SetDesignerReward"]] = {
     "regret_plateau": RegretPlateauReward.from_settings,
+    "regret_released": ReleasedRegretReward.from_settings,
     "learning_potential": LearningPotentialReward.from_settings,
     "window_progress": WindowProgressReward.from_settings,
     "solver_variance": SolverVarianceReward.from_settings,

@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Literal, get_args
 
 from .reward_checks import check, require_finite
 
-DesignerRewardName = Literal["regret_plateau", "learning_potential", "window_progress", "solver_variance"]
+DesignerRewardName = Literal["regret_plateau", "regret_released", "learning_potential", "window_progress",
+                             "solver_variance"]
 DESIGNER_REWARDS: tuple[str, ...] = get_args(DesignerRewardName)
 FailedHint = Literal["drop", "hint_return_zero"]
 FAILED_HINTS: tuple[str, ...] = get_args(FailedHint)
@@ -29,7 +30,9 @@ class RewardSettings:
     """Every number of the reward layer, with the SPEC defaults.
 
     ``designer_reward`` picks the designer's reward (``designer_rewards.py``): ``"regret_plateau"``
-    (SPEC 1.4, the method), ``"learning_potential"`` (the paper's EMA ablation,
+    (SPEC 1.4, the method), ``"regret_released"`` (the released ``regret_based`` variant,
+    ``ReleasedRegretReward``: ``max(0, hinted mean - window no-hint mean)``, reads no number),
+    ``"learning_potential"`` (the paper's EMA ablation,
     ``LearningPotentialReward``, reads ``lp_gamma_fast`` / ``lp_gamma_slow``),
     ``"window_progress"`` (``WindowProgressReward``, reads the ``wp_*`` fields) or
     ``"solver_variance"`` (SPICE, ``SolverVarianceReward``, reads ``sv_target`` / ``sv_sigma``).
