@@ -73,11 +73,11 @@ def _backticked_list(text: str) -> list[str]:
     return [word.strip() for word in text.replace("\n", " ").split(",")]
 
 
-def test_readme_error_kinds_and_stages() -> None:
-    text = _readme()
+def test_sandbox_doc_error_kinds_and_stages() -> None:
+    text = (ROOT / "docs" / "sandbox.md").read_text()
     kinds = re.search(r"The kinds:\s*`([^`]+)`", text)
     stages = re.search(r"`stage` \(`([^`]+)`\)", text)
-    assert kinds and stages, "README's lists of error kinds and stages not found"
+    assert kinds and stages, "docs/sandbox.md's lists of error kinds and stages not found"
     assert sorted(_backticked_list(kinds.group(1))) == sorted(k.value for k in ErrorKind)
     assert sorted(_backticked_list(stages.group(1))) == sorted(s.value for s in Stage)
 

@@ -1,7 +1,7 @@
 """The CPU smoke run's settings (examples/smoke_cpu.yaml) against the paper recipes.
 
 The smoke run turns a few knobs so that a 135M model on 2 cores gets through the whole method in
-minutes (README, "The smoke run's settings"); the paper recipes must leave every one of those
+minutes (docs/smoke_run.md, "The smoke run's settings"); the paper recipes must leave every one of those
 knobs at the paper's setting, memory seeding off above all.
 """
 
