@@ -7,7 +7,7 @@ services (one per shard), token-exact conversations and the gloo messages a trai
 only the model is simulated (benchmarks/rollout_schedule.py's engine: a reply that depends only on
 the request, held for a set latency), because the check is that shards change where plays run and
 how long the step takes, never what is played. The speed targets are the benchmark's to show
-(README); this test asserts only a margin no loaded machine should erase.
+(docs/performance.md); this test asserts only a margin no loaded machine should erase.
 """
 
 from __future__ import annotations
@@ -91,4 +91,4 @@ def test_one_two_and_four_shards_play_the_same_step(tmp_path):
         assert metrics["rollout/shards"] == shards and metrics["rollout/shard_rounds"] == 1
         assert metrics["rollout/shard_plays_max"] == metrics["rollout/shard_plays_min"] == 64 // shards
     assert rows[2]["speedup"] > 1.3 and rows[4]["speedup"] > 2.0, proc.stdout
-    assert rows[4]["cpu_ratio"] < 0.6, proc.stdout  # about 1/4 measured (README)
+    assert rows[4]["cpu_ratio"] < 0.6, proc.stdout  # about 1/4 measured (docs/performance.md)
