@@ -248,6 +248,7 @@ def unload() -> None:
         del sys.modules[name]
     load.cache_clear()
     tool_call_detectors.cache_clear()
+    reasoning_parser.cache_clear()
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,21 @@ def tool_call_detectors() -> Detectors:
     finally:
         _record(root, before)
 
+
+
+@functools.lru_cache(maxsize=1)
+def reasoning_parser() -> types.ModuleType:
+    """``sglang.srt.parser.reasoning_parser`` of the pinned wheel (its import chain needs what the
+    tool-call detectors need: partial_json_parser, IPython, traitlets). Like ``load()`` it stays
+    until ``unload()``."""
+    name = "sglang.srt.parser.reasoning_parser"
+    if "sglang" in sys.modules and not _LOADED:  # a real installation is imported (the GPU image)
+        return importlib.import_module(name)
+    root, before = _put_on_path(package_dir())
+    try:
+        return importlib.import_module(name)
+    finally:
+        _record(root, before)
 
 # ------------------------------------------------------------------------------ read by ast
 

@@ -20,10 +20,7 @@ to ``split`` of the whole reply.
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
 import random
-import sys
 import types
 from typing import Callable, NamedTuple, Optional
 
@@ -172,34 +169,10 @@ def differences(module: types.ModuleType, cases: list[Case],
 
 @pytest.fixture(scope="module")
 def sglang_parser() -> types.ModuleType:
-    """``sglang.srt.parser.reasoning_parser`` of the pinned wheel, imported from ``.sglang-src``
-    (``package_dir`` checks the version; the real installation when one is already imported) and
-    taken out of ``sys.modules`` after. Its imports need the packages requirements/sglang-test.txt
-    adds for the tool-call detectors (partial_json_parser, IPython, traitlets)."""
-    name = "sglang.srt.parser.reasoning_parser"
-    if "sglang" in sys.modules:
-        yield importlib.import_module(name)
-        return
-    pkg = sglang_source.package_dir()
-    root = str(pkg.parent)
-    before = set(sys.modules)
-    top = types.ModuleType("sglang")  # skip sglang/__init__.py (the frontend language)
-    top.__path__ = [str(pkg)]
-    top.__spec__ = importlib.machinery.ModuleSpec("sglang", None, is_package=True)
-    top.__spec__.submodule_search_locations = [str(pkg)]
-    sys.modules["sglang"] = top
-    sys.path.insert(0, root)
-    try:
-        yield importlib.import_module(name)
-    finally:
-        def ours(name: str) -> bool:  # sglang and what .sglang-src added, not .venv's modules
-            own = sys.modules[name].__dict__  # no getattr: a lazy module would import on a miss
-            places = [own.get("__file__") or "", *(own.get("__path__") or [])]
-            return name.split(".")[0] == "sglang" or any(str(place).startswith(root) for place in places)
-
-        for added in [added for added in set(sys.modules) - before if ours(added)]:
-            del sys.modules[added]
-        sys.path.remove(root)
+    """SGLang's reasoning parser of the pinned wheel (``.sglang-src``), taken out of ``sys.modules``
+    after the module's tests."""
+    yield sglang_source.reasoning_parser()
+    sglang_source.unload()
 
 
 # ----------------------------------------------------------------------------- the tests
