@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers serve-clients device-mirror
+.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers serve-clients device-mirror config-doc
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -156,6 +156,9 @@ system-packages:
 		echo "(or run without it, unsafely: SPADE_SANDBOX_ISOLATION=unsafe-local)"; \
 		exit 1; \
 	fi
+
+config-doc: setup
+	$(BIN)/python tools/config_reference.py
 
 benchmark: setup
 	$(BIN)/python benchmarks/sandbox_bench.py

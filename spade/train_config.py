@@ -91,11 +91,11 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class ParallelSection:
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
+    tp: int = 1  # tensor-parallel size
+    pp: int = 1  # pipeline-parallel size
+    ep: int = 1  # expert-parallel size (MoE models)
     etp: Optional[int] = None  # None: = tp
-    sequence_parallel: bool = False
+    sequence_parallel: bool = False  # shard layer-norm and dropout activations along the sequence over the TP group
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "ep"):
@@ -117,9 +117,9 @@ BEST_METRIC_DEFAULT = "eval/mean"
 
 @dataclass(frozen=True)
 class RunSection:
-    steps: int = 400
-    checkpoint_every: int = 16
-    seed: int = 1234
+    steps: int = 400  # GRPO updates of the run (the paper: 400 for games)
+    checkpoint_every: int = 16  # write a checkpoint every N updates (and after the last)
+    seed: int = 1234  # seed of every random choice of the run (rollout sampling, corpus draws, seeds of plays)
     micro_batch_tokens: int = 16384  # token budget of one micro-batch (B * S padded)
     log_every: int = 1  # plain progress lines every N steps (metrics.jsonl gets every step)
     # checkpoints kept: the newest N, any marked best (RunDir.mark_best) and the one a resumed run

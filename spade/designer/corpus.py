@@ -79,8 +79,9 @@ class CorpusSettings:
 
     paths: tuple[str, ...] = ()
     text_field: str | None = None
+    # a document longer than this many words is cut (games 6,000; tool use 4,000)
     max_words: int = GAMES_MAX_WORDS
-    truncation_marker: str = TRUNCATION_MARKER
+    truncation_marker: str = TRUNCATION_MARKER  # appended to a cut document
     seed: int = 0
     # "keep": a document keeps its own spacing, a cut one up to its last kept word. "released": as the
     # released core/corpus.py (spade-rl/spade 9b2b813, :75 and :110-116) every document is stripped

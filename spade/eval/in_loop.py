@@ -40,8 +40,9 @@ class EvalSettings:
     max_new_tokens: Optional[int] = None
     samples: Optional[int] = None
     seed: int = 0
+    # LiveCodeBench: only problems released on or after this date (YYYY-MM-DD); null = the suite's window
     lcb_start_date: Optional[str] = None
-    lcb_end_date: Optional[str] = None
+    lcb_end_date: Optional[str] = None  # LiveCodeBench: only problems released on or before this date (YYYY-MM-DD)
 
     def __post_init__(self) -> None:
         check_protocol(self.protocol, "eval.protocol")

@@ -29,14 +29,15 @@ class OptimizerSettings:
     """Adam, its learning-rate schedule and precision; invalid values raise ``ConfigError``
     (a ValueError) naming the key."""
 
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
+    lr: float = 1e-6  # peak learning rate (SPEC: 1e-6, constant)
+    min_lr: float = 0.0  # floor of the cosine and linear schedules
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam's (beta1, beta2)
+    eps: float = 1e-8  # Adam's epsilon
+    weight_decay: float = 0.1  # decoupled weight decay (AdamW)
     clip_grad: float = 1.0  # 0 turns clipping off
+    # learning-rate schedule after warm-up: constant, cosine or linear decay to min_lr
     schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # updates of linear warm-up from 0 to lr
     total_steps: Optional[int] = None  # required by cosine and linear
     use_distributed_optimizer: bool = False  # shard optimizer state over data-parallel ranks
     # Reduce (or reduce-scatter) each gradient bucket over data-parallel ranks as soon as the last

@@ -25,26 +25,30 @@ class SandboxConfig:
     added to the import allow-list (:mod:`.launcher`, :mod:`.runtime.zygote`).
     """
 
+    # bubblewrap (namespaces, non-root uid) or unsafe-local (no bubblewrap; rlimits, Landlock, seccomp only)
     isolation: Isolation = "bubblewrap"
-    pool_size: int = 2
-    max_envs_per_sandbox: int = 256
-    warm_children: int = 2
-    memory_limit_mb: int = 1024
-    cpu_limit_s: int = 60
-    open_files: int = 64
-    recursion_limit: int = 2000
-    max_source_bytes: int = 512 * 1024
+    pool_size: int = 2  # sandboxes (each a bubblewrap container with its own zygote) the supervisor keeps
+    max_envs_per_sandbox: int = 256  # environments one sandbox holds at once (pool capacity: pool_size x this)
+    warm_children: int = 2  # pre-forked children each zygote keeps ready
+    memory_limit_mb: int = 1024  # address-space limit of one environment's process
+    cpu_limit_s: int = 60  # CPU seconds one environment's process may use in all
+    open_files: int = 64  # file descriptors one environment's process may hold
+    recursion_limit: int = 2000  # Python recursion limit inside the environment
+    max_source_bytes: int = 512 * 1024  # largest generated program accepted
+    # longest action sent to step(); a longer one is refused (the play stops, the policy's fault)
     max_action_chars: int = 262_144
+    # longest observation (or tool schema list) accepted; a longer one is an output_too_large error
     max_observation_chars: int = 65_536
-    max_frame_bytes: int = 1 << 20
-    max_captured_output_bytes: int = 16_384
-    load_timeout_s: float = 30.0
-    reset_timeout_s: float = 30.0
-    step_timeout_s: float = 30.0
-    start_timeout_s: float = 60.0
+    max_frame_bytes: int = 1 << 20  # largest message on the supervisor socket
+    max_captured_output_bytes: int = 16_384  # printed output kept for an error report
+    load_timeout_s: float = 30.0  # seconds to import the program and build the class
+    reset_timeout_s: float = 30.0  # seconds one reset() may take
+    step_timeout_s: float = 30.0  # seconds one step() (or tool call) may take
+    start_timeout_s: float = 60.0  # seconds the supervisor and its sandboxes may take to start
+    # modules generated code may import (everything else fails at load with the import named)
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
     offer_numpy: bool = False
-    bwrap_path: str = "bwrap"
+    bwrap_path: str = "bwrap"  # the bubblewrap executable
 
     def __post_init__(self) -> None:
         for key in ("pool_size", "max_envs_per_sandbox", "memory_limit_mb", "cpu_limit_s", "open_files",

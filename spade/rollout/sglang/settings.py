@@ -38,8 +38,8 @@ class SGLangSection:
     server_args: dict = field(default_factory=dict)  # any other SGLang flag: {flag_name: value}
     server_command: tuple[str, ...] = ()  # replaces "python -m sglang.launch_server" (tests, wrappers)
     server_env: dict = field(default_factory=dict)  # extra environment of the server processes
-    start_timeout_s: float = 900.0
-    request_timeout_s: float = 900.0
+    start_timeout_s: float = 900.0  # seconds a server may take to report healthy
+    request_timeout_s: float = 900.0  # seconds one generation request may wait
     max_retries: int = 2  # a failed request is re-sent to another (or the restarted) server
     max_restarts: int = 3  # restarts of one server per run before the run fails
     release_memory: bool = True  # colocated: release weights and KV cache while the trainer runs
