@@ -69,12 +69,13 @@ class PendingDesignerSample:
     hint_returns: tuple[float, ...]
     nohint_returns: tuple[float, ...]
     later_returns: tuple[tuple[int, tuple[float, ...]], ...] = ()
+    step_timeout: bool = False  # a play of the generation step timed out in load, reset or step
 
     def evidence(self) -> DesignerEvidence:
         """The window so far, as the designer reward reads it."""
         return DesignerEvidence(self.hint_returns, self.nohint_returns,
                                 tuple(returns for _step, returns in self.later_returns),
-                                hint_failed=not self.hint_returns)
+                                hint_failed=not self.hint_returns, step_timeout=self.step_timeout)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +86,7 @@ class PendingDesignerSample:
             "hint_returns": list(self.hint_returns),
             "nohint_returns": list(self.nohint_returns),
             "later_returns": [[step, list(returns)] for step, returns in self.later_returns],
+            "step_timeout": self.step_timeout,
         }
 
     @classmethod
@@ -99,6 +101,7 @@ class PendingDesignerSample:
             later_returns=tuple(
                 (int(step), tuple(float(r) for r in returns)) for step, returns in data["later_returns"]
             ),
+            step_timeout=bool(data.get("step_timeout", False)),  # absent before issue 39's penalty
         )
 
 
@@ -169,11 +172,14 @@ class DesignerBuffer:
         sample_ref: Any,
         hint_returns: Sequence[float],
         nohint_returns: Sequence[float],
+        step_timeout: bool = False,
     ) -> None:
         """Hold the designer sample of environment ``env_id`` generated at ``step``.
 
         ``hint_returns`` and ``nohint_returns`` are the plays of ``step`` itself (both non-empty;
-        ``hint_returns`` may be empty with ``failed_hint: hint_return_zero``: a failed hint).
+        ``hint_returns`` may be empty with ``failed_hint: hint_return_zero``: a failed hint; both
+        may be empty for an environment that timed out, ``step_timeout``, under
+        ``step_timeout_penalty``: :meth:`takes`).
         ``sample_ref`` must be a JSON value that survives a round trip unchanged (str, number, list,
         dict of those). An ``env_id`` may not have two pending samples whose windows overlap.
         """
@@ -192,6 +198,7 @@ class DesignerBuffer:
             same = False
         if not same:
             raise ValueError(f"sample_ref: must be a JSON value that round-trips unchanged: {sample_ref!r}")
+        penalised = bool(step_timeout) and self.settings.step_timeout_penalty is not None
         self._pending.append(
             PendingDesignerSample(
                 env_id=env_id,
@@ -199,10 +206,21 @@ class DesignerBuffer:
                 generated_step=step,
                 sample_ref=sample_ref,
                 hint_returns=_returns(hint_returns, "hint_returns",
-                                      allow_empty=self.settings.failed_hint != "drop"),
-                nohint_returns=_returns(nohint_returns, "nohint_returns", allow_empty=False),
+                                      allow_empty=self.settings.failed_hint != "drop" or penalised),
+                nohint_returns=_returns(nohint_returns, "nohint_returns", allow_empty=penalised),
+                step_timeout=bool(step_timeout),
             )
         )
+
+    def takes(self, hint_returns: Sequence[float], nohint_returns: Sequence[float], *,
+              step_timeout: bool = False) -> bool:
+        """Whether an environment with these plays of its generation step gets a designer sample:
+        no-hint plays, and hinted ones unless ``failed_hint`` keeps a hintless environment; or, under
+        ``step_timeout_penalty``, an environment that timed out, whatever was played of it (the
+        released code penalises a hung game whose plays were all dropped)."""
+        if step_timeout and self.settings.step_timeout_penalty is not None:
+            return True
+        return bool(nohint_returns) and (bool(hint_returns) or self.settings.failed_hint != "drop")
 
     def record_window_returns(self, step: int, env_id: str, returns: Sequence[float]) -> None:
         """Add no-hint returns of ``env_id`` played at ``step``, a later step of its window.
@@ -258,8 +276,8 @@ class DesignerBuffer:
             skill=entry.skill,
             generated_step=entry.generated_step,
             reward=reward,
-            win=evidence.win,
-            regret=evidence.regret,
+            win=evidence.win if evidence.window_returns else 0.0,  # none: a penalised timeout
+            regret=evidence.regret if evidence.nohint_returns else 0.0,
             sample_ref=entry.sample_ref,
             n_window_plays=len(evidence.window_returns),
             window_steps=tuple(steps),

@@ -70,12 +70,15 @@ class DesignerEvidence:
     ``s``; ``later_returns``: the no-hint plays of each later step ``s+1 .. s+k-1``, in order (a step
     without plays is an empty tuple). ``hint_failed``: the environment got no hint (every hint call
     failed) and is scored anyway, its hinted mean read as 0 (``RewardSettings.failed_hint``).
+    ``step_timeout``: the environment's load, reset or step timed out in a play of step ``s``
+    (either arm), read by ``RewardSettings.step_timeout_penalty``.
     """
 
     hint_returns: tuple[float, ...]
     nohint_returns: tuple[float, ...]
     later_returns: tuple[tuple[float, ...], ...] = ()
     hint_failed: bool = False  # no hint (failed_hint: hint_return_zero): hint_returns is empty
+    step_timeout: bool = False
 
     @property
     def regret(self) -> float:
@@ -148,14 +151,20 @@ class ReleasedRegretReward:
     it, ``:648``). Centring per skill and the advantage weight are :mod:`advantages` as for every
     reward (released: ``delayed_env_rewards.py:45-62`` and ``compute_env_reward_scale``). A missing
     hint reads as a hinted mean of 0 (``delayed_env_rewards.py:343``, ``failed_hint: hint_return_zero``).
-    Not reproduced: the released -0.5 for a generated-code step timeout (``delayed_env_rewards.py:336-340``).
+    ``step_timeout_penalty`` (``RewardSettings``; released -0.5, ``delayed_env_rewards.py:336-340``):
+    the reward of an environment whose load, reset or step timed out in a play of its generation
+    step (``DesignerEvidence.step_timeout``), in place of its regret; None: no such case.
     """
+
+    step_timeout_penalty: float | None = None
 
     @classmethod
     def from_settings(cls, settings: RewardSettings) -> "ReleasedRegretReward":
-        return cls()
+        return cls(settings.step_timeout_penalty)
 
     def __call__(self, evidence: DesignerEvidence) -> float:
+        if evidence.step_timeout and self.step_timeout_penalty is not None:
+            return float(self.step_timeout_penalty)
         if evidence.hint_failed and not evidence.hint_returns:
             hint_mean = 0.0
         else:

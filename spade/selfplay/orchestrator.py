@@ -335,9 +335,10 @@ class Orchestrator:
         n = step.updates_done
         for env in self.envs:
             h, nohint = plays.hint_returns(env.env_id), plays.nohint_returns(env.env_id)
-            if not nohint or (not h and self.settings.rewards.failed_hint == "drop"):
+            timed_out = env.env_id in self.player.timed_out_envs  # rewards.step_timeout_penalty
+            if not self.buffer.takes(h, nohint, step_timeout=timed_out):
                 continue  # hint_return_zero keeps a hintless environment (its regret reads the hinted mean as 0)
-            self.buffer.add(n, env.env_id, env.skill, env.env_id, h, nohint)
+            self.buffer.add(n, env.env_id, env.skill, env.env_id, h, nohint, step_timeout=timed_out)
             design = designs.get(env.env_id)
             if design is not None:  # an external designer has no trajectory: its rewards are still measured
                 self.pending_samples[env.env_id] = design.replace(role=Role.DESIGNER, env_id=env.env_id,
@@ -475,10 +476,14 @@ class Orchestrator:
             metrics["agent/fault_dropped"] = float(self.player.fault_drops)
             metrics["env/hung"] = float(sum(env.env_id in self.player.hung_envs for env in self.envs))
         metrics.update(self.player.step_metrics())  # rollout shards: where the plays ran
+        # the spread inside each group, what GRPO learns from (0 in every group: no learning signal)
+        groups = [[p.episode_return for p in g] for g in _groups(plays) if g]
+        if groups:
+            metrics["agent/group_return_std"] = _mean([_std(g) for g in groups])
+            metrics["agent/flat_groups"] = float(sum(_all_equal(g) for g in groups))
         if nohint:
-            mean = _mean(returns)
-            metrics["agent/return_mean"] = mean
-            metrics["agent/return_std"] = math.sqrt(_mean([(r - mean) ** 2 for r in returns]))
+            metrics["agent/return_mean"] = _mean(returns)
+            metrics["agent/return_std"] = _std(returns)
             metrics["agent/win_rate"] = win_rate(returns)
             metrics["agent/turns_mean"] = _mean([float(p.turns) for p in nohint])
         if regenerate:
@@ -561,3 +566,14 @@ def _all_equal(values: list[float]) -> bool:
 
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    mean = _mean(values)
+    return math.sqrt(_mean([(v - mean) ** 2 for v in values]))
+
+
+def _groups(plays: StepPlays) -> list[list[Play]]:
+    """The step's no-hint groups: with partial rollouts the groups complete in it, else every
+    environment's no-hint plays."""
+    return [g for _, _, g in plays.groups] if plays.groups else list(plays.nohint.values())

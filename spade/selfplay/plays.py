@@ -45,6 +45,12 @@ from .settings import SelfPlaySettings
 from ..rl.samples import Trajectory
 
 
+def _timed_out(result: EpisodeResult) -> bool:
+    """Whether the environment's load, reset or step ran past its sandbox timeout in this episode."""
+    return result.end_reason is EndReason.ENV_ERROR and result.error is not None \
+        and result.error.kind is ErrorKind.TIMEOUT
+
+
 def _turn_samples(policy: EnginePolicy, trajectories: tuple[Trajectory, ...]) -> tuple[Trajectory, ...]:
     """The play's turn samples in the per-turn form (``Play.turn_samples``), else none."""
     return trajectories if isinstance(policy, PerTurnPolicy) else ()
@@ -112,6 +118,9 @@ class Player:
         # timed out (left out until the set is replaced; env ids are unique across sets)
         self.fault_drops = 0
         self.hung_envs: set[str] = set()
+        # environments whose load, reset or step timed out in a play of either arm, whatever
+        # env_faults says (env ids are unique across sets): selfplay.rewards.step_timeout_penalty
+        self.timed_out_envs: set[str] = set()
         # tool use: the native tool-call parser of this model family, chosen by its chat template
         self.tool_parser = parser_for_template(getattr(tokenizer, "chat_template", None)) \
             if settings.domain == "tool_use" else None
@@ -232,6 +241,8 @@ class Player:
             except CarryOver:
                 state = None if policy.conversation is None else conversation_state(policy.conversation)
                 return CarriedPlay(carried.index, carried.env_seed, list(episode.messages), list(episode.turns), state)
+            if _timed_out(result):
+                self.timed_out_envs.add(group.env.env_id)
             trajectories = play_trajectories(policy, logprob_temperature=sampling.logprob_temperature)
             trajectory = trajectories[-1] if trajectories else None
             opening = next((m.content for m in result.messages if m.role == "user"), "")
@@ -257,6 +268,8 @@ class Player:
             except InfrastructureFault:
                 infrastructure += 1
                 continue
+            if _timed_out(result):
+                self.timed_out_envs.add(request.env.env_id)
             verdict = self._fault_verdict(request, result, faults)
             if verdict == "retry":
                 faults += 1
@@ -296,7 +309,7 @@ class Player:
         hinted arm keeps its faults scored, as the released hint plays did."""
         if result.end_reason is not EndReason.ENV_ERROR or not self.settings.plays.drops_faults:
             return "keep"
-        timed_out = result.error is not None and result.error.kind is ErrorKind.TIMEOUT
+        timed_out = _timed_out(result)
         if timed_out:
             self.hung_envs.add(request.env.env_id)
         if request.hinted:

@@ -12,6 +12,7 @@ settings an older spade wrote.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
@@ -44,6 +45,12 @@ class RewardSettings:
     ``core/utils/delayed_env_rewards.py:462`` reads the missing one as 0.0) keeps it, with the
     hinted mean taken as 0, so ``regret = -mean no-hint return`` (0 after the blend's floor when
     that mean is >= 0) and the sample is trained on its plateau term.
+    ``step_timeout_penalty`` (``regret_released`` only): the raw reward, before centring, of an
+    environment whose load, reset or step timed out in a play (either arm) of its generation step;
+    None (spade) scores it like any other. The released ``regret_based`` variant: -0.5
+    (``STEP_TIMEOUT_PENALTY``, ``core/utils/rewards.py:8``; applied at
+    ``core/utils/delayed_env_rewards.py:336-340`` to the games stamped at
+    ``core/orchestrator.py:2410-2419``).
     """
 
     # Keys of older spades that a config may not use any more, with what replaces them.
@@ -68,6 +75,7 @@ class RewardSettings:
     advantage_agent_samples: int | None = 192
     designer_reward: DesignerRewardName = "regret_plateau"
     failed_hint: FailedHint = "drop"
+    step_timeout_penalty: float | None = None
     # learning_potential (paper Eq. 4 and its released values): mu <- (1 - gamma) * mu + gamma * r
     lp_gamma_fast: float = 0.98
     lp_gamma_slow: float = 0.85
@@ -113,6 +121,13 @@ class RewardSettings:
         check(self.wp_slow_alpha < self.wp_fast_alpha, "wp_slow_alpha", "must be < wp_fast_alpha")
         check(self.wp_scale > 0, "wp_scale", "must be > 0")
         check(self.sv_sigma > 0, "sv_sigma", "must be > 0")
+        if self.step_timeout_penalty is not None:
+            check(isinstance(self.step_timeout_penalty, (int, float)) and not isinstance(self.step_timeout_penalty, bool)
+                  and math.isfinite(self.step_timeout_penalty), "step_timeout_penalty",
+                  f"must be a number or null, got {self.step_timeout_penalty!r}")
+            check(self.designer_reward == "regret_released", "step_timeout_penalty",
+                  f"applies to designer_reward regret_released only (the released regret_based variant), "
+                  f"got designer_reward {self.designer_reward!r}; leave it null")
 
 
 # Before issue 15 the per-environment EMA reward was called learning_potential, with these keys.

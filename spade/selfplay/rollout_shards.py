@@ -94,14 +94,15 @@ class ShardRound:
 @dataclass
 class ShardResult:
     """What a shard sends back for one round: its plays, in its block's order (dropped plays left
-    out), the plays it dropped after every retry, its wall and CPU seconds and its engine's tokens
-    for the block."""
+    out), the plays it dropped after every retry, its wall and CPU seconds, its engine's tokens
+    for the block and the environments that timed out in it."""
 
     plays: list[Play]
     dropped: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     generated_tokens: int = 0  # by the shard's engine for the block
+    timed_out: tuple[str, ...] = ()  # environments whose load, reset or step timed out in the block
 
 
 class ShardChannel:
@@ -188,6 +189,7 @@ class ShardedPlayer(Player):
             if s:
                 self.infrastructure_failures += result.dropped
                 metrics.remote_tokens += result.generated_tokens
+                self.timed_out_envs.update(result.timed_out)
         return plays
 
     def step_metrics(self) -> dict[str, float]:
@@ -206,10 +208,12 @@ class ShardedPlayer(Player):
 async def timed_block(play_all: Any, step: int, block: list[PlayRequest], player: Player) -> ShardResult:
     """``play_all(step, block)`` with its wall and CPU seconds and the plays it dropped."""
     dropped, tokens = player.infrastructure_failures, generated_tokens(player.engine)
+    timed_out = set(player.timed_out_envs)
     started, cpu = time.perf_counter(), time.process_time()
     plays = await play_all(step, block) if block else []
     return ShardResult(plays, player.infrastructure_failures - dropped, time.perf_counter() - started,
-                       time.process_time() - cpu, generated_tokens(player.engine) - tokens)
+                       time.process_time() - cpu, generated_tokens(player.engine) - tokens,
+                       tuple(sorted(player.timed_out_envs - timed_out)))
 
 
 def generated_tokens(engine: RolloutEngine) -> int:
