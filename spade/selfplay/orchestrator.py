@@ -476,14 +476,10 @@ class Orchestrator:
             metrics["agent/fault_dropped"] = float(self.player.fault_drops)
             metrics["env/hung"] = float(sum(env.env_id in self.player.hung_envs for env in self.envs))
         metrics.update(self.player.step_metrics())  # rollout shards: where the plays ran
-        # the spread inside each group, what GRPO learns from (0 in every group: no learning signal)
-        groups = [[p.episode_return for p in g] for g in _groups(plays) if g]
-        if groups:
-            metrics["agent/group_return_std"] = _mean([_std(g) for g in groups])
-            metrics["agent/flat_groups"] = float(sum(_all_equal(g) for g in groups))
         if nohint:
-            metrics["agent/return_mean"] = _mean(returns)
-            metrics["agent/return_std"] = _std(returns)
+            mean = _mean(returns)
+            metrics["agent/return_mean"] = mean
+            metrics["agent/return_std"] = math.sqrt(_mean([(r - mean) ** 2 for r in returns]))
             metrics["agent/win_rate"] = win_rate(returns)
             metrics["agent/turns_mean"] = _mean([float(p.turns) for p in nohint])
         if regenerate:
@@ -566,14 +562,3 @@ def _all_equal(values: list[float]) -> bool:
 
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
-
-
-def _std(values: list[float]) -> float:
-    mean = _mean(values)
-    return math.sqrt(_mean([(v - mean) ** 2 for v in values]))
-
-
-def _groups(plays: StepPlays) -> list[list[Play]]:
-    """The step's no-hint groups: with partial rollouts the groups complete in it, else every
-    environment's no-hint plays."""
-    return [g for _, _, g in plays.groups] if plays.groups else list(plays.nohint.values())
