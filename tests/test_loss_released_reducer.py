@@ -5,6 +5,7 @@ with spade's defaults (``token_mean``, ``sampling``) unchanged."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -122,3 +123,60 @@ def test_logprob_temperature_one_compares_the_t1_policy_with_the_sampler():
         tokens += float(mask.sum())
     assert moved.tis_weight_mean == pytest.approx(weights / tokens, abs=1e-5)
     assert abs(moved.tis_weight_mean - 1.0) > 1e-3
+
+
+# ------------------------------------------- loss.sample_mean_denominator: the released short batch
+
+
+def test_sample_mean_denominator_setting():
+    assert LossSettings().sample_mean_denominator == "samples"
+    fixed = from_mapping(LossSettings, {"aggregation": "sample_mean", "sample_mean_denominator": 192}, where="loss")
+    assert fixed.sample_mean_denominator == 192
+    with pytest.raises(ConfigError, match=r"loss\.sample_mean_denominator: 'all' is not allowed; choose one of: samples"):
+        from_mapping(LossSettings, {"aggregation": "sample_mean", "sample_mean_denominator": "all"}, where="loss")
+    with pytest.raises(ConfigError, match=r"loss\.sample_mean_denominator.*integer >= 1"):
+        from_mapping(LossSettings, {"aggregation": "sample_mean", "sample_mean_denominator": 0}, where="loss")
+    with pytest.raises(ConfigError, match=r"loss\.sample_mean_denominator: a number needs aggregation sample_mean"):
+        from_mapping(LossSettings, {"sample_mean_denominator": 192}, where="loss")
+
+
+def test_short_batch_divides_by_the_global_batch_with_kl_by_hand():
+    """Three samples of a global batch of 8, KL on: the released loss is the sum of the three sample
+    means (policy term + 0.5 x low-variance KL) over 8, not over 3."""
+    from spade.training.learner import over_denominator
+
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0], [-1.5, 0.0]], dtype=D)
+    ref = torch.tensor([[-1.5, -2.0], [-0.5, 0.0], [-1.0, 0.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]], dtype=D)
+    adv = torch.tensor([1.0, -2.0, 0.5], dtype=D)
+    # ratio 1 (old = logp): the policy term of a token is -A; the KL term exp(ref - logp) - (ref - logp) - 1
+    k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
+    means = [(-1.0 + 0.5 * k3(-0.5) + -1.0 + 0.5 * k3(0.0)) / 2, 2.0 + 0.5 * k3(0.0), -0.5 + 0.5 * k3(0.5)]
+    samples = [TrainSample(torch.arange(3), torch.ones(2), advantages=float(a)) for a in adv]
+    weighted = over_denominator(samples, 8)
+    assert [s.loss_weight for s in weighted] == pytest.approx([3 / 8] * 3)
+    assert over_denominator(samples, "samples") is samples and over_denominator(samples, 3) is samples
+    loss, _ = policy_loss(logp, logp.clone(), adv, mask, ref_logprobs=ref, kl_coef=0.5, aggregation="sample_mean",
+                          sample_weights=torch.tensor([s.loss_weight for s in weighted], dtype=D),
+                          sample_counts=torch.tensor([s.count_weight for s in weighted], dtype=D))
+    assert float(loss) == pytest.approx(sum(means) / 8)
+    rescaled, _ = policy_loss(logp, logp.clone(), adv, mask, ref_logprobs=ref, kl_coef=0.5, aggregation="sample_mean")
+    assert float(rescaled) == pytest.approx(sum(means) / 3)  # spade's "samples", the released reducer with KL off
+
+
+@pytest.mark.usefixtures("megatron_world")
+def test_short_batch_denominator_through_the_megatron_step():
+    """The weights reach the Megatron step: loss and gradients are 5/8 of the rescaled ones."""
+    from spade.training.learner import over_denominator
+
+    _, _, model = megatron_model("llama-tied")
+    samples = random_samples([9, 4, 13, 7, 10], seed=5, logprobs=True)
+    settings = LossSettings(aggregation="sample_mean")
+    batches = lambda s: make_micro_batches(s, 14, packed=False)  # noqa: E731
+    full = forward_backward(model.chunks, batches(samples), settings)
+    grads = main_grads(model)
+    short = forward_backward(model.chunks, batches(over_denominator(samples, 8)),
+                             dataclasses.replace(settings, sample_mean_denominator=8))
+    assert short.loss == pytest.approx(full.loss * 5 / 8, rel=1e-5)
+    for key, grad in main_grads(model).items():
+        torch.testing.assert_close(grad, grads[key] * 5 / 8, atol=1e-6, rtol=1e-4, msg=key)

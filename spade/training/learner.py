@@ -136,6 +136,7 @@ class Learner:
             return {"train/loss": None, "train/samples": 0.0, "train/skipped_no_samples": 1.0}
         samples = consistent_logprobs(list(samples))
         samples = at_logprob_temperature(samples, self.options.loss.logprob_temperature)
+        samples = over_denominator(samples, self.options.loss.sample_mean_denominator)
         mine = [samples[i] for i in data_parallel_shard(samples, self.ctx.dp_size, self.ctx.dp_rank)]
         multiple = self.layout.tp if self.layout.sequence_parallel else 1
         budget = self.options.micro_batch_tokens
@@ -217,6 +218,21 @@ def at_logprob_temperature(samples: list[TrainSample], setting: str | float) -> 
     if setting == "sampling":
         return samples
     return [dataclasses.replace(s, temperature=float(setting)) for s in samples]
+
+
+def over_denominator(samples: list[TrainSample], denominator: str | int) -> list[TrainSample]:
+    """The samples weighted so that a ``sample_mean`` loss over them, which divides by their count
+    ``n`` (the sum of ``count_weight``), divides by ``max(denominator, n)`` instead: every
+    ``loss_weight`` times ``n / denominator`` when ``n < denominator`` (``LossSettings.sample_mean_denominator``;
+    ``"samples"``: unchanged). The released reducer with the KL term on: slime's sum of sample means
+    over the configured global batch, its padding samples adding 0 (``slime/spade_rollout.py:844-866``)."""
+    if denominator == "samples":
+        return samples
+    count = sum(s.count_weight for s in samples)
+    if count >= int(denominator):
+        return samples
+    factor = count / int(denominator)
+    return [dataclasses.replace(s, loss_weight=s.loss_weight * factor) for s in samples]
 
 
 def consistent_logprobs(samples: list[TrainSample]) -> list[TrainSample]:

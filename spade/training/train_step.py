@@ -62,6 +62,11 @@ class LossSettings:
     every trainer log-prob at the temperature its sample was drawn with; a number ``T`` takes them
     all at ``T`` (the released code: 1.0, slime's ``--rollout-temperature 1.0`` in
     ``cmd/games/train_spade_4b.sh:77`` while the rollout samples at 0.6).
+    ``sample_mean_denominator`` (``sample_mean`` only): ``"samples"`` divides by the step's sample
+    count; a number ``N`` divides a step with fewer samples by ``N`` instead (``max(N, count)``): the
+    released reducer with the KL term on, where slime divides by ``--global-batch-size`` and the
+    rescale to the real count is skipped (``slime/spade_rollout.py:844-866``; applied by
+    ``Learner.update``, :func:`spade.training.learner.over_denominator`).
     """
 
     eps_low: float = 0.2
@@ -74,6 +79,7 @@ class LossSettings:
     # MoE rollout routing replay (R3): "rollout" routes every token the engine reported by the
     # engine's experts (docs/routing_replay.md); "off" lets the trainer's routers choose.
     routing_replay: Literal["off", "rollout"] = "off"
+    sample_mean_denominator: Literal["samples"] | int = "samples"
 
     def __post_init__(self) -> None:
         require(self.aggregation in AGGREGATIONS, "aggregation",
@@ -89,6 +95,13 @@ class LossSettings:
                                               and temperature > 0), "logprob_temperature",
                 f"{temperature!r} is not allowed; choose one of: sampling (each sample's own sampling "
                 "temperature), a number > 0 (the released code: 1.0)")
+        denominator = self.sample_mean_denominator
+        require(denominator == "samples" or (isinstance(denominator, int) and not isinstance(denominator, bool)
+                                             and denominator >= 1), "loss.sample_mean_denominator",
+                f"{denominator!r} is not allowed; choose one of: samples (the step's sample count), an integer "
+                ">= 1 (the released reducer with the KL term on: the launcher's --global-batch-size)")
+        require(denominator == "samples" or self.aggregation == "sample_mean", "loss.sample_mean_denominator",
+                f"a number needs aggregation sample_mean, got aggregation {self.aggregation!r}")
         require(self.logprob_chunk_size >= 1, "logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
 
 
