@@ -20,6 +20,7 @@ from ..designer.extract import extract_code
 from .degenerate_probes import ProbeReport, ProbeSettings, run_probes
 from .protocol import EnvError, EnvFault, ErrorKind, InfrastructureFault, Stage, StepResult
 from .reference_policy import ReferenceReport, ReferenceSettings, run_reference
+from .released_smoke import released_smoke_test
 from .sandbox.client import SandboxedEnv, SandboxService
 from .tool_use.admission import ModelScreen, ToolAdmissionSettings, ToolRejection, ToolReport, tool_stages
 
@@ -110,6 +111,7 @@ def not_text_error(text: str) -> EnvError | None:
 
 async def admit(service: SandboxService, response: str, *, max_turns: int | None = None,
                 seed: int = SMOKE_SEED, probe_actions: tuple[str, ...] = PROBE_ACTIONS,
+                smoke_test: str = "paper",
                 max_repair_passes: int = 20, require_tool_env: bool = False,
                 tool_settings: ToolAdmissionSettings | None = None,
                 screen: ModelScreen | None = None, determinism: bool = True,
@@ -129,6 +131,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     the code is taken out of the response (``selfplay.code_extraction``, :func:`extract_code`).
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
+    ``smoke_test`` ``"released"`` (``selfplay.admission_smoke_test``) runs the released code's smoke
+    test (:mod:`spade.envs.released_smoke`) instead of the paper's (``seed``, ``probe_actions``).
     """
     timer = _Timer()
     not_text = not_text_error(response)
@@ -159,7 +163,11 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                                           f"class {env.class_name} does not subclass ToolUseBaseEnv, which a "
                                           "tool-use environment must"))
         with timer.stage(Stage.SMOKE):
-            first_observation = await _smoke_test(env, seed, probe_actions)
+            if smoke_test == "released":
+                first_observation = await _staged(released_smoke_test(
+                    env, lambda: service.open(code, max_turns=max_turns)), Stage.SMOKE)
+            else:
+                first_observation = await _smoke_test(env, seed, probe_actions)
         if determinism:
             with timer.stage(Stage.DETERMINISM):
                 again = await _staged(env.reset(seed=seed), Stage.DETERMINISM)

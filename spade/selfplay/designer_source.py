@@ -346,7 +346,7 @@ async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response
                       determinism=settings.admission_checks_determinism,
                       probes=settings.admission_probe_settings(),
                       reference=settings.admission_reference_settings(),
-                      code_extraction=settings.code_extraction),
+                      code_extraction=settings.code_extraction, smoke_test=settings.admission_smoke_test),
                 settings.admission_timeout_s)
         except (InfrastructureFault, asyncio.TimeoutError):
             continue

@@ -40,6 +40,7 @@ Thinking = Literal["auto", "on", "off"]
 THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve")
 AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
+SMOKE_TESTS: tuple[str, ...] = ("paper", "released")
 
 _WHERE = "selfplay"
 
@@ -131,6 +132,10 @@ class SelfPlaySettings:
     # true: every admission gate the paper lacks is off (determinism, the probes and the reference
     # policy, whatever their own switches say): the paper's admission exactly, for a reproduction row.
     admission_paper_exact: bool = False
+    # Admission's smoke test: "paper" (SPEC 3.4: reset(seed=42), three checked probe actions,
+    # reset(seed=123)) or "released" (the released validate_game, spade.envs.released_smoke: the
+    # loader's checked actions, then reset() and "1", "2", "test" unchecked, all within 60 s).
+    admission_smoke_test: Literal["paper", "released"] = "paper"
     keep_trajectories: int = 4        # episodes kept on disk per arm per env per step (0: returns only)
     memory_capacity: int = 200
     use_corpus: bool = True
@@ -245,6 +250,8 @@ class SelfPlaySettings:
                     f"{value!r} is not allowed; choose one of: {', '.join(THINKING_CHOICES)}")
         require(isinstance(self.admission_determinism, bool), key("admission_determinism"),
                 f"must be true or false, got {self.admission_determinism!r}")
+        require(self.admission_smoke_test in SMOKE_TESTS, key("admission_smoke_test"),
+                f"{self.admission_smoke_test!r} is not allowed; choose one of: {', '.join(SMOKE_TESTS)}")
         for name in ("admission_probes", "admission_paper_exact", "require_reference_policy"):
             require(isinstance(getattr(self, name), bool), key(name),
                     f"must be true or false, got {getattr(self, name)!r}")
