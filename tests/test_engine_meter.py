@@ -1,6 +1,6 @@
 """Engine statistics are part of the engine interface: ``RolloutEngine.generation_stats`` (a typed
 ``GenerationStats``), implemented by both engines and read by the step meter
-(``spade.run.engine_meter.measured_step``) without probing attributes."""
+(``spade.run.step_metrics.measured_step``) without probing attributes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from spade.rollout.engine import GenerationStats, RolloutEngine
 from spade.rollout.sglang.engine import SGLangEngine
-from spade.run.engine_meter import measured_step
+from spade.run.step_metrics import measured_step
 from spade.run.progress import Progress
 from spade.selfplay.step import Step
 from test_rollout_engine import PROMPTS, make_engine, request

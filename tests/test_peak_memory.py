@@ -11,7 +11,7 @@ import pytest
 
 from spade.peak_memory import GB, PeakRss, PhaseMemory
 from spade.run.console import step_line
-from spade.run.trainer import step_memory
+from spade.run.step_metrics import step_memory
 
 MB = 2**20
 BLOCK = 256 * MB

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from spade.run.trainer import policy_lag
+from spade.run.step_metrics import policy_lag
 
 
 def test_histogram_counts_samples_per_lag():

@@ -14,7 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from spade.peak_memory import PhaseMemory
-from spade.run.trainer import Trainer, step_record
+from spade.run.loops import Synchronous
+from spade.run.step_metrics import step_record
+from spade.run.trainer import Trainer
 from spade.selfplay.step import Step
 
 
@@ -38,6 +40,7 @@ class Loop(Trainer):
         self.resume, self.rank, self.start = resume, 1, start
         self.rollout = self.progress = Recorder()
         self.learner = SimpleNamespace(weight_stream=None)
+        self.schedule = Synchronous()
         self.phase_memory = PhaseMemory()  # peak RSS per phase (issue 25)
         self.ran: list[Step] = []
         self.saved: list[Step] = []
@@ -48,7 +51,7 @@ class Loop(Trainer):
     def restore(self) -> Step:
         return Step(self.start)
 
-    async def one_step(self, step: Step, *, overlap: bool = False):
+    async def one_step(self, step: Step, **schedule):
         self.ran.append(step)
 
     def checkpoint(self, done: Step):

@@ -60,7 +60,7 @@ Statistics
 ``generation_stats`` reports an engine's running totals as a ``GenerationStats``: tokens generated,
 the wall time spent generating (no waits for callers or sandboxes: the clock to set beside a
 serving benchmark) and, for an engine over servers, the requests re-sent after a failure. A step's
-figures are the differences of two readings (``spade.run.engine_meter``).
+figures are the differences of two readings (``spade.run.step_metrics``).
 
 Streaming
 ---------

@@ -8,14 +8,19 @@ Megatron model, reference model and optimizer), with ``engine.kind: hf`` the in-
 complete checkpoint (model, optimizer, RNG, scheduler, orchestrator), rolls the memory back and
 truncates ``metrics.jsonl``. The engine gets the trainer's weights before the first step (version
 = start step; always sent, as released servers keep none), so a straight and a resumed run serve
-rollouts from identical weights. Then every step is Algorithm 1::
+rollouts from identical weights. Then every step is Algorithm 1 (:meth:`Trainer.one_step`)::
 
-    out = await orchestrator.run_step(step)                     # rank 0: steps 1-4 and 6
-    samples = await rollout.switch_to_training(out.samples)     # engine offloaded, samples on every
-                                                                # rank, training state onloaded
-    metrics = learner.update(samples)                           # step 5: one GRPO step
-    await rollout.publish(learner.weight_stream, step.after)    # the engine serves the new policy
-    checkpoint every run.checkpoint_every steps and after the last
+    out, samples = await role.produce(step)                     # rank 0: orchestrator.run_step, steps
+                                                                # 1-4 and 6; the engine offloaded, the
+                                                                # samples on every rank, training onloaded
+    metrics = await update(samples)                             # step 5: one GRPO step
+    await publish(step, samples)                                # the engine serves the new policy
+    record                                                      # the metrics line (step_metrics)
+
+with a checkpoint every run.checkpoint_every steps and after the last. How steps follow each other
+(synchronous, or one step off policy with ``run.overlap: 1``) is the schedule's (``spade.run.loops``);
+what a rank does in a step besides the update is its role's (``spade.run.roles``, chosen at build);
+every figure of the step's line is made in ``spade.run.step_metrics``.
 
 ``step`` is a :class:`~spade.selfplay.step.Step`, the updates done before it; ``step.after`` is the
 weight version the step publishes and the number of the checkpoint written after it.
@@ -28,7 +33,7 @@ Every sample records the weight version that generated it (``train/policy_lag_*`
 With ``selfplay.rollout_shards`` > 1 the shard ranks (one per node) also start a sandbox service
 and an engine (hf) or a client over their node's servers (SGLang); while rank 0 runs the step they
 play their blocks of its rounds of plays (``spade.selfplay.rollout_shards``) and then wait for the
-samples like every rank.
+samples like every rank (their role: ``roles.ShardServing``).
 """
 
 from __future__ import annotations
@@ -39,21 +44,22 @@ import json
 import logging
 import os
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import torch
 
-from ..collectives import broadcast_object, in_thread
+from ..collectives import broadcast_object
 from ..peak_memory import PhaseMemory, large_allocations_from_mmap
 from ..rollout.manager import HFRolloutManager, RolloutManager, SGLangRolloutManager
 from ..selfplay.step import Step
 from ..train_config import EMBEDDED, TrainConfig
 from ..training.learner import Learner, LearnerOptions
-from .best_checkpoint import checkpoint_score, suite_mean
-from .engine_meter import measured_step
+from .best_checkpoint import suite_mean
+from .loops import schedule_for, train_steps
 from .metrics_writer import MetricsWriter
+from .roles import Orchestrating, ShardServing, Waiting
+from .step_metrics import StepMetrics
 from .trackers import check_installed
 from .progress import Progress
 from .run_dir import RunDir, RunDirError
@@ -102,15 +108,12 @@ class Trainer:
         self.learner: Optional[Learner] = None
         self.orchestrator = None
         self.memory = None
-        self.writers: Optional[MetricsWriter] = None
+        self.metrics: Optional[StepMetrics] = None  # every step's figures (build)
         self.resumed_from: tuple[int, ...] = ()  # the checkpoint restore() loaded
-        self.eval_score: Optional[tuple[int, float]] = None  # (step, run.best_metric) of the last evaluation
         self.phase_memory = PhaseMemory()  # peak RSS per phase of a step (memory/peak_rss_gb/*)
-        # run.overlap: 1: rank 0's rollout of the next step, done while this one trained and not
-        # yet trained on (checkpointed with the step before it)
-        self.ready: Optional[Any] = None
+        self.schedule = schedule_for(config.run.overlap)  # how steps follow each other (loops)
+        self.role: Optional[Waiting] = None  # what this rank does in a step besides the update (build)
         self.shards = None  # selfplay.rollout_shards > 1: the shards' channel (every rank)
-        self.shard_server = None  # a shard other than rank 0: plays its block of rank 0's rounds
 
     @property
     def is_main(self) -> bool:
@@ -141,6 +144,7 @@ class Trainer:
             self.progress = Progress(cfg.run.steps, log_every=cfg.run.log_every, enabled=self.is_main,
                                      env_source=cfg.selfplay.env_source)
         self.progress.enabled = self.is_main
+        self.metrics = StepMetrics(self.progress, self.phase_memory)
         if cfg.selfplay.rollout_shards > 1:
             from ..selfplay.rollout_shards import ShardChannel, ShardLayout
 
@@ -180,8 +184,13 @@ class Trainer:
             await self.rollout.open_shard(self.shards.shard, self.shards.shards)
         if self.is_main:
             self._build_selfplay()
+            self.role = Orchestrating(self.rollout, self.orchestrator, self.progress, shards=self.shards,
+                                      device=self.ctx.device, evaluate_now=self._evaluate, due=cfg.eval.due,
+                                      best_metric=cfg.run.best_metric)
         elif self.plays_shard:
-            self._build_shard_server()
+            self.role = ShardServing(self.rollout, self._shard_server())
+        else:
+            self.role = Waiting(self.rollout)
 
     def _learner_options(self) -> LearnerOptions:
         cfg = self.config
@@ -242,7 +251,7 @@ class Trainer:
                                          final_step=cfg.run.steps - 1)
         self.orchestrator.on_phase = self.phase_memory.mark
 
-    def _build_shard_server(self) -> None:
+    def _shard_server(self) -> Any:
         from ..rollout.conversation import thinking_template_kwargs
         from ..selfplay.rollout_shards import ShardServer, shard_player
 
@@ -252,7 +261,7 @@ class Trainer:
                               seed=cfg.run.seed,
                               chat_template_kwargs=thinking_template_kwargs(self.tokenizer.chat_template,
                                                                             cfg.model.thinking))
-        self.shard_server = ShardServer(player, self.shards, self.ctx.device)
+        return ShardServer(player, self.shards, self.ctx.device)
 
     def restore(self) -> Step:
         """Load the newest complete checkpoint; returns the step to start at (0 for a new run): the
@@ -285,12 +294,13 @@ class Trainer:
             self.learner.scheduler.load_state_dict(state["scheduler"])
         if self.is_main:
             self.orchestrator.load_state_dict(state["orchestrator"])
-            self.ready = ready_rollout(state.get("ready_rollout"), self.config)
-            if self.ready is not None and self.ready.step != start:
-                raise RunDirError(f"{directory}: its ready rollout is of step {self.ready.step.updates_done}, "
+            self.schedule.load_state(state, self.config.selfplay.agent_temperature)
+            ready = self.schedule.ready
+            if ready is not None and ready.step != start:
+                raise RunDirError(f"{directory}: its ready rollout is of step {ready.step.updates_done}, "
                                   f"not {start.updates_done}")
             # with a ready rollout in the checkpoint, the step it played has run: its records stay
-            self.memory.rollback(start.updates_done if self.ready is not None else start.last_run)
+            self.memory.rollback(start.updates_done if ready is not None else start.last_run)
             dropped = self.run_dir.truncate_metrics(start.updates_done)
             self.run_dir.forget_scores_after(start.updates_done)  # the best so far goes on from here
             self.progress.message(f"resumed from {directory} (step {start.updates_done}; dropped {dropped} "
@@ -308,98 +318,44 @@ class Trainer:
             await self.build()
             start = self.restore()
             if self.is_main:
-                self.writers = MetricsWriter(self.run_dir, purge_step=start.updates_done or None,
-                                             progress=self.progress, loggers=cfg.run.loggers,
-                                             config=cfg.to_dict())
+                self.metrics.writers = MetricsWriter(self.run_dir, purge_step=start.updates_done or None,
+                                                     progress=self.progress, loggers=cfg.run.loggers,
+                                                     config=cfg.to_dict())
             await self.rollout.publish(self.learner.weight_stream, version=start.updates_done)
             self.phase_memory.mark("build")  # reported on the first step's line
             self._warn_unaligned_best()
-            end = Step(cfg.run.steps)
-            ran = 0
-            last_saved = start if self.resume else None
-            step = start
-            while step < end:
-                await self.one_step(step, overlap=bool(cfg.run.overlap) and step.after < end)
-                ran += 1
-                step = step.after
-                if step.every(cfg.run.checkpoint_every) or step == end:
-                    self.checkpoint(step)
-                    last_saved = step
-            if end > start and last_saved != end:
-                self.checkpoint(end)
+            ran = await train_steps(self, self.schedule, start, Step(cfg.run.steps))
             self.progress.counters = {}
             self.progress.phase("done")
             return ran
         finally:
             await self.close()
 
-    async def one_step(self, step: Step, *, overlap: bool = False) -> None:
-        """Algorithm 1, one step (see the module docstring). ``overlap`` (``run.overlap: 1``, not
-        on the last step): the next step's rollout runs on rank 0 while this step trains, on the
-        weights this step started from, and is trained on by the next step (one step off policy)."""
-        n = step.updates_done
-        started = time.perf_counter()
-        self.progress.start_step(n)
-        before = self.phase_memory.metrics()  # the checkpoint after the step before, or the build (first step)
-        self.phase_memory.start()
-        out = None
-        if self.is_main:
-            out, self.ready = self.ready, None
-            if out is None:
-                self.progress.phase("playing")
-                out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress,
-                                          play_engine=self.rollout.play_engine)
-                if self.shards is not None:  # the shards go on to the samples' broadcast
-                    await in_thread(self.ctx.device, self.shards.end_step)
-        serving = asyncio.create_task(self.shard_server.serve_step()) if self.shard_server is not None else None
-        samples = await self.rollout.switch_to_training(
-            None if out is None else [t.to_train_sample() for t in out.samples], keep_serving=overlap)
-        if serving is not None:  # ended before rank 0 shared the samples
-            await serving
-        self.phase_memory.mark("plays")
-        rolled = time.perf_counter()
+    async def one_step(self, step: Step, *, ready: Optional[Any] = None,
+                       update: Optional[Callable[[list], Awaitable[dict[str, Any]]]] = None) -> None:
+        """Algorithm 1, one step (see the module docstring), the same on every rank. The schedule
+        (``spade.run.loops``) may hand in the step's rollout played ahead (``ready``) and an update
+        that plays the next step's rollout meanwhile (``update``; the engine then keeps serving)."""
+        meter = self.metrics.begin(step)
+        out, samples = await self.role.produce(step, ready=ready, keep_serving=update is not None)
+        meter.mark("plays")
+        meter.training(samples, self.rollout.version)
+        meter.trained(samples, await (update or self.update)(samples))
+        await self.publish(step, samples)
+        meter.synced(self.rollout.step_metrics())
+        await meter.evaluated(self.role.evaluate(step.after))  # the policy just published, when due
+        meter.record(out)
 
-        self.progress.phase("training", samples=len(samples))
-        lag = policy_lag(samples, self.rollout.version)
-        if overlap:
-            following = asyncio.create_task(measured_step(self.orchestrator, self.rollout.engine, step.after,
-                                                          self.progress)) if self.is_main else None
-            try:  # torch releases the GIL in its ops: the update's thread and the engine's work share the cores
-                trained_metrics = await asyncio.to_thread(self.learner.update, samples,
-                                                          on_phase=self.phase_memory.mark)
-            except BaseException:
-                if following is not None:
-                    following.cancel()
-                    await asyncio.gather(following, return_exceptions=True)
-                raise
-            if following is not None:
-                self.ready = await following
-        else:
-            trained_metrics = self.learner.update(samples, on_phase=self.phase_memory.mark)
-        if not samples:
-            self.progress.message(f"step {n}: no samples, the update is skipped")
-        trained = time.perf_counter()
+    async def update(self, samples: list) -> dict[str, Any]:
+        """Step 5: one GRPO step on every rank (none without samples)."""
+        return self.learner.update(samples, on_phase=self.phase_memory.mark)
 
+    async def publish(self, step: Step, samples: list) -> None:
+        """The engine serves the updated weights as version ``step.after`` (the same version when
+        there was nothing to train on)."""
         self.progress.phase("syncing")
         version = step.after.updates_done if samples else self.rollout.version
         await self.rollout.publish(self.learner.weight_stream, version=version, changed=bool(samples))
-        self.phase_memory.mark("sync")
-        synced = time.perf_counter()
-        engine_metrics = self.rollout.step_metrics()
-        evaluated = {}
-        if self.is_main and self.config.eval.due(step.after.updates_done):  # the policy just published
-            evaluated = await self._evaluate(step.after)
-            score = checkpoint_score(evaluated, self.config.run.best_metric)
-            self.eval_score = None if score is None else (step.after.updates_done, score)
-
-        if self.is_main:
-            memory = step_memory(self.phase_memory.metrics(), before)
-            metrics = step_record(out, lag, trained_metrics, engine_metrics, evaluated, memory,
-                                  times={"time/rollout_s": rolled - started, "time/train_s": trained - rolled,
-                                         "time/sync_s": synced - trained, "time/step_s": synced - started})
-            self.writers.write(n, metrics)
-            self.progress.end_step(n, metrics)
-        self.phase_memory.start()  # a checkpoint, if one follows, starts its own figure
 
     async def _evaluate(self, done: Step) -> dict[str, Any]:
         """Rank 0: the configured held-out benchmarks on the rollout engine (``eval/*`` metrics);
@@ -408,12 +364,11 @@ class Trainer:
 
         step = done.updates_done
         self.progress.phase("evaluating", at=step)
-        began = time.perf_counter()
         out = await evaluate_in_loop(self.rollout.engine, self.tokenizer, self.config.eval, step,
                                      out_dir=self.run_dir.root / "eval", sandbox=self.config.sandbox,
                                      max_context_tokens=self.config.selfplay.max_context_tokens,
                                      chat_template_kwargs=self.orchestrator.chat_format.template_kwargs)
-        return {**out, **suite_mean(out), "time/eval_s": time.perf_counter() - began}
+        return {**out, **suite_mean(out)}
 
     def _warn_unaligned_best(self) -> None:
         run, every = self.config.run, self.config.eval.every
@@ -446,15 +401,13 @@ class Trainer:
                 "metrics_lines": step,
                 "saved_at": time.time(),
             }
-            if self.ready is not None:  # run.overlap: the next step's rollout, played and not trained on
-                state["ready_rollout"] = {"step": self.ready.step.updates_done,
-                                          "samples": [t.to_json() for t in self.ready.samples],
-                                          "metrics": self.ready.metrics}
+            state.update(self.schedule.state())  # run.overlap: the next step's rollout, not trained on yet
             try:
                 self.run_dir.write_trainer_state(step, state)
                 self.run_dir.mark_latest(step)  # the checkpoint counts from here on (verified first)
-                if self.eval_score is not None and self.eval_score[0] == step:  # its weights were evaluated
-                    self.run_dir.record_score(step, self.eval_score[1], metric=self.config.run.best_metric,
+                score = self.role.eval_score
+                if score is not None and score[0] == step:  # its weights were evaluated
+                    self.run_dir.record_score(step, score[1], metric=self.config.run.best_metric,
                                               mode=self.config.run.best_mode)
                 self.run_dir.prune_checkpoints(self.config.run.keep_checkpoints, protect=self.resumed_from)
             except RunDirError as exc:
@@ -469,8 +422,8 @@ class Trainer:
             raise RunDirError(error)
 
     async def close(self) -> None:
-        if self.writers is not None:
-            self.writers.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.progress is not None:
             self.progress.close()
         if self.orchestrator is not None:
@@ -481,56 +434,6 @@ class Trainer:
             self.memory.close()
         if self.sandbox is not None:
             await self.sandbox.close()
-
-
-REGENERATION_COUNTS = ("env/admitted", "env/rejected")  # 0 in the lines between regenerations
-
-
-def step_record(out: Any, *parts: dict[str, Any], times: dict[str, float]) -> dict[str, Any]:
-    """The step's ``metrics.jsonl`` line: the orchestrator's figures (``out.metrics``) with the
-    regeneration counts every line carries, then the trainer's ``parts`` (policy lag, update,
-    engine, evaluation), then the step's times."""
-    record: dict[str, Any] = dict(out.metrics)
-    for key in REGENERATION_COUNTS:
-        record.setdefault(key, 0.0)
-    for part in parts:
-        record.update(part)
-    record.update(times)
-    return record
-
-
-def step_memory(phases: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    """The step's peak-RSS metrics: its own phases (``memory/peak_rss_gb`` is their largest) and
-    what ran between the line before and this step: the checkpoint written after the step before
-    (``memory/peak_rss_gb/checkpoint``) or, on the first line, building the model, engine and
-    sandbox (``memory/peak_rss_gb/build``). The run's peak is the largest ``memory/peak_rss_gb/*``."""
-    out = dict(phases)
-    prefix = "memory/peak_rss_gb/"
-    out.update({key: value for key, value in before.items() if key.startswith(prefix)})
-    return out
-
-
-def ready_rollout(saved: Optional[dict[str, Any]], config: TrainConfig) -> Any:
-    """The ``StepOutput`` a checkpoint holds for ``run.overlap`` (None when it holds none)."""
-    if saved is None:
-        return None
-    from ..rl.samples import Trajectory
-    from ..selfplay.orchestrator import StepOutput
-
-    temperature = config.selfplay.agent_temperature
-    return StepOutput(Step(saved["step"]), [Trajectory.from_json(t, default_logprob_temperature=temperature)
-                                            for t in saved["samples"]], dict(saved["metrics"]))
-
-
-def policy_lag(samples: list, version: int) -> dict[str, float]:
-    """How many weight versions behind the policy being updated the samples were generated."""
-    lags = [version - s.weight_version for s in samples if s.weight_version is not None]
-    if not lags:
-        return {}
-    out = {"train/policy_lag_mean": sum(lags) / len(lags), "train/policy_lag_max": float(max(lags))}
-    # The histogram: samples per lag (partial rollouts and overlap make lags above 0 common).
-    out.update({f"train/policy_lag_count/{lag}": float(n) for lag, n in sorted(Counter(lags).items())})
-    return out
 
 
 def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False,

@@ -1,0 +1,107 @@
+"""What a rank does in a step besides the update every rank runs, chosen once when the trainer is
+built, so that ``Trainer.one_step`` is the same lines on every rank.
+
+- :class:`Orchestrating` (global rank 0): runs the orchestrator's step (or takes the rollout a
+  schedule played ahead), shares its samples, evaluates the policy it published when
+  ``eval.every`` says so, and owns the score that a checkpoint records for ``run.best_metric``.
+- :class:`ShardServing` (a rollout shard's rank, ``selfplay.rollout_shards`` > 1): plays its block
+  of rank 0's rounds of plays while it waits for the samples.
+- :class:`Waiting` (every other rank): waits for the samples.
+
+Every role's :meth:`~Waiting.produce` ends with the rollout manager's ``switch_to_training``, a
+collective: every rank returns from it with the step's samples and the training state onloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, NamedTuple, Optional
+
+import torch
+
+from ..collectives import in_thread
+from ..rollout.manager import RolloutManager
+from ..selfplay.step import Step
+from .best_checkpoint import checkpoint_score
+from .progress import Progress
+from .step_metrics import measured_step
+
+
+class Produced(NamedTuple):
+    """A step's rollout (rank 0's ``StepOutput``; None on the other ranks) and the samples every
+    rank trains on."""
+
+    out: Optional[Any]
+    samples: list
+
+
+class Waiting:
+    """A rank that neither runs the orchestrator nor plays a shard."""
+
+    def __init__(self, rollout: RolloutManager):
+        self.rollout = rollout
+
+    async def produce(self, step: Step, *, ready: Optional[Any] = None, keep_serving: bool = False) -> Produced:
+        """The step's samples (``ready``: the step's rollout, played ahead by the schedule)."""
+        return Produced(None, await self.rollout.switch_to_training(None, keep_serving=keep_serving))
+
+    async def play_ahead(self, step: Step) -> Optional[Any]:
+        """``run.overlap``: ``step``'s rollout, played while the step before it trains (rank 0)."""
+        return None
+
+    async def evaluate(self, done: Step) -> Optional[dict[str, Any]]:
+        """The held-out benchmarks on the policy after ``done`` updates, when due (rank 0)."""
+        return None
+
+
+class ShardServing(Waiting):
+    """A rollout shard's rank other than rank 0 (``spade.selfplay.rollout_shards``)."""
+
+    def __init__(self, rollout: RolloutManager, server: Any):
+        super().__init__(rollout)
+        self.server = server
+
+    async def produce(self, step: Step, *, ready: Optional[Any] = None, keep_serving: bool = False) -> Produced:
+        serving = asyncio.create_task(self.server.serve_step())
+        samples = await self.rollout.switch_to_training(None, keep_serving=keep_serving)
+        await serving  # it ended before rank 0 shared the samples
+        return Produced(None, samples)
+
+
+class Orchestrating(Waiting):
+    """Global rank 0. ``evaluate_now(done)`` runs the configured benchmarks; ``due(updates)`` says
+    when (``eval.due``); ``best_metric`` is ``run.best_metric``."""
+
+    def __init__(self, rollout: RolloutManager, orchestrator: Any, progress: Progress, *, shards: Any,
+                 device: torch.device, evaluate_now: Callable[[Step], Awaitable[dict[str, Any]]],
+                 due: Callable[[int], bool], best_metric: str):
+        super().__init__(rollout)
+        self.orchestrator = orchestrator
+        self.progress = progress
+        self.shards = shards
+        self.device = device
+        self.evaluate_now, self.due, self.best_metric = evaluate_now, due, best_metric
+        self.eval_score: Optional[tuple[int, float]] = None  # (updates, run.best_metric) of the last evaluation
+
+    async def produce(self, step: Step, *, ready: Optional[Any] = None, keep_serving: bool = False) -> Produced:
+        out = ready
+        if out is None:
+            self.progress.phase("playing")
+            out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress,
+                                      play_engine=self.rollout.play_engine)
+            if self.shards is not None:  # the shards go on to the samples' broadcast
+                await in_thread(self.device, self.shards.end_step)
+        samples = await self.rollout.switch_to_training([t.to_train_sample() for t in out.samples],
+                                                        keep_serving=keep_serving)
+        return Produced(out, samples)
+
+    async def play_ahead(self, step: Step) -> Optional[Any]:
+        return await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
+
+    async def evaluate(self, done: Step) -> Optional[dict[str, Any]]:
+        if not self.due(done.updates_done):
+            return None
+        out = await self.evaluate_now(done)
+        score = checkpoint_score(out, self.best_metric)
+        self.eval_score = None if score is None else (done.updates_done, score)
+        return out
