@@ -26,16 +26,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spade.eval.models import load_model  # noqa: E402
 from spade.eval.reasoning_gym_bench import ReasoningGymHard  # noqa: E402
 from spade.eval.runner import ChatModel, run_benchmark, sample_seed  # noqa: E402
 from spade.eval.types import SamplingSettings  # noqa: E402
 from spade.rollout.engine import GenerationRequest, SamplingParams  # noqa: E402
+from spade.run.engines import engine_settings, open_engine, resolve_model  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> dict:
-    loaded = await load_model(args.model, engine=args.engine, sglang_urls=args.sglang_url,
-                              max_batch_size=args.concurrency)
+    loaded = await open_engine(resolve_model(args.model), engine_settings(
+        engine=args.engine, sglang_urls=args.sglang_url, max_batch_size=args.concurrency))
     sampling = SamplingSettings(n=1, temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=args.max_new_tokens)
     bench = ReasoningGymHard("math", episodes=max(1, -(-args.prompts // 31)), sampling=sampling)
     items = bench.load(seed=0)[: args.prompts]

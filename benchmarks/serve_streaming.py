@@ -15,7 +15,9 @@ import argparse
 import statistics
 import time
 
-from spade.serve.server import BackgroundServer, ServeOptions, build_service
+from spade.cli.serve import ServeOptions, build_service
+
+from spade.serve.server import BackgroundServer
 
 
 def main() -> None:

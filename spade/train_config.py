@@ -63,7 +63,7 @@ _EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 @dataclass(frozen=True)
 class ModelSection:
     hf_dir: str = EMBEDDED  # "embedded" = SmolLM2-135M-Instruct from spade.models.embedded
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 with CUDA, fp32 on CPU
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on CUDA or a CPU with AMX/AVX512-BF16, else fp32 (printed)
     recompute: Literal["none", "full", "selective"] = "none"  # activation recompute in the backward pass
     # with recompute: full only (Megatron's --recompute-method / --recompute-num-layers); null = uniform, 1
     recompute_method: Optional[Literal["uniform", "block"]] = None

@@ -124,7 +124,14 @@ def test_learning_potential_recipe_has_the_released_values():
     assert "lp_gamma_fast: 0.98" in text and "lp_gamma_slow: 0.85" in text
 
 
-def test_learning_potential_run_of_issues_15_to_19_resumes(tmp_path, capsys):
+@pytest.fixture
+def without_start_checks(monkeypatch):
+    """``--resume --check`` runs a start's checks (spade.run.preflight), and these recipes name the
+    models and corpora of a GPU machine: the tests below are about the resolved config only."""
+    monkeypatch.setattr("spade.run.preflight.preflight", lambda config: None)
+
+
+def test_learning_potential_run_of_issues_15_to_19_resumes(tmp_path, capsys, without_start_checks):
     """A run whose snapshot has lp_fast_decay 0.85 / lp_slow_decay 0.98 (gamma read as a decay)
     resumes with the paper's reading of the same numbers; a new config with those keys is refused."""
     from spade.cli import main
@@ -155,7 +162,7 @@ def test_phase2_keys_are_what_a_resume_may_change():
     assert set(RESUME_OVERRIDABLE) == {"run.steps", *PHASE_OVERRIDABLE}
 
 
-def test_resume_with_the_phase2_overrides_is_the_phase2_recipe(tmp_path, capsys):
+def test_resume_with_the_phase2_overrides_is_the_phase2_recipe(tmp_path, capsys, without_start_checks):
     """``spade train --resume RUN`` of a first-phase run with the keys of the phase-2 recipe as
     overrides resolves to the phase-2 recipe's config; other keys are still refused."""
     from spade.cli import main
@@ -192,7 +199,7 @@ def test_recipe_comments_name_files_that_exist():
             assert where.is_file(), f"{path.name} names {name}, which does not exist"
 
 
-def test_resume_reads_the_config_snapshot_of_an_older_run(tmp_path, capsys):
+def test_resume_reads_the_config_snapshot_of_an_older_run(tmp_path, capsys, without_start_checks):
     """A run started before issue 15 wrote the per-environment reward's old names (lp_*, and
     learning_potential for it): its resume reads them as window_progress and wp_*."""
     from spade.cli import main

@@ -131,9 +131,9 @@ def test_missing_model_is_a_usage_error(tmp_path):
     from spade.cli.common import UsageError
     from spade.cli.score import resolve_model
 
-    with pytest.raises(UsageError, match="not a directory"):
+    with pytest.raises(UsageError, match="no such directory"):
         resolve_model(str(tmp_path / "nothing"))
-    with pytest.raises(UsageError, match="neither a spade checkpoint"):
+    with pytest.raises(UsageError, match=r"not an HF model directory \(no config.json\), a spade checkpoint"):
         resolve_model(str(tmp_path))
 
 

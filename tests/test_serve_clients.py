@@ -105,7 +105,7 @@ def real(tmp_path_factory):
     import torch
     from chat_templates import bpe_tokenizer
     from hf_fixtures import randomize_
-    from spade.serve.server import ServeOptions, build_service
+    from spade.cli.serve import ServeOptions, build_service
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     directory = tmp_path_factory.mktemp("clients_model")

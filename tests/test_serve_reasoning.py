@@ -282,7 +282,7 @@ def test_command_line_options(model_dir):  # noqa: F811 - test_serve's tiny mode
     unknown = serve_cli("--reasoning-parser", "qwen")
     assert unknown.returncode == 2 and "deepseek-r1" in unknown.stderr
 
-    from spade.serve.server import ServeOptions, build_service
+    from spade.cli.serve import ServeOptions, build_service
 
     service = build_service(ServeOptions(model=str(model_dir), reasoning_parser="deepseek-r1"))
     try:

@@ -34,7 +34,8 @@ FLAT_WEATHER = {"type": "function", **WEATHER["function"]}  # the Responses API'
 
 @pytest.fixture(scope="module")
 def served(model_dir):  # noqa: F811 - the fixture imported above
-    from spade.serve.server import BackgroundServer, ServeOptions, build_service
+    from spade.cli.serve import ServeOptions, build_service
+    from spade.serve.server import BackgroundServer
 
     service = build_service(ServeOptions(model=str(model_dir), served_model_name=MODEL_NAME,
                                          max_batch_size=4))

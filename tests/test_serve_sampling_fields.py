@@ -41,7 +41,8 @@ def standin_url(model_dir):  # noqa: F811 - the fixture imported above
 
 @pytest.fixture(scope="module", params=["hf", "sglang"])
 def client(request, model_dir):  # noqa: F811
-    from spade.serve.server import BackgroundServer, ServeOptions, build_service
+    from spade.cli.serve import ServeOptions, build_service
+    from spade.serve.server import BackgroundServer
 
     if request.param == "hf":
         service = build_service(ServeOptions(model=str(model_dir), served_model_name=MODEL_NAME,

@@ -23,7 +23,8 @@ HOLD_AT = 12  # the forward the worker is held in (1 prefill + 11 decode steps)
 
 @pytest.fixture(scope="module")
 def served(model_dir):  # noqa: F811 - the fixture imported above
-    from spade.serve.server import BackgroundServer, ServeOptions, build_service
+    from spade.cli.serve import ServeOptions, build_service
+    from spade.serve.server import BackgroundServer
 
     service = build_service(ServeOptions(model=str(model_dir), served_model_name=MODEL_NAME,
                                          max_batch_size=4))
@@ -122,7 +123,9 @@ def test_closing_the_server_ends_every_task_on_its_loop(model_dir):  # noqa: F81
     reported as "Task was destroyed but it is pending!" when the process exited."""
     import asyncio
 
-    from spade.serve.server import BackgroundServer, ServeOptions, build_service
+    from spade.cli.serve import ServeOptions, build_service
+
+    from spade.serve.server import BackgroundServer
 
     async def linger() -> asyncio.Task:
         return asyncio.get_running_loop().create_task(asyncio.Event().wait(), name="lingering")

@@ -25,8 +25,12 @@ def test_an_empty_config_is_refused_unless_defaults_are_meant(tmp_path):
     proc = spade_train("--config", str(empty), "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 2 and "--allow-defaults" in proc.stderr
     assert not (tmp_path / "run").exists()
-    checked = spade_train("--config", str(empty), "--allow-defaults", "--check")
-    assert checked.returncode == 0 and "steps: 400" in checked.stdout
+    # --check runs a start's checks: every default cannot start (the designer reads a corpus and none is given)
+    refused = spade_train("--config", str(empty), "--allow-defaults", "--check")
+    assert refused.returncode == 2 and "corpus.paths is empty" in refused.stderr, refused.stderr
+    checked = spade_train("--config", str(empty), "--allow-defaults", "--check", "selfplay.use_corpus=false")
+    assert checked.returncode == 0 and "steps: 400" in checked.stdout, checked.stderr
+    assert checked.stderr.strip().splitlines()[-1].startswith("spade train: check OK:")
 
 
 @pytest.mark.parametrize("body, key", [

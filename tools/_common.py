@@ -86,9 +86,30 @@ def write_safetensors_shards(tensors: Mapping[str, torch.Tensor], out_dir: Path,
         # own, contiguous storage per tensor: safetensors refuses tensors that share memory
         save_file({n: tensors[n].detach().cpu().contiguous().clone() for n in names},
                   str(out_dir / file), metadata={"format": "pt"})
+        readable_as_umask_allows(out_dir / file)  # safetensors writes its files readable by the owner only
         weight_map.update((n, file) for n in names)
     if count > 1:
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return files
+
+
+def readable_as_umask_allows(path: Path) -> None:
+    """Give ``path`` the mode a plain new file gets (0666 less the umask), so that other users and
+    serving containers can read the weights as they read the config beside them."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def set_config_dtype(config_file: Path, dtype: torch.dtype) -> None:
+    """Make ``config.json`` name the dtype the weights were written in (``dtype``, and the older
+    ``torch_dtype`` where the file has it), as transformers, vLLM and SGLang read it for ``auto``."""
+    data = json.loads(config_file.read_text())
+    name = str(dtype).removeprefix("torch.")
+    for key in [k for k in ("dtype", "torch_dtype") if k in data] or ["dtype"]:
+        data[key] = name
+    config_file.write_text(json.dumps(data, indent=2) + "\n")

@@ -5,8 +5,10 @@
 One process: the checkpoint (saved at any layout) is loaded into a single-rank Megatron model,
 whose parameters go through the weight map's export path to HF tensor names. Written: safetensors
 (one ``model.safetensors``, or size-bounded shards plus ``model.safetensors.index.json``),
-``config.json`` and the tokenizer files from ``CKPT/hf/``. Tensors keep the checkpoint's dtype
-unless ``--dtype`` says otherwise, so HF -> Megatron -> HF gives back the same tensors bit for bit.
+``config.json`` (naming the dtype the tensors were written in) and the tokenizer files from
+``CKPT/hf/``; every file is readable as the umask allows. Tensors keep the checkpoint's dtype unless
+``--dtype`` says otherwise, so HF -> Megatron -> HF gives back the same tensors bit for bit.
+``--ckpt`` may also be a run directory: its newest intact checkpoint.
 The output appears at OUT only when complete (written to OUT.tmp-* and renamed).
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DTYPES, ToolError, parse_size, run, write_safetensors_shards  # noqa: E402
+from _common import DTYPES, ToolError, parse_size, run, set_config_dtype, write_safetensors_shards  # noqa: E402
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
 
@@ -31,7 +33,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         prog="convert_mcore_to_hf.py",
         description="spade Megatron checkpoint (any layout) -> HF directory that transformers loads. "
                     "Runs as one process.")
-    parser.add_argument("--ckpt", required=True, metavar="DIR", help="spade checkpoint directory")
+    parser.add_argument("--ckpt", required=True, metavar="DIR",
+                        help="spade checkpoint directory (RUN/checkpoints/step_N), or a run directory (its newest "
+                             "intact checkpoint)")
     parser.add_argument("--out", required=True, metavar="DIR", help="HF directory to create (must not "
                         "exist or be empty)")
     parser.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
@@ -68,8 +72,19 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     import megatron_patches
 
+    from spade.run.engines import ModelRefError, is_run_dir, resolve_model
+
+    ckpt = args.ckpt
+    if is_run_dir(Path(ckpt)):  # a run directory: its newest intact checkpoint, as every spade command takes it
+        try:
+            ref = resolve_model(ckpt, key="--ckpt")
+        except ModelRefError as exc:
+            raise ToolError(str(exc)) from None
+        for note in ref.notes:
+            print(f"convert_mcore_to_hf.py: {note}", file=sys.stderr)
+        ckpt = str(ref.checkpoint)
     try:
-        info = read_checkpoint_info(args.ckpt)
+        info = read_checkpoint_info(ckpt)
     except CheckpointError as exc:
         raise ToolError(str(exc)) from None
     spec = info.model_spec()
@@ -86,6 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         staging.mkdir(parents=True)
         files = write_safetensors_shards(tensors, staging, max_shard_bytes)
         copy_hf_side_files(info.hf_dir, staging)  # config.json and tokenizer files
+        set_config_dtype(staging / "config.json", dtype)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.rename(staging, out)

@@ -13,7 +13,8 @@
 #   CONFIG        recipe [examples/recipes/qwen3_30b_a3b_games_multinode.yaml]
 #   RUN_DIR       run directory [required]: every rank reads and rank 0 writes it, so it must
 #                 be the same path on a filesystem shared by all nodes (NFS, Lustre, ...)
-#   PYTHON        python with spade installed [python3; .venv/bin/python when present]
+#   PYTHON        python with spade installed [python3; .venv/bin/python when present]; torchrun is
+#                 its own (python -m torch.distributed.run), never another one on PATH
 #   NCCL_SOCKET_IFNAME / NCCL_IB_HCA / GLOO_SOCKET_IFNAME
 #                 network interface / InfiniBand adapters for NCCL and gloo; set them when the
 #                 nodes have several interfaces (e.g. NCCL_SOCKET_IFNAME=eth0) [unset: NCCL picks]
@@ -55,6 +56,7 @@ PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo pyt
 if [ ! -f "$CONFIG" ]; then
   echo "no such config: $CONFIG" >&2; usage >&2; exit 2
 fi
+# the checks of a start before any GPU is touched (one-line reason and exit 2 or 3 if it cannot start)
 "$PYTHON" -m spade train --config "$CONFIG" --check "$@" >/dev/null
 
 # NCCL hints: log warnings, fail fast on a hung collective. On InfiniBand clusters also set
@@ -66,6 +68,6 @@ if [ -n "${NCCL_SOCKET_IFNAME:-}" ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
 fi
 
 echo "spade: node $NODE_RANK of $NNODES, $NPROC ranks here, rendezvous $MASTER_ADDR:$MASTER_PORT ($RDZV_ID)" >&2
-exec torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" \
+exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" \
   --rdzv_id "$RDZV_ID" --rdzv_backend c10d --rdzv_endpoint "${MASTER_ADDR}:${MASTER_PORT}" \
   -m spade train --config "$CONFIG" --run-dir "$RUN_DIR" "$@"

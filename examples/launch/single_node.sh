@@ -16,7 +16,8 @@
 #                 loads the HF directory directly and converts in memory on every rank. The
 #                 conversion is only for using the Megatron checkpoint elsewhere (e.g.
 #                 `spade score`, or a Megatron-LM job); it is layout-independent on load.
-#   PYTHON        python with spade installed [python3; .venv/bin/python when present]
+#   PYTHON        python with spade installed [python3; .venv/bin/python when present]; torchrun is
+#                 its own (python -m torch.distributed.run), never another one on PATH
 #
 # Resume a stopped run (same layout): torchrun ... -m spade train --resume RUN_DIR
 set -euo pipefail
@@ -43,13 +44,14 @@ if [ ! -f "$CONFIG" ]; then
   echo "no such config: $CONFIG" >&2; usage >&2; exit 2
 fi
 
-# Validate the config (and the overrides) before any GPU is touched.
+# The checks of a start (config, model directory and chat template, corpus, pool, sandbox) before any
+# GPU is touched; a config that cannot start stops here with its one-line reason (exit 2 or 3).
 "$PYTHON" -m spade train --config "$CONFIG" --check "${OVERRIDES[@]}" >/dev/null
 
 if [ -n "${CONVERT_TO:-}" ]; then
   : "${HF_DIR:?CONVERT_TO needs HF_DIR (the HF directory to convert)}"
   # any tp/ep works (the result loads at any layout); the flags only split the work over ranks
-  torchrun --standalone --nproc_per_node "$NPROC" tools/convert_hf_to_mcore.py \
+  "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" tools/convert_hf_to_mcore.py \
     --hf-dir "$HF_DIR" --out "$CONVERT_TO" --tp "${CONVERT_TP:-1}" --ep "${CONVERT_EP:-1}" --dtype bfloat16
 fi
 
@@ -57,6 +59,6 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 
 echo "spade: $NPROC ranks, config $CONFIG, run dir $RUN_DIR" >&2
-exec torchrun --nnodes 1 --nproc_per_node "$NPROC" \
+exec "$PYTHON" -m torch.distributed.run --nnodes 1 --nproc_per_node "$NPROC" \
   --rdzv_backend c10d --rdzv_endpoint "localhost:${MASTER_PORT}" \
   -m spade train --config "$CONFIG" --run-dir "$RUN_DIR" "${OVERRIDES[@]}"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import UsageError, sandbox_config
+from .common import UsageError, require_config_file, sandbox_config
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,6 +35,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
+    require_config_file(args.config)  # before the runs are read and the embeddings computed
     from ..analysis.embeddings import make_embedder
     from ..analysis.plots import plot_all
     from ..analysis.report import DEFAULT_WINDOW, analyze, run_line

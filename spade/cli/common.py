@@ -23,10 +23,19 @@ def read_text(path: str) -> str:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
 
 
+def require_config_file(path: str | None, flag: str = "--config") -> None:
+    """A ``--config`` that names no readable file is a usage error, before anything starts."""
+    if path is None:
+        return
+    if not Path(path).is_file():
+        raise UsageError(f"{flag} {path}: no such file")
+
+
 def sandbox_config(args: argparse.Namespace) -> SandboxConfig:
     """The ``sandbox:`` section of ``--config``, then SPADE_SANDBOX_ISOLATION, then ``--isolation``."""
     section = {}
     if getattr(args, "config", None):
+        require_config_file(args.config)
         data = load_yaml(args.config)
         section = dict(data.get("sandbox") or {})
     isolation = getattr(args, "isolation", None) or os.environ.get(ISOLATION_VARIABLE)

@@ -23,7 +23,7 @@ from ..envs.admission import admit
 from ..envs.protocol import episode_return
 from ..envs.runner import Message, Policy, play_episode
 from ..envs.sandbox.client import SandboxedEnv, SandboxService
-from .common import read_text, sandbox_config
+from .common import read_text, require_config_file, sandbox_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "envs"
 SOLVERS = EXAMPLES.parent / "solvers.py"
@@ -85,6 +85,7 @@ async def solver_return(service: SandboxService, source: str, solver: Any, seed:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    require_config_file(args.config)
     paths = [Path(p) for p in args.paths] or sorted(EXAMPLES.glob("*.py"))
     return asyncio.run(_demo(args, paths))
 

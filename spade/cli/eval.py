@@ -24,15 +24,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--out", default=None, metavar="DIR", help="results directory (resumed when it exists)")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help="first N items per benchmark (Reasoning-Gym: N episodes per task)")
-    parser.add_argument("--engine", choices=("hf", "sglang"), default="hf")
-    parser.add_argument("--sglang-url", nargs="+", default=[], metavar="URL")
+    parser.add_argument("--engine", choices=("hf", "sglang"), default=None,
+                        help="engine.kind: hf (in process, default) or sglang (running servers)")
+    parser.add_argument("--sglang-url", nargs="+", default=[], metavar="URL", help="engine.sglang.urls")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None, metavar="DIR", help="benchmark data directory "
                         "(default $SPADE_EVAL_DATA or ~/.cache/spade/eval_data)")
     parser.add_argument("--concurrency", type=int, default=64, help="generations in flight (default 64)")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="hf engine: requests per batch")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-batch-size", type=int, default=None,
+                        help="engine.max_batch_size (hf engine): requests per batch (default 8)")
+    parser.add_argument("--device", default=None, help="engine.device (hf engine): auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                        help="model.dtype (hf engine; auto: bf16 on a GPU or a CPU with AMX/AVX512-BF16, else fp32)")
     parser.add_argument("--samples", type=int, default=None, help="override samples per item")
     parser.add_argument("--temperature", type=float, default=None, help="override the sampling temperature")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="override the completion budget")
@@ -42,7 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--rg-episodes", type=int, default=None,
                         help="Reasoning-Gym episodes per task (default: the protocol's, 4; offline 8)")
     parser.add_argument("--isolation", default=None, help="sandbox isolation for LCB (bubblewrap, unsafe-local)")
-    parser.add_argument("--config", default=None, help="YAML whose sandbox: section the LCB judge uses")
+    parser.add_argument("--config", default=None,
+                        help="a YAML config: its sandbox: section for the LCB judge, its engine: section and "
+                             "model.dtype for the engine (the flags above override them)")
     parser.add_argument("--tau2", action="append", default=[], metavar="KEY=VALUE",
                         help="a tau2 setting, repeatable (domains, user_url, user_model, user_api_key_env, "
                              "max_steps, ...; docs/evaluation.md)")
@@ -73,24 +78,23 @@ def add_report_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def resolve_model_path(path: str) -> str:
-    """A run directory becomes its newest intact checkpoint; anything else is returned as is."""
-    root = Path(path)
-    if path != "embedded" and (root / "checkpoints").is_dir() and not (root / "config.json").exists():
-        from ..run.run_dir import RunDir
-
-        step, warnings = RunDir(root).newest_intact_checkpoint()
-        for warning in warnings:
-            print(f"spade eval: {warning}", file=sys.stderr)
-        if step is None:
-            raise UsageError(f"--model {path}: the run directory has no usable checkpoint")
-        return str(RunDir(root).checkpoint_dir(step))
-    return path
-
-
 def run_eval(args: argparse.Namespace) -> int:
     if not args.model:
         raise UsageError("spade eval needs --model PATH (or 'spade eval report DIR...')")
+    from ..run.engines import ModelRefError, engine_settings, resolve_model
+    from .common import require_config_file
+
+    require_config_file(args.config)
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise UsageError("--max-batch-size must be >= 1")
+    try:
+        args.engine_settings = engine_settings(args.config, engine=args.engine, device=args.device, dtype=args.dtype,
+                                               max_batch_size=args.max_batch_size, sglang_urls=args.sglang_url)
+        args.model_ref = resolve_model(args.model)  # before the sandbox and the data: a wrong --model fails first
+    except ModelRefError as exc:
+        raise UsageError(str(exc)) from None
+    if args.engine_settings.kind == "sglang" and not args.engine_settings.section.sglang.urls:
+        raise UsageError("--engine sglang needs --sglang-url URL (servers already serving the model)")
     from ..eval.protocol import check_protocol
     from ..eval.suites import BenchmarkOptions, benchmark_names
 
@@ -147,7 +151,6 @@ def _harness_settings(pairs: list[str] | None, settings: Any) -> Any:
 
 
 async def _evaluate(args: argparse.Namespace, names: list[str], options) -> int:
-    from ..eval.models import ModelLoadError, load_model
     from ..eval.runner import ChatModel, EvalError, format_table, run_suite, stderr_progress
     from ..eval.suites import build_benchmarks
 
@@ -159,17 +162,20 @@ async def _evaluate(args: argparse.Namespace, names: list[str], options) -> int:
             except Exception:  # noqa: BLE001  (no data: the runner reports it skipped)
                 continue
             await benchmark.start()
-    model_path = resolve_model_path(args.model)
+    from ..run.engines import ModelRefError, open_engine, report
+
+    ref, settings = args.model_ref, args.engine_settings
+    report("eval", ref, settings)
     try:
-        loaded = await load_model(model_path, engine=args.engine, device=args.device, dtype=args.dtype,
-                                  max_batch_size=args.max_batch_size, sglang_urls=args.sglang_url)
-    except ModelLoadError as exc:
+        loaded = await open_engine(ref, settings)
+    except ModelRefError as exc:
         raise UsageError(str(exc)) from None
     chat = ChatModel(loaded.engine, loaded.tokenizer, concurrency=args.concurrency,
                      max_context_tokens=loaded.max_context_tokens)
     out = Path(args.out) if args.out else None
-    info = {"model": args.model, "resolved_model": model_path, "label": loaded.label, "step": loaded.step,
-            "engine": args.engine, "suite": args.suite, "protocol": options.protocol, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    resolved = str(ref.checkpoint or ref.hf_dir) if ref.kind != "embedded" else args.model
+    info = {"model": args.model, "resolved_model": resolved, "label": ref.label, "step": ref.step,
+            "engine": settings.kind, "suite": args.suite, "protocol": options.protocol, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
         scores = await run_suite(benchmarks, chat, seed=args.seed, limit=args.limit, out_dir=out,
                                  progress=stderr_progress, info=info)

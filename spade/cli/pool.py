@@ -1,6 +1,6 @@
 """``spade pool``: make the static environment pool of the Fixed-env GRPO baseline.
 
-    spade pool generate --designer (MODEL_DIR | URL) --n N --out DIR [--skills A,B] [--config YAML]
+    spade pool generate --designer (MODEL | URL) --n N --out DIR [--skills A,B] [--config YAML]
                         [--model NAME] [--concurrency C] [--max-attempts M] [key.sub=value ...]
     spade pool assemble --from RUN_DIR [RUN_DIR ...] --out DIR [--steps a:b]
     spade pool import --from (RELEASED_DIR | EXPORT_DIR) --out DIR [--expect N]
@@ -47,8 +47,9 @@ def add_parser(subparsers: Any) -> None:
     generate = commands.add_parser(
         "generate", help="write N admitted environments with a designer model (resumable)",
         description="Generate a static pool through the training's designer prompts, admission and hint calls.")
-    generate.add_argument("--designer", required=True, metavar="MODEL_DIR|URL",
-                          help="a local Hugging Face model directory ('embedded': the demo model) or the base URL "
+    generate.add_argument("--designer", required=True, metavar="MODEL|URL",
+                          help="a local model: a Hugging Face directory, 'embedded' (the demo model), a spade "
+                               "checkpoint or a run directory (its newest intact checkpoint); or the base URL "
                                "of an OpenAI-compatible endpoint (http:// or https://, usually ending in /v1)")
     generate.add_argument("--n", type=int, required=True, metavar="N", help="environments the pool should hold")
     generate.add_argument("--out", required=True, metavar="DIR", help="the pool directory (created; reruns continue)")
@@ -196,7 +197,7 @@ async def _generate(args, config, settings, skills, origin, url: bool):
     designer: dict[str, Any] = dict(engine=None, tokenizer=None, chat_format=None, stop_token_ids=())
     try:
         if not url:
-            engine, designer = _local_designer(args.designer, config)
+            engine, designer = await _local_designer(args.designer, config)
         async with await SandboxService.start(sandbox_config) as sandbox:
             generator = PoolGenerator(settings, out, n=args.n, skills=skills,
                                       concurrency=args.concurrency or settings.envs_per_set, origin=origin,
@@ -210,24 +211,18 @@ async def _generate(args, config, settings, skills, origin, url: bool):
             memory.close()
 
 
-def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
-    """The hf engine on ``model`` as ``spade train`` builds it, with the tokenizer, chat format and stop
-    tokens the orchestrator would use."""
-    from transformers import AutoTokenizer
-
-    from ..rollout import HFEngine
+async def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
+    """The engine on ``model`` as ``spade train`` opens it (``spade.run.engines``, from the config's
+    ``engine:`` section and ``model.dtype``), with the tokenizer, chat format and stop tokens the
+    orchestrator would use."""
     from ..rollout.conversation import ChatFormat, thinking_template_kwargs
-    from ..run.trainer import torch_dtype, engine_device
+    from ..run.engines import EngineSettings, ModelRefError, load_tokenizer, open_engine, report, resolve_model
 
-    if model == "embedded":
-        from ..models.embedded import embedded_model_dir
-        path = embedded_model_dir()
-    else:
-        path = Path(model)
-        if not (path / "config.json").is_file():
-            raise UsageError(f"--designer: {model} is neither an http(s) URL nor a Hugging Face model directory "
-                             "(no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        ref = resolve_model(model, key="--designer")
+    except ModelRefError as exc:
+        raise UsageError(f"{exc} (or an http(s) URL of an endpoint)") from None
+    tokenizer = load_tokenizer(ref)
     try:
         kwargs = thinking_template_kwargs(tokenizer.chat_template, config.model.thinking)
     except ValueError as exc:
@@ -235,10 +230,13 @@ def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
     chat_format = ChatFormat(tokenizer, kwargs)
     first = chat_format.closing[0]
     stop = (first,) if first in set(getattr(tokenizer, "all_special_ids", ())) else ()
-    engine = HFEngine(path, tokenizer, device=engine_device(config), dtype=torch_dtype(config),
-                      max_batch_size=config.engine.max_batch_size, batch_wait_ms=config.engine.batch_wait_ms,
-                      prefill_chunk_tokens=config.engine.prefill_chunk_tokens)
-    return engine, dict(engine=engine, tokenizer=tokenizer, chat_format=chat_format, stop_token_ids=stop)
+    settings = EngineSettings(config.engine, config.model.dtype)
+    report("pool generate", ref, settings)
+    try:
+        opened = await open_engine(ref, settings, tokenizer=tokenizer)
+    except ModelRefError as exc:
+        raise UsageError(str(exc)) from None
+    return opened.engine, dict(engine=opened.engine, tokenizer=tokenizer, chat_format=chat_format, stop_token_ids=stop)
 
 
 # ---------------------------------------------------------------------------- assemble

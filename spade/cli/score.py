@@ -1,7 +1,8 @@
 """``spade score``: per-token log-probs of texts, chats or token ids under a model checkpoint.
 
-``--model`` is an HF directory (config.json, safetensors, tokenizer) or a spade Megatron checkpoint
-(recognised by its ``spade_checkpoint.json``; tokenizer and config come from its ``hf/``). The
+``--model`` is an HF directory (config.json, safetensors, tokenizer), ``embedded``, a spade Megatron
+checkpoint (recognised by its ``spade_checkpoint.json``; tokenizer and config come from its ``hf/``)
+or a run directory (its newest intact checkpoint), as for every command (``spade.run.engines``). The
 Megatron model scores, never transformers: its final hidden states go through
 ``spade.rl.logprobs.token_logprobs`` against this rank's (vocab-parallel) output-layer shard. The
 rows Megatron adds to pad the vocabulary are kept out of the softmax (``vocab_size``), so the
@@ -50,7 +51,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         ),
     )
     score.add_argument("--model", required=True, metavar="PATH",
-                       help="HF model directory, or spade checkpoint directory (has spade_checkpoint.json)")
+                       help="HF model directory, 'embedded', a spade checkpoint (RUN/checkpoints/step_N) or a "
+                            "run directory (its newest intact checkpoint)")
     score.add_argument("--input", required=True, metavar="FILE", help="JSON lines to score ('-': stdin)")
     score.add_argument("--output", metavar="FILE", help="where to write the JSON lines (default: stdout)")
     score.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size (= torchrun ranks)")
@@ -74,26 +76,23 @@ class ModelSource:
 
 
 def resolve_model(path: str) -> ModelSource:
-    from ..training.checkpoint_info import INFO_FILE, CheckpointError, read_checkpoint_info
+    """``--model`` as every command reads it (``spade.run.engines.resolve_model``): an HF directory,
+    ``embedded``, a spade checkpoint, or a run directory (its newest intact checkpoint)."""
+    from ..run.engines import ModelRefError
+    from ..run.engines import resolve_model as resolve_reference
 
-    root = Path(path)
-    if not root.is_dir():
-        raise UsageError(f"--model {path}: not a directory")
-    if (root / INFO_FILE).exists():
-        try:
-            info = read_checkpoint_info(root)
-        except CheckpointError as exc:
-            raise UsageError(str(exc)) from None
-        return ModelSource("megatron", info.directory, info.hf_dir, dict(info.hf_config))
-    config = root / "config.json"
-    if not config.is_file():
-        raise UsageError(f"--model {path}: neither a spade checkpoint ({INFO_FILE}) nor an HF "
-                         f"directory (config.json)")
     try:
-        hf_config = json.loads(config.read_text())
+        ref = resolve_reference(path)
+        hf_config = ref.hf_config
+    except ModelRefError as exc:
+        raise UsageError(str(exc)) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"--model {path}: cannot read config.json: {exc}") from None
-    return ModelSource("hf", root, root, hf_config)
+    for note in ref.notes:
+        print(f"spade score: {note}", file=sys.stderr)
+    if ref.checkpoint is not None:
+        return ModelSource("megatron", ref.checkpoint, ref.hf_dir, hf_config)
+    return ModelSource("hf", ref.hf_dir, ref.hf_dir, hf_config)
 
 
 # ---------------------------------------------------------------------------- input

@@ -2,7 +2,7 @@
 
     spade train --config examples/smoke_cpu.yaml [--run-dir DIR] [key.sub=value ...]
     spade train --resume DIR [run.steps=N] [a later phase: selfplay.max_context_tokens=N selfplay.rewards.plateau_*=X]
-    spade train --config FILE --check [key.sub=value ...]     # validate and print the resolved config
+    spade train --config FILE --check [key.sub=value ...]     # the checks of a start, the resolved config, OK
 
 Exit status: 0 trained (or ``--check``), 2 a usage or config error, 3 the sandbox cannot run, 4
 nothing to do: ``--resume`` of a run whose checkpoint to resume from is at or past ``run.steps``
@@ -56,7 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--run-dir", metavar="DIR",
                         help="where the run lives (default: runs/<config name>-<date>-<time>)")
     parser.add_argument("--check", action="store_true",
-                        help="validate the config, print it resolved, and exit without training")
+                        help="run the checks a start runs (config, model directory and chat template, corpus, "
+                             "pool, seed folder, sandbox), print the resolved config and one OK line, and exit "
+                             "without training")
     parser.add_argument("--allow-defaults", action="store_true",
                         help="accept a config file that sets nothing (a paper-scale run with every default)")
     parser.add_argument("--show-warnings", action="store_true",
@@ -169,13 +171,34 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _print_bf16_note(config) -> None:
+    """What ``model.dtype: auto`` became (bf16 on CUDA or a CPU with native bf16, else fp32), or a
+    note when an explicit bf16 will be slow on this CPU."""
     import torch
 
+    from ..run.engines import resolve_dtype
     from ..run.preflight import cpu_bf16_note, cpu_has_native_bf16
 
-    note = cpu_bf16_note(config, cuda=torch.cuda.is_available(), native_bf16=cpu_has_native_bf16())
+    cuda = torch.cuda.is_available()
+    line = resolve_dtype(config.model.dtype, "cuda" if cuda else "cpu").line()
+    if line:
+        print(f"spade train: {line}", file=sys.stderr)
+    note = cpu_bf16_note(config, cuda=cuda, native_bf16=cpu_has_native_bf16())
     if note:
         print(f"spade train: note: {note}", file=sys.stderr)
+
+
+def _check_ok(config, what: str) -> int:
+    """``--check``: the resolved config on stdout, then one line saying the run can start."""
+    sys.stdout.write(config.to_yaml())
+    sys.stdout.flush()
+    print(f"spade train: check OK: {what} (model {config.model.hf_dir}, {config.run.steps} steps, engine "
+          f"{config.engine.kind})", file=sys.stderr)
+    return 0
+
+
+def _refuse_file_run_dir(path: str | None) -> None:
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise UsageError(f"--run-dir {path}: is a file, not a directory; choose another --run-dir")
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -198,29 +221,32 @@ def _run_train(args: argparse.Namespace) -> int:
                              f"it started with ({run_dir.config_path}); only {', '.join(RESUME_OVERRIDABLE)} "
                              "may change. Start a new run with --config to change anything else.")
         config = from_dict(apply_overrides(_snapshot(read_config_file(run_dir.config_path)), args.overrides))
-        if args.check:
-            sys.stdout.write(config.to_yaml())
-            return 0
         finished = _nothing_left(run_dir, config.run.steps, config.run.checkpoint_every)
-        if finished is not None:  # before preflight and the model: a resume that would train no step
+        if finished is not None and not args.check:  # before preflight and the model: no step to train
             if _rank() == 0:
                 print(f"spade train: {finished}", file=sys.stderr)
             return EXIT_NOTHING_TO_DO
         _checked(preflight, config, RunDirError)
+        if args.check:
+            return _check_ok(config, f"{run_dir.root} can resume" if finished is None else finished)
         resume = True
     else:
         if not read_config_file(args.config) and not getattr(args, "allow_defaults", False):
             raise UsageError(f"{args.config} sets nothing: that would start a paper-scale run (400 steps, 24 "
                              "environments, Qwen3 settings) with every default. Give a config with at least the "
                              "model, or pass --allow-defaults to mean it")
+        _refuse_file_run_dir(args.run_dir)
         config = load_train_config(args.config, args.overrides)
-        _checked(lambda c: check_real_corpus(c, args.config), config, RunDirError)  # --check refuses it too
-        if args.check:
-            sys.stdout.write(config.to_yaml())
-            return 0
-        _checked(preflight, config, RunDirError)  # before the run directory exists: nothing is left behind
+        _checked(lambda c: check_real_corpus(c, args.config), config, RunDirError)
+        # --check runs the same checks as a start: before the run directory exists, nothing is left behind
+        _checked(preflight, config, RunDirError)
         if _rank() == 0:  # the sandbox lives on rank 0; exit 3 naming the missing layer, nothing written
             sandbox_self_test(config)
+        if args.run_dir is not None and RunDir(args.run_dir).config_path.exists():
+            raise UsageError(f"{args.run_dir} already holds a run ({CONFIG_FILE} exists): continue it with "
+                             f"'spade train --resume {args.run_dir}' or choose another --run-dir")
+        if args.check:
+            return _check_ok(config, f"{args.config} can start")
         if args.run_dir is None:
             if _world() > 1:
                 raise UsageError("under torchrun, give --run-dir so that every rank uses the same directory")

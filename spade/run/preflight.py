@@ -59,6 +59,8 @@ def preflight(config: TrainConfig) -> None:
             except TemplateError as exc:
                 raise RunDirError(str(exc)) from None
     sp = config.selfplay
+    if sp.domain == "tool_use":
+        _check_tool_template(config)
     check_real_corpus(config)
     if sp.designer_enabled and sp.use_corpus:
         if not config.corpus.paths:
@@ -103,9 +105,29 @@ def cpu_bf16_note(config: TrainConfig, *, cuda: bool, native_bf16: bool) -> Opti
 
 
 def cpu_has_native_bf16() -> bool:
-    import torch
+    from .engines import cpu_has_native_bf16 as native
 
-    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    return native()
+
+
+def _check_tool_template(config: TrainConfig) -> None:
+    """Tool use reads the policy's tool calls with the parser its chat template names: a template that
+    renders no tool calls cannot train it (refused here, before the run directory is written)."""
+    from ..agent.tool_calls import UnknownToolFormat, parser_for_template
+
+    if config.model.hf_dir == EMBEDDED:
+        from ..models.embedded import embedded_model_dir
+
+        path = Path(embedded_model_dir())
+    else:
+        path = Path(config.model.hf_dir)
+    template = _chat_template(path)
+    if isinstance(template, dict):
+        template = template.get("tool_use") or template.get("default")
+    try:
+        parser_for_template(template if isinstance(template, str) else None)
+    except UnknownToolFormat as exc:
+        raise RunDirError(f"selfplay.domain: tool_use with model.hf_dir {config.model.hf_dir}: {exc}") from None
 
 
 def _chat_template(model_dir: Path) -> object:

@@ -1,14 +1,13 @@
-"""Building a ``ModelService`` for a model path and an engine kind, and running it over HTTP."""
+"""A ``ModelService`` over an engine it is handed (``spade.run.engines`` opens engines), run over HTTP."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
+import socket
 import sys
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from spade.rollout.conversation import thinking_template_kwargs
@@ -17,102 +16,61 @@ from .http import HTTPServer
 from ..agent.reasoning import resolve_parser
 from .service import ModelService
 
-EMBEDDED = "embedded"
 T = TypeVar("T")
 
 
 class ServeError(Exception):
-    """The model or the engine cannot be set up as asked (a usage error)."""
+    """The server cannot be set up as asked (a usage error)."""
 
 
-@dataclass
-class ServeOptions:
-    model: str
-    engine: str = "hf"  # "hf" | "sglang"
-    served_model_name: Optional[str] = None
-    sglang_urls: list[str] = field(default_factory=list)
-    device: str = "auto"
-    dtype: str = "auto"
-    max_batch_size: int = 8
-    max_context_tokens: Optional[int] = None
+@dataclass(frozen=True)
+class ServiceOptions:
+    """How the service answers, whatever engine it is handed."""
+
+    served_model_name: str
+    aliases: tuple[str, ...] = ()  # other names requests may use (the --model given)
+    max_context_tokens: Optional[int] = None  # None: the engine's
     default_max_tokens: Optional[int] = None
     reasoning_parser: str = "auto"  # auto | qwen3 | deepseek-r1 | none (spade.agent.reasoning)
     thinking: str = "auto"  # auto | on | off: enable_thinking for prompts, as model.thinking
 
 
-def resolve_model_dir(model: str) -> tuple[Path, str]:
-    """The HF directory for ``--model`` and the default served name."""
-    if model == EMBEDDED:
-        from spade.models.embedded import MODEL_NAME, embedded_model_dir
-
-        return Path(embedded_model_dir()), MODEL_NAME
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        raise ServeError(f"--model {model}: not a directory (an HF model directory, or 'embedded')")
-    if (path / "spade_checkpoint.json").exists():
-        raise ServeError(f"--model {model}: serving a Megatron checkpoint is not supported yet; "
-                         "export it to an HF directory first (tools/convert_mcore_to_hf.py)")
-    if not (path / "config.json").is_file():
-        raise ServeError(f"--model {model}: no config.json (not an HF model directory)")
-    return path, path.resolve().name
-
-
-def _eos_ids(directory: Path, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    config = directory / "generation_config.json"
-    if config.is_file():
-        value = json.loads(config.read_text()).get("eos_token_id")
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
-
-
-def build_service(options: ServeOptions) -> ModelService:
-    """Load the tokenizer and start the engine (the hf engine loads the model in this process)."""
-    from transformers import AutoTokenizer
-
-    directory, default_name = resolve_model_dir(options.model)
-    name = options.served_model_name or default_name
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    hf_config = json.loads((directory / "config.json").read_text())
-    context = options.max_context_tokens or int(hf_config.get("max_position_embeddings") or 4096)
-    vocab = int(hf_config.get("vocab_size") or len(tokenizer))
-    try:  # before the engine loads the model: a template without the thinking switch fails here
-        resolve_parser(options.reasoning_parser, getattr(tokenizer, "chat_template", None))
-        thinking_template_kwargs(getattr(tokenizer, "chat_template", None), options.thinking,
-                                 key="--thinking")
+def check_template(tokenizer: Any, reasoning_parser: str, thinking: str) -> None:
+    """Refuse, before an engine loads the model, a reasoning parser or thinking switch that the
+    tokenizer's chat template cannot take."""
+    try:
+        resolve_parser(reasoning_parser, getattr(tokenizer, "chat_template", None))
+        thinking_template_kwargs(getattr(tokenizer, "chat_template", None), thinking, key="--thinking")
     except ValueError as exc:
         raise ServeError(str(exc)) from None
-    if options.engine == "hf":
-        import torch
 
-        from spade.rollout.hf.engine import HFEngine
 
-        device = options.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = options.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if device.startswith("cuda") else "float32"
-        engine = HFEngine(directory, tokenizer, device=device, dtype=dtype,
-                          max_batch_size=options.max_batch_size, max_context_tokens=context)
-        eos = set(engine.eos_token_ids)
-    elif options.engine == "sglang":
-        from spade.rollout.sglang.engine import SGLangEngine
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on, before anything loads (the server binds it as
+    asyncio does, with SO_REUSEADDR, so a port left in TIME_WAIT is not refused)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ServeError(f"--host {host}: {exc.strerror}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise ServeError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); "
+                                 "is another server running there? Choose another --port (0: any free port)") from None
 
-        if not options.sglang_urls:
-            raise ServeError("--engine sglang needs --sglang-url URL (one or more)")
-        engine = SGLangEngine(options.sglang_urls)
-        eos = _eos_ids(directory, tokenizer)
-    else:
-        raise ServeError(f"--engine must be hf or sglang, got {options.engine!r}")
-    return ModelService(engine, tokenizer, name, max_context_tokens=context, eos_token_ids=eos,
-                        vocab_size=vocab, default_max_tokens=options.default_max_tokens,
-                        aliases=[options.model] if options.model != name else (),
+
+def make_service(engine: Any, tokenizer: Any, options: ServiceOptions, *, max_context_tokens: int,
+                 vocab_size: int, eos_token_ids: set[int]) -> ModelService:
+    """The OpenAI-compatible service over an engine that is already open."""
+    return ModelService(engine, tokenizer, options.served_model_name,
+                        max_context_tokens=options.max_context_tokens or max_context_tokens,
+                        eos_token_ids=eos_token_ids, vocab_size=vocab_size,
+                        default_max_tokens=options.default_max_tokens, aliases=list(options.aliases),
                         reasoning_parser=options.reasoning_parser, thinking=options.thinking)
 
 
@@ -200,14 +158,11 @@ class BackgroundServer:
             runner.run(main())
 
 
-def run(options: ServeOptions, host: str, port: int) -> int:
-    service = build_service(options)
-
+def run(service: ModelService, host: str, port: int) -> int:
     def ready(server: HTTPServer) -> None:
         print(f"spade serve: {service.name} on http://{server.host}:{server.port}/v1 "
-              f"(engine {options.engine}, reasoning parser {service.reasoning_parser})",
+              f"(engine {type(service.engine).__name__}, reasoning parser {service.reasoning_parser})",
               file=sys.stderr, flush=True)
 
     asyncio.run(serve(service, host, port, ready))
     return 0
-
