@@ -82,15 +82,15 @@ def resolve_hf_dir(config: TrainConfig) -> Path:
 
 
 def torch_dtype(config: TrainConfig) -> torch.dtype:
-    if config.model.dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return getattr(torch, config.model.dtype)
+    from .engines import resolve_dtype  # auto: bf16 on CUDA or a CPU with native bf16, else fp32
+
+    return resolve_dtype(config.model.dtype, "cuda" if torch.cuda.is_available() else "cpu").torch
 
 
 def engine_device(config: TrainConfig) -> str:
-    if config.engine.device == "auto":
-        return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-    return config.engine.device
+    from .engines import resolve_device
+
+    return resolve_device(config.engine.device)
 
 
 class Trainer:
