@@ -213,7 +213,10 @@ class DesignerRound:
         self.seed_memory()
         active = s.skills.active(s.domain, Step(step).regeneration(s.k))
         skills = slot_skills(active, s.envs_per_set)
-        outcomes = await asyncio.gather(*(self.fill_slot(step, slot, skill) for slot, skill in enumerate(skills)))
+        if s.set_generation_timeout_s is None:
+            outcomes = await asyncio.gather(*(self.fill_slot(step, slot, skill) for slot, skill in enumerate(skills)))
+        else:
+            outcomes = await self._bounded_slots(step, skills, s.set_generation_timeout_s)
         result = RegenerationResult()
         for attempts, rejections, admitted in outcomes:
             result.attempts += attempts
@@ -226,10 +229,36 @@ class DesignerRound:
         self.save_set(step, result.envs)
         return result
 
+    async def _bounded_slots(self, step: int, skills: list[Skill], seconds: float) -> list[Any]:
+        """``selfplay.set_generation_timeout_s`` (released ``generate_games_async``,
+        ``core/orchestrator.py:1459-1472``): every slot's designer attempts and admission together
+        within ``seconds``, then the hints; when the bound runs out nothing of the set is kept (the
+        released code drops every result) and each slot is counted a ``timeout`` rejection."""
+        try:
+            designed = await asyncio.wait_for(
+                asyncio.gather(*(self.design_slot(step, slot, skill) for slot, skill in enumerate(skills))), seconds)
+        except asyncio.TimeoutError:
+            message = (f"the set's generation ran past selfplay.set_generation_timeout_s ({seconds:g} s): "
+                       "nothing of it is kept")
+            return [(0, [Rejection(slot, -1, skill.name, ErrorKind.TIMEOUT, Stage.GENERATE, message)], None)
+                    for slot, skill in enumerate(skills)]
+        hinted = await asyncio.gather(*(self.hinted_spec(step, slot, skill, found)
+                                        for slot, (skill, (_, _, found)) in enumerate(zip(skills, designed))
+                                        if found is not None))
+        by_slot = iter(hinted)
+        return [(attempts, rejections, None if found is None else next(by_slot))
+                for attempts, rejections, found in designed]
+
     async def fill_slot(self, step: int, slot: int, skill: Skill):
         """Up to ``max_attempts`` designer attempts for one slot: ``(attempts made, rejections,
         (EnvSpec, the designer's trajectory or None) | None)``. Also what ``spade pool generate``
         runs, one attempt number per pseudo-step."""
+        attempts, rejections, found = await self.design_slot(step, slot, skill)
+        return attempts, rejections, None if found is None else await self.hinted_spec(step, slot, skill, found)
+
+    async def design_slot(self, step: int, slot: int, skill: Skill):
+        """The designer attempts of :meth:`fill_slot` up to the first admitted candidate:
+        ``(attempts made, rejections, (verdict, attempt record, generation) | None)``."""
         s = self.settings
         rejections: list[Rejection] = []
         for attempt in range(s.max_attempts):
@@ -256,12 +285,17 @@ class DesignerRound:
                 rejections.append(self._reject(record, verdict.error.kind, verdict.error.stage,
                                                verdict.error.message, response))
                 continue
-            hint = await self.make_hint(verdict.code, step, slot)
-            spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
-                           class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
-                           document=record["document"], attempts=attempt + 1, tool_report=tool_report_of(verdict))
-            return attempt + 1, rejections, (spec, generated.trajectory)
+            return attempt + 1, rejections, (verdict, record, generated)
         return s.max_attempts, rejections, None
+
+    async def hinted_spec(self, step: int, slot: int, skill: Skill, found: Any) -> tuple[EnvSpec, Trajectory | None]:
+        """The hint call for an admitted candidate of :meth:`design_slot`, and its :class:`EnvSpec`."""
+        verdict, record, generated = found
+        hint = await self.make_hint(verdict.code, step, slot)
+        spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
+                       class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
+                       document=record["document"], attempts=record["attempt"] + 1, tool_report=tool_report_of(verdict))
+        return spec, generated.trajectory
 
     async def admit_response(self, response: str) -> AdmissionVerdict | None:
         """The admission verdict; None when the sandbox failed on every try (not the candidate's fault)."""

@@ -33,6 +33,15 @@ admission").
   loader's pre-bound standard-library names (``core/envs/synthetic_game_env.py:43-104``;
   :mod:`spade.envs.sandbox.runtime.loader_names`); numpy among them only where the sandbox offers
   it (``sandbox.offer_numpy``). False (spade): a game imports what it uses.
+- ``hint_turn_timeout_s`` (games): a bound in seconds on each reply of a hinted play; a reply that
+  runs over ends the play unfinished (return 0), and it is scored (released ``ACTOR_TURN_TIMEOUT``
+  300 s, ``core/orchestrator.py:28``, used at ``:1866-1884``: the turn loop breaks and the play's
+  return is that of an episode that did not terminate). Tool use's hinted plays had no bound.
+- ``nohint_play_timeout_s``: a bound in seconds on each attempt of a no-hint play, environment and
+  replies together; a play that runs over is dropped, not retried and never scored (released
+  ``per_game_timeout`` 300 s, ``core/orchestrator.py:1521-1541``); with ``retry_then_drop`` the
+  step's samples are filled up as for a fault. null (spade, both): no bound beyond the engine's own
+  request timeout (:mod:`.play_bounds`).
 """
 
 from __future__ import annotations
@@ -64,6 +73,8 @@ class PlayRules:
     hint_arm_budgets: HintArmBudgets = "like_nohint"
     tool_mask_scope: ToolMaskScope = "any_format_error"
     released_loader_names: bool = False
+    hint_turn_timeout_s: float | None = None
+    nohint_play_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name, choices in (("reset_seeds", RESET_SEEDS), ("env_faults", ENV_FAULTS),
@@ -73,6 +84,10 @@ class PlayRules:
                     f"{value!r} is not allowed; choose one of: {', '.join(choices)}")
         require(isinstance(self.released_loader_names, bool), f"{_WHERE}.released_loader_names",
                 f"must be true or false, got {self.released_loader_names!r}")
+        for name in ("hint_turn_timeout_s", "nohint_play_timeout_s"):
+            bound = getattr(self, name)
+            require(bound is None or (isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0),
+                    f"{_WHERE}.{name}", f"must be a number of seconds > 0 or null (no bound), got {bound!r}")
 
     @property
     def drops_faults(self) -> bool:

@@ -36,6 +36,7 @@ from .play_record import Play
 from .carried_plays import CarriedGroup, CarriedPlay, CarryOver, conversation_state, restore_conversation
 from .designer_source import EnvSpec
 from .policy import EnginePolicy
+from .play_bounds import PlayTimedOut, bounded_play, turn_bound
 from .play_rules import RELEASED_FAULT_RETRIES
 from .released_policy import released_hint_policy, scoped_mask_policy
 from .role_thinking import role_chat_format
@@ -121,6 +122,9 @@ class Player:
         # environments whose load, reset or step timed out in a play of either arm, whatever
         # env_faults says (env ids are unique across sets): selfplay.rewards.step_timeout_penalty
         self.timed_out_envs: set[str] = set()
+        self.play_timeouts = 0  # no-hint plays dropped for running past plays.nohint_play_timeout_s
+        # the games' hinted arm sees the engine with each reply bounded (plays.hint_turn_timeout_s)
+        self.hint_engine = turn_bound(engine, settings.plays.hint_turn_timeout_s)
         # tool use: the native tool-call parser of this model family, chosen by its chat template
         self.tool_parser = parser_for_template(getattr(tokenizer, "chat_template", None)) \
             if settings.domain == "tool_use" else None
@@ -263,11 +267,15 @@ class Player:
         faults = infrastructure = 0
         while infrastructure <= s.max_play_retries:
             policy = self._policy(sampling, hinted=request.hinted)
+            bound = None if request.hinted else s.plays.nohint_play_timeout_s
             try:
-                result = await self._episode(request, policy, env_seed)
+                result = await bounded_play(self._episode(request, policy, env_seed), bound)
             except InfrastructureFault:
                 infrastructure += 1
                 continue
+            except PlayTimedOut:  # dropped, not retried (released)
+                self.play_timeouts += 1
+                return None
             if _timed_out(result):
                 self.timed_out_envs.add(request.env.env_id)
             verdict = self._fault_verdict(request, result, faults)
@@ -292,15 +300,16 @@ class Player:
         s = self.settings
         rules = s.plays
         chat_format = self.hint_arm_format if hinted else self.chat_format
+        engine = self.hint_engine if hinted and self.tool_parser is None else self.engine
         if hinted and rules.hint_arm_budgets == "released" and self.tool_parser is None:
-            return released_hint_policy(self.engine, self.tokenizer, sampling, chat_format=chat_format)
+            return released_hint_policy(engine, self.tokenizer, sampling, chat_format=chat_format)
         if self.tool_parser is not None and rules.tool_mask_scope == "tool_call_block":
-            return scoped_mask_policy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+            return scoped_mask_policy(engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                                       chat_format=chat_format)
         if not hinted and s.agent_sample_form == "per_turn":
-            return PerTurnPolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+            return PerTurnPolicy(engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                                  chat_format=chat_format)
-        return EnginePolicy(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
+        return EnginePolicy(engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                             chat_format=chat_format)
 
     def _fault_verdict(self, request: PlayRequest, result: EpisodeResult, faults: int) -> str:

@@ -82,6 +82,9 @@ class SelfPlaySettings:
     designer_timeout_s: float = 300.0  # one designer generation
     admission_timeout_s: float = 60.0  # validation of one candidate
     hint_timeout_s: float = 120.0      # one hint generation
+    # A bound on the designer attempts and admission of a whole set (null: none); the released code
+    # gives them 900 s together and keeps nothing of a set that runs over (core/orchestrator.py:1459-1472)
+    set_generation_timeout_s: float | None = None
     # Hint calls per admitted environment before it counts as hintless (a failed or empty reply
     # tries again): 1 (spade), 3 (the released code, core/hint_generator.py:265-287)
     hint_attempts: int = 1
@@ -282,6 +285,9 @@ class SelfPlaySettings:
             require(0.0 <= value <= 10.0, key(name), f"must be in [0, 10], got {value}")
         require(0.0 < self.top_p <= 1.0, key("top_p"), f"must be in (0, 1], got {self.top_p}")
         require(self.top_k is None or self.top_k >= 1, key("top_k"), f"must be >= 1 or null (off), got {self.top_k}")
+        bound = self.set_generation_timeout_s
+        require(bound is None or (isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0),
+                key("set_generation_timeout_s"), f"must be a number of seconds > 0 or null (no bound), got {bound!r}")
         for name in ("designer_timeout_s", "admission_timeout_s", "hint_timeout_s"):
             value = getattr(self, name)
             require(value > 0, key(name), f"must be > 0, got {value}")
