@@ -277,7 +277,7 @@ def test_steps_carry_unfinished_groups_whole_and_resume_exactly(sandbox, engine,
     out1 = sandbox.run(orch.run_step(Step(1)), timeout=180)
     assert out1.metrics["rollout/carried_over"] == 2 and out1.metrics["rollout/aborted"] == 0
     assert set(_groups(out1)) <= {(ids[0], 1)} and out1.metrics["agent/episodes"] == 2
-    assert [(g.env.env_id, g.origin_step, g.carries, len(g.unfinished)) for g in orch.carried] == [(ids[1], 1, 1, 2)]
+    assert [(g.env.env_id, g.origin_step, g.carries, len(g.unfinished)) for g in orch.step_player.carried] == [(ids[1], 1, 1, 2)]
     state = json.loads(json.dumps(orch.state_dict()))
     assert len(state["carried"]) == 1
 
@@ -285,7 +285,7 @@ def test_steps_carry_unfinished_groups_whole_and_resume_exactly(sandbox, engine,
     # the carried group ended first and trains here, whole; this step's own groups are carried
     assert out2.metrics["agent/episodes"] == 2 and out2.metrics["rollout/carried_over"] == 4
     assert set(_groups(out2)) <= {(ids[1], 1)}
-    assert sorted((g.env.env_id, g.origin_step) for g in orch.carried) == sorted((i, 2) for i in ids)
+    assert sorted((g.env.env_id, g.origin_step) for g in orch.step_player.carried) == sorted((i, 2) for i in ids)
     # the carried group's plays used step 1's seeds: its episodes open as step 1's would have
     resumed = _orchestrator(sandbox, engine, tokenizer, tmp_path / "b", pool)
     resumed.load_state_dict(state)
@@ -298,12 +298,12 @@ def test_steps_carry_unfinished_groups_whole_and_resume_exactly(sandbox, engine,
     out3 = sandbox.run(orch.run_step(Step(3)), timeout=180)
     assert out3.metrics["rollout/aborted"] == 2 and out3.metrics["rollout/carried_over"] == 4
     assert set(_groups(out3)) <= {(ids[0], 2)} and out3.metrics["agent/episodes"] == 2
-    assert [(g.env.env_id, g.origin_step, g.carries) for g in orch.carried] == [(i, 3, 1) for i in ids]
+    assert [(g.env.env_id, g.origin_step, g.carries) for g in orch.step_player.carried] == [(i, 3, 1) for i in ids]
 
     # step 4 regenerates: what is carried ends before the new set, nothing is carried out; the new set's
     # own groups are its record, the ending set's train too
     out4 = sandbox.run(orch.run_step(Step(4)), timeout=180)
-    assert orch.carried == [] and out4.metrics["rollout/carried_over"] == 0 and out4.metrics["rollout/aborted"] == 0
+    assert orch.step_player.carried == [] and out4.metrics["rollout/carried_over"] == 0 and out4.metrics["rollout/aborted"] == 0
     assert out4.metrics["agent/episodes"] == 4 and out4.metrics["agent/hint_episodes"] == 4
     assert set(_groups(out4)) <= {(i, s) for i in ids for s in (3, 4)}
     assert {s for _, s in _groups(out4)} == {3, 4}
@@ -326,10 +326,10 @@ def test_concurrent_plays_are_each_trained_aborted_or_carried_once(sandbox, engi
             for i in indices:
                 assert (env_id, origin, i) not in seen
                 seen.add((env_id, origin, i))
-        assert all(0 < len(g.unfinished) <= 2 and g.carries == 1 for g in orch.carried)
+        assert all(0 < len(g.unfinished) <= 2 and g.carries == 1 for g in orch.step_player.carried)
         state = json.loads(json.dumps(orch.state_dict()))  # every carried state is JSON
-        assert len(state["carried"]) == len(orch.carried)
-    left = sum(g.size for g in orch.carried)
+        assert len(state["carried"]) == len(orch.step_player.carried)
+    left = sum(g.size for g in orch.step_player.carried)
     assert completed + aborted + left == 4 * 2 * 2
     # the engine ends the cancelled rows at its next decode step: let it, before the loop stops for good
     from spade.rollout.engine import SamplingParams
@@ -348,7 +348,7 @@ def test_designer_rewards_wait_for_the_carried_plays_of_the_ending_set(sandbox, 
     sandbox.run(orch.run_step(Step(0)), timeout=180)
     ids = [env.env_id for env in orch.envs]
     out1 = sandbox.run(orch.run_step(Step(1)), timeout=180)
-    assert out1.metrics["rollout/carried_over"] == 2 and [g.env.env_id for g in orch.carried] == [ids[1]]
+    assert out1.metrics["rollout/carried_over"] == 2 and [g.env.env_id for g in orch.step_player.carried] == [ids[1]]
     assert {e.env_id: dict(e.later_returns) for e in orch.buffer.pending}[ids[1]] == {}
 
     released = []
@@ -360,7 +360,7 @@ def test_designer_rewards_wait_for_the_carried_plays_of_the_ending_set(sandbox, 
 
     orch.buffer.release = spy
     out2 = sandbox.run(orch.run_step(Step(2)), timeout=180)
-    assert out2.metrics["designer/released"] == 2 and orch.carried == []
+    assert out2.metrics["designer/released"] == 2 and orch.step_player.carried == []
     assert sorted(env_id for env_id, _ in released) == sorted(ids)
     assert all(list(later) == [1] and len(later[1]) == 2 for _, later in released)
     assert {(t.env_id, t.generated_step) for t in out2.agent_samples} <= {(ids[1], 1)} | {

@@ -10,11 +10,12 @@
    one. The baselines take the set from another :class:`~.env_source.EnvSource` instead
    (``env_source: fixed_pool`` or ``rlve``), which also hears every step's no-hint returns (RLVE's
    difficulty controller reads them).
-2. :meth:`~Orchestrator.play` (:mod:`.plays`): every environment ``g_nohint`` times without hint,
-   and at the regeneration step also ``g_hint`` times with the hint (measured, never trained).
-   With ``partial_rollouts`` on (:meth:`~Orchestrator._play_partial`, docs/partial_rollouts.md) a
-   step that does not regenerate ends once enough no-hint groups are complete and carries the rest;
-   a regeneration step first finishes the carried groups, then plays everything to the end.
+2. :meth:`~Orchestrator.play` (:mod:`.step_plays`, :mod:`.plays`): every environment ``g_nohint``
+   times without hint, and at the regeneration step also ``g_hint`` times with the hint (measured,
+   never trained). The plays come as groups (environment, the step it began in, its no-hint plays).
+   With ``partial_rollouts`` on (:mod:`.partial_plays`, docs/partial_rollouts.md) a step that does
+   not regenerate ends once enough no-hint groups are complete and carries the rest; a
+   regeneration step first finishes the carried groups, then plays everything to the end.
 3. :meth:`~Orchestrator.score_agent_plays`: per environment, advantages are the z-scores of its
    no-hint returns of this step; one sample per no-hint play that generated anything. Stabilisers
    (off by default): ``drop_equal_return_groups`` leaves out environments whose returns are all
@@ -38,7 +39,7 @@ Every step's returns, and a bounded sample of its episodes, go to ``RUN/trajecto
 
 Resume. ``state_dict()`` is JSON-serialisable: the current set (sources, hints, ids, skills,
 generation step), the delay buffer, the pending designer trajectories (``Trajectory.to_json``) and,
-with partial rollouts on, the carried groups (:mod:`.carried_plays`).
+with partial rollouts on, the carried groups (:mod:`.partial_plays`).
 There is no mutable rng: every random choice (corpus document, memory examples, sampling seeds,
 reset seeds) comes from a seed derived from ``(seed, s, slot/env, attempt/play)``, so
 ``load_state_dict`` plus the same ``seed`` continues exactly. The memory database is not in the
@@ -67,9 +68,9 @@ from ..rollout.engine import RolloutEngine
 from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .designer_source import DesignerRound, EnvSpec, RegenerationResult
 from .env_source import EnvSource
-from .carried_plays import CarriedGroup
+from .partial_plays import step_player
 from .partial_rollout_settings import refuse_unsupported
-from .plays import GroupsOutcome, Play, Player, PlayRequest, end_of_turn_stop_ids
+from .plays import Play, Player, end_of_turn_stop_ids
 from .rollout_shards import ShardChannel, ShardedPlayer
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
@@ -77,6 +78,7 @@ from .fixed_pool import ReleasedLoaderSandbox
 from .play_rules import fill_round_robin
 from .settings import SelfPlaySettings
 from .step import Step
+from .step_plays import StepPlays, all_equal
 from .trajectories import role_logprob_temperature
 from .trajectory_log import TrajectoryLog
 from .turn_samples import episode_weights, episodes
@@ -113,31 +115,6 @@ class StepOutput:
         return [t for t in self.samples if t.role is Role.DESIGNER]
 
 
-@dataclass(frozen=True)
-class StepPlays:
-    """One step's plays of each environment of the set, without and with the hint."""
-
-    nohint: dict[str, list[Play]]
-    hinted: dict[str, list[Play]]
-    # partial rollouts: the no-hint groups complete in this step, each (env, step it began, plays);
-    # empty otherwise (a group is then every no-hint play of one environment of ``nohint``)
-    groups: tuple[tuple[EnvSpec, int, list[Play]], ...] = ()
-
-    @classmethod
-    def of(cls, envs: list[EnvSpec], plays: list[Play]) -> "StepPlays":
-        nohint: dict[str, list[Play]] = {env.env_id: [] for env in envs}
-        hinted: dict[str, list[Play]] = {env.env_id: [] for env in envs}
-        for play in plays:
-            (hinted if play.hinted else nohint)[play.env_id].append(play)
-        return cls(nohint, hinted)
-
-    def nohint_returns(self, env_id: str) -> list[float]:
-        return [p.episode_return for p in self.nohint[env_id]]
-
-    def hint_returns(self, env_id: str) -> list[float]:
-        return [p.episode_return for p in self.hinted[env_id]]
-
-
 class Orchestrator:
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, engine: RolloutEngine, tokenizer: Any,
                  corpus: Corpus | None, memory: Memory | None, run_dir: Path, seed: int,
@@ -145,7 +122,7 @@ class Orchestrator:
                  shards: ShardChannel | None = None, play_engine: RolloutEngine | None = None,
                  device: torch.device | None = None, final_step: int | None = None):
         refuse_unsupported(settings.partial_rollouts, domain=settings.domain,
-                           refill_equal_groups=settings.refill_equal_groups)
+                           refill_equal_groups=settings.refill_equal_groups)  # before anything is built
         self.settings = settings
         self.final_step = final_step  # the run's last step (batch.release_at_final_step); None: unknown
         self.memory = memory
@@ -170,15 +147,13 @@ class Orchestrator:
                                                 **common)
         else:
             self.player = Player(settings, **common)
+        self.step_player = step_player(settings, self.player)  # a step's groups: whole, or partial rollouts
         self.envs: list[EnvSpec] = []
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
         self.last_step: int | None = None
         self.trajectory_log = TrajectoryLog(self.run_dir, settings.keep_trajectories)
         self.on_phase: Callable[[str], None] = no_phase  # told when the designer batch ends (peak RSS)
-        self.carried: list[CarriedGroup] = []  # partial rollouts: unfinished groups of earlier steps
-        self._finished_before: GroupsOutcome | None = None  # carried groups a regeneration step finished first
-        self._partial_outcome = GroupsOutcome()  # the last partial play stage's (metrics)
 
     # ------------------------------------------------------------------ the step
 
@@ -187,9 +162,8 @@ class Orchestrator:
         out = StepOutput(step)
         regenerate = step.regenerates(self.settings.k)
         started = time.perf_counter()
-        if regenerate and self.carried:  # partial rollouts: the ending set's carried plays end first
-            self._finished_before = await self.player.play_groups(self.carried, stop_after=None)
-            self.carried = []
+        if regenerate:  # partial rollouts: the ending set's carried plays end first
+            await self.step_player.end_set()
         designs = await self.regenerate_and_admit(step, out) if regenerate else {}   # 1
         designed = time.perf_counter()
         if regenerate:
@@ -221,65 +195,25 @@ class Orchestrator:
         return regen.designer_fields
 
     async def play(self, step: Step, *, with_hint: bool) -> StepPlays:
-        """2. Every environment ``g_nohint`` times without the hint (plus refills of flat groups) and,
-        at a regeneration, ``g_hint`` times with it; the returns go to the trajectory log and the
-        set's source."""
+        """2. The step's groups (every environment ``g_nohint`` times without the hint, plus refills
+        of flat groups, or partial rollouts' complete groups) and, at a regeneration, every
+        environment ``g_hint`` times with it; the returns go to the trajectory log and the source."""
         n = step.updates_done
-        if self.settings.partial_rollouts.enabled:
-            return await self._play_partial(step, with_hint=with_hint)
-        plays = await self.player.play_all(n, self.player.requests(self.envs, with_hint=with_hint))
-        plays += await self._refill_plays(n, plays)
-        self.trajectory_log.write_step(n, self.envs, plays)
-        split = StepPlays.of(self.envs, plays)
-        self.source.observe(n, self.envs, {env_id: split.nohint_returns(env_id) for env_id in split.nohint})
-        return split
-
-    async def _play_partial(self, step: Step, *, with_hint: bool) -> StepPlays:
-        """2 with partial rollouts: the carried groups and this step's no-hint groups play until
-        ``ceil(complete_fraction * envs_per_set)`` groups are complete, the rest are carried; a
-        regeneration step plays everything to the end (its hinted arm as without partial rollouts)."""
-        n = step.updates_done
-        settings = self.settings.partial_rollouts
-        groups = self.carried + self.player.fresh_groups(n, self.envs)
-        if with_hint:
-            needed = None
-            hinted = await self.player.play_all(n, [r for r in self.player.requests(self.envs, with_hint=True)
-                                                    if r.hinted])
-        else:
-            needed = math.ceil(settings.complete_fraction * self.settings.envs_per_set)
-            hinted = []
-        outcome = await self.player.play_groups(groups, stop_after=needed)
-        before, self._finished_before = self._finished_before, None
-        if before is not None:  # the ending set's carried groups, finished before regeneration
-            outcome.complete = before.complete + outcome.complete
-            outcome.aborted += before.aborted
-        self.carried = outcome.carried
-        self._partial_outcome = outcome
-        in_set = {env.env_id for env in self.envs}
-        # the step's own record (trajectory log, the source, memory): complete groups of the set; at a
-        # regeneration only the new set's own groups (the ending set's train, but are not its record)
-        current = [p for g in outcome.complete if g.env.env_id in in_set and (not with_hint or g.origin_step == n)
-                   for p in g.finished] + hinted
-        self.trajectory_log.write_step(n, self.envs, current)
-        split = StepPlays.of(self.envs, current)
-        split = StepPlays(split.nohint, split.hinted,
-                          tuple((g.env, g.origin_step, g.finished) for g in outcome.complete))
-        self.source.observe(n, self.envs, {env_id: split.nohint_returns(env_id) for env_id in split.nohint})
-        return split
+        plays = await self.step_player.play(n, self.envs, with_hint=with_hint)
+        self.trajectory_log.write_step(n, self.envs, list(plays.played))
+        self.source.observe(n, self.envs, {env_id: plays.nohint_returns(env_id) for env_id in plays.nohint})
+        return plays
 
     def score_agent_plays(self, out: StepOutput, plays: StepPlays) -> None:
         """3. One agent sample per trainable no-hint play, its advantage the z-score of its
         environment's returns of this step (stabilisers: drop flat groups, mask truncated episodes)."""
         s = self.settings
-        skills = {env.env_id: env.skill for env in self.envs}
         dropped_groups = masked = 0
-        groups = [(env_id, out.step.updates_done, env_plays) for env_id, env_plays in plays.nohint.items()]
-        if plays.groups:  # partial rollouts: each complete group, with the step it began in
-            groups = [(env.env_id, origin, env_plays) for env, origin, env_plays in plays.groups]
-            skills.update({env.env_id: env.skill for env, _, _ in plays.groups})
-        for env_id, origin, env_plays in groups:
+        groups = plays.groups
+        for env, origin, env_plays in groups:
+            env_id = env.env_id
             returns = [p.episode_return for p in env_plays]
-            if s.drop_equal_return_groups and env_plays and _all_equal(returns):
+            if s.drop_equal_return_groups and env_plays and all_equal(returns):
                 dropped_groups += 1
                 continue
             advantages = agent_advantages(returns)
@@ -293,7 +227,7 @@ class Orchestrator:
                     masked += 1
                     continue
                 out.samples += [trajectory.replace(
-                    role=Role.AGENT, env_id=env_id, skill=skills[env_id], index=play.index,
+                    role=Role.AGENT, env_id=env_id, skill=env.skill, index=play.index,
                     generated_step=origin, reward=play.episode_return, advantage=advantage) for trajectory in trainable]
         if s.plays.drops_faults:  # env_faults retry_then_drop: copies fill in for the dropped plays (released)
             agents = episodes([t for t in out.samples if t.role is Role.AGENT])  # copied whole
@@ -310,16 +244,10 @@ class Orchestrator:
         """4 (delayed). Between regenerations the window's no-hint returns join the waiting designs;
         the designs of step ``s - k`` are released with their rewards and get designer advantages."""
         n = out.step.updates_done
-        if plays.groups:  # partial rollouts: a group's returns count at the step it began in
-            waiting = {entry.env_id for entry in self.buffer.pending}
-            for env, origin, env_plays in plays.groups:
-                if env.env_id in waiting and not (regenerate and origin == n):
-                    self.buffer.record_window_returns(origin, env.env_id, [p.episode_return for p in env_plays])
-        elif not regenerate:
-            waiting = {entry.env_id for entry in self.buffer.pending}
-            for env in self.envs:
-                if env.env_id in waiting:
-                    self.buffer.record_window_returns(n, env.env_id, plays.nohint_returns(env.env_id))
+        waiting = {entry.env_id for entry in self.buffer.pending}
+        for env, origin, env_plays in plays.groups:  # a group's returns count at the step it began in
+            if env.env_id in waiting and not (regenerate and origin == n):  # a set's own step: enqueue_designs
+                self.buffer.record_window_returns(origin, env.env_id, [p.episode_return for p in env_plays])
         if not self._flushes(out.step):  # else released with the rest after this step's designs join
             self._designer_samples(out, self.buffer.release(n))
 
@@ -378,28 +306,6 @@ class Orchestrator:
         close = getattr(self.source, "close", None)
         if close is not None:
             await close()
-
-    async def _refill_plays(self, step: int, plays: list[Play]) -> list[Play]:
-        """Extra no-hint rounds for the environments whose returns are all equal (stabiliser)."""
-        s = self.settings
-        if not s.drop_equal_return_groups or s.refill_equal_groups == 0:
-            return []
-        by_env: dict[str, list[float]] = {env.env_id: [] for env in self.envs}
-        for play in plays:
-            if not play.hinted:
-                by_env[play.env_id].append(play.episode_return)
-        extra: list[Play] = []
-        for round_ in range(1, s.refill_equal_groups + 1):
-            flat = [env for env in self.envs if _all_equal(by_env[env.env_id])]
-            if not flat:
-                break
-            g = s.nohint_plays(len(self.envs))
-            requests = [PlayRequest(env, False, round_ * g + i) for env in flat for i in range(g)]
-            new = await self.player.play_all(step, requests)
-            for play in new:
-                by_env[play.env_id].append(play.episode_return)
-            extra += new
-        return extra
 
     def _designer_samples(self, out: StepOutput, released: list[ReleasedDesignerSample]) -> None:
         metrics = out.metrics
@@ -476,10 +382,14 @@ class Orchestrator:
             metrics["agent/fault_dropped"] = float(self.player.fault_drops)
             metrics["env/hung"] = float(sum(env.env_id in self.player.hung_envs for env in self.envs))
         metrics.update(self.player.step_metrics())  # rollout shards: where the plays ran
+        # the spread inside each group, what GRPO learns from (0 in every group: no learning signal)
+        groups = [[p.episode_return for p in g] for _, _, g in plays.groups if g]
+        if groups:
+            metrics["agent/group_return_std"] = _mean([_std(g) for g in groups])
+            metrics["agent/flat_groups"] = float(sum(all_equal(g) for g in groups))
         if nohint:
-            mean = _mean(returns)
-            metrics["agent/return_mean"] = mean
-            metrics["agent/return_std"] = math.sqrt(_mean([(r - mean) ** 2 for r in returns]))
+            metrics["agent/return_mean"] = _mean(returns)
+            metrics["agent/return_std"] = _std(returns)
             metrics["agent/win_rate"] = win_rate(returns)
             metrics["agent/turns_mean"] = _mean([float(p.turns) for p in nohint])
         if regenerate:
@@ -494,13 +404,7 @@ class Orchestrator:
             metrics["env/learnable_share"] = sum(lo <= r <= hi for r in rates) / len(rates)
         metrics["designer/samples"] = float(len(out.designer_samples))
         metrics["designer/pending"] = float(len(self.buffer))
-        if self.settings.partial_rollouts.enabled:
-            outcome = self._partial_outcome
-            metrics["rollout/carried_over"] = float(outcome.carried_plays)
-            metrics["rollout/aborted"] = float(outcome.aborted)
-            metrics["rollout/carried_groups"] = float(len(outcome.carried))
-            # plays of the groups complete in this step (what trains, the ending set's carried groups too)
-            metrics["rollout/completed"] = float(sum(len(g.finished) for g in outcome.complete))
+        metrics.update(self.step_player.step_metrics())  # partial rollouts: what was carried
 
     # ------------------------------------------------------------------ resume
 
@@ -520,8 +424,7 @@ class Orchestrator:
             "env_source": self.source.state_dict(),
             "rng": {"kind": "derived", "seed": self.seed},  # all draws come from derived seeds: no mutable rng
             # partial rollouts: the unfinished groups (absent when off, so that state is unchanged)
-            **({"carried": [group.to_json() for group in self.carried]}
-               if self.settings.partial_rollouts.enabled else {}),
+            **self.step_player.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -544,8 +447,7 @@ class Orchestrator:
         self.player.fault_drops = int(state.get("fault_drops", 0))
         self.player.hung_envs = set(state.get("hung_envs", []))
         self.source.load_state_dict(state.get("env_source", {}))
-        agent_t = role_logprob_temperature(self.settings, Role.AGENT)
-        self.carried = [CarriedGroup.from_json(group, agent_t) for group in state.get("carried", [])]
+        self.step_player.load_state_dict(state, role_logprob_temperature(self.settings, Role.AGENT))
 
 
 def _agent_episodes(samples: list[Trajectory]) -> int:
@@ -556,9 +458,11 @@ def _agent_episodes(samples: list[Trajectory]) -> int:
     return sum(t.count_weight for t in samples)
 
 
-def _all_equal(values: list[float]) -> bool:
-    return all(v == values[0] for v in values)
-
-
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    mean = _mean(values)
+    return math.sqrt(_mean([(v - mean) ** 2 for v in values]))
+
