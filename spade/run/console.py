@@ -17,10 +17,14 @@ the run's environment source (``selfplay.env_source``)::
     step 1/3 | 24 environments drawn from the pool | 192 plays: return 0.12 | trained ...        (fixed_pool)
     step 1/3 | 16 problems (levels 0-3, mean level 1.4, highest environment level 3), 2 environments raised (5 checked) | ...  (rlve)
 
+A step whose update had no learning signal (``train/no_signal``: every advantage 0, so loss 0 and
+grad norm 0) says so after its update: ``| NO LEARNING SIGNAL: every advantage was 0 (4 groups with
+equal returns)``.
+
 **Summary** (:func:`run_summary`): read back from the run directory after the run: what was
 trained, where the run lives and the commands to look at it or continue it; the set lines name
 what the source did (designer attempts and admissions; pool draws; rlve problems, their levels
-and the environments raised).
+and the environments raised) and how many updates had no learning signal.
 """
 
 from __future__ import annotations
@@ -200,6 +204,8 @@ def step_line(step: int, total_steps: int, metrics: Mapping[str, Any], env_sourc
         who = f"{samples} samples" + (f" ({designer} designer)" if designer else "")
         parts.append(f"trained {who}: loss {_num(metrics.get('train/loss'))}, "
                      f"grad norm {_num(metrics.get('train/grad_norm'))}")
+        if metrics.get("train/no_signal"):
+            parts.append("NO LEARNING SIGNAL: " + no_signal_reason(metrics))
     released = int(metrics.get("designer/released") or 0)
     if source != "designer":
         pass  # no designer whose rewards are waiting
@@ -212,6 +218,12 @@ def step_line(step: int, total_steps: int, metrics: Mapping[str, Any], env_sourc
     if metrics.get("memory/peak_rss_gb") is not None:
         parts.append(peak_memory_text(metrics))
     return " | ".join(parts)
+
+
+def no_signal_reason(metrics: Mapping[str, Any]) -> str:
+    """Why a step's update learned nothing (``train/no_signal``): every advantage was 0."""
+    flat = int(metrics.get("agent/flat_groups") or 0)
+    return "every advantage was 0" + (f" ({flat} group{'' if flat == 1 else 's'} with equal returns)" if flat else "")
 
 
 def peak_memory_text(metrics: Mapping[str, Any]) -> str:
@@ -344,6 +356,11 @@ def run_summary(run_dir: str | Path, *, wall_s: float | None = None, command: st
                      f"last loss {_num(last.get('train/loss'))}, grad norm {_num(last.get('train/grad_norm'))}")
     else:
         lines.append("  trained    nothing: no step produced samples (see the rejections under rejected/)")
+    silent = [r for r in trained if r.get("train/no_signal")]
+    if silent:
+        steps = ", ".join(str(Step(int(r["step"])).ordinal) for r in silent[:8]) + (", ..." if len(silent) > 8 else "")
+        lines.append(f"  signal     {len(silent)} of {len(trained)} updates had no learning signal: every advantage "
+                     f"was 0 (each group's returns were equal), loss 0 and grad norm 0 (steps {steps})")
     released = total("designer/released")
     if released:
         lines.append(f"  designer   {released} environments rewarded after k steps (delay buffer)")
