@@ -8,8 +8,10 @@ Candidates: the seed games and the six ``examples/envs/`` (all admitted) and the
 real sandbox service and times the probe stage alone on each path (the same settings and run turn
 budget, 25); the two reports must be identical (the script stops otherwise). It prints the median
 and p90 per candidate of each path, for admitted and rejected candidates, and the ratio of the
-medians. The old per-call loop lives here only, as the reference the new path is checked against
-(``tests/test_degenerate_probes.py`` imports it for the same check).
+medians. The per-call path lives here only, as the reference the one-request path is checked
+against (``tests/test_degenerate_probes.py`` imports it for the same check); since issue 40 it
+drives the same loop (:func:`spade.envs.sandbox.runtime.probe_play.play`) through one sandbox call
+per reset and step, so the check is on the sandbox path, not on a second copy of the loop.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -30,77 +31,47 @@ for path in (REPO_ROOT, os.path.join(REPO_ROOT, "tests")):
         sys.path.insert(0, path)
 
 from spade.agent.actions import parse_action  # noqa: E402
-from spade.envs.degenerate_probes import (PolicyResult, ProbeBudget, ProbeReport, ProbeSettings,  # noqa: E402
-                                          probe_policies, run_probes)
-from spade.envs.protocol import EnvFault, EnvInstance, InfrastructureFault, episode_return  # noqa: E402
+from spade.envs.degenerate_probes import ProbeReport, ProbeSettings, probe_plan, report_of, run_probes  # noqa: E402
+from spade.envs.protocol import EnvFault, EnvInstance, InfrastructureFault  # noqa: E402
 from spade.envs.runner import DEFAULT_MAX_TURNS, turn_budget  # noqa: E402
 from spade.envs.sandbox.client import SandboxService  # noqa: E402
 from spade.envs.sandbox.config import SandboxConfig  # noqa: E402
-from spade.envs.sandbox.runtime.probe_play import ProbePolicy, ProbeView  # noqa: E402
+from spade.envs.sandbox.runtime.probe_play import EnvFailed, play  # noqa: E402
 
 MAX_TURNS = 25
 
 
-async def _per_call_episode(env: EnvInstance, policy: ProbePolicy, seed: int, turns: int, budget: ProbeBudget,
-                            played: dict[tuple[int, str], float]) -> tuple[float, bool, str | None] | None:
-    rng = random.Random(f"{seed}:{policy.name}")
-    try:
-        first = await env.reset(seed=seed)
-    except InfrastructureFault:
-        raise
-    except EnvFault:
-        return 0.0, True, None
-    observation, previous = first.observation, None
-    rewards: list[float] = []
-    terminated = False
-    for _ in range(turns):
-        reply = policy.act(ProbeView(first.observation, observation, previous, rng))
-        if reply is None:
-            return None
-        if policy.constant and previous is None and (seed, reply) in played:
-            return played[(seed, reply)], False, None
-        if not budget.take():
-            return None
+async def per_call_probes(env: EnvInstance, settings: ProbeSettings, *, max_turns: int | None = None) -> ProbeReport:
+    """The probes as admission ran them before the ``probe`` request: one sandbox call per reset and
+    step. The loop is the same :func:`play` (run in a worker thread, each call sent to the event
+    loop), so the two paths differ only in how the calls reach the game."""
+    turns = turn_budget(max_turns or DEFAULT_MAX_TURNS, env.max_turns)
+    if not settings.seeds:
+        settings = settings.for_candidate(env.class_name or "")
+    plan = probe_plan(settings, turns)
+    loop = asyncio.get_running_loop()
+    failed: list[EnvFailed] = []
+
+    def call(make: Any) -> Any:
+        if failed:  # after a fault every call fails the same way, as the environment is discarded
+            raise failed[0]
         try:
-            result = await env.step(parse_action(reply))
+            return asyncio.run_coroutine_threadsafe(make(), loop).result()
         except InfrastructureFault:
             raise
-        except EnvFault:
-            return 0.0, True, reply if policy.constant else None
-        rewards.append(result.reward)
-        previous, observation = reply, result.observation
-        if result.terminated or result.truncated:
-            terminated = result.terminated
-            break
-    return episode_return(rewards, terminated), False, previous if policy.constant else None
+        except EnvFault as fault:
+            failed.append(EnvFailed(fault.error.kind.value, fault.error.message))
+            raise failed[0] from None
 
+    def reset(seed: int) -> str:
+        return call(lambda: env.reset(seed=seed)).observation
 
-async def per_call_probes(env: EnvInstance, settings: ProbeSettings, *, max_turns: int | None = None) -> ProbeReport:
-    """The probes as admission ran them before the ``probe`` request: one sandbox call per reset and step."""
-    turns = turn_budget(max_turns or DEFAULT_MAX_TURNS, env.max_turns)
-    report = ProbeReport(settings.threshold, turns)
-    budget = ProbeBudget(settings.max_steps, settings.max_seconds)
-    played: dict[tuple[int, str], float] = {}
-    for policy in probe_policies():
-        result = PolicyResult(policy.name, policy.description)
-        report.results.append(result)
-        for position, seed in enumerate(settings.seeds):
-            if result.cannot_reach(settings.threshold, len(settings.seeds) - position):
-                break
-            outcome = await _per_call_episode(env, policy, seed, turns, budget, played)
-            if outcome is None:
-                if budget.exhausted:
-                    break
-                continue
-            value, fault, reply = outcome
-            result.returns.append(value)
-            result.seeds.append(seed)
-            result.errors += int(fault)
-            if reply is not None:
-                played[(seed, reply)] = value
-        if report.judge(result, budget):
-            break
-    return report
+    def step(action: str) -> tuple[str, float, bool, bool]:
+        result = call(lambda: env.step(action))
+        return result.observation, result.reward, result.terminated, result.truncated
+
+    outcome = await asyncio.to_thread(play, plan, reset, step, parse_action)
+    return report_of(outcome, settings.threshold, turns, tuple(settings.seeds), settings.round_seeds)
 
 
 def comparable(report: ProbeReport) -> dict[str, Any]:

@@ -29,6 +29,8 @@ GOOD = textwrap.dedent('''
             digits = "".join(c for c in action if c.isdigit())
             if digits and int(digits) == self.secret:
                 return "right", 1.0, True, False, {}
+            if self.turn >= 5:  # five guesses whatever the run's turn budget: a bisection cannot be sure
+                return "out of guesses", 0.0, True, False, {}
             hint = "higher" if digits and int(digits) < self.secret else "lower"
             return hint, 0.0, False, self.turn >= self.max_turns, {"turn": self.turn}
 ''')

@@ -112,7 +112,11 @@ def test_cli_probe_flag(tmp_path, capsys):
     assert main(args) == 0
     assert "won by a degenerate policy: unknown (spade analyze --probe)" in capsys.readouterr().out
     assert main(args + ["--probe", "--isolation", "bubblewrap"]) == 0
-    assert "won by a degenerate policy 0.333 (of 3, probe; 0 rejected for it)" in capsys.readouterr().out
-    steps = json.loads((out / "analysis.json").read_text())["runs"][0]["steps"]
+    # FREE_LUNCH pays any reply: the constant family wins it, one environment of the three
+    assert "won by a degenerate policy 0.333 (of 3, probe; 0 rejected for it; constant 0.333)" in \
+        capsys.readouterr().out
+    run_data = json.loads((out / "analysis.json").read_text())["runs"][0]
+    assert run_data["whole_run"]["degenerate_share_by_family"] == {"constant": pytest.approx(1 / 3)}
+    steps = run_data["steps"]
     assert [s["degenerate_share"] for s in steps] == [0.5, 0.0]
     assert "degenerate_share" in (out / "steps.csv").read_text().splitlines()[0]

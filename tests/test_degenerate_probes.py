@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spade.envs.admission import admit
-from spade.envs.degenerate_probes import PROBE_SEEDS, ProbeSettings, probe_policies, run_probes
+from spade.envs.degenerate_probes import PROBE_SEEDS, SEARCH_THRESHOLD, ProbeSettings, probe_policies, run_probes
 from spade.envs.protocol import ErrorKind, Stage
 from spade.selfplay.settings import SelfPlaySettings
 
@@ -226,14 +226,16 @@ def test_the_probes_reach_the_games_last_turn(sandbox):
 
 def test_the_run_turn_budget_bounds_the_probes(sandbox):
     """With a run budget of 10 turns the maze's 12th turn is never played, in training either, so
-    nothing pays for running out of turns: admitted."""
+    nothing pays for running out of turns (boxed_0 loses); the maze still falls to its own rules'
+    example, \\boxed{north|south|east|west}, which its substring check reads as every direction."""
     verdict = verdict_for(sandbox, _fixed_turns(EXPLOITS["running out of turns pays"][0]), max_turns=10)
-    assert verdict.admitted, verdict.error
-    assert verdict.probe_report.turns == 10
+    report = verdict.probe_report
+    assert report.turns == 10
+    assert next(r for r in report.results if r.policy == "boxed_0").mean_return == 0.0
+    assert report.winner.policy == "command_1" and report.winning_family == "command"
 
 
 HONEST = {path.stem: path.read_text() for path in [*SEED_GAMES, *EXAMPLE_ENVS]}
-HONEST["tests_guess_game"] = GOOD
 # the seed game under another class name, as a designer would copy it
 HONEST["guess_number_renamed"] = (ROOT / "examples" / "seed_envs" / "guess_number.py").read_text().replace(
     "GuessNumberEnv", "NumberHuntEnv")
@@ -246,9 +248,28 @@ def test_honest_game_is_admitted_with_every_probe_reported(sandbox, name):
     report = verdict.probe_report
     assert report.winner is None and not report.budget_exhausted
     assert [r.policy for r in report.results] == [p.name for p in probe_policies()]
-    assert all(r.mean_return is None or r.mean_return < 0.5 for r in report.results)
+    assert all(r.mean_return is None or r.mean_return < report.threshold_of(r) for r in report.results)
     assert "degenerate_probe" in verdict.timings_ms
     assert len(verdict.to_json()["probe_report"]["policies"]) == len(probe_policies())
+
+
+# the tests' own guessing game without its five-guess limit: 1 to 100, told higher or lower
+BISECTABLE = re.sub(r"\n *if self\.turn >= 5:.*\n *return \"out of guesses\".*", "", GOOD)
+
+
+def test_a_guessing_game_a_blind_bisection_always_wins_is_rejected(sandbox):
+    """The tests' own guessing game without its guess limit, under a run budget of 25 turns: a
+    binary search that reads only the comparison words wins every seed (issue 40); with its limit
+    of five guesses it is admitted (tests/test_admission.py)."""
+    assert BISECTABLE != GOOD
+    verdict = verdict_for(sandbox, BISECTABLE, max_turns=25)
+    assert verdict.error.kind is ErrorKind.DEGENERATE_WIN
+    assert verdict.probe_report.winning_family == "bisect" and verdict.probe_report.winner.mean_return == 1.0
+    # the seed game of the same kind (a range of 50, six guesses, a window of 5, scored by closeness)
+    # is won by bisection only partly: below the search families' bar, admitted
+    seed_game = verdict_for(sandbox, HONEST["guess_number"], max_turns=25).probe_report
+    bisect = max(r.mean_return or 0.0 for r in seed_game.results if r.family == "bisect")
+    assert seed_game.winner is None and bisect < SEARCH_THRESHOLD
 
 
 def test_there_are_eight_examples_and_seed_games():
@@ -278,7 +299,7 @@ def _dart_score(guess: int, seed: int) -> float:
 
 
 def test_graded_honest_game_with_a_partial_constant_return_is_admitted(sandbox):
-    verdict = verdict_for(sandbox, GRADED, max_turns=25)
+    verdict = verdict_for(sandbox, GRADED, max_turns=25, probes=ProbeSettings(seeds=PROBE_SEEDS))
     assert verdict.admitted, verdict.error
     means = {r.policy: r.mean_return for r in verdict.probe_report.results}
     # the first observation's numbers are 1 and 30; what each constant guess scores, by hand
@@ -291,7 +312,7 @@ def test_graded_honest_game_with_a_partial_constant_return_is_admitted(sandbox):
                                        / len(_played_seeds(verdict, policy)))
     assert any(0.0 < (m or 0.0) < 0.5 for m in means.values())  # graded: partial, not zero
     # a lower threshold rejects the same game
-    strict = verdict_for(sandbox, GRADED, max_turns=25, probes=ProbeSettings(threshold=0.05))
+    strict = verdict_for(sandbox, GRADED, max_turns=25, probes=ProbeSettings(threshold=0.05, seeds=PROBE_SEEDS))
     assert not strict.admitted and strict.error.kind is ErrorKind.DEGENERATE_WIN
 
 
@@ -352,10 +373,11 @@ def test_defaults_are_on_with_threshold_one_half():
     s = SelfPlaySettings()
     assert s.admission_probes and not s.admission_paper_exact and s.degenerate_threshold == 0.5
     assert s.admission_probe_settings() == ProbeSettings(threshold=0.5, max_seconds=s.admission_timeout_s / 4)
+    assert s.admission_probe_settings().seed_count == 8 and not s.admission_probe_settings().seeds
     assert SelfPlaySettings(admission_paper_exact=True).admission_probe_settings() is None
 
 
-def test_env_check_prints_one_line_per_probe_policy(tmp_path):
+def test_env_check_prints_each_familys_best_policy(tmp_path):
     import subprocess
     import sys
 
@@ -366,10 +388,14 @@ def test_env_check_prints_one_line_per_probe_policy(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     admitted, rejected = result.stdout.split(f"{exploit}: ")
-    for policy in probe_policies():  # every policy of the admitted game, one line each
-        assert len([line for line in admitted.splitlines() if line.strip().startswith(policy.name + " ")]) == 1
+    families = {p.family for p in probe_policies()}
+    for family in families:  # every family of the admitted game, one line each with its best policy
+        lines = [line for line in admitted.splitlines() if line.strip().startswith(family + " ")]
+        assert len(lines) == 1 and re.search(r"best \w+ +mean return [+-]\d\.\d{3} over \d+ seed", lines[0])
+    assert re.search(r"verdict: no policy wins \(8 seeds a round, 24 drawn for this candidate; Hoeffding confidence "
+                     r"\d\.\d{3}\)", admitted)
     assert "rejected at degenerate_probe: degenerate_win" in rejected and "'boxed_0'" in rejected
-    assert re.search(r"boxed_0 +mean return \+1\.000 over 3 seed\(s\)  <- wins", rejected)
+    assert re.search(r"constant +best boxed_0 +mean return \+1\.000 over 8 seed\(s\)  <- wins", rejected)
 
 
 def test_a_degenerate_win_is_counted_per_step_as_its_own_metric(sandbox, tmp_path):
@@ -444,8 +470,9 @@ def test_one_request_gives_the_per_call_loops_reports(sandbox):
         assert old == new
     _, _, touchy = _probe_both_ways(sandbox, RAISES_ON_EMPTY)
     empty = next(r for r in touchy.results if r.policy == "empty")
-    # seed 1 raises (0), seed 2 cannot reset any more (0): two seeds cannot reach 0.5 with one left
-    assert (empty.returns, empty.errors, empty.endings) == ([0.0, 0.0], 2, ["step_fault", "reset_fault"])
+    # the first seed raises (0), the next two cannot reset any more (0): nothing earned on the three
+    # screening seeds, so the policy is not played on the rest of its round
+    assert (empty.returns, empty.errors, empty.endings) == ([0.0] * 3, 3, ["step_fault"] + ["reset_fault"] * 2)
     assert touchy.winner is None and touchy.results[-1].endings[0] == "reset_fault"
 
 
@@ -505,7 +532,7 @@ HANGS_ON_SEED_3 = game('''
 def test_a_step_that_never_returns_is_killed_and_the_episodes_before_it_count(quick_sandbox):
     """The child is killed once the probes' time budget and one step's timeout have passed; the
     episodes it reported stand, the hung one scores 0 and every later call fails, as per call."""
-    settings = ProbeSettings(max_seconds=0.3)
+    settings = ProbeSettings(max_seconds=0.3, seeds=PROBE_SEEDS)
     old, new, report = _probe_both_ways(quick_sandbox, HANGS_ON_SEED_3, settings)
     # the one difference: the step the kill cut short is not counted (the child could not report it)
     assert (old.pop("steps"), new.pop("steps")) == (3, 2)

@@ -54,7 +54,8 @@ def test_check_runs_the_tool_stages_and_reports_them():
         assert 3 <= report["tools"] <= 8 and 3 <= report["instructions"] <= 5
         assert report["screen"] is None  # no model here: the screen is not asked
     # a game is checked as before: no tool stages, no tool keys (the degenerate-policy probes' report instead)
-    assert set(game) == {"path", "admitted", "class_name", "error", "first_observation", "timings_ms", "probe_report"}
+    assert set(game) == {"path", "admitted", "class_name", "error", "first_observation", "timings_ms", "probe_report",
+                         "winnability_report"}
     assert "tool_schema" not in game["timings_ms"]
 
     text = spade("env", "check", str(BANKING), str(GAME))

@@ -18,8 +18,11 @@ from spade.envs.reference_policy import ReferenceSettings
 from spade.selfplay.settings import SelfPlaySettings
 from spade.designer.skills import Skill
 
-# A hidden number from 1 to 50, told higher / lower; the reference policy bisects (at most 6
-# guesses, within the 8 turns). ``{policy}`` is the method's body.
+# A hidden number from 1 to 50, told left / right on the number line; the reference policy bisects
+# (at most 6 guesses, within the 8 guesses the game allows whatever the run's turn budget).
+# ``{policy}`` is the method's body. The feedback avoids the comparison words the probes' own
+# bisection reads (issue 40), so that this file tests the reference stage alone; a game a blind
+# bisection wins is rejected before it (tests/test_degenerate_probes.py).
 HUNT = '''
 import random
 import re
@@ -40,13 +43,15 @@ class HuntEnv:
         guess = int(found.group()) if found else 0
         if guess == self.secret:
             return "Found it.", 1.0, True, False, {}
+        if self.turn >= 8:
+            return "Out of guesses.", 0.0, True, False, {}
         if guess < self.secret:
             self.low = max(self.low, guess + 1)
-            hint = "higher"
+            hint = "right"
         else:
             self.high = min(self.high, guess - 1)
-            hint = "lower"
-        return f"Go {hint}. Reply with \\\\boxed{{N}}.", 0.0, False, self.turn >= self.max_turns, {}
+            hint = "left"
+        return f"It lies to the {hint} of that. Reply with \\\\boxed{{N}}.", 0.0, False, self.turn >= self.max_turns, {}
 '''
 BISECT = '''
     def reference_policy(self, observation):

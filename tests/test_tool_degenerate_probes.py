@@ -1,6 +1,7 @@
 """Admission's degenerate-policy probes for tool environments (issue 23) through the real sandbox.
 
-Answering done without a tool call, or calling one tool over and over, must not complete the
+Answering done without a tool call, calling one tool over and over, one call then done, or every
+tool in turn with values copied from the latest result (issue 40) must not complete the
 instructions: environments where it does are rejected as ``degenerate_win`` naming the policy;
 the example tool environments and the tests' honest fixture are admitted with every policy's
 score in the tool report. The games probes' switches govern these too.
@@ -93,6 +94,17 @@ EXPLOITS = {
     "the first instruction's argument completes everything": (
         tool_env('[lambda s: s["mode"] == "b", lambda s: s["mode"] == "b", lambda s: s["mode"] == "b"]'),
         "repeat_set_mode", 3),
+    # issue 40: the answer is trusted after one call (meant: after the calls the instructions need)
+    "done trusted after one call": (HONEST.replace("    def solution(self):", '''    def _check_answer(self, answer):
+        return self._state["calls"] == 1
+
+    def solution(self):'''), "once_set_mode", 1),
+    # issue 40: read() prints a ticket that, noted back, completes every instruction
+    "a value one tool prints completes everything through another": (
+        tool_env('[lambda s: s["ticket"] in s["notes"]] * 3').replace(
+            '"calls": 0}', '"calls": 0, "ticket": "T-" + str(1000 + (seed or 0) % 9000)}').replace(
+            '        return self._state["mode"]', '        return "ticket " + self._state["ticket"]'),
+        "chain_tools", 3),
 }
 
 
@@ -132,7 +144,9 @@ def test_honest_fixtures_and_examples_are_admitted_with_every_policy_reported(ha
         report = verdict.tool_report.probes
         assert report.winner is None and not report.budget_exhausted, name
         names = [r.policy for r in report.results]
-        assert names == [ANSWER_DONE] + [f"repeat_{t}" for t in _tool_names(source)], name
+        tools = _tool_names(source)
+        assert names == [ANSWER_DONE] + [f"repeat_{t}" for t in tools] + [f"once_{t}" for t in tools] + [
+            "chain_tools"], name
         assert all(r.mean_return < 0.5 for r in report.results), name
         data = verdict.to_json()["tool_report"]["probe_report"]
         assert data["winner"] is None and [p["policy"] for p in data["policies"]] == names
@@ -152,7 +166,8 @@ def test_a_policy_completing_some_steps_only_is_admitted(harness):
     verdict = verdict_for(harness, source)
     assert verdict.admitted, verdict.error
     note = next(r for r in verdict.tool_report.probes.results if r.policy == "repeat_note")
-    assert note.completed == [1, 1] and note.mean_return == 0.0
+    # nothing earned on the three screening seeds: not played on the rest of the round
+    assert note.completed == [1, 1, 1] and note.mean_return == 0.0
 
 
 def test_a_tool_exiting_on_a_probe_call_is_rejected_at_the_probe_stage(harness):
@@ -184,7 +199,7 @@ def test_the_turn_budget_bounds_the_repeated_calls(harness):
     source = tool_env('[lambda s: s["reads"] >= 3, lambda s: s["reads"] >= 4, lambda s: s["reads"] >= 5]')
     short = harness.run(admit(harness.service, source, max_turns=5, require_tool_env=True), timeout=120)
     assert short.admitted and short.tool_report.probes.turns == 5
-    assert next(r for r in short.tool_report.probes.results if r.policy == "repeat_read").completed == [2, 2]
+    assert next(r for r in short.tool_report.probes.results if r.policy == "repeat_read").completed == [2, 2, 2]
     longer = harness.run(admit(harness.service, source, max_turns=6, require_tool_env=True), timeout=120)
     assert longer.error.kind is ErrorKind.DEGENERATE_WIN and "'repeat_read'" in longer.error.message
 
@@ -208,10 +223,11 @@ def test_observed_arguments():
         "mode": {"type": "string", "enum": ["a", "b"]}}, "required": ["mode"]}}}
     assert observed_arguments(single, "Set the mode to b.") == {"mode": "b"}
     assert observed_arguments(single, "Set the mode to bravo.") == {"mode": "a"}
-    assert [p.name for p in tool_probe_policies([tool, single])] == [ANSWER_DONE, "repeat_t", "repeat_m"]
+    assert [p.name for p in tool_probe_policies([tool, single])] == [ANSWER_DONE, "repeat_t", "repeat_m", "once_t",
+                                                                      "once_m", "chain_tools"]
 
 
-def test_env_check_prints_the_tool_probes_one_line_per_policy(tmp_path, capsys):
+def test_env_check_prints_the_tool_probes_one_line_per_family(tmp_path, capsys):
     from spade.cli import main
 
     exploit = tmp_path / "reads.py"
@@ -220,8 +236,8 @@ def test_env_check_prints_the_tool_probes_one_line_per_policy(tmp_path, capsys):
     assert main(["env", "check", str(banking), str(exploit)]) == 1
     admitted, rejected = capsys.readouterr().out.split(f"{exploit}: ")
     assert "ok   degenerate_probe" in admitted
-    for name in (ANSWER_DONE, "repeat_get_balance", "repeat_transfer", "repeat_pay", "repeat_decline_request",
-                 "repeat_stock_quote"):
-        assert len([line for line in admitted.splitlines() if line.strip().startswith(name + " ")]) == 1, name
+    for family, best in (("done", ANSWER_DONE), ("repeat", "repeat_"), ("once", "once_"), ("chain", "chain_tools")):
+        lines = [line for line in admitted.splitlines() if line.strip().startswith(family + " ")]
+        assert len(lines) == 1 and f"best {best}" in lines[0], family
     assert "rejected at degenerate_probe: degenerate_win" in rejected and "'repeat_read'" in rejected
     assert "FAIL degenerate_probe" in rejected

@@ -41,10 +41,12 @@ class DegenerateVerdict:
     policy: str | None = None  # the winning policy (after the fact only: admission rejected the winners)
     mean_return: float | None = None  # the winner's mean return / score
     reason: str = ""
+    family: str | None = None  # the winning policy's family (issue 40)
 
     def to_json(self) -> dict[str, Any]:
         return {"degenerate_won": self.won, "degenerate_source": self.source, "degenerate_policy": self.policy,
-                "degenerate_mean_return": self.mean_return, "degenerate_reason": self.reason}
+                "degenerate_family": self.family, "degenerate_mean_return": self.mean_return,
+                "degenerate_reason": self.reason}
 
 
 def _selfplay(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -101,6 +103,7 @@ async def probe_source(service: Any, source: str, settings: ProbeSettings, max_t
         return DegenerateVerdict(None, None, reason=f"could not be opened: {fault.error.kind.value}")
     except InfrastructureFault:
         return DegenerateVerdict(None, None, reason="the sandbox failed")
+    settings = settings.for_candidate(source)  # the seeds admission would have drawn in a run of seed 0
     try:
         if getattr(env, "tool_use", False):
             await env.reset(seed=settings.seeds[0])
@@ -122,7 +125,7 @@ async def probe_source(service: Any, source: str, settings: ProbeSettings, max_t
         what = "no probe policy wins" + (" (the probe budget ran out)" if report.budget_exhausted else "")
         return DegenerateVerdict(False, PROBED, reason=what)
     return DegenerateVerdict(True, PROBED, winner.policy, winner.mean_return,
-                             reason=f"'{winner.policy}' ({winner.description}) wins")
+                             reason=f"'{winner.policy}' ({winner.description}) wins", family=winner.family or None)
 
 
 def run_probes_after_the_fact(runs: Sequence[Any], sandbox_config: Any = None,
@@ -163,7 +166,11 @@ def summary(verdicts: Sequence[DegenerateVerdict], rejected_degenerate_win: int)
     known = [v for v in verdicts if v.won is not None]
     won = sum(1 for v in known if v.won)
     sources = sorted({v.source for v in known if v.source})
+    families = sorted({v.family for v in known if v.won and v.family})
     return {"degenerate_known": len(known), "degenerate_won": won,
             "degenerate_share": won / len(known) if known else None,
+            # the share of environments with a known verdict whose first winning policy is of each family
+            "degenerate_share_by_family": {family: sum(1 for v in known if v.won and v.family == family) / len(known)
+                                           for family in families},
             "rejected_degenerate_win": rejected_degenerate_win,
             "degenerate_from": "+".join(sources) if sources else None}

@@ -286,8 +286,10 @@ def run_line(run: dict[str, Any]) -> str:
     if "collapse" not in skipped:
         parts.append(f"longest duplicate streak {run['collapse']['longest_streak']}")
     if whole.get("degenerate_known"):
+        by_family = whole.get("degenerate_share_by_family") or {}
+        families = "".join(f"; {family} {_fmt(share)}" for family, share in by_family.items())
         parts.append(f"won by a degenerate policy {_fmt(whole['degenerate_share'])} (of {whole['degenerate_known']}, "
-                     f"{whole['degenerate_from']}; {whole['rejected_degenerate_win']} rejected for it)")
+                     f"{whole['degenerate_from']}; {whole['rejected_degenerate_win']} rejected for it{families})")
     elif run["env_source"] != RLVE:
         parts.append("won by a degenerate policy: unknown (spade analyze --probe)")
     line = ", ".join(parts)

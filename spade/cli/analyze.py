@@ -25,7 +25,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--probe", action="store_true",
                         help="play the degenerate-policy probes in the sandbox on the saved environments of runs "
                         "whose admission did not (probes off, or runs older than them); a few hundred ms per "
-                        "environment")
+                        "environment. The summary gives the share of environments each probe family wins")
+    parser.add_argument("--probe-all", action="store_true",
+                        help="with --probe: play today's probes on every saved environment, those a run's own "
+                        "admission probed too (what today's families win among games older probes admitted)")
     parser.add_argument("--no-plots", action="store_true", help="JSON and CSV only")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Vendi draws and the t-SNE layout")
     parser.add_argument("--config", metavar="FILE", help="YAML file whose 'sandbox:' section sets the limits")
@@ -70,7 +73,8 @@ def run_analyze(args: argparse.Namespace) -> int:
         from ..analysis.degenerate_share import recorded_verdicts, run_probes_after_the_fact
 
         say("degenerate-policy probes: playing the saved environments whose admission did not")
-        probed = run_probes_after_the_fact(runs, sandbox_config(args), only_unknown=recorded_verdicts(runs))
+        probed = run_probes_after_the_fact(runs, sandbox_config(args),
+                                           only_unknown=None if args.probe_all else recorded_verdicts(runs))
     analysis = analyze(runs, make_embedder(args.embedding), gating, window=window, seed=args.seed, progress=say,
                        probed=probed)
     written = write_all(analysis.data, out)

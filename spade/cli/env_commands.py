@@ -30,11 +30,13 @@ from ..agent.actions import parse_action
 from ..agent.tool_calls import CLOSE, OPEN, Qwen3ToolCallParser, UnknownToolFormat, parser_for_template
 from ..designer.extract import extract_code
 from ..envs.admission import admit, not_text_error
+from ..envs.degenerate_probes import ProbeSettings
 from ..envs.protocol import EnvError, EnvFault, InfrastructureFault, episode_return
 from ..envs.runner import DEFAULT_MAX_TURNS, EpisodeResult, StopEpisode, play_tool_episode, turn_budget
 from ..envs.sandbox.client import SandboxedEnv, SandboxService
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from ..envs.tool_use.local import is_tool_source
+from ..envs.winnability import WinnabilitySettings
 from .common import UsageError, read_text, sandbox_config
 
 
@@ -45,7 +47,11 @@ def add_parser(subparsers: Any) -> None:
     check = commands.add_parser("check", help="run the admission pipeline on files (exit 1 if any is rejected)")
     check.add_argument("paths", nargs="+", metavar="PATH", help="environment source or raw designer response")
     check.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
-    check.add_argument("--seed", type=int, default=42, help="seed of the smoke test and determinism check")
+    check.add_argument("--seed", type=int, default=42, help="seed of the smoke test and determinism check, and the "
+                       "run seed the probes' seeds are drawn from (with each candidate's code)")
+    check.add_argument("--winnability", choices=("off", "admit", "reject"), default="admit",
+                       help="the winnability stage: off, on with a game whose designer offered only a description "
+                            "admitted (the default, as spade's GPU recipes), or on with such a game rejected")
     check.add_argument("--reject", action="append", choices=REJECT_SWITCHES, default=[], metavar="WHAT",
                        help="tool environments: reject instead of report criteria that are WHAT "
                             f"({', '.join(REJECT_SWITCHES)}); repeatable")
@@ -140,9 +146,12 @@ async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
     tool_settings = ToolAdmissionSettings(reject_true_at_reset="true_at_reset" in switches,
                                           reject_unchangeable="unchangeable" in switches,
                                           reject_trivial="trivial" in switches)
+    rule = getattr(args, "winnability", "admit")
+    winnability = None if rule == "off" else WinnabilitySettings(unproven=rule)
     async with await SandboxService.start(sandbox_config(args)) as service:
         for path, source in sources.items():
-            verdict = await admit(service, source, seed=args.seed, tool_settings=tool_settings)
+            verdict = await admit(service, source, seed=args.seed, tool_settings=tool_settings,
+                                  probes=ProbeSettings(seed_base=args.seed), winnability=winnability)
             rejected += not verdict.admitted
             if args.json:
                 print(json.dumps(verdict.to_json(path)), flush=True)
@@ -153,10 +162,14 @@ async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
                 error = verdict.error
                 assert error is not None
                 print(f"{path}: rejected at {error.stage.value}: {error.kind.value}: {error.message}", flush=True)
-            if verdict.probe_report is not None:  # the degenerate-policy probes: one line per policy
+            if verdict.probe_report is not None:  # the degenerate-policy probes: each family's best policy
                 print(f"  degenerate-policy probes ({verdict.probe_report.turns} turns, threshold "
                       f"{verdict.probe_report.threshold:g}):")
                 for line in verdict.probe_report.lines():
+                    print(f"    {line}", flush=True)
+            if verdict.winnability_report is not None:  # the designer's proofs played
+                print(f"  winnability (min return {verdict.winnability_report.min_return:g}):")
+                for line in verdict.winnability_report.lines():
                     print(f"    {line}", flush=True)
             if verdict.tool_use:
                 _print_tool_verdict(verdict)

@@ -1,9 +1,10 @@
 """Admitting a generated environment (SPEC section 3), stage by stage.
 
-extract -> syntax -> load -> smoke -> determinism -> degenerate_probe -> reference_policy
-(``admit(determinism=False)``, ``admit(probes=None)`` and ``admit(reference=None)``, the default for
-the last, leave those out). Games get the probes of ``spade.envs.degenerate_probes`` and, when asked
-for, the reference policy; tool environments go through their own stages
+extract -> syntax -> load -> smoke -> determinism -> degenerate_probe -> winnability -> reference_policy
+(``admit(determinism=False)``, ``admit(probes=None)``, ``admit(winnability=None)`` and
+``admit(reference=None)``, the default for the last two, leave those out). Games get the probes of
+``spade.envs.degenerate_probes`` (on seeds drawn for the candidate), the winnability stage of
+``spade.envs.winnability`` and, when asked for, the reference policy; tool environments go through their own stages
 (``spade.envs.tool_use.admission``), whose ``degenerate_probe`` is ``spade.envs.tool_use.degenerate_probes``.
 The first failing stage rejects the candidate and is named in the verdict with the error kind.
 Everything past ``syntax`` runs in the sandbox.
@@ -23,6 +24,7 @@ from .reference_policy import ReferenceReport, ReferenceSettings, run_reference
 from .released_smoke import released_smoke_test
 from .sandbox.client import SandboxedEnv, SandboxService
 from .tool_use.admission import ModelScreen, ToolAdmissionSettings, ToolRejection, ToolReport, tool_stages
+from .winnability import UNPROVEN, WON, WinnabilityReport, WinnabilitySettings, run_winnability
 
 SMOKE_SEED = 42
 SECOND_SEED = 123
@@ -44,6 +46,7 @@ class AdmissionVerdict:
     tool_report: ToolReport | None = None  # the tool stages' findings (tool environments only)
     probe_report: ProbeReport | None = None  # the degenerate-policy probes' returns (games, probes on)
     reference_report: ReferenceReport | None = None  # the reference policy's returns (games, when required)
+    winnability_report: WinnabilityReport | None = None  # the designer's proofs played (games, gate on)
 
     def to_json(self, path: str | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {} if path is None else {"path": path}
@@ -59,6 +62,8 @@ class AdmissionVerdict:
             data["probe_report"] = self.probe_report.to_json()
         if self.reference_report is not None:
             data["reference_report"] = self.reference_report.to_json()
+        if self.winnability_report is not None:
+            data["winnability_report"] = self.winnability_report.to_json()
         if self.tool_use:
             data["tool_use"] = True
             data["tool_report"] = None if self.tool_report is None else self.tool_report.to_json()
@@ -116,7 +121,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 tool_settings: ToolAdmissionSettings | None = None,
                 screen: ModelScreen | None = None, determinism: bool = True,
                 probes: ProbeSettings | None = ProbeSettings(),
-                reference: ReferenceSettings | None = None, code_extraction: str = "spade") -> AdmissionVerdict:
+                reference: ReferenceSettings | None = None, code_extraction: str = "spade",
+                winnability: WinnabilitySettings | None = None) -> AdmissionVerdict:
     """Run every admission stage on a designer response (or plain source).
 
     A tool environment (its class subclasses ``ToolUseBaseEnv``) also goes through the tool-use
@@ -129,6 +135,9 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     are the settings of the reference-policy stage (:mod:`spade.envs.reference_policy`;
     ``selfplay.require_reference_policy``); None, the default, leaves it out. ``code_extraction`` is how
     the code is taken out of the response (``selfplay.code_extraction``, :func:`extract_code`).
+    ``winnability`` are the settings of the winnability stage (:mod:`spade.envs.winnability`;
+    ``selfplay.winnability_gate``); None, the default, leaves it out. It plays on the probes' seeds
+    for this candidate (:meth:`ProbeSettings.seeds_for`).
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
     ``smoke_test`` ``"released"`` (``selfplay.admission_smoke_test``) runs the released code's smoke
@@ -155,6 +164,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     report: ToolReport | None = None
     probe_report: ProbeReport | None = None
     reference_report: ReferenceReport | None = None
+    winnability_report: WinnabilityReport | None = None
+    candidate_probes = (probes or ProbeSettings()).for_candidate(code)
     try:
         with timer.stage(Stage.LOAD):
             env = await _staged(service.open(code, max_turns=max_turns), Stage.LOAD)
@@ -177,10 +188,18 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                                               "time"))
         if probes is not None and not getattr(env, "tool_use", False):
             with timer.stage(Stage.DEGENERATE_PROBE):
-                probe_report = await _staged(run_probes(env, probes, max_turns=max_turns), Stage.DEGENERATE_PROBE)
+                probe_report = await _staged(run_probes(env, candidate_probes, max_turns=max_turns),
+                                             Stage.DEGENERATE_PROBE)
             if probe_report.winner is not None:
                 raise _Rejection(EnvError(ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE,
                                           _win_message(probe_report)))
+        if winnability is not None and not getattr(env, "tool_use", False):
+            with timer.stage(Stage.WINNABILITY):
+                winnability_report = await _staged(
+                    run_winnability(env, winnability, candidate_probes.first_round, max_turns=max_turns), Stage.WINNABILITY)
+            verdict = winnability_report.verdict
+            if verdict != WON and (verdict != UNPROVEN or winnability.unproven == "reject"):
+                raise _Rejection(EnvError(ErrorKind.UNWINNABLE, Stage.WINNABILITY, winnability_report.message()))
         if reference is not None and not getattr(env, "tool_use", False):
             with timer.stage(Stage.REFERENCE_POLICY):
                 reference_report = await _reference_stage(env, reference, max_turns, probe_report)
@@ -195,7 +214,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
 
             try:
                 report = await tool_stages(env, code, tool_settings or ToolAdmissionSettings(), timer.timings,
-                                           screen=screen, clock=clock, probes=probes, max_turns=max_turns)
+                                           screen=screen, clock=clock,
+                                           probes=None if probes is None else candidate_probes, max_turns=max_turns)
             except ToolRejection as rejection:
                 raise _Rejection(rejection.error) from None
             except InfrastructureFault:
@@ -207,14 +227,14 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
         return AdmissionVerdict(False, class_name=env.class_name if env else None, error=rejection.error,
                                 first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
                                 tool_report=report, probe_report=probe_report, reference_report=reference_report,
-                                **partial)
+                                winnability_report=winnability_report, **partial)
     finally:
         if env is not None:
             await env.close()
     return AdmissionVerdict(True, class_name=env.class_name, max_turns=env.max_turns,
                             first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
                             tool_report=report, probe_report=probe_report, reference_report=reference_report,
-                            **partial)
+                            winnability_report=winnability_report, **partial)
 
 
 async def _reference_stage(env: SandboxedEnv, settings: ReferenceSettings, max_turns: int | None,
@@ -242,9 +262,11 @@ async def _reference_stage(env: SandboxedEnv, settings: ReferenceSettings, max_t
 def _win_message(report: ProbeReport) -> str:
     winner = report.winner
     assert winner is not None and winner.mean_return is not None
-    return (f"the probe policy '{winner.policy}' ({winner.description}) wins: mean return "
-            f"{winner.mean_return:.3f} over seeds {winner.seeds} (threshold {report.threshold:g}); a game that "
-            "a policy knowing nothing of it wins pays for something other than skill")
+    confidence = report.confidence()
+    return (f"the probe policy '{winner.policy}' of family '{winner.family}' ({winner.description}) wins: mean "
+            f"return {winner.mean_return:.3f} over seeds {winner.seeds} (threshold {report.threshold_of(winner):g}, "
+            f"confidence {confidence or 0.0:.3f}); a game that a policy knowing nothing of it wins pays for "
+            "something other than skill")
 
 
 async def _staged(awaitable: Any, stage: Stage) -> Any:

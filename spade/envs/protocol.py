@@ -50,6 +50,7 @@ class ErrorKind(str, enum.Enum):
     DEGENERATE_WIN = "degenerate_win"  # a policy that knows nothing of the game wins it (issue 23)
     REFERENCE_LOST = "reference_lost"  # the game's own reference_policy() does not win it (issue 23)
     REFERENCE_MISSING = "reference_missing"  # required, but the class has no reference_policy() (issue 23)
+    UNWINNABLE = "unwinnable"  # what the designer offered (solution() actions, reference_policy) does not win (issue 40)
 
 
 class Stage(str, enum.Enum):
@@ -63,6 +64,7 @@ class Stage(str, enum.Enum):
     DETERMINISM = "determinism"
     DEGENERATE_PROBE = "degenerate_probe"  # after determinism: games and tool environments (envs.*degenerate_probes)
     REFERENCE_POLICY = "reference_policy"  # games only, after the probes, when required (spade.envs.reference_policy)
+    WINNABILITY = "winnability"  # games only, after the probes, when switched on (spade.envs.winnability)
     TOOL_SCHEMA = "tool_schema"  # tool environments only, after determinism
     RESET_GATE = "reset_gate"
     TOOL_PROBES = "tool_probes"

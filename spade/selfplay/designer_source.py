@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -301,7 +301,7 @@ class DesignerRound:
         """The admission verdict; None when the sandbox failed on every try (not the candidate's fault)."""
         tool_use = self.settings.domain == "tool_use"
         return await admit_candidate(self.sandbox, self.settings, response,
-                                     screen=self.model_screen if tool_use else None)
+                                     screen=self.model_screen if tool_use else None, run_seed=self.seed)
 
     def _reject(self, record: dict[str, Any], kind: ErrorKind, stage: Stage, message: str, response: str) -> Rejection:
         return write_rejection(self.run_dir, record, kind, stage, message, response)
@@ -368,9 +368,13 @@ class DesignerRound:
 
 
 async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response: str, *,
-                          screen: Any = None) -> AdmissionVerdict | None:
+                          screen: Any = None, run_seed: int = 0) -> AdmissionVerdict | None:
     """Run admission on one designer response (or environment file), retrying an infrastructure
-    failure up to ``max_play_retries`` times; None when the sandbox failed on every try."""
+    failure up to ``max_play_retries`` times; None when the sandbox failed on every try. The
+    probes' seeds are drawn from ``run_seed`` (run.seed) and the candidate's code."""
+    probes = settings.admission_probe_settings()
+    if probes is not None:
+        probes = replace(probes, seed_base=run_seed)
     for _ in range(settings.max_play_retries + 1):
         try:
             return await asyncio.wait_for(
@@ -378,9 +382,9 @@ async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response
                       require_tool_env=settings.domain == "tool_use",
                       tool_settings=settings.tool_admission_settings(), screen=screen,
                       determinism=settings.admission_checks_determinism,
-                      probes=settings.admission_probe_settings(),
-                      reference=settings.admission_reference_settings(),
-                      code_extraction=settings.code_extraction, smoke_test=settings.admission_smoke_test),
+                      probes=probes, reference=settings.admission_reference_settings(),
+                      code_extraction=settings.code_extraction, smoke_test=settings.admission_smoke_test,
+                      winnability=settings.admission_winnability_settings()),
                 settings.admission_timeout_s)
         except (InfrastructureFault, asyncio.TimeoutError):
             continue

@@ -23,8 +23,9 @@ from ..agent.prompts import GAME_PROMPTS
 from ..designer.extract import CODE_EXTRACTIONS
 from ..designer.prompts import DESIGNER_RULES, DIFFICULTIES, HINT_LENGTHS, PROMPT_ORDERS
 from ..designer.skills import DOMAINS, Domain, SkillSettings
-from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_THRESHOLD, ProbeSettings
+from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_SEED_COUNT, DEFAULT_THRESHOLD, ProbeSettings
 from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
+from ..envs.winnability import UNPROVEN_RULES, WinnabilitySettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from .endpoint import EndpointSettings
 from .reward_settings import RewardSettings
@@ -126,6 +127,15 @@ class SelfPlaySettings:
     admission_probes: bool = True
     degenerate_threshold: float = DEFAULT_THRESHOLD
     degenerate_probe_steps: int = DEFAULT_MAX_STEPS
+    # seeds per round of the probes, drawn per candidate from run.seed and its code (issue 40)
+    degenerate_probe_seeds: int = DEFAULT_SEED_COUNT
+    # Winnability (spade.envs.winnability; games only, issue 40): the actions solution() returns and
+    # an optional reference_policy() are played on the probes' seeds; when something was offered and
+    # nothing reaches reference_min_return the game is rejected (unwinnable). winnability_unproven:
+    # what a game whose designer offered only a description gets (admit | reject). spade's addition,
+    # off here and in the paper recipes, on in spade's GPU recipes.
+    winnability_gate: bool = False
+    winnability_unproven: Literal["admit", "reject"] = "admit"
     # Optional winnability proof (spade.envs.reference_policy; games designed in the run only): the
     # designer prompt asks for a reference_policy(observation) method, and admission plays it on the
     # probes' seeds after the probes; a mean return below reference_min_return rejects the game
@@ -255,7 +265,12 @@ class SelfPlaySettings:
                 f"must be true or false, got {self.admission_determinism!r}")
         require(self.admission_smoke_test in SMOKE_TESTS, key("admission_smoke_test"),
                 f"{self.admission_smoke_test!r} is not allowed; choose one of: {', '.join(SMOKE_TESTS)}")
-        for name in ("admission_probes", "admission_paper_exact", "require_reference_policy"):
+        require(isinstance(self.degenerate_probe_seeds, int) and not isinstance(self.degenerate_probe_seeds, bool)
+                and 1 <= self.degenerate_probe_seeds <= 64, key("degenerate_probe_seeds"),
+                f"must be an integer from 1 to 64, got {self.degenerate_probe_seeds!r}")
+        require(self.winnability_unproven in UNPROVEN_RULES, key("winnability_unproven"),
+                f"must be one of: {', '.join(UNPROVEN_RULES)}; got {self.winnability_unproven!r}")
+        for name in ("admission_probes", "admission_paper_exact", "require_reference_policy", "winnability_gate"):
             require(isinstance(getattr(self, name), bool), key(name),
                     f"must be true or false, got {getattr(self, name)!r}")
         require(isinstance(self.degenerate_threshold, (int, float)) and not isinstance(self.degenerate_threshold, bool)
@@ -356,7 +371,14 @@ class SelfPlaySettings:
         # a quarter of the candidate's admission time at most: a game with slow steps is judged on the
         # policies played by then instead of timing out of admission
         return ProbeSettings(threshold=float(self.degenerate_threshold), max_steps=self.degenerate_probe_steps,
-                             max_seconds=self.admission_timeout_s / 4)
+                             max_seconds=self.admission_timeout_s / 4, seed_count=self.degenerate_probe_seeds)
+
+    def admission_winnability_settings(self) -> WinnabilitySettings | None:
+        """The winnability stage's settings (games only), or None when it is off."""
+        if not self.winnability_gate or self.admission_paper_exact or self.domain != "games":
+            return None
+        return WinnabilitySettings(min_return=float(self.reference_min_return), unproven=self.winnability_unproven,
+                                   max_steps=self.degenerate_probe_steps, max_seconds=self.admission_timeout_s / 4)
 
     @property
     def asks_reference_policy(self) -> bool:

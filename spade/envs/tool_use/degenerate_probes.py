@@ -8,7 +8,16 @@ episode uses (``reset``, ``call_tool``, ``step`` with the final answer):
 * ``repeat_<tool>``, one per tool in schema order: calls that tool every turn with one fixed set of
   arguments (:func:`observed_arguments`: each required parameter's schema ``default``, else a value
   of the first observation that fits it, else its first enum value or a placeholder of its type),
-  and answers ``done`` once every instruction is complete or on the last turn of the budget.
+  and answers ``done`` once every instruction is complete or on the last turn of the budget;
+* ``once_<tool>`` (issue 40): calls that tool once with those arguments, then answers ``done``
+  (a done signal that trusts one call);
+* ``chain_tools`` (issue 40): calls the tools in turn, round after round in schema order, each with
+  values copied from the latest result first (an id a lookup printed, ...), else from the first
+  observation, and answers ``done`` as ``repeat_<tool>`` does.
+
+Each policy's family (``done``, ``repeat``, ``once``, ``chain``) is named in a rejection. The seeds
+are the games probes' first round, drawn per candidate (:meth:`ProbeSettings.first_round`), and a
+policy that scores nothing on the screening seeds is not played on the rest.
 
 An episode scores its return (the answer's reward, clipped, iff the episode terminated), or 1.0
 when the policy completed every instruction (the success the answer then earns in the base
@@ -36,6 +45,8 @@ from ..runner import DEFAULT_MAX_TURNS, turn_budget
 DONE_ANSWER = "<answer>done</answer>"
 ANSWER_DONE = "answer_done"
 REPEAT_PREFIX = "repeat_"
+ONCE_PREFIX = "once_"
+CHAIN = "chain_tools"
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _INTEGER = re.compile(r"-?\d+")
@@ -103,19 +114,28 @@ def observed_arguments(tool: dict[str, Any], first_observation: str) -> dict[str
 class ToolProbePolicy:
     name: str
     description: str
-    tool: str | None = None  # None: answer done every turn, no tool call
+    tool: str | None = None  # None: answer done every turn, no tool call (or, for "chain", every tool)
     schema: dict[str, Any] | None = None
+    kind: str = "repeat"  # "done", "repeat" (one tool every turn), "once" (one call, then done), "chain"
 
 
 def tool_probe_policies(tools: list[dict[str, Any]]) -> tuple[ToolProbePolicy, ...]:
-    """``answer_done``, then ``repeat_<tool>`` for every tool in schema order."""
-    policies = [ToolProbePolicy(ANSWER_DONE, "replies <answer>done</answer> every turn, no tool call")]
-    for tool in tools:
-        name = tool.get("function", {}).get("name")
-        if isinstance(name, str) and name:
-            policies.append(ToolProbePolicy(
-                f"{REPEAT_PREFIX}{name}", f"calls {name} every turn with fixed arguments (schema defaults, "
-                "values of the first observation), then answers done", name, tool))
+    """``answer_done``, then ``repeat_<tool>`` for every tool in schema order, then (issue 40)
+    ``once_<tool>`` (one call, then done) for every tool and ``chain_tools`` (every tool in turn,
+    each with values copied from the latest result first)."""
+    policies = [ToolProbePolicy(ANSWER_DONE, "replies <answer>done</answer> every turn, no tool call", kind="done")]
+    named = [(tool.get("function", {}).get("name"), tool) for tool in tools]
+    named = [(name, tool) for name, tool in named if isinstance(name, str) and name]
+    for name, tool in named:
+        policies.append(ToolProbePolicy(
+            f"{REPEAT_PREFIX}{name}", f"calls {name} every turn with fixed arguments (schema defaults, "
+            "values of the first observation), then answers done", name, tool))
+    for name, tool in named:
+        policies.append(ToolProbePolicy(f"{ONCE_PREFIX}{name}", f"calls {name} once with the first observation's "
+                                        "values, then answers done", name, tool, kind="once"))
+    if named:
+        policies.append(ToolProbePolicy(CHAIN, "calls the tools in turn, each with values copied from the latest "
+                                        "result (else the first observation), then answers done", kind="chain"))
     return tuple(policies)
 
 
@@ -140,18 +160,27 @@ class _Outcome:
     arguments: dict[str, Any] | None
 
 
-async def _episode(env: Any, policy: ToolProbePolicy, seed: int, turns: int, budget: ProbeBudget) -> _Outcome | None:
+async def _episode(env: Any, policy: ToolProbePolicy, seed: int, turns: int, budget: ProbeBudget,
+                   tools: list[dict[str, Any]]) -> _Outcome | None:
     """One probe episode; None when the budget ran out before it ended. An environment fault
     propagates: a tool environment that crashes, hangs or overflows on a probe call is rejected
     for it, as in the other tool stages."""
     first = await env.reset(seed=seed)
     arguments = None if policy.schema is None else observed_arguments(policy.schema, first.observation)
-    all_done, value = False, 0.0
+    all_done, value, calls = False, 0.0, 0
+    chain = list(tools) if policy.kind == "chain" else []
+    latest = first.observation
     for turn in range(turns):
         if not budget.take():
             return None
-        if policy.tool is not None and not all_done and turn < turns - 1:
-            result = await env.call_tool(policy.tool, dict(arguments or {}))
+        calling = policy.kind in ("repeat", "chain") or (policy.kind == "once" and calls == 0)
+        if calling and not all_done and turn < turns - 1:
+            tool = chain[calls % len(chain)] if chain else policy.schema
+            name = tool.get("function", {}).get("name")
+            if chain:  # values copied from the latest result first, then the first observation
+                arguments = observed_arguments(tool, latest + "\n" + first.observation)
+            result = await env.call_tool(name, dict(arguments or {}))
+            latest, calls = result.output, calls + 1
             all_done = result.progress.all_done
             continue
         outcome = await env.step(DONE_ANSWER)
@@ -168,15 +197,18 @@ async def run_tool_probes(env: Any, tools: list[dict[str, Any]], instructions: i
     mean score; the first at or above the threshold is the winner (probing stops there).
     ``steps`` in the report counts the sandbox calls (tool calls and answers) the probes made."""
     turns = turn_budget(max_turns or DEFAULT_MAX_TURNS, env.max_turns)
-    report = ProbeReport(settings.threshold, turns)
+    seeds = settings.first_round if settings.seeds else settings.for_candidate(env.class_name or "").first_round
+    report = ProbeReport(settings.threshold, turns, seeds=seeds)
     budget = ProbeBudget(settings.max_steps, settings.max_seconds)
     for policy in tool_probe_policies(tools):
-        result = ToolPolicyResult(policy.name, policy.description, instructions=instructions)
+        result = ToolPolicyResult(policy.name, policy.description, policy.kind, instructions=instructions)
         report.results.append(result)
-        for position, seed in enumerate(settings.seeds):
-            if result.cannot_reach(settings.threshold, len(settings.seeds) - position):
+        for position, seed in enumerate(seeds):
+            if result.cannot_reach(settings.threshold, len(seeds) - position):
                 break
-            outcome = await _episode(env, policy, seed, turns, budget)
+            if settings.screen_seeds and position == settings.screen_seeds and not any(r > 0 for r in result.returns):
+                break  # screened out, as the games probes: nothing earned on the first seeds
+            outcome = await _episode(env, policy, seed, turns, budget, tools)
             if outcome is None:
                 break
             result.returns.append(outcome.score)
@@ -195,7 +227,8 @@ def win_message(report: ProbeReport) -> str:
     assert isinstance(winner, ToolPolicyResult) and winner.mean_return is not None
     how = (f"with arguments {winner.arguments[0]}" if winner.arguments else "") if winner.policy != ANSWER_DONE else ""
     done = ", ".join(f"{c} of {winner.instructions}" for c in winner.completed)
-    return (f"the probe policy '{winner.policy}' ({winner.description}{'; ' + how if how else ''}) wins: "
+    return (f"the probe policy '{winner.policy}' of family '{winner.family}' ({winner.description}"
+            f"{'; ' + how if how else ''}) wins: "
             f"instructions completed per seed {done}, mean score {winner.mean_return:.3f} over seeds "
             f"{winner.seeds} (threshold {report.threshold:g}); a tool environment that such a policy completes "
             "does not check the work its instructions ask for")

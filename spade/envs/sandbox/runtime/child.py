@@ -353,10 +353,48 @@ class EnvHost:
                 return guarded(call, "step_error", plan.step_timeout_s)
 
             extra = (probe_play.reference_policy(reference),)
+        if any(name in probe_play.WINNABILITY_POLICIES for name in plan.policies):
+            extra = (*extra, *self._winnability_policies(guarded, plan.step_timeout_s))
         outcome = probe_play.play(plan, reset, step, parse, on_episode=progress, extra=extra)
         if failed:
             raise _StopAfterReply(outcome.to_json())
         return outcome.to_json()
+
+    def _winnability_policies(self, guarded: Any, timeout: float) -> tuple[probe_play.ProbePolicy, ...]:
+        """The winnability stage's policies: the actions ``solution()`` returns after each reset (a
+        list of strings, or text whose ``\\boxed{...}`` parts are the actions; other text is a
+        description: ``no_actions``), and ``reference_policy(observation)`` where the class has one
+        (else ``no_method``)."""
+        env = self.env
+
+        def actions() -> list[str]:
+            method = getattr(env, "solution", None)
+            if not callable(method):
+                raise probe_play.NothingToPlay("no_method", "the class has no solution() method")
+            def call() -> Any:
+                try:
+                    return method()
+                except NotImplementedError:
+                    return NotImplemented
+            offered = guarded(call, "step_error", timeout)
+            if offered is NotImplemented:
+                raise probe_play.NothingToPlay("no_actions", "solution() raises NotImplementedError")
+            return probe_play.solution_actions(offered)
+
+        def reference(observation: str) -> str:
+            method = getattr(env, "reference_policy", None)
+            if not callable(method):
+                raise probe_play.NothingToPlay("no_method", "the class has no reference_policy() method")
+
+            def call() -> str:
+                reply = method(observation)
+                if not isinstance(reply, str):
+                    raise Rejected("bad_return", f"reference_policy() must return str, got {type(reply).__name__}")
+                return reply
+            return guarded(call, "step_error", timeout)
+
+        return (probe_play.solution_policy(actions),
+                probe_play.reference_policy(reference, name=probe_play.OFFERED_REFERENCE))
 
     # -- tool environments --------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The degenerate-policy probes' family and their play loop (issue 23), pure standard library.
+"""The degenerate-policy probes' play loop (issues 23 and 40), pure standard library.
 
 This module runs in two places: inside the sandboxed child, which plays every probe episode of a
 candidate in one ``probe`` request (no round trip per step), and in the trainer
@@ -6,25 +6,18 @@ candidate in one ``probe`` request (no round trip per step), and in the trainer
 the loop itself when the child was killed mid-probe. Both run this same code; the reply parser
 (``spade.agent.actions.parse_action``) reaches the child as source (:mod:`.host_modules`).
 
-The family (names as they appear in reports):
-
-* ``boxed_0``, ``boxed_1``, ``empty``, ``plain_text``: the same reply every turn;
-* ``observation_number_1`` .. ``_4`` and ``observation_number_last``: the first four distinct
-  numbers of the episode's first observation, and its last one, each replied every turn as
-  ``\\boxed{N}``; ``observation_word_first_1``, ``_first_2``, ``_last_1``, ``_last_2``: the same
-  for words (three letters or more, common English words left out). A policy with nothing to say
-  on a seed (the observation shows fewer numbers) does not play that seed;
-* ``repeat_previous``: a seeded random short reply, then that reply again every turn;
-* ``random_short``: a fresh seeded random short reply every turn (a digit or one to three letters,
-  boxed or not).
+The family of policies is :mod:`.probe_family` (its docstring lists them by family); the
+winnability stage's policies (the game's ``solution()`` actions and its ``reference_policy``) and
+the reference-policy stage's are played by this same loop.
 
 The loop (:func:`play`): each policy in order plays each seed to the end of the turn budget or
-until the game ends the episode, scored with :func:`episode_return`. A policy stops being played
-once the seeds left cannot lift its mean to the threshold, one constant reply is played once per
-seed, probing stops at the first policy whose mean reaches the threshold, and the step and time
-budgets stop it early (the policies not reached are not judged). An environment fault (the game
-raised, returned a bad value, or a call outlived its timeout) gives that episode return 0, and
-every later call fails the same way, as the environment is discarded after a fault in training.
+until the game ends the episode, scored with :func:`episode_return`. A policy sees every
+observation and reply of its episode so far. It stops being played once the seeds left cannot lift
+its mean to its threshold (:func:`.probe_family.threshold_for`), one constant reply is played once
+per seed, probing stops at the first policy whose mean reaches its threshold, and the step and
+time budgets stop it early (the policies not reached are not judged). An environment fault (the
+game raised, returned a bad value, or a call outlived its timeout) gives that episode return 0,
+and every later call fails the same way, as the environment is discarded after a fault in training.
 """
 
 from __future__ import annotations
@@ -36,23 +29,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from . import probe_text
+from .probe_family import ProbePolicy, ProbeView, box, probe_policies, threshold_for
 from .returns import episode_return
 
 DEFAULT_THRESHOLD = 0.5
 PROBE_SEEDS: tuple[int, ...] = (1, 2, 3)
-DEFAULT_MAX_STEPS = 1000
+DEFAULT_MAX_STEPS = 4000
 DEFAULT_MAX_SECONDS = 15.0
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_WORD = re.compile(r"[A-Za-z]{3,}")
-_COMMON = frozenset("""
-the and for are but not you all any can had her was one our out has him his how its may new now
-own see two way who did get let put say she too use from with this that have they will your what
-when which their there then them than been were into more some such only also each here over just
-like make most must very well while where would could should about after again other these those
-reply replies guess number numbers turn turns left game answer boxed you're right wrong
-""".split())
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+def observation_numbers(text: str) -> list[str]:
+    return list(probe_text.numbers(text))
+
+
+def observation_words(text: str) -> list[str]:
+    return list(probe_text.words(text))
 
 
 def cannot_reach(returns: list[float], threshold: float, seeds_left: int) -> bool:
@@ -67,98 +59,69 @@ def reaches(returns: list[float], threshold: float) -> bool:
     return bool(returns) and sum(returns) / len(returns) >= threshold
 
 
-# -- the family --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProbeView:
-    """What a probe policy sees before its reply."""
-
-    first_observation: str
-    observation: str
-    previous_action: Optional[str]
-    rng: random.Random
-
-
-@dataclass(frozen=True)
-class ProbePolicy:
-    name: str
-    description: str
-    act: Callable[[ProbeView], Optional[str]]  # None: nothing to play on this seed
-    constant: bool = False  # the same reply all episode: played once per (seed, reply)
-
-
-def _distinct(items: list[str], key: Callable[[str], str] = lambda s: s) -> list[str]:
-    seen: set[str] = set()
-    out = []
-    for item in items:
-        if key(item) not in seen:
-            seen.add(key(item))
-            out.append(item)
-    return out
-
-
-def observation_numbers(text: str) -> list[str]:
-    return _distinct(_NUMBER.findall(text))
-
-
-def observation_words(text: str) -> list[str]:
-    return _distinct([w for w in _WORD.findall(text) if w.lower() not in _COMMON], key=str.lower)
-
-
-def _pick(values: Callable[[str], list[str]], index: int) -> Callable[[ProbeView], Optional[str]]:
-    def act(view: ProbeView) -> Optional[str]:
-        found = values(view.first_observation)
-        if not (-len(found) <= index < len(found)):
-            return None
-        return "\\boxed{" + found[index] + "}"
-    return act
-
-
-def _random_short(rng: random.Random) -> str:
-    body = str(rng.randrange(10)) if rng.random() < 0.5 else "".join(
-        rng.choice(_LETTERS) for _ in range(rng.randint(1, 3)))
-    return "\\boxed{" + body + "}" if rng.random() < 0.7 else body
-
-
-def _constant(reply: str) -> Callable[[ProbeView], str]:
-    return lambda view: reply
-
-
-def probe_policies() -> tuple[ProbePolicy, ...]:
-    """The family, cheapest and most telling first (the step budget is spent in this order)."""
-    policies = [
-        ProbePolicy("boxed_0", "always \\boxed{0}", _constant("\\boxed{0}"), constant=True),
-        ProbePolicy("boxed_1", "always \\boxed{1}", _constant("\\boxed{1}"), constant=True),
-        ProbePolicy("empty", "always the empty reply", _constant(""), constant=True),
-        ProbePolicy("plain_text", "always 'I am not sure.'", _constant("I am not sure."), constant=True),
-    ]
-    for i in range(4):
-        policies.append(ProbePolicy(f"observation_number_{i + 1}",
-                                    f"always the first observation's number #{i + 1}, boxed",
-                                    _pick(observation_numbers, i), constant=True))
-    policies.append(ProbePolicy("observation_number_last", "always the first observation's last number, boxed",
-                                _pick(observation_numbers, -1), constant=True))
-    policies.append(ProbePolicy("repeat_previous", "a random short reply, then the same again",
-                                lambda v: v.previous_action if v.previous_action is not None else _random_short(v.rng)))
-    policies.append(ProbePolicy("random_short", "a fresh random short reply every turn",
-                                lambda v: _random_short(v.rng)))
-    for name, index in (("first_1", 0), ("first_2", 1), ("last_1", -1), ("last_2", -2)):
-        policies.append(ProbePolicy(f"observation_word_{name}", f"always the first observation's word "
-                                    f"({name.replace('_', ' #')}), boxed", _pick(observation_words, index),
-                                    constant=True))
-    return tuple(policies)
-
-
 REFERENCE_POLICY = "reference_policy"
+SOLUTION_POLICY = "solution"
+OFFERED_REFERENCE = "offered_reference_policy"
+WINNABILITY_POLICIES = (SOLUTION_POLICY, OFFERED_REFERENCE)
 
 
-def reference_policy(reply: Callable[[str], str]) -> ProbePolicy:
+class NothingToPlay(Exception):
+    """Raised by a policy that has nothing to play on this seed; ``ending`` says why (an
+    :data:`UNPLAYED` ending)."""
+
+    def __init__(self, ending: str, message: str = ""):
+        super().__init__(message or ending)
+        self.ending, self.message = ending, message
+
+
+def reference_policy(reply: Callable[[str], str], name: str = REFERENCE_POLICY) -> ProbePolicy:
     """The game's own ``reference_policy(observation)`` as a policy of this loop (the admission
-    stage of that name, :mod:`spade.envs.reference_policy`); ``reply`` calls it and may raise
-    :class:`EnvFailed`."""
-    return ProbePolicy(REFERENCE_POLICY, "the game's own reference_policy(observation)",
-                       lambda view: reply(view.observation))
+    stage of that name, :mod:`spade.envs.reference_policy`, and the winnability stage); ``reply``
+    calls it and may raise :class:`EnvFailed` or :class:`NothingToPlay`."""
+    return ProbePolicy(name, "the game's own reference_policy(observation)",
+                       lambda view: reply(view.observation), family="winnability")
+
+
+# A mean return at or above the threshold but below threshold + CONFIRM_MARGIN after a round of
+# seeds is played again on the next round (when the plan has one) and judged on all of them: a
+# policy that wins one game in four would otherwise reach 0.5 on eight seeds now and then by luck.
+CONFIRM_MARGIN = 0.25
+# A probe policy (outside the constant family, which plays every turn) that sent the same reply and got
+# the same observation, numbers aside, this many times in a row is stuck: its episode ends there.
+STUCK_REPEATS = 3
+_DIGITS = re.compile(r"\d+")
+_BOXED_ACTION = re.compile(r"\\boxed\{([^{}]*)\}")
+MAX_SOLUTION_ACTIONS = 1000
+
+
+def solution_actions(offered: Any) -> list[str]:
+    """The actions in what ``solution()`` returned: a list or tuple of strings as they are; text with
+    ``\\boxed{...}`` parts, those parts in order. Anything else is a description of the goal, not
+    actions: :class:`NothingToPlay` (``no_actions``)."""
+    if isinstance(offered, (list, tuple)) and offered and all(isinstance(a, str) for a in offered):
+        return [str(a) for a in offered[:MAX_SOLUTION_ACTIONS]]
+    if isinstance(offered, str):
+        boxed = _BOXED_ACTION.findall(offered)
+        if boxed:
+            return [box(b.strip()) for b in boxed[:MAX_SOLUTION_ACTIONS]]
+    shown = repr(offered)
+    raise NothingToPlay("no_actions", f"solution() returned {shown[:120]}{'...' if len(shown) > 120 else ''}, "
+                                      "not a list of actions or \\boxed{...} actions")
+
+
+def solution_policy(actions: Callable[[], list[str]]) -> ProbePolicy:
+    """The actions the game's ``solution()`` returns after each reset, played in order (the
+    winnability stage); ``actions`` calls it and may raise :class:`EnvFailed` or
+    :class:`NothingToPlay`. An action without a box is sent boxed, as the agent writes it."""
+    def act(view: ProbeView) -> Optional[str]:
+        if "actions" not in view.memory:
+            view.memory["actions"] = actions()
+        planned = view.memory["actions"]
+        if view.turn >= len(planned):
+            return None
+        action = planned[view.turn]
+        return action if "\\boxed" in action else box(action)
+    return ProbePolicy(SOLUTION_POLICY, "the actions the game's solution() returns", act, family="winnability")
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -204,18 +167,21 @@ class ProbePlan:
     max_seconds: float
     reset_timeout_s: float
     step_timeout_s: float
+    screen_seeds: int = 0  # > 0: a policy with no positive return on this many first seeds is dropped
+    round_seeds: int = 0  # > 0: seeds per round; a narrow win is confirmed on the next round (CONFIRM_MARGIN)
 
     def to_json(self) -> dict[str, Any]:
         return {"policies": list(self.policies), "seeds": list(self.seeds), "turns": self.turns,
                 "threshold": self.threshold, "max_steps": self.max_steps, "max_seconds": self.max_seconds,
-                "reset_timeout_s": self.reset_timeout_s, "step_timeout_s": self.step_timeout_s}
+                "reset_timeout_s": self.reset_timeout_s, "step_timeout_s": self.step_timeout_s,
+                "screen_seeds": self.screen_seeds, "round_seeds": self.round_seeds}
 
     @classmethod
     def from_json(cls, data: Any) -> "ProbePlan":
         """Raises ValueError naming the field that is missing or of the wrong type."""
         if not isinstance(data, dict):
             raise ValueError("the probe plan must be an object")
-        known = {p.name for p in probe_policies()} | {REFERENCE_POLICY}
+        known = {p.name for p in probe_policies()} | {REFERENCE_POLICY, *WINNABILITY_POLICIES}
         policies, seeds = data.get("policies"), data.get("seeds")
         if not isinstance(policies, list) or not all(isinstance(p, str) and p in known for p in policies):
             raise ValueError(f"policies must be a list of names from: {', '.join(sorted(known))}")
@@ -226,8 +192,12 @@ class ProbePlan:
         numbers = ("threshold", "max_seconds", "reset_timeout_s", "step_timeout_s")
         if not all(_is_real(data.get(name)) for name in numbers):
             raise ValueError(f"{', '.join(numbers)} must be finite numbers")
+        screen, rounds = data.get("screen_seeds", 0), data.get("round_seeds", 0)
+        if not all(_is_int(v) and v >= 0 for v in (screen, rounds)):
+            raise ValueError("screen_seeds and round_seeds must be integers >= 0")
         return cls(tuple(policies), tuple(seeds), data["turns"], float(data["threshold"]), data["max_steps"],
-                   float(data["max_seconds"]), float(data["reset_timeout_s"]), float(data["step_timeout_s"]))
+                   float(data["max_seconds"]), float(data["reset_timeout_s"]), float(data["step_timeout_s"]), screen,
+                   rounds)
 
 
 # How an episode ended: the game ended it (terminated / truncated), the turn budget ran out
@@ -235,7 +205,11 @@ class ProbePlan:
 # the sandbox killed the child during this episode, whose steps are then not counted), the same
 # constant reply was already played on this seed (same_reply), the policy had nothing to say
 # (nothing_to_play), the budget ran out (budget).
-UNPLAYED = ("nothing_to_play", "budget")
+# A winnability policy with no actions to play: no_actions (solution() gave a description, not
+# actions), no_method (no solution() / reference_policy()). stopped: the policy had nothing more to
+# say mid-episode (a solution's actions ran out), scored as the episode stands; stuck: the same
+# reply got the same observation STUCK_REPEATS times in a row (:func:`_episode`).
+UNPLAYED = ("nothing_to_play", "budget", "no_actions", "no_method")
 
 
 @dataclass(frozen=True)
@@ -302,10 +276,18 @@ def play(plan: ProbePlan, reset: Reset, step: Step, parse: Callable[[str], str],
     pending = list(prior)
     for name in plan.policies:
         policy = family[name]
+        threshold = threshold_for(policy, plan.threshold)
         returns: list[float] = []
+        round_end = plan.round_seeds or len(plan.seeds)
         for position, seed in enumerate(plan.seeds):
-            if cannot_reach(returns, plan.threshold, len(plan.seeds) - position):
+            if position == round_end:  # a round judged: a narrow win is played again on the next round
+                if not reaches(returns, threshold) or sum(returns) / len(returns) >= threshold + CONFIRM_MARGIN:
+                    break
+                round_end += plan.round_seeds
+            if cannot_reach(returns, threshold, round_end - position):
                 break
+            if plan.screen_seeds and position == plan.screen_seeds and not any(r > 0 for r in returns):
+                break  # screened out: nothing earned on the first seeds
             if pending:
                 episode = pending.pop(0)
                 budget.left, budget.used = budget.left - episode.steps, budget.used + episode.steps
@@ -323,7 +305,7 @@ def play(plan: ProbePlan, reset: Reset, step: Step, parse: Callable[[str], str],
             if episode.reply is not None:
                 played[(seed, episode.reply)] = episode.value
         outcome.steps, outcome.budget_exhausted = budget.used, budget.exhausted
-        if reaches(returns, plan.threshold) or budget.exhausted:
+        if reaches(returns, threshold) or budget.exhausted:
             break
     return outcome
 
@@ -337,14 +319,21 @@ def _episode(plan: ProbePlan, policy: ProbePolicy, seed: int, reset: Reset, step
         outcome.fault = outcome.fault or (failed.kind, failed.message)
         return Episode(policy.name, seed, 0.0, "reset_fault")
     observation, previous = first, None
+    observations, replies, memory = [first], [], {}
+    repeats, last_shape = 0, None
     rewards: list[float] = []
     terminated, ending, steps = False, "turns", 0
     for _ in range(plan.turns):
         try:
-            reply = policy.act(ProbeView(first, observation, previous, rng))
+            reply = policy.act(ProbeView(first, observation, previous, rng, tuple(observations), tuple(replies), memory))
         except EnvFailed as failed:
             outcome.fault = outcome.fault or (failed.kind, failed.message)
             return Episode(policy.name, seed, 0.0, "policy_fault", steps)
+        except NothingToPlay as nothing:
+            return Episode(policy.name, seed, None, nothing.ending, steps, nothing.message or None)
+        if reply is None and steps:
+            ending = "stopped"
+            break
         if reply is None:
             return Episode(policy.name, seed, None, "nothing_to_play", steps)
         if policy.constant and previous is None and (seed, reply) in played:
@@ -358,9 +347,17 @@ def _episode(plan: ProbePlan, policy: ProbePolicy, seed: int, reset: Reset, step
             outcome.fault = outcome.fault or (failed.kind, failed.message)
             return Episode(policy.name, seed, 0.0, "step_fault", steps, reply if policy.constant else None)
         rewards.append(reward)
+        shape = (reply, _DIGITS.sub("#", observation))
+        repeats = repeats + 1 if shape == last_shape else 0
+        last_shape = shape
         previous = reply
+        observations.append(observation)
+        replies.append(reply)
         if terminated or truncated:
             ending = "terminated" if terminated else "truncated"
+            break
+        if repeats >= STUCK_REPEATS and policy.family not in ("constant", "winnability"):
+            ending = "stuck"
             break
     return Episode(policy.name, seed, episode_return(rewards, terminated), ending, steps,
                    previous if policy.constant else None)
