@@ -41,6 +41,9 @@ ARGS = "spade/slime/arguments.py"
 ROLLOUT = "spade/slime/spade_rollout.py"
 ORCH = "spade/core/orchestrator.py"
 CUDA_GRAPH_BS = [1, 2, 4, 8, *range(16, 257, 8)]  # $(seq 16 8 256)
+# the rescale of a short batch to its real count, skipped with the KL term on (then slime divides by
+# --global-batch-size): loss.sample_mean_denominator
+KL_RESCALE = f"{ROLLOUT}:846-849 and args.kl_loss_coef == 0.0"
 
 
 def _released_code() -> dict:
@@ -61,6 +64,11 @@ def _released_code() -> dict:
         "selfplay.admission_determinism": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
         "selfplay.admission_probes": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
         "selfplay.require_reference_policy": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
+        "selfplay.admission_smoke_test": ("released", "spade/core/utils/game_files.py:11-23 def validate_game"),
+        # the time bounds: a hinted reply, a no-hint play, the designer calls of a set
+        "selfplay.plays.hint_turn_timeout_s": (300.0, f"{ORCH}:28 ACTOR_TURN_TIMEOUT = 300"),
+        "selfplay.plays.nohint_play_timeout_s": (300.0, f"{ORCH}:1521 per_game_timeout = 300"),
+        "selfplay.set_generation_timeout_s": (900.0, f"{ORCH}:1462 overall_timeout = 900"),
         "selfplay.memory_seed_dir": (None, "spade/core/env_memory.py:72-74 self.records"),
         "selfplay.hint_max_chars": (None, "spade/core/hint_generator.py:109-133"),
         "selfplay.partial_rollouts.enabled": (False, f"{ROLLOUT}:449-451 trajectories_per_game"),
@@ -207,6 +215,7 @@ GAMES_4B = {
     "model.hf_dir": ("models/Qwen3-4B-Instruct-2507", f"{G4}:63 Qwen3-4B-Instruct-2507"),
     "model.thinking": ("auto", f"{G4}:70-81 ROLLOUT_ARGS"),  # no chat-template switch: the Instruct-2507 model
     "loss.kl_coef": (0.0, f"{G4}:162 --kl-loss-coef 0.00"),
+    "loss.sample_mean_denominator": ("samples", KL_RESCALE),  # KL off: the short batch is rescaled
     "selfplay.designer_max_tokens": (16384, f"{G4}:89 --spade-env-max-tokens 16384"),
 }
 GAMES_8B = {
@@ -221,6 +230,7 @@ GAMES_8B = {
     "selfplay.hint_arm_thinking": ("off", f"{G8}:88 \"enable_thinking\":false"),
     "selfplay.agent_sample_form": ("per_turn", "spade/slime/trajectory_converter.py:80-81 def fan_out_thinking_sample"),
     "loss.kl_coef": (0.005, f"{G8}:186 KL_COEF:-0.005"),
+    "loss.sample_mean_denominator": (192, KL_RESCALE),  # KL on: no rescale, slime divides by 192
     "selfplay.designer_max_tokens": (20000, f"{G8}:97 --spade-env-max-tokens 20000"),
 }
 GAMES_30B = {
@@ -230,6 +240,7 @@ GAMES_30B = {
     "model.hf_dir": ("models/Qwen3-30B-A3B-Instruct-2507", f"{G30}:89 Qwen3-30B-A3B-Instruct-2507"),
     "model.thinking": ("auto", f"{G30}:107 \"enable_thinking\":false"),
     "loss.kl_coef": (0.0, f"{G30}:221 --kl-loss-coef 0.00"),
+    "loss.sample_mean_denominator": ("samples", KL_RESCALE),
     "selfplay.designer_max_tokens": (16384, f"{G30}:116 --spade-env-max-tokens 16384"),
 }
 PHASE2 = {
@@ -250,6 +261,7 @@ def _tool_blend(size: str) -> dict:
         **_switches(TB, gbs=158, template=184, corpus_check=f"{TB}:12 Set CORPUS_FILE"),
         "selfplay.domain": ("tool_use", f"{TB}:181 --spade-game-type tool_use"),
         "loss.kl_coef": (0.005, f"{TB}:218 --kl-loss-coef 0.005"),
+        "loss.sample_mean_denominator": (192, KL_RESCALE),
         "selfplay.k": (8, f"{TB}:174 REGEN_INTERVAL:-8"),
         "selfplay.envs_per_set": (24, f"{TB}:154 --rollout-batch-size 24"),
         "selfplay.g_nohint": (8, f"{TB}:158 --global-batch-size 192"),
@@ -314,6 +326,7 @@ TOOL_4B = {
     "model.thinking": ("auto", f"{T4}:56-68 ROLLOUT_ARGS"),
     "selfplay.domain": ("tool_use", f"{T4}:86 --spade-game-type tool_use"),
     "loss.kl_coef": (0.005, f"{T4}:125 --kl-loss-coef 0.005"),
+    "loss.sample_mean_denominator": (256, KL_RESCALE),
     "selfplay.k": (32, f"{T4}:80 --spade-game-regeneration-interval 32"),
     "selfplay.envs_per_set": (16, f"{T4}:60 --rollout-batch-size 16"),
     "selfplay.g_nohint": (16, f"{T4}:64 --global-batch-size 256"),
@@ -338,6 +351,7 @@ TOOL_4B = {
     # regret_based (T4:91): max(0, hinted mean - window no-hint mean), no scale, cap or masking
     # (spade/core/utils/delayed_env_rewards.py:343-348; ReleasedRegretReward)
     "selfplay.rewards.designer_reward": ("regret_released", f"{T4}:91 --spade-env-reward-variant regret_based"),
+    "selfplay.rewards.step_timeout_penalty": (-0.5, "spade/core/utils/rewards.py:8 STEP_TIMEOUT_PENALTY = -0.5"),
     "selfplay.skills.window": (None, f"{T4}:87 --spade-skills API_Orchestration"),
     "corpus.max_words": (4000, f"{T4}:100 --spade-corpus-max-doc-tokens 4000"),
     "corpus.seed": (42, f"{T4}:101 --spade-corpus-seed 42"),
@@ -365,6 +379,7 @@ def _fixed_gpt55(size: str, kl: float, kl_line: int, name_line: int, tp: int, sg
         "selfplay.batch.cut_to_global_batch": (True, f"{ROLLOUT}:836-838 grouped_samples[:global_batch_size]"),
         # the fixed pool plays through the designer runs' rollout function and orchestrator
         "selfplay.plays.env_faults": ("retry_then_drop", f"{F}:184 spade.slime.spade_rollout.spade_generate_rollout"),
+        "selfplay.plays.nohint_play_timeout_s": (300.0, f"{ORCH}:1521 per_game_timeout = 300"),
         "selfplay.action_extraction": ("first_flat_box", "spade/core/utils/parsing.py:7-36 def extract_boxed_answer"),
         "selfplay.agent_game_prompt": ("paper", f"{F}:213 --spade-actor-template qwen3_game"),
         "model.hf_dir": (base["model.hf_dir"][0], f"{F}:{name_line} MODEL_NAME="),
@@ -411,6 +426,10 @@ def _rlve(size: str, shift: int, *, kl: int, eval_line: int, lr: int, eps: int, 
         **_trainer(f, lr=lr, eps=eps, grpo=eps - 7, tp=tp, size=size, sglang=sglang, mem=0.7, temp=86 + shift),
         "selfplay.batch.global_batch": (256, f"{at(87)} --global-batch-size 256"),
         "selfplay.batch.cut_to_global_batch": (True, "spade/slime/fixed_env_rollout.py:469-470 all_samples[:global_batch_size]"),
+        # a short batch is filled with real copies: the step always divides by its own count
+        "loss.sample_mean_denominator": ("samples", "spade/slime/fixed_env_rollout.py:455-470 Trim or pad to exact batch size"),
+        "selfplay.plays.nohint_play_timeout_s": (None, "spade/core/fixed_env_orchestrator.py:555 "
+                                                       "tasks = [self.play_env_async(inst) for inst, _ in instances]"),
         "selfplay.agent_game_prompt": ("paper", f"{at(105)} --spade-actor-template qwen3_game"),
         "model.hf_dir": (base["model.hf_dir"][0], f"{at(72)} --hf-checkpoint"),
         "loss.kl_coef": (0.0, f"{f}:{kl} --kl-loss-coef 0.00"),
@@ -512,6 +531,7 @@ SWITCHES: dict[str, tuple] = {
     "selfplay.admission_probes": (True, False),                # degenerate-policy probes (issue 23)
     "selfplay.admission_determinism": (True, False),           # determinism stage (SPEC 3.5)
     "selfplay.admission_paper_exact": (False, True),
+    "selfplay.admission_smoke_test": ("paper", "released"),    # SPEC 3.4's checked smoke test
 }
 # spade's designer games and tool-use recipes (the baselines vary one of them and keep these too)
 OWN_RECIPES = sorted(p.name for p in OWN.glob("*.yaml")
@@ -604,6 +624,17 @@ def test_the_two_families_stay_apart(key):
         if key == "selfplay.batch.nohint_plays" and config.selfplay.env_source == "rlve":
             continue  # rlve plays g_nohint problems' samples (released: 256 / 16 = 16 each)
         assert _same(value_at(config, key), released), f"paper/{name}: {key} is {value_at(config, key)!r}"
+
+
+def test_spade_recipes_keep_no_released_bound_penalty_or_denominator():
+    # the issue-39 keys whose released value only some reproduction recipes take: spade's own keep
+    # today's behaviour (no time bound, the real sample count, no step-timeout penalty)
+    for name in OWN_RECIPES:
+        config = load_train_config(OWN / name, [])
+        s = config.selfplay
+        got = (s.plays.hint_turn_timeout_s, s.plays.nohint_play_timeout_s, s.set_generation_timeout_s,
+               config.loss.sample_mean_denominator, s.rewards.step_timeout_penalty)
+        assert got == (None, None, None, "samples", None), f"spade's {name}: {got}"
 
 
 def test_spade_recipes_keep_routing_replay_on_the_moe_model():
