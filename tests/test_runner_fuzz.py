@@ -23,6 +23,7 @@ from spade.agent.tool_calls import Qwen3ToolCallParser
 from spade.envs.runner import EndReason, StopEpisode, play_episode, play_tool_episode
 from spade.envs.sandbox.runtime.tool_base import FORMAT_ERROR_MESSAGE, FORMAT_ERROR_REWARD
 from spade.envs.tool_use.protocol import MAX_ARGUMENT_DEPTH, MAX_TOOL_NAME_CHARS
+from spade.envs.tool_use.replies import UNKNOWN_TOOL_NAMES, read_tool_turn
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -46,18 +47,32 @@ class TypedEnv(ToolUseBaseEnv):
 
     def tool_echo(self, **values):
         self._state["calls"] += 1
-        return "echo " + repr(sorted(values))
+        return "echo " + " ".join(f"{k}={v}" for k, v in sorted(values.items()))
 '''
 
 
+def strict_text(text: str) -> bool:
+    """Whether a tokenizer can take ``text``: strict UTF-8 (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Scripted:
-    """A policy that returns the given replies in order, then stops."""
+    """A policy that returns the given replies in order, then stops. Like the engine policy, it
+    needs every prompt it is given to be text a tokenizer takes: while its own replies are (a real
+    model's decoded text always is), a user or tool message that is not ends the play."""
 
     def __init__(self, replies):
         self.replies = list(replies)
         self.masked = 0
 
     async def __call__(self, messages, tools=None):
+        if all(strict_text(m.content) for m in messages if m.role == "assistant"):
+            for message in messages:
+                message.content.encode("utf-8")  # raises as the tokenizer would
         if not self.replies:
             raise StopEpisode("script done")
         return self.replies.pop(0)
@@ -73,6 +88,12 @@ def json_call(body: str) -> str:
 def xml_call(parameter: str, value: str, name: str = "echo") -> str:
     return f"<tool_call>\n<function={name}>\n<parameter={parameter}>\n{value}\n</parameter>\n</function>\n</tool_call>"
 
+
+# the TypedEnv's one tool as the sandbox offers it (OpenAI function format)
+TOOLS = [{"type": "function", "function": {"name": "echo", "description": "Echo typed values.", "parameters": {
+    "type": "object", "properties": {k: {"type": v} for k, v in
+                                     {"n": "number", "i": "integer", "o": "object", "a": "array", "b": "boolean",
+                                      "s": "string"}.items()}}}}]
 
 GOOD = json_call('{"name": "echo", "arguments": {"s": "hi"}}')
 
@@ -115,6 +136,11 @@ UNSENDABLE = {
     "xml too deep": xml_call("a", nested(MAX_ARGUMENT_DEPTH + 5)),
     "list arguments": json_call('{"name": "echo", "arguments": [1, 2]}'),
     "long name": json_call(json.dumps({"name": "x" * (MAX_TOOL_NAME_CHARS + 1), "arguments": {}})),
+    # "\ud800" is six ASCII characters a model can write; decoded, a lone surrogate the echo would return
+    "json lone surrogate": json_call('{"name": "echo", "arguments": {"s": "a\\ud800b"}}'),
+    "json lone surrogate key": json_call('{"name": "echo", "arguments": {"\\udc80": 1}}'),
+    "json lone surrogate name": json_call('{"name": "\\udfff", "arguments": {}}'),
+    "xml lone surrogate literal": xml_call("o", "{'k': '\\ud800'}"),
 }
 
 
@@ -162,9 +188,11 @@ NUMBER_TEXT = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999"
 LITERALS = st.sampled_from(["nan", "inf", "-inf", "{1, 2}", "{(1, 2): 3}", "b'x'", "1j", "(1,)", "...",
                             "None", "True", "{'a': {1}}", "frozenset()", "[1, [2, {3}]]", "'\\x00'",
                             "9" * 5000, "1e999", "{", "}", "null", "NULL"])
-CONTROL = st.text(alphabet=st.characters(max_codepoint=0x1f) | st.sampled_from("\ud800\udfff\ufffe\u2028"),
+CONTROL = st.text(alphabet=st.characters(max_codepoint=0x1f) | st.sampled_from("\x00\ud800\udfff\ufffe\u2028"),
                   max_size=20)
 TEXT = st.text(max_size=60) | CONTROL
+ESCAPES = st.sampled_from(["\\ud800", "a\\udc80b", "\\udfff\\ud800", "\\u0000", "x\\u0000\\u001f",
+                          "\\ud83d\\ude00", "\\ude00\\ud83d"])
 STRAY = st.sampled_from(["<tool_call>", "</tool_call>", "<tool_call>\n", "\n</tool_call>", "<function=",
                          "<function=echo>", "</function>", "<parameter=", "<parameter=n>", "</parameter>",
                          "<answer>", "</answer>", "<think>", "</think>", "\\boxed{", "}", "{", "\\boxed{}"])
@@ -172,10 +200,15 @@ STRAY = st.sampled_from(["<tool_call>", "</tool_call>", "<tool_call>\n", "\n</to
 
 @st.composite
 def json_bodies(draw) -> str:
-    kind = draw(st.sampled_from(["number", "deep", "invalid", "value", "array"]))
+    kind = draw(st.sampled_from(["number", "deep", "invalid", "value", "array", "escape"]))
     name = json.dumps(draw(NAMES))
     if kind == "number":
         return '{"name": %s, "arguments": {"%s": %s}}' % (name, draw(PARAMETERS), draw(NUMBER_TEXT))
+    if kind == "escape":  # JSON escapes as a model writes them: lone or reversed surrogates, NUL
+        escaped = '"%s"' % draw(ESCAPES)
+        name = draw(st.sampled_from([name, escaped]))
+        key, value = draw(st.sampled_from([('"s"', escaped), (escaped, "1"), (escaped, escaped)]))
+        return '{"name": %s, "arguments": {%s: %s}}' % (name, key, value)
     if kind == "deep":
         depth = draw(st.sampled_from([MAX_ARGUMENT_DEPTH - 1, MAX_ARGUMENT_DEPTH + 1, 200, 5000]))
         return '{"name": %s, "arguments": {"a": %s}}' % (name, nested(depth))
@@ -215,6 +248,21 @@ def replies(draw) -> str:
     if draw(st.integers(0, 9)) == 0:  # a very long reply
         reply = reply * 2000 + draw(TEXT) * 2000
     return reply
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(reply=replies() | st.text())
+def test_every_call_read_from_a_reply_is_strict_json_and_strict_utf8(reply):
+    """What reaches the sandbox (and, echoed by a tool, the next prompt) takes the strictest encoders:
+    JSON without NaN/Infinity, UTF-8 without lone surrogates. Reading never raises."""
+    for unknown in UNKNOWN_TOOL_NAMES:
+        turn = read_tool_turn(reply, PARSER, TOOLS, unknown_tool_names=unknown)
+        assert turn.kind in ("calls", "answer", "format_error")
+        for call in turn.calls:
+            call.name.encode("utf-8")
+            json.dumps(call.arguments, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        for error in turn.errors:
+            error.message.encode("utf-8")  # the format-error observation quotes these
 
 
 def _check(sandbox, episode, played):

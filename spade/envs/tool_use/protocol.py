@@ -37,9 +37,11 @@ def call_problem(name: Any, arguments: Any) -> Optional[str]:
     """Why the sandbox cannot be sent this call, or None. ``arguments`` must be a JSON object that a
     strict encoder takes (no NaN or Infinity, no sets, bytes or other non-JSON values, no integer
     beyond Python's int-to-text limit), nested at most ``MAX_ARGUMENT_DEPTH`` levels; ``name`` a
-    string of at most ``MAX_TOOL_NAME_CHARS`` characters. A model can write any of these (JSON's
-    ``NaN``, a Python literal read by the XML form's fallback), so the host checks before sending:
-    a frame the supervisor refuses would end every environment it serves."""
+    string of at most ``MAX_TOOL_NAME_CHARS`` characters; neither may hold a lone surrogate
+    (``"\\ud800"`` in JSON, ``'\\ud800'`` as a Python literal), which strict UTF-8 refuses. A model
+    can write any of these (JSON's ``NaN``, a Python literal read by the XML form's fallback), so
+    the host checks before sending: a frame the supervisor refuses would end every environment it
+    serves, and a tool result echoing a lone surrogate would make the next prompt untokenizable."""
     if not isinstance(name, str) or len(name) > MAX_TOOL_NAME_CHARS:
         return f"the tool name must be a string of at most {MAX_TOOL_NAME_CHARS} characters"
     if not isinstance(arguments, dict):
@@ -50,6 +52,12 @@ def call_problem(name: Any, arguments: Any) -> Optional[str]:
         return f"the tool arguments are not strict JSON: {type(exc).__name__}: {str(exc)[:200]}"
     if _depth_over(arguments, MAX_ARGUMENT_DEPTH):
         return f"the tool arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    try:  # JSON's "\ud800" decodes to a lone surrogate, which a tool may echo into the next prompt
+        name.encode("utf-8")
+        json.dumps(arguments, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"the tool call holds a lone surrogate ({exc.object[exc.start]!r}), which UTF-8 cannot encode "
+                "(the tokenizer refuses such text)")
     return None
 
 

@@ -15,10 +15,11 @@ answer inside the reasoning is not one. What is left is, in this order (the rele
   which the environment answers with the format-error observation (-0.1, not terminal).
 
 A call the sandbox cannot be sent (``spade.envs.tool_use.protocol.call_problem``: arguments that
-are not a JSON object a strict encoder takes, such as JSON's ``NaN``/``Infinity`` or a set read by
-the XML form's Python-literal fallback, nesting too deep, a name too long) counts as a malformed
-block: it is reported in ``errors`` and does not run. Reading never raises on a reply: anything
-that goes wrong while reading it (a parser that raises) makes the turn a format error.
+are not a JSON object a strict encoder takes, such as JSON's ``NaN``/``Infinity``, a lone surrogate
+decoded from ``"\\ud800"`` or a set read by the XML form's Python-literal fallback, nesting too deep,
+a name too long) counts as a malformed block: it is reported in ``errors`` and does not run.
+Reading never raises on a reply: anything that goes wrong while reading it (a parser that raises)
+makes the turn a format error.
 
 A JSON call whose name is not one of the episode's tools (``unknown_tool_names``):
 
