@@ -15,6 +15,10 @@ Tool environments (a class that subclasses ``ToolUseBaseEnv``) are recognised by
   default the Qwen3 parser. It reports each call with its result, each turn's reward and the return.
 * ``play`` is the same loop with a person typing the responses; besides raw responses it takes
   ``TOOL {json arguments}`` for one call and ``answer TEXT`` for ``<answer>TEXT</answer>``.
+
+In a tool environment's raw responses (typed, or lines of ``run --actions-file``) ``\\n`` is a new
+line and ``\\\\`` a backslash (``spade.cli.env_input``); Ctrl-C at ``play``'s prompt ends it with exit
+status 130.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..envs.tool_use.admission import ToolAdmissionSettings
 from ..envs.tool_use.local import is_tool_source
 from ..envs.winnability import WinnabilitySettings
 from .common import UsageError, read_text, sandbox_config
+from .env_input import PlayInterrupted, decode_escapes, prompt, read_actions_file
 
 
 def add_parser(subparsers: Any) -> None:
@@ -62,7 +67,9 @@ def add_parser(subparsers: Any) -> None:
     run.add_argument("path", metavar="PATH")
     actions = run.add_mutually_exclusive_group(required=True)
     actions.add_argument("--actions", nargs="+", metavar="A", help="actions, in order")
-    actions.add_argument("--actions-file", metavar="F", help="a file with one action per line")
+    actions.add_argument("--actions-file", metavar="F",
+                         help="a file with one action per line (tool environments: \\n in a line is a new line, "
+                              "\\\\ a backslash)")
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--json", action="store_true", help="print one JSON object")
     _add_parser_options(run)
@@ -202,10 +209,10 @@ def _indices(found: list[int]) -> str:
     return ", ".join(str(i) for i in found) if found else "none"
 
 
-def _read_actions(args: argparse.Namespace) -> list[str]:
+def _read_actions(args: argparse.Namespace, *, escapes: bool) -> list[str]:
     if args.actions is not None:
         return list(args.actions)
-    return [line for line in read_text(args.actions_file).splitlines() if line.strip()]
+    return read_actions_file(args.actions_file, escapes=escapes)
 
 
 def _read_source(path: str) -> str:
@@ -220,7 +227,7 @@ def _read_source(path: str) -> str:
 
 def run_actions(args: argparse.Namespace) -> int:
     source = _read_source(args.path)
-    actions = _read_actions(args)
+    actions = _read_actions(args, escapes=is_tool_source(source))
     if is_tool_source(source):
         report = asyncio.run(_run_tool(args, source, actions, tool_parser(args)))
         printer = _print_tool_run
@@ -407,7 +414,7 @@ class _Typed:
                 print(f"{message.role}: {message.content}")
         self.seen = len(messages) + 1  # this reply is appended next
         self.turn += 1
-        line = await asyncio.to_thread(_prompt, self.turn)
+        line = prompt(self.turn)  # blocks the loop: nothing else runs while a person types
         if line is None or line.strip().lower() in ("quit", "exit"):
             raise StopEpisode("the player quit")
         return typed_response(line, self.tool_names)
@@ -421,18 +428,20 @@ def _describe(schema: Any) -> str:
 
 def typed_response(line: str, tool_names: list[str]) -> str:
     """What a person typed, as an agent response: raw text with ``<tool_call>`` or ``<answer>``
-    passes unchanged; ``TOOL {json}`` (or a bare ``TOOL``) becomes one ``<tool_call>`` block;
-    ``answer TEXT`` becomes ``<answer>TEXT</answer>``. The parser then reads it as in training."""
+    passes with its escapes decoded (``\\n`` a new line, ``\\\\`` a backslash); ``TOOL {json}`` (or a
+    bare ``TOOL``) becomes one ``<tool_call>`` block, the JSON as typed; ``answer TEXT`` becomes
+    ``<answer>TEXT</answer>``; other text is a raw response too. The parser then reads it as in
+    training."""
     text = line.strip()
     if OPEN in text or "<answer>" in text:
-        return text
+        return decode_escapes(text)
     head, _, rest = text.partition(" ")
     if head.lower() == "answer":
         return f"<answer>{rest.strip()}</answer>"
     if head in tool_names:
         arguments = rest.strip() or "{}"
         return f'{OPEN}\n{{"name": {json.dumps(head)}, "arguments": {arguments}}}\n{CLOSE}'
-    return text
+    return decode_escapes(text)
 
 
 async def _play_in_sandbox(args: argparse.Namespace, source: str,
@@ -470,11 +479,18 @@ async def _play_tool(env: SandboxedEnv, args: argparse.Namespace, parser: Any) -
 
 
 def run_play(args: argparse.Namespace) -> int:
+    """Exit status 130 on Ctrl-C (at the prompt, or while the sandbox answers), after the sandbox is closed."""
     source = _read_source(args.path)
     if is_tool_source(source):
         parser = tool_parser(args)
-        return asyncio.run(_play_in_sandbox(args, source, lambda env: _play_tool(env, args, parser)))
-    return asyncio.run(_play_in_sandbox(args, source, lambda env: _play(env, args)))
+        play: Callable[[SandboxedEnv], Awaitable[int]] = lambda env: _play_tool(env, args, parser)  # noqa: E731
+    else:
+        play = lambda env: _play(env, args)  # noqa: E731
+    try:
+        return asyncio.run(_play_in_sandbox(args, source, play))
+    except (PlayInterrupted, KeyboardInterrupt):
+        print("\ninterrupted (Ctrl-C): the episode ends unfinished, nothing is scored", file=sys.stderr)
+        return 130
 
 
 async def _play(env: SandboxedEnv, args: argparse.Namespace) -> int:
@@ -483,7 +499,7 @@ async def _play(env: SandboxedEnv, args: argparse.Namespace) -> int:
     rewards: list[float] = []
     terminated = False
     for turn in range(1, turn_budget(args.max_turns, env.max_turns) + 1):
-        line = await asyncio.to_thread(_prompt, turn)
+        line = prompt(turn)
         if line is None or line.strip().lower() in ("quit", "exit"):
             break
         result = await env.step(parse_action(line))
@@ -496,13 +512,6 @@ async def _play(env: SandboxedEnv, args: argparse.Namespace) -> int:
     print(f"return: {episode_return(rewards, terminated):g}")
     await env.close()
     return 0
-
-
-def _prompt(turn: int) -> str | None:
-    try:
-        return input(f"\n[{turn}] > ")
-    except EOFError:
-        return None
 
 
 def run_extract(args: argparse.Namespace) -> int:
