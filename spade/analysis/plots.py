@@ -1,8 +1,10 @@
 """PNG plots of an analysis, every run of it overlaid in one colour each (matplotlib, Agg).
 
 A run for which a plot's family does not apply (its ``not_applicable``, :mod:`.sources`) is named
-on the plot with the reason, in its colour; ``rlve_levels.png`` (accuracy per difficulty level
-over steps, and what RLVE's controller did) is drawn when a run has ``env_source: rlve``."""
+on the plot with the reason, in its colour; a curve with a single step is not drawn (a lone dot
+reads as a result) but named with its value and "too short for a curve". ``rlve_levels.png``
+(accuracy per difficulty level over steps, and what RLVE's controller did) is drawn when a run has
+``env_source: rlve``."""
 
 from __future__ import annotations
 
@@ -44,12 +46,30 @@ def _curve(ax: Any, data: dict[str, Any], key: str, label: str, *, band: tuple[s
             continue
         xs = [s["step"] for s in steps]
         colour = PALETTE[i % len(PALETTE)]
-        ax.plot(xs, [_get(s, key) for s in steps], style, marker="o", markersize=3, color=colour,
-                label=f"{run['name']}" + (f" {label}" if with_label and label else ""))
+        if not _line(ax, xs, [_get(s, key) for s in steps], style, colour,
+                     f"{run['name']}" + (f" {label}" if with_label and label else "")):
+            continue
         if band:
             low = [_get(s, band[0]) for s in steps]
             high = [_get(s, band[1]) for s in steps]
             ax.fill_between(xs, low, high, color=colour, alpha=0.15, linewidth=0)
+
+
+TOO_SHORT = "too-short"  # the gid of a "one step, no curve" note
+
+
+def _line(ax: Any, xs: list[Any], ys: list[Any], style: str, colour: str, label: str) -> bool:
+    """Draw a curve through the points, or, with a single point, say on the plot that a run of one
+    step draws no curve (with that step's value) instead of showing a lone dot; whether it drew."""
+    if len(xs) >= 2:
+        ax.plot(xs, ys, style, marker="o", markersize=3, color=colour, label=label)
+        return True
+    if len(xs) == 1:
+        value = f"{ys[0]:.3g}" if isinstance(ys[0], (int, float)) else str(ys[0])
+        row = sum(1 for text in ax.texts if text.get_gid() == TOO_SHORT)
+        ax.text(0.99, 0.97 - 0.07 * row, f"{label}: one step (step {xs[0]}, {value}), too short for a curve",
+                transform=ax.transAxes, fontsize=6, color=colour, ha="right", va="top", gid=TOO_SHORT)
+    return False
 
 
 def _notes(ax: Any, data: dict[str, Any], *families: str, empty_key: str | None = None, width: int = 110) -> None:
@@ -218,9 +238,8 @@ def plot_rlve_levels(data: dict[str, Any], path: Path) -> Path:
         cells = run.get("rlve", {}).get("by_level", [])
         for j, level in enumerate(sorted({c["level"] for c in cells})):
             mine = [c for c in cells if c["level"] == level and c["accuracy"] is not None]
-            ax.plot([c["step"] for c in mine], [c["accuracy"] for c in mine], LEVEL_STYLES[j % len(LEVEL_STYLES)],
-                    marker="o", markersize=3, color=PALETTE[i % len(PALETTE)],
-                    label=f"{run['name']} level {level} ({sum(c['plays'] for c in mine)} plays)")
+            _line(ax, [c["step"] for c in mine], [c["accuracy"] for c in mine], LEVEL_STYLES[j % len(LEVEL_STYLES)],
+                  PALETTE[i % len(PALETTE)], f"{run['name']} level {level} ({sum(c['plays'] for c in mine)} plays)")
     ax.set_title("Accuracy by difficulty level", fontsize=10)
     ax.set_ylabel("accurate plays / plays")
     ax.set_ylim(-0.02, 1.05)
@@ -231,9 +250,7 @@ def plot_rlve_levels(data: dict[str, Any], path: Path) -> Path:
         for key, style, what in (("difficulty_max", "-", "highest level"),
                                  ("envs_raised_total", "--", "environments above the initial level")):
             mine = [r for r in rows if r.get(key) is not None]
-            if mine:
-                ax.plot([r["step"] for r in mine], [r[key] for r in mine], style, marker="o", markersize=3,
-                        color=colour, label=f"{run['name']} {what}")
+            _line(ax, [r["step"] for r in mine], [r[key] for r in mine], style, colour, f"{run['name']} {what}")
     ax.set_title("RLVE's difficulty controller", fontsize=10)
     ax.set_ylabel("level / environments")
     for i, run in enumerate(data["runs"]):

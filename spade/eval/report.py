@@ -6,7 +6,9 @@ size).
 A cell of ours is empty when its benchmark is missing or was skipped, and when its run departs from
 the paper's protocol (``off_protocol`` in summary.json: a tau2 / ACEBench run whose user simulator
 is the model under test); the second kind is listed under the table with its value, never placed
-in a column. An average is empty unless every column it averages is present.
+in a column. An average is empty unless every column it averages is present. Rows that would read
+alike (the same model evaluated twice, two runs named alike) carry the part of their path that
+tells them apart (``label_apart``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import csv
 import io
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -90,6 +93,37 @@ def load_row(directory: Path) -> Row:
         row.table2[total] = _mean([row.table2[c] for c, _ in parts])
     row.table2["Avg"] = _mean([row.table2["BFCL"], row.table2["tau2"], row.table2["ACEBench"]])
     return row
+
+
+def label_apart(rows: Sequence[Row]) -> None:
+    """Rows of one run name whose labels collide (two evaluations of the same model, or two runs
+    named alike at the same step) come from different runs: each row of that name gets the part of
+    its run's path that tells them apart, ``label [results/a]``, in its label and its run (so the
+    best checkpoint is picked per run). A run's path is its result directory, or, for a checkpoint
+    (a row with a step), the directory above, where its other checkpoints' results sit too; rows
+    that still collide there are told apart by their own directories."""
+    by_run: dict[str, list[Row]] = {}
+    for row in rows:
+        by_run.setdefault(row.run, []).append(row)
+    for run, members in by_run.items():
+        if len({r.label for r in members}) == len(members):
+            continue
+        origins = [r.directory.parent if r.step is not None else r.directory for r in members]
+        if len({(r.label, o) for r, o in zip(members, origins)}) < len(members):
+            origins = [r.directory for r in members]
+        for row, name in zip(members, _short_names(origins)):
+            row.label, row.run = f"{row.label} [{name}]", f"{run} [{name}]"
+
+
+def _short_names(paths: Sequence[Path]) -> list[str]:
+    """The fewest trailing parts of each path that tell the distinct paths apart."""
+    parts = [Path(os.path.abspath(p)).parts for p in paths]
+    distinct = len(set(parts))
+    for keep in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-keep:]) for p in parts]
+        if len(set(names)) == distinct:
+            return names
+    return ["/".join(p) for p in parts]
 
 
 def protocol_line(rows: Sequence[Row]) -> str:
@@ -244,6 +278,7 @@ def build_report(paths: Sequence[Path], *, base: Optional[Path] = None, fmt: str
         raise ReportError("nothing to report: give result directories, --row KEY=DIR or --paper")
     found = [load_row(d) for d in find_result_dirs(paths)] if paths else []
     base_row = load_row(base) if base is not None else None
+    label_apart(([base_row] if base_row is not None else []) + found)
     t1_cols = list(TABLE1_COLUMNS)
     t2_cols = list(TABLE2_COLUMNS)
     best1, best2 = best_per_run(found), best_per_run(found, table2=True)
