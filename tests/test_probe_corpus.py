@@ -148,3 +148,21 @@ def test_generated_honest_games_are_falsely_rejected_under_one_percent():
         if report.winner is not None:
             rejected.append((index, game.kind, game.tries, game.span, report.winner.policy, report.winner.returns))
     assert len(rejected) < 4, rejected
+
+
+def test_rejections_are_counted_per_family_as_step_metrics(sandbox):
+    """What the designer round reports after a regeneration (DesignerRound.metrics): each games
+    family's degenerate_win rejections (0 for the families that won nothing) and the unwinnable ones."""
+    from spade.selfplay.designer_source import GateCounts, admit_candidate
+    from spade.selfplay.settings import SelfPlaySettings
+
+    settings = SelfPlaySettings(winnability_gate=True, max_turns=25)
+    counts = GateCounts(settings)
+    for name in ("correction_prints_answer", "debug_quote_later", "quiz_always_a", "never_terminates"):
+        source = (CORPUS / "exploit" / f"{name}.py").read_text()
+        counts.note(sandbox.run(admit_candidate(sandbox.service, settings, source, run_seed=3), timeout=120))
+    metrics = counts.metrics()
+    assert metrics["env/rejected_degenerate_win_copy"] == 2.0 and metrics["env/rejected_degenerate_win_option"] == 1.0
+    assert metrics["env/rejected_degenerate_win_bisect"] == 0.0 and metrics["env/rejected_unwinnable"] == 1.0
+    off = GateCounts(SelfPlaySettings(admission_paper_exact=True))
+    assert off.metrics() == {} and GateCounts(None).metrics() == {}

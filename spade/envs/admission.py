@@ -48,6 +48,14 @@ class AdmissionVerdict:
     reference_report: ReferenceReport | None = None  # the reference policy's returns (games, when required)
     winnability_report: WinnabilityReport | None = None  # the designer's proofs played (games, gate on)
 
+    @property
+    def degenerate_family(self) -> str | None:
+        """The family of the probe policy that won the game or tool environment (None: none won)."""
+        if self.probe_report is not None and self.probe_report.winner is not None:
+            return self.probe_report.winning_family
+        probes = None if self.tool_report is None else self.tool_report.probes
+        return None if probes is None else probes.winning_family
+
     def to_json(self, path: str | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {} if path is None else {"path": path}
         data.update(

@@ -45,8 +45,10 @@ __all__ = ["DEFAULT_MAX_SECONDS", "DEFAULT_MAX_STEPS", "DEFAULT_SEED_COUNT", "DE
 DEFAULT_SEED_COUNT = 8
 DEFAULT_SEED_BASE = 0
 # a policy with no positive return on the first seeds is not played on the rest: a policy whose
-# true mean return reaches t scores 0 on one seed with probability at most 1 - t (Markov)
-DEFAULT_SCREEN_SEEDS = 3
+# true mean return reaches t scores 0 on one seed with probability at most 1 - t (Markov), so two
+# screening seeds miss a policy at the threshold 0.5 at most one time in four, and one that wins
+# every seed (a leaked secret, a scan that reaches it) never
+DEFAULT_SCREEN_SEEDS = 2
 # rounds of seed_count seeds drawn: a narrow win on one round is confirmed on the next (probe_play.CONFIRM_MARGIN)
 DEFAULT_CONFIRM_ROUNDS = 3
 
@@ -136,6 +138,17 @@ class PolicyResult:
         return data
 
 
+def _below_confidence(returns: list[float], threshold: float) -> float:
+    """How sure ``returns`` make "this policy's true mean is below ``threshold``": Hoeffding's
+    bound, or for returns that are all 0 or less the sharper one that a policy whose mean reaches
+    t in [0, 1] scores 0 on one seed with probability at most 1 - t (Markov), so on n seeds (1 - t)^n."""
+    n = len(returns)
+    bound = hoeffding_confidence(sum(returns) / n, n, threshold)
+    if all(r <= 0 for r in returns):
+        bound = max(bound, 1.0 - (1.0 - threshold) ** n)
+    return bound
+
+
 @dataclass(frozen=True)
 class FamilyBest:
     """One family's best policy on a game: its name, mean return and the seeds it played."""
@@ -200,8 +213,7 @@ class ProbeReport:
             mean = self.winner.mean_return
             assert mean is not None
             return hoeffding_confidence(mean, len(self.winner.returns), self.threshold)
-        margins = [hoeffding_confidence(r.mean_return, len(r.returns), self.threshold_of(r))
-                   for r in self.results if r.mean_return is not None]
+        margins = [_below_confidence(r.returns, self.threshold_of(r)) for r in self.results if r.returns]
         return min(margins) if margins else None
 
     def to_json(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -44,6 +45,7 @@ from ..designer.tool_prompts import (TOOL_APP_DOMAINS, draw_tool_variant, parse_
                                      tool_designer_messages, tool_hint_messages)
 from ..designer.skills import Skill, slot_skills
 from ..envs.admission import AdmissionVerdict, admit
+from ..envs.degenerate_probes import probe_policies
 from ..envs.pool_files import HINT_SUFFIX
 from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
 from ..rollout.conversation import ChatFormat
@@ -167,6 +169,37 @@ def designer_prompt(settings: SelfPlaySettings, *, corpus: Corpus | None, memory
     return DesignerPrompt(messages, record)
 
 
+class GateCounts:
+    """One regeneration's ``degenerate_win`` rejections by the winning policy's family, and its
+    ``unwinnable`` ones, as step metrics: ``env/rejected_degenerate_win_<family>`` for every family
+    of the games probes (0 when none won; tool families as they occur) and ``env/rejected_unwinnable``
+    while the winnability gate is on. ``settings`` None: nothing to report (no regeneration yet)."""
+
+    def __init__(self, settings: SelfPlaySettings | None):
+        self.settings = settings
+        self.families: Counter[str] = Counter()
+        self.unwinnable = 0
+
+    def note(self, verdict: AdmissionVerdict) -> None:
+        if verdict.error is not None and verdict.error.kind is ErrorKind.DEGENERATE_WIN:
+            self.families[verdict.degenerate_family or "unknown"] += 1
+        elif verdict.error is not None and verdict.error.kind is ErrorKind.UNWINNABLE:
+            self.unwinnable += 1
+
+    def metrics(self) -> dict[str, float]:
+        s = self.settings
+        if s is None:
+            return {}
+        out: dict[str, float] = {}
+        if s.admission_probe_settings() is not None and s.env_source != "rlve":
+            families = {policy.family for policy in probe_policies()} if s.domain == "games" else set()
+            for family in sorted(families | set(self.families)):
+                out[f"env/rejected_degenerate_win_{family}"] = float(self.families[family])
+        if s.admission_winnability_settings() is not None:
+            out["env/rejected_unwinnable"] = float(self.unwinnable)
+        return out
+
+
 class DesignerRound:
     """Regenerates the environment set of one regeneration step."""
 
@@ -183,6 +216,7 @@ class DesignerRound:
         self.run_dir = run_dir
         self.seed = seed
         self.stop_token_ids = stop_token_ids
+        self._gate_counts = GateCounts(None)  # the latest regeneration's rejections by probe family
         # The designer's text calls (designer, hint, screen): our engine, or selfplay.designer_endpoint.
         self.generator: TextGenerator = text_generator(settings, engine=engine, tokenizer=tokenizer,
                                                        chat_format=chat_format, stop_token_ids=stop_token_ids)
@@ -210,6 +244,7 @@ class DesignerRound:
 
     async def regenerate(self, step: int) -> RegenerationResult:
         s = self.settings
+        self._gate_counts = GateCounts(s)
         self.seed_memory()
         active = s.skills.active(s.domain, Step(step).regeneration(s.k))
         skills = slot_skills(active, s.envs_per_set)
@@ -284,6 +319,7 @@ class DesignerRound:
                 assert verdict.error is not None
                 rejections.append(self._reject(record, verdict.error.kind, verdict.error.stage,
                                                verdict.error.message, response))
+                self._gate_counts.note(verdict)
                 continue
             return attempt + 1, rejections, (verdict, record, generated)
         return s.max_attempts, rejections, None
@@ -353,6 +389,12 @@ class DesignerRound:
 
     async def next_set(self, step: int) -> RegenerationResult:
         return await self.regenerate(step)
+
+    def metrics(self) -> dict[str, float]:
+        """After a regeneration, once: its ``degenerate_win`` rejections per probe family and its
+        ``unwinnable`` rejections (issue 40); {} at the other steps."""
+        counts, self._gate_counts = self._gate_counts, GateCounts(None)
+        return counts.metrics()
 
     def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
         """The designer's feedback goes through the delay buffer, not through the source."""

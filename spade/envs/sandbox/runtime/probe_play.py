@@ -22,6 +22,7 @@ and every later call fails the same way, as the environment is discarded after a
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -88,7 +89,7 @@ def reference_policy(reply: Callable[[str], str], name: str = REFERENCE_POLICY) 
 CONFIRM_MARGIN = 0.25
 # A probe policy (outside the constant family, which plays every turn) that sent the same reply and got
 # the same observation, numbers aside, this many times in a row is stuck: its episode ends there.
-STUCK_REPEATS = 3
+STUCK_REPEATS = 2
 _DIGITS = re.compile(r"\d+")
 _BOXED_ACTION = re.compile(r"\\boxed\{([^{}]*)\}")
 MAX_SOLUTION_ACTIONS = 1000
@@ -270,6 +271,7 @@ def play(plan: ProbePlan, reset: Reset, step: Step, parse: Callable[[str], str],
     instead of playing them again (finishing a run that was cut); ``on_episode`` sees each
     episode as it ends; ``extra``: policies beside the family (the reference policy)."""
     family = {policy.name: policy for policy in (*probe_policies(), *extra)}
+    parse = functools.lru_cache(maxsize=4096)(parse)  # many policies send the same reply, turn after turn
     outcome = ProbeOutcome()
     budget = ProbeBudget(plan.max_steps, plan.max_seconds)
     played: dict[tuple[int, str], float] = {}  # (seed, constant reply) -> return
