@@ -63,6 +63,9 @@ def test_keys_default_to_no_bound_and_name_themselves():
                          ({"set_generation_timeout_s": 0}, r"selfplay\.set_generation_timeout_s")):
         with pytest.raises(ConfigError, match=key + r": must be a number of seconds > 0 or null"):
             from_mapping(SelfPlaySettings, mapping, where="selfplay")
+    with pytest.raises(ConfigError, match=r"selfplay\.plays\.nohint_play_timeout_s: a bound with partial_rollouts"):
+        from_mapping(SelfPlaySettings, {"plays": {"nohint_play_timeout_s": 300},
+                                        "partial_rollouts": {"enabled": True}}, where="selfplay")
 
 
 @pytest.mark.parametrize("budgets", ["like_nohint", "released"])

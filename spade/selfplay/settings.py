@@ -340,6 +340,9 @@ class SelfPlaySettings:
         require(not (self.plays.drops_faults and self.partial_rollouts.enabled), key("plays.env_faults"),
                 "retry_then_drop with partial_rollouts.enabled: true; allowed: score_zero with partial rollouts "
                 "(a carried play cannot be played again from its start), or partial_rollouts.enabled: false")
+        require(self.plays.nohint_play_timeout_s is None or not self.partial_rollouts.enabled,
+                key("plays.nohint_play_timeout_s"), "a bound with partial_rollouts.enabled: true; allowed: null with "
+                "partial rollouts (a carried play runs over several steps), or partial_rollouts.enabled: false")
         require(self.designer_endpoint is None or not self.train_designer, key("train_designer"),
                 "must be false with selfplay.designer_endpoint set: an external designer makes no trainable samples")
         require(self.rollout_shards == 1 or not self.partial_rollouts.enabled, key("rollout_shards"),
