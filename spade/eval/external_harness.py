@@ -5,8 +5,9 @@ with that venv's Python, by path, in a work directory (``DIR/<harness>`` to resu
 temporary one), without our ``PYTHONPATH``; the driver imports the harness and nothing of spade,
 and writes its report to ``CONFIG["output"]``. The driver runs in a process group of its own
 under a hard timeout: on the timeout, or when the evaluation is cancelled, the whole group is
-killed. What the run depended on is recorded per unit (a tau2 domain, an ACEBench category) and
-a rerun under other settings is refused rather than mixed into the same files.
+killed; it dies with the evaluation too when that is terminated, exits or is killed
+(``driver_lifetime``). What the run depended on is recorded per unit (a tau2 domain, an ACEBench
+category) and a rerun under other settings is refused rather than mixed into the same files.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Mapping, Optional, Sequence
 
 from ..process_group import kill_group
+from . import driver_lifetime
 from .chat_interface import ChatModelLike
 from .endpoint_options import UserSimulator
 from .runner import EvalError, read_records
@@ -161,7 +163,9 @@ async def run_driver(driver: Driver, config: Mapping[str, Any]) -> dict[str, Any
         process = await asyncio.create_subprocess_exec(
             str(driver.python), str(driver.script), str(config_path),
             stdin=asyncio.subprocess.DEVNULL if driver.stdin is None else asyncio.subprocess.PIPE,
-            stdout=log, stderr=subprocess.STDOUT, cwd=driver.work, env=dict(driver.env), start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, cwd=driver.work, env=dict(driver.env), start_new_session=True,
+            preexec_fn=driver_lifetime.die_with_parent_hook())
+        driver_lifetime.track(process.pid)
         try:
             if driver.stdin is not None:
                 assert process.stdin is not None
@@ -178,6 +182,8 @@ async def run_driver(driver: Driver, config: Mapping[str, Any]) -> dict[str, Any
             kill_group(process.pid)
             await process.wait()
             raise
+        finally:
+            driver_lifetime.untrack(process.pid)
     report = json.loads(output.read_text()) if output.is_file() else None
     if report is None or code not in (0, IMPORT_FAILED):
         tail = driver.log.read_text(errors="replace")[-3000:]
