@@ -81,20 +81,6 @@ def add_report_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 def run_eval(args: argparse.Namespace) -> int:
     if not args.model:
         raise UsageError("spade eval needs --model PATH (or 'spade eval report DIR...')")
-    from ..run.engines import ModelRefError, engine_settings, resolve_model
-    from .common import require_config_file
-
-    require_config_file(args.config)
-    if args.max_batch_size is not None and args.max_batch_size < 1:
-        raise UsageError("--max-batch-size must be >= 1")
-    try:
-        args.engine_settings = engine_settings(args.config, engine=args.engine, device=args.device, dtype=args.dtype,
-                                               max_batch_size=args.max_batch_size, sglang_urls=args.sglang_url)
-        args.model_ref = resolve_model(args.model)  # before the sandbox and the data: a wrong --model fails first
-    except ModelRefError as exc:
-        raise UsageError(str(exc)) from None
-    if args.engine_settings.kind == "sglang" and not args.engine_settings.section.sglang.urls:
-        raise UsageError("--engine sglang needs --sglang-url URL (servers already serving the model)")
     from ..eval.protocol import check_protocol
     from ..eval.suites import BenchmarkOptions, benchmark_names
 
@@ -108,6 +94,20 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be >= 1")
+    from ..run.engines import ModelRefError, engine_settings, resolve_model
+    from .common import require_config_file
+
+    require_config_file(args.config)
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise UsageError("--max-batch-size must be >= 1")
+    try:
+        args.engine_settings = engine_settings(args.config, engine=args.engine, device=args.device, dtype=args.dtype,
+                                               max_batch_size=args.max_batch_size, sglang_urls=args.sglang_url)
+        args.model_ref = resolve_model(args.model)  # before the sandbox, the data and --out: a wrong --model fails first
+    except ModelRefError as exc:
+        raise UsageError(str(exc)) from None
+    if args.engine_settings.kind == "sglang" and not args.engine_settings.section.sglang.urls:
+        raise UsageError("--engine sglang needs --sglang-url URL (servers already serving the model)")
     if args.out:
         _make_out_dir(Path(args.out))
     sandbox = None

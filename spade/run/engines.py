@@ -159,7 +159,7 @@ def resolve_dtype(dtype: str, device: str, *, native_bf16: Optional[bool] = None
         return DtypeChoice("bfloat16", "CUDA device")
     if cpu_has_native_bf16() if native_bf16 is None else native_bf16:
         return DtypeChoice("bfloat16", "this CPU has AMX or AVX512-BF16")
-    return DtypeChoice("float32", "this CPU has neither AMX nor AVX512-BF16; model.dtype=bfloat16 to insist")
+    return DtypeChoice("float32", "this CPU has neither AMX nor AVX512-BF16, where bf16 runs slower than fp32")
 
 
 # ---------------------------------------------------------------------------- engine settings
@@ -286,6 +286,19 @@ def load_tokenizer(ref: ModelRef) -> Any:
     return AutoTokenizer.from_pretrained(str(ref.hf_dir))
 
 
+def hf_engine(model: Any, tokenizer: Any, settings: EngineSettings, *, max_context_tokens: Optional[int] = None,
+              return_routed_experts: bool = False) -> Any:
+    """The in-process hf engine on ``model`` (an HF directory, or a ``(model, tokenizer)`` pair) with
+    the ``engine:`` section's batching and the resolved device and dtype."""
+    from ..rollout.hf.engine import HFEngine
+
+    section = settings.section
+    return HFEngine(model, tokenizer, device=settings.resolved_device(), dtype=settings.resolved_dtype().name,
+                    max_batch_size=section.max_batch_size, batch_wait_ms=section.batch_wait_ms,
+                    prefill_chunk_tokens=section.prefill_chunk_tokens, max_context_tokens=max_context_tokens,
+                    return_routed_experts=return_routed_experts)
+
+
 async def open_engine(ref: ModelRef, settings: EngineSettings, *, tokenizer: Any = None,
                       max_context_tokens: Optional[int] = None) -> OpenedEngine:
     """Open ``ref`` as the engine ``settings`` describe. ``hf``: in this process (a checkpoint's
@@ -306,20 +319,15 @@ async def open_engine(ref: ModelRef, settings: EngineSettings, *, tokenizer: Any
                             generation_eos_ids(ref.hf_dir, tokenizer))
     if section.kind != "hf":
         raise ModelRefError(f"engine.kind {section.kind!r}: allowed are hf, sglang")
-    from ..rollout.hf.engine import HFEngine
-
     device, dtype = settings.resolved_device(), settings.resolved_dtype()
-    options = dict(device=device, dtype=dtype.name, max_batch_size=section.max_batch_size,
-                   batch_wait_ms=section.batch_wait_ms, prefill_chunk_tokens=section.prefill_chunk_tokens,
-                   max_context_tokens=context)
     if ref.checkpoint is None:
-        engine = HFEngine(ref.hf_dir, tokenizer, **options)
+        engine = hf_engine(ref.hf_dir, tokenizer, settings, max_context_tokens=context)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         info, tensors = checkpoint_hf_tensors(ref.checkpoint)
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(ref.hf_dir)))
-        engine = HFEngine((model, tokenizer), **options)
+        engine = hf_engine((model, tokenizer), tokenizer, settings, max_context_tokens=context)
         await engine.update_weights(tensors, version=int(info.step))
     return OpenedEngine(engine, tokenizer, ref, context, vocab, set(engine.eos_token_ids), device, dtype.name)
 

@@ -87,12 +87,6 @@ def torch_dtype(config: TrainConfig) -> torch.dtype:
     return resolve_dtype(config.model.dtype, "cuda" if torch.cuda.is_available() else "cpu").torch
 
 
-def engine_device(config: TrainConfig) -> str:
-    from .engines import resolve_device
-
-    return resolve_device(config.engine.device)
-
-
 class Trainer:
     """Everything one training process holds; ``await run()`` trains to ``config.run.steps``."""
 
@@ -217,13 +211,11 @@ class Trainer:
         return SGLangRolloutManager(deployment, is_main=self.is_main, device=self.ctx.device)
 
     def _hf_engine(self):
-        from ..rollout import HFEngine
+        from .engines import EngineSettings, hf_engine
 
         cfg = self.config
-        return HFEngine(self.hf_dir, self.tokenizer, device=engine_device(cfg), dtype=torch_dtype(cfg),
-                        max_batch_size=cfg.engine.max_batch_size, batch_wait_ms=cfg.engine.batch_wait_ms,
-                        prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                        return_routed_experts=cfg.loss.routing_replay == "rollout")
+        return hf_engine(self.hf_dir, self.tokenizer, EngineSettings(cfg.engine, cfg.model.dtype),
+                         return_routed_experts=cfg.loss.routing_replay == "rollout")
 
     def _build_selfplay(self) -> None:
         from ..designer.corpus import Corpus
