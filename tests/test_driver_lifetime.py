@@ -71,8 +71,8 @@ def start_parent(tmp_path: Path) -> tuple[subprocess.Popen, int, int]:
     (tmp_path / "parent.py").write_text(PARENT)
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path), str(tmp_path / "sleeper.py")],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    argv = [sys.executable, str(tmp_path / "parent.py"), str(tmp_path), str(tmp_path / "sleeper.py")]
+    parent = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     pids = tmp_path / "pids"
     try:
         wait_until(pids.exists, 120, "the driver and its child to start")

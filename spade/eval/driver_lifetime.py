@@ -5,7 +5,8 @@ reaches only ``spade eval``, which then kills the group (``external_harness.run_
 is here:
 
 * ``spade eval`` is terminated (SIGTERM, ``kill PID``): a handler kills every live driver group,
-  then lets the signal end the process as it would have (or calls the handler that was there);
+  then lets the signal end the process as it would have (installed only where SIGTERM has its
+  default action: a process that handles it itself decides when it ends);
 * it exits any other way (an exception, ``sys.exit``, a KeyboardInterrupt that never reached the
   driver's task): an ``atexit`` hook kills the groups still live;
 * it is killed outright (SIGKILL, the OOM killer): the kernel sends the driver SIGKILL
@@ -32,7 +33,6 @@ _live: set[int] = set()
 _lock = threading.Lock()
 _at_exit = False
 _on_signal = False
-_previous_sigterm: Any = None
 _prctl: Optional[Callable[..., int]] = None
 if sys.platform.startswith("linux"):
     try:  # looked up here: the child between fork and exec must not load libraries
@@ -80,16 +80,12 @@ def kill_live_groups() -> None:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     kill_live_groups()
-    previous = _previous_sigterm
-    if callable(previous):
-        previous(signum, frame)
-        return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # end as SIGTERM would have, exit status included
     os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _install() -> None:
-    global _at_exit, _on_signal, _previous_sigterm
+    global _at_exit, _on_signal
     with _lock:
         if not _at_exit:
             _at_exit = True
@@ -97,8 +93,6 @@ def _install() -> None:
         if _on_signal or threading.current_thread() is not threading.main_thread():
             return  # only the main thread sets handlers; exit and the parent-death signal still cover it
         _on_signal = True
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_IGN:
-        return  # the process does not end on SIGTERM, so neither do its drivers
-    _previous_sigterm = previous
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # ignored, or handled by its owner (a graceful stop): exit and the parent-death signal cover it
     signal.signal(signal.SIGTERM, _on_sigterm)
