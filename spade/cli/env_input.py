@@ -64,7 +64,8 @@ def prompt(turn: int) -> Optional[str]:
     handler, not asyncio's (which would only cancel the play once the line is in)."""
     enable_line_editing()
     previous = signal.getsignal(signal.SIGINT)
-    restore = previous is not None and threading.current_thread() is threading.main_thread()
+    restore = (previous not in (None, signal.SIG_IGN)  # an ignored Ctrl-C stays ignored
+               and threading.current_thread() is threading.main_thread())
     if restore:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
