@@ -400,10 +400,8 @@ def test_env_check_prints_each_familys_best_policy(tmp_path):
 
 def test_a_degenerate_win_is_counted_per_step_as_its_own_metric(sandbox, tmp_path):
     """The rejection goes the designer round's way (write_rejection) into the step's metrics."""
-    from types import SimpleNamespace
-
     from spade.selfplay.designer_source import RegenerationResult, admit_candidate, write_rejection
-    from spade.selfplay.orchestrator import Orchestrator
+    from spade.selfplay.step_figures import regeneration_figures
 
     response = EXPLOITS["a constant answer wins"][0]
     verdict = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(), response), timeout=120)
@@ -411,8 +409,7 @@ def test_a_degenerate_win_is_counted_per_step_as_its_own_metric(sandbox, tmp_pat
     rejection = write_rejection(tmp_path, record, verdict.error.kind, verdict.error.stage, verdict.error.message,
                                 response)
     metrics: dict[str, float] = {}
-    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings()),
-                                       RegenerationResult(attempts=1, rejections=[rejection]), metrics)
+    metrics.update(regeneration_figures(SelfPlaySettings(), RegenerationResult(attempts=1, rejections=[rejection])))
     assert metrics["env/rejected"] == 1.0 and metrics["env/rejected_degenerate_win"] == 1.0
 
 

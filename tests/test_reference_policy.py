@@ -159,18 +159,15 @@ def test_bad_values_name_the_key(settings, says):
 
 
 def test_the_rejections_count_per_step_as_their_own_metrics(tmp_path):
-    from types import SimpleNamespace
-
     from spade.selfplay.designer_source import RegenerationResult, write_rejection
-    from spade.selfplay.orchestrator import Orchestrator
+    from spade.selfplay.step_figures import regeneration_figures
 
     record = {"step": 0, "slot": 0, "attempt": 0, "skill": "Logical Deduction"}
     rejection = write_rejection(tmp_path, record, ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY, "lost", "")
     metrics: dict[str, float] = {}
-    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings(require_reference_policy=True)),
-                                       RegenerationResult(attempts=1, rejections=[rejection]), metrics)
+    metrics.update(regeneration_figures(SelfPlaySettings(require_reference_policy=True),
+                                        RegenerationResult(attempts=1, rejections=[rejection])))
     assert metrics["env/rejected_reference_lost"] == 1.0 and metrics["env/rejected_reference_missing"] == 0.0
     off: dict[str, float] = {}
-    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings()),
-                                       RegenerationResult(attempts=1, rejections=[]), off)
+    off.update(regeneration_figures(SelfPlaySettings(), RegenerationResult(attempts=1, rejections=[])))
     assert "env/rejected_reference_missing" not in off

@@ -5,10 +5,8 @@ which a probe policy completed some instruction (``env/tool_probe_partial``)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from spade.selfplay.designer_source import EnvSpec, RegenerationResult
-from spade.selfplay.orchestrator import Orchestrator
+from spade.selfplay.step_figures import regeneration_figures
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 
@@ -36,8 +34,7 @@ def test_a_step_with_a_degenerate_game_rejected_logs_the_counter(sandbox, engine
 def test_the_counter_is_zero_while_the_probes_are_on_and_absent_when_off():
     def metrics(**settings):
         out: dict[str, float] = {}
-        Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings(**settings)),
-                                           RegenerationResult(attempts=1), out)
+        out.update(regeneration_figures(SelfPlaySettings(**settings), RegenerationResult(attempts=1)))
         return out
 
     assert metrics()["env/rejected_degenerate_win"] == 0.0
@@ -56,9 +53,8 @@ def test_tool_sets_count_partial_completions_by_a_probe_policy():
 
     out: dict[str, float] = {}
     regen = RegenerationResult(envs=[spec(0, [[0, 0], [1, 0]]), spec(1, [[0, 0], [0, 0]]), spec(2, [[2, 1]])])
-    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings(domain="tool_use")), regen, out)
+    out.update(regeneration_figures(SelfPlaySettings(domain="tool_use"), regen))
     assert out["env/tool_probe_partial"] == 2.0
     out = {}
-    Orchestrator._regeneration_metrics(SimpleNamespace(settings=SelfPlaySettings(domain="tool_use")),
-                                       RegenerationResult(envs=[spec(0, None)]), out)
+    out.update(regeneration_figures(SelfPlaySettings(domain="tool_use"), RegenerationResult(envs=[spec(0, None)])))
     assert "env/tool_probe_partial" not in out

@@ -49,9 +49,7 @@ before the next ``run_step``.
 
 from __future__ import annotations
 
-import math
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -60,17 +58,17 @@ import torch
 
 from ..designer.corpus import Corpus
 from ..designer.memory import Memory, MemoryRecord, win_rate
-from ..envs.protocol import ErrorKind, Sandbox
+from ..envs.protocol import Sandbox
 from ..peak_memory import no_phase
 from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
 from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
-from .designer_source import DesignerRound, EnvSpec, RegenerationResult
+from .designer_source import DesignerRound, EnvSpec
 from .env_source import EnvSource
 from .partial_plays import step_player
 from .partial_rollout_settings import refuse_unsupported
-from .plays import Play, Player, end_of_turn_stop_ids
+from .plays import Player, end_of_turn_stop_ids
 from .rollout_shards import ShardChannel, ShardedPlayer
 from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
 from .designer_rewards import hint_regret
@@ -78,13 +76,13 @@ from .fixed_pool import ReleasedLoaderSandbox
 from .play_rules import fill_round_robin
 from .settings import SelfPlaySettings
 from .step import Step
+from .step_figures import mean, regeneration_figures, step_figures
 from .step_plays import StepPlays, all_equal
 from .trajectories import role_logprob_temperature
 from .trajectory_log import TrajectoryLog
 from .turn_samples import episode_weights, episodes
 
 STATE_VERSION = 1
-LEARNABLE_BAND = (0.2, 0.8)
 # How an episode cut by a budget ends (``mask_truncated``): the environment truncated it, the turn
 # budget ran out, or the policy stopped (context or reply token budget spent).
 TRUNCATED_ENDS = frozenset({"truncated", "turn_budget", "policy_stopped"})
@@ -180,7 +178,8 @@ class Orchestrator:
         # whole episodes: the turn samples of a play are cut together and count once (released)
         batch = self.settings.batch.assemble(episodes(out.agent_samples), episodes(out.designer_samples))
         out.samples[:] = [sample for episode in batch for sample in episode]
-        self._step_metrics(out, plays, regenerate)
+        out.metrics.update(step_figures(self.settings, out, plays, regenerate, source=self.source, player=self.player,
+                                        step_player=self.step_player, envs=self.envs, pending=len(self.buffer)))
         out.metrics["time/designer_s"] = designed - started
         out.metrics["time/play_s"] = played - designed
         self.last_step = step.updates_done
@@ -191,7 +190,7 @@ class Orchestrator:
         returns the designer call of each admitted environment, by env id."""
         regen = await self.source.next_set(step.updates_done)
         self.envs = regen.envs
-        self._regeneration_metrics(regen, out.metrics)
+        out.metrics.update(regeneration_figures(self.settings, regen))
         return regen.designer_fields
 
     async def play(self, step: Step, *, with_hint: bool) -> StepPlays:
@@ -312,9 +311,9 @@ class Orchestrator:
         metrics["designer/released"] = float(len(released))
         if not released:
             return
-        metrics["designer/reward_mean"] = _mean([r.reward for r in released])
-        metrics["designer/regret_mean"] = _mean([r.regret for r in released])
-        metrics["designer/win_mean"] = _mean([r.win for r in released])
+        metrics["designer/reward_mean"] = mean([r.reward for r in released])
+        metrics["designer/regret_mean"] = mean([r.regret for r in released])
+        metrics["designer/win_mean"] = mean([r.win for r in released])
         scale = designer_advantage_weight(
             self.settings.rewards, _agent_episodes(out.agent_samples),
             len(released), self.settings.k)
@@ -335,76 +334,6 @@ class Orchestrator:
             out.samples.append(design.replace(role=Role.DESIGNER, env_id=entry.env_id, skill=entry.skill,
                                               generated_step=entry.generated_step, reward=entry.reward,
                                               advantage=advantage))
-
-    # ------------------------------------------------------------------ metrics
-
-    def _regeneration_metrics(self, regen: RegenerationResult, metrics: dict[str, float]) -> None:
-        metrics["designer/attempts"] = float(regen.attempts)
-        metrics["env/admitted"] = float(len(regen.envs))
-        metrics["env/rejected"] = float(len(regen.rejections))
-        counts = Counter(r.kind.value for r in regen.rejections)
-        # a gate that is on reports 0 too (rlve problems are not admitted through the sandbox)
-        if self.settings.admission_probe_settings() is not None and self.settings.env_source != "rlve":
-            counts.setdefault(ErrorKind.DEGENERATE_WIN.value, 0)
-        if self.settings.admission_reference_settings() is not None:
-            for kind in (ErrorKind.REFERENCE_LOST, ErrorKind.REFERENCE_MISSING):
-                counts.setdefault(kind.value, 0)
-        for kind, count in sorted(counts.items()):
-            metrics[f"env/rejected_{kind}"] = float(count)
-        reports = [env.tool_report for env in regen.envs if env.tool_report is not None]
-        if self.settings.domain == "tool_use":
-            # admitted environments with a criterion true at reset / unchangeable by the probes /
-            # met by any first call (reported, rejected only when switched on), and model screens
-            # that gave no verdict
-            for key in ("true_at_reset", "unchangeable", "trivial"):
-                metrics[f"env/tool_{key}"] = float(sum(1 for r in reports if r.get(key)))
-            metrics["env/tool_screen_no_verdict"] = float(sum(1 for r in reports if r.get("screen") is None))
-            # admitted environments where a degenerate probe policy completed some instruction (not all:
-            # that rejects); absent when the probes are off
-            probed = [r["probe_report"] for r in reports if r.get("probe_report")]
-            if probed:
-                metrics["env/tool_probe_partial"] = float(sum(
-                    1 for probes in probed if any(any(policy.get("completed") or []) for policy in probes["policies"])))
-
-    def _step_metrics(self, out: StepOutput, plays: StepPlays, regenerate: bool) -> None:
-        """The source's and the plays' figures, and the counts every step carries: ``agent/samples`` and
-        ``designer/samples`` (what this step trains on), ``designer/pending`` (what waits)."""
-        metrics = out.metrics
-        source_metrics = getattr(self.source, "metrics", None)  # optional: what the source itself tracks
-        if source_metrics is not None:
-            metrics.update(source_metrics())
-        nohint = [p for env_plays in plays.nohint.values() for p in env_plays]
-        returns = [p.episode_return for p in nohint]
-        metrics["agent/episodes"] = float(len(nohint))
-        metrics["agent/samples"] = float(len(out.agent_samples))
-        metrics["agent/infra_dropped"] = float(self.player.infrastructure_failures)
-        if self.settings.plays.drops_faults:  # env_faults retry_then_drop (cumulative, like infra_dropped)
-            metrics["agent/fault_dropped"] = float(self.player.fault_drops)
-            metrics["env/hung"] = float(sum(env.env_id in self.player.hung_envs for env in self.envs))
-        metrics.update(self.player.step_metrics())  # rollout shards: where the plays ran
-        # the spread inside each group, what GRPO learns from (0 in every group: no learning signal)
-        groups = [[p.episode_return for p in g] for _, _, g in plays.groups if g]
-        if groups:
-            metrics["agent/group_return_std"] = _mean([_std(g) for g in groups])
-            metrics["agent/flat_groups"] = float(sum(all_equal(g) for g in groups))
-        if nohint:
-            metrics["agent/return_mean"] = _mean(returns)
-            metrics["agent/return_std"] = _std(returns)
-            metrics["agent/win_rate"] = win_rate(returns)
-            metrics["agent/turns_mean"] = _mean([float(p.turns) for p in nohint])
-        if regenerate:
-            hint_returns = [p.episode_return for env_plays in plays.hinted.values() for p in env_plays]
-            metrics["agent/hint_episodes"] = float(len(hint_returns))
-            if hint_returns:
-                metrics["agent/hint_return_mean"] = _mean(hint_returns)
-        metrics["env/set_size"] = float(len(self.envs))
-        rates = [win_rate([p.episode_return for p in env_plays]) for env_plays in plays.nohint.values() if env_plays]
-        if rates:
-            lo, hi = LEARNABLE_BAND
-            metrics["env/learnable_share"] = sum(lo <= r <= hi for r in rates) / len(rates)
-        metrics["designer/samples"] = float(len(out.designer_samples))
-        metrics["designer/pending"] = float(len(self.buffer))
-        metrics.update(self.step_player.step_metrics())  # partial rollouts: what was carried
 
     # ------------------------------------------------------------------ resume
 
@@ -456,13 +385,3 @@ def _agent_episodes(samples: list[Trajectory]) -> int:
     episodes before the thinking fan-out into turn samples (``slime/spade_rollout.py:597-603``;
     fan-out at ``:879-895``)."""
     return sum(t.count_weight for t in samples)
-
-
-def _mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values)
-
-
-def _std(values: list[float]) -> float:
-    mean = _mean(values)
-    return math.sqrt(_mean([(v - mean) ** 2 for v in values]))
-
