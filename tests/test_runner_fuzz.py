@@ -295,3 +295,34 @@ def test_the_name_limit_is_the_supervisors():
     from spade.envs.sandbox import supervisor
 
     assert MAX_TOOL_NAME_CHARS == supervisor.MAX_TOOL_NAME_CHARS
+
+
+# -- text an environment writes: the next prompt must stay tokenizable --------------------------------
+
+SURROGATE_GAME = GAME.replace("return self._rules(), self._info()", "return self._rules() + chr(0xD800), self._info()")
+SURROGATE_TOOL = TYPED_ENV.replace('return "echo " +', 'return chr(0xDC80) + "echo " +')
+
+
+def test_an_environment_writing_a_lone_surrogate_is_at_fault_not_the_play(sandbox):
+    """A lone surrogate in an observation or a tool result (``chr(0xD800)`` in the environment's code)
+    would make the next prompt untokenizable: the sandbox refuses it as a bad return, the play ends
+    with the environment's error, and admission rejects such a game at its smoke test."""
+    from spade.envs.admission import admit
+
+    assert "chr(0xD800)" in SURROGATE_GAME and "chr(0xDC80)" in SURROGATE_TOOL
+
+    async def go(source, play, **kwargs):
+        env = await sandbox.service.open(source, max_turns=3)
+        try:
+            return await play(env, Scripted([GOOD, GOOD]), seed=0, max_turns=3, **kwargs)
+        finally:
+            await env.close()
+
+    for source, play, kwargs in ((SURROGATE_GAME, play_episode, {}),
+                                 (SURROGATE_TOOL, play_tool_episode, {"parser": PARSER})):
+        episode = sandbox.run(go(source, play, **kwargs), timeout=120)
+        assert episode.end_reason is EndReason.ENV_ERROR and episode.error.kind.value == "bad_return"
+        assert "lone surrogate" in episode.error.message
+    verdict = sandbox.run(admit(sandbox.service, SURROGATE_GAME, seed=0), timeout=300)
+    assert not verdict.admitted and verdict.error.kind.value == "bad_return", verdict.error
+    assert sandbox.service.running

@@ -151,13 +151,20 @@ class EchoEnv:
 @PROPERTY_SETTINGS
 @given(actions=st.lists(ACTIONS, min_size=1, max_size=3))
 def test_random_actions_arrive_intact(sandbox, actions):
-    """Any action (unicode, NULs, lone surrogates, up to 100k chars) reaches the env intact and echoes back."""
+    """Any action (unicode, NULs, lone surrogates, up to 100k chars) reaches the env intact and echoes
+    back; an echo holding a lone surrogate is the environment's bad return (the next prompt would be
+    text a tokenizer refuses), and ends the play there."""
     outcomes = play(sandbox, ECHO, actions)
-    assert not any(isinstance(o, EnvFault) for o in outcomes), outcomes[-1]
+    assert not isinstance(outcomes[0], EnvFault), outcomes[0]
     for sent, result in zip(actions, outcomes[1:]):
         # Frames are JSON: a str holding a surrogate *pair* as two code points ('\ud800\udfff') arrives
         # as the one astral character JSON's \uXXXX\uXXXX means. Everything else arrives unchanged.
         action = json.loads(json.dumps(sent))
+        if any("\ud800" <= c <= "\udfff" for c in action[:1000]):
+            assert isinstance(result, EnvFault) and result.error.kind is ErrorKind.BAD_RETURN, result
+            assert "lone surrogate" in result.error.message
+            return
+        assert not isinstance(result, EnvFault), result
         assert result.observation == action[:1000]
         assert result.reward == float(len(action) % 7) and result.terminated == (len(action) > 50_000)
         assert result.info == {"len": len(action),

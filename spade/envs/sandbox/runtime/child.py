@@ -423,6 +423,7 @@ class EnvHost:
         if len(text) > self.limits.max_observation_chars:
             raise Rejected("output_too_large", f"the tool schemas take {len(text)} characters, "
                                                f"limit {self.limits.max_observation_chars}")
+        _check_text(json.dumps(checked, ensure_ascii=False), "get_tools()")  # the chat template renders them
         return checked
 
     def _tools(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -447,6 +448,7 @@ class EnvHost:
         if len(output) > MAX_TOOL_OUTPUT_CHARS:
             raise Rejected("output_too_large", f"tool {name!r} returned {len(output)} characters, "
                                                f"limit {MAX_TOOL_OUTPUT_CHARS}")
+        _check_text(output, f"tool {name!r}'s result")
         if self._current_tools() != self.tool_schema:
             raise Rejected("bad_return", f"the tool schemas changed during the episode (after calling {name!r}); "
                                          "tools are fixed at reset")
@@ -523,7 +525,18 @@ class EnvHost:
         if len(observation) > self.limits.max_observation_chars:
             raise Rejected("output_too_large", f"{call}() observation has {len(observation)} characters, "
                                                f"limit {self.limits.max_observation_chars}")
-        return observation
+        return _check_text(observation, f"{call}() observation")
+
+
+def _check_text(text: str, what: str) -> str:
+    """``text``, which the agent's tokenizer will read: it must be strict UTF-8 (no lone surrogate,
+    such as ``chr(0xD800)``, which the tokenizer refuses and which would end the play)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Rejected("bad_return", f"{what} holds a lone surrogate ({text[exc.start]!r} at character "
+                                     f"{exc.start}), which UTF-8 cannot encode") from None
+    return text
 
 
 def _check_reward(reward: Any) -> float:
