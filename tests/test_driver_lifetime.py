@@ -148,6 +148,7 @@ def smoke_command() -> list[str]:
     return shlex.split(match.group(1).replace("\\\n", " "))
 
 
+@pytest.mark.slow
 @needs_tau2
 def test_terminating_spade_eval_ends_its_tau2_driver(tmp_path):
     out = tmp_path / "eval"
@@ -168,6 +169,7 @@ def test_terminating_spade_eval_ends_its_tau2_driver(tmp_path):
             kill_group(pid)
 
 
+@pytest.mark.slow
 @needs_tau2
 def test_the_documented_tau2_smoke_command_finishes(tmp_path):
     argv = smoke_command()

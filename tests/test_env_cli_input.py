@@ -10,6 +10,7 @@ subprocess (a pseudo-terminal for the prompt), the real sandbox.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pty
@@ -176,6 +177,7 @@ class Terminal:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(importlib.util.find_spec("readline") is None, reason="this Python has no readline module")
 def test_play_edits_the_line_and_ctrl_c_stops_it_cleanly():
     terminal = Terminal("env", "play", str(BANKING), "--seed", "0")
     try:
