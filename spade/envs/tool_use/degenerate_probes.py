@@ -12,8 +12,9 @@ episode uses (``reset``, ``call_tool``, ``step`` with the final answer):
 * ``once_<tool>`` (issue 40): calls that tool once with those arguments, then answers ``done``
   (a done signal that trusts one call);
 * ``chain_tools`` (issue 40): calls the tools in turn, round after round in schema order, each with
-  values copied from the latest result first (an id a lookup printed, ...), else from the first
-  observation, and answers ``done`` as ``repeat_<tool>`` does.
+  values copied from the latest result (an id a lookup printed, ...; before any result, schema
+  defaults and placeholders: the instructions' own values are ``repeat_<tool>``'s), and answers
+  ``done`` as ``repeat_<tool>`` does.
 
 Each policy's family (``done``, ``repeat``, ``once``, ``chain``) is named in a rejection. The seeds
 are the games probes' first round, drawn per candidate (:meth:`ProbeSettings.first_round`), and a
@@ -135,7 +136,7 @@ def tool_probe_policies(tools: list[dict[str, Any]]) -> tuple[ToolProbePolicy, .
                                         "values, then answers done", name, tool, kind="once"))
     if named:
         policies.append(ToolProbePolicy(CHAIN, "calls the tools in turn, each with values copied from the latest "
-                                        "result (else the first observation), then answers done", kind="chain"))
+                                        "result, then answers done", kind="chain"))
     return tuple(policies)
 
 
@@ -169,7 +170,7 @@ async def _episode(env: Any, policy: ToolProbePolicy, seed: int, turns: int, bud
     arguments = None if policy.schema is None else observed_arguments(policy.schema, first.observation)
     all_done, value, calls = False, 0.0, 0
     chain = list(tools) if policy.kind == "chain" else []
-    latest = first.observation
+    latest = ""  # what the last call returned: the chain copies from results, never from the instructions
     for turn in range(turns):
         if not budget.take():
             return None
@@ -177,8 +178,8 @@ async def _episode(env: Any, policy: ToolProbePolicy, seed: int, turns: int, bud
         if calling and not all_done and turn < turns - 1:
             tool = chain[calls % len(chain)] if chain else policy.schema
             name = tool.get("function", {}).get("name")
-            if chain:  # values copied from the latest result first, then the first observation
-                arguments = observed_arguments(tool, latest + "\n" + first.observation)
+            if chain:  # values copied from the latest result (schema defaults and placeholders before any)
+                arguments = observed_arguments(tool, latest)
             result = await env.call_tool(name, dict(arguments or {}))
             latest, calls = result.output, calls + 1
             all_done = result.progress.all_done
