@@ -84,6 +84,18 @@ def test_serve_refuses_a_busy_port_before_it_loads_the_model():
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.parametrize("args, needles", [
+    (["--model", "/no/such/model"], ["--model /no/such/model: no such directory"]),
+    (["--model", "embedded", "engine.max_batch_size=0"], ["engine.max_batch_size", "must be >= 1"]),
+    (["--model", "embedded", "run.steps=3"], ["run.steps=3: only engine.* and model.dtype settings apply here"]),
+    (["--model", "embedded", "--config", "/no/such/config.yaml"], ["/no/such/config.yaml"]),
+])
+def test_serve_refuses_a_model_or_engine_setting_before_loading(args, needles):
+    proc = subprocess.run([sys.executable, "-m", "spade", "serve", "--port", "0", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    one_usage_line(proc, *needles)
+
+
 def test_tool_use_with_a_template_without_tool_calls_fails_before_the_run_directory(tmp_path, plain_template_model):
     run = tmp_path / "run"
     overrides = [f"model.hf_dir={plain_template_model}", "selfplay.domain=tool_use"]
