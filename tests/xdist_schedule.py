@@ -19,7 +19,9 @@ import pytest
 SECONDS: dict[str, float] = {
     "test_train_loop.py": 98,
     "test_device_check.py": 75,
+    "test_cli_usage_lines.py": 40,  # measured alone (2026-12-07), not in the night's run
     "test_resume_kills.py": 37,
+    "test_model_handoff.py": 35,  # measured alone (2026-12-07)
     "test_sandbox_hostile.py": 31,
     "test_constrained_decoding.py": 29,
     "test_control_group.py": 24,
