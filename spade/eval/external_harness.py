@@ -26,7 +26,7 @@ from ..process_group import kill_group
 from . import driver_lifetime
 from .chat_interface import ChatModelLike
 from .endpoint_options import UserSimulator
-from .runner import EvalError, read_records
+from .runner import EvalError, read_records, record_line
 from .served_model import SERVED_NAME, serve_chat_model
 from .types import BenchmarkScore, BenchmarkUnavailable, ItemRecord, SamplingSettings
 
@@ -197,7 +197,7 @@ async def run_driver(driver: Driver, config: Mapping[str, Any]) -> dict[str, Any
 def write_records(path: Path, records: Mapping[str, Sequence[ItemRecord]]) -> None:
     """Rewrite ``path`` with these units' records, keeping the lines of other units."""
     kept = [r for r in read_records(path).values() if r.group not in records]
-    lines = [json.dumps(r.to_json(), ensure_ascii=False) for r in kept + [r for rs in records.values() for r in rs]]
+    lines = [record_line(r) for r in kept + [r for rs in records.values() for r in rs]]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     os.replace(tmp, path)

@@ -123,8 +123,19 @@ def read_records(path: Path) -> dict[str, ItemRecord]:
     return records
 
 
+def record_line(record: ItemRecord) -> str:
+    """One results line: UTF-8 as written, or with ``\\uXXXX`` escapes when the record holds a lone
+    surrogate (a call's arguments decoded from a model's ``"\\ud800"``), which UTF-8 cannot encode."""
+    line = json.dumps(record.to_json(), ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(record.to_json())
+    return line
+
+
 def _append(path: Path, record: ItemRecord) -> None:
-    line = (json.dumps(record.to_json(), ensure_ascii=False) + "\n").encode()
+    line = (record_line(record) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
