@@ -178,3 +178,16 @@ def test_score_on_the_run_matches_the_export(trained_run, exported, tmp_path):
     expected = [None] + [float(logp[i, ids[i + 1]]) for i in range(len(ids) - 1)]
     assert scored[0] is None
     assert scored[1:] == pytest.approx(expected[1:], abs=2e-4)
+
+
+def test_eval_takes_the_run(trained_run, tmp_path):
+    """``spade eval --model RUN`` evaluates the run's newest checkpoint, and says which."""
+    out = tmp_path / "results"
+    done = prewarmed.run(["eval", "--model", str(trained_run), "--benchmarks", "aime25", "--data",
+                          str(ROOT / "tests" / "fixtures" / "eval"), "--limit", "1", "--samples", "1",
+                          "--max-new-tokens", "4", "--dtype", "float32", "--out", str(out)], timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    checkpoint = trained_run / "checkpoints" / "step_1"
+    assert (summary["resolved_model"], summary["step"], summary["label"]) == (str(checkpoint), 1, "run@1")
+    assert summary["benchmarks"]["aime25"]["items"] == 1
