@@ -82,6 +82,10 @@ CASES = [
     Case("template-prefills-think", "plan: " + j('{"name": "lookup", "arguments": {"q": "Oslo"}}') + "</think>\n\nOn it.\n"
          + j('{"name": "get_weather", "arguments": {"city": "</tool_call>"}}'),
          (("get_weather", {"city": "</tool_call>"}),), template=PREFILLS_THINK, reasoning_parser="qwen3"),
+    # JSON's escape for a lone surrogate: the decoded argument is text UTF-8 cannot encode, which the
+    # response carries as a JSON escape (issue 43: it failed the response)
+    Case("lone-surrogate-escape", j('{"name": "lookup", "arguments": {"q": "a\\ud800b"}}'),
+         (("lookup", {"q": "a\ud800b"}),)),
 ]
 
 

@@ -37,6 +37,17 @@ class Request:
         return json.loads(self.body.decode("utf-8"))
 
 
+def json_bytes(value: Any) -> bytes:
+    """``value`` as UTF-8 JSON, non-ASCII text as written; a value holding a lone surrogate (a tool
+    call's arguments decoded from a model's ``"\\ud800"``), which UTF-8 cannot encode, is written
+    with ``\\uXXXX`` escapes instead of failing the response."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value).encode("utf-8")
+
+
 @dataclass
 class Response:
     status: int = 200
@@ -46,7 +57,7 @@ class Response:
 
     @classmethod
     def json(cls, value: Any, status: int = 200) -> "Response":
-        return cls(status, json.dumps(value, ensure_ascii=False).encode("utf-8"))
+        return cls(status, json_bytes(value))
 
 
 @dataclass

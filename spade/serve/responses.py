@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
-from .http import Response, StreamResponse
+from .http import Response, StreamResponse, json_bytes
 from .protocol import APIError, listed_tools
 
 ChatEndpoint = Callable[[Any], Awaitable["Response | StreamResponse"]]
@@ -450,7 +450,7 @@ class ResponseEvents:
         value = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return (f"event: {kind}\ndata: ".encode("utf-8")
-                + json.dumps(value, ensure_ascii=False).encode("utf-8") + b"\n\n")
+                + json_bytes(value) + b"\n\n")
 
     def _response(self, status: str, usage: Optional[dict[str, int]] = None,
                   error: Optional[dict[str, Any]] = None) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from spade.rollout.engine import Constraint, GenerationRequest, GenerationResult
 
 from ..agent import reasoning
 from . import constraints, protocol, responses
-from .http import Request, Response, StreamResponse
+from .http import Request, Response, StreamResponse, json_bytes
 from .protocol import APIError, ChatRequest, CompletionRequest, Sampling
 from .streaming import ChatChoiceStream, ChoiceText, Delta, TokenLogprob
 
@@ -603,7 +603,7 @@ def _completion_logprob_entries(tokens: list[TokenLogprob], start: int) -> tuple
 
 
 def _event(value: Any) -> bytes:
-    return b"data: " + json.dumps(value, ensure_ascii=False).encode("utf-8") + b"\n\n"
+    return b"data: " + json_bytes(value) + b"\n\n"
 
 
 def _chat_logprobs(choice: Generated, request: ChatRequest) -> Optional[list[dict[str, Any]]]:
