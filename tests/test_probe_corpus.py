@@ -90,16 +90,17 @@ def test_the_seeds_are_drawn_per_candidate_and_per_run():
 # -- the false-rejection property --------------------------------------------------------------
 
 class _GeneratedGame:
-    """An honest game drawn from ``spec``: a secret (a number in a range, a word of a list, or a
-    sum of shown numbers), a budget of tries, and feedback that never states the secret ("wrong",
-    how many letters or digits are right, or warmer/colder between guesses)."""
+    """An honest game drawn from ``spec``: a secret (a number in a range, a word of a list, a sum of
+    shown numbers, or one of 4-8 listed options with a single try), a budget of tries, and feedback
+    that never states the secret ("wrong", how many letters are right, or warmer/colder between
+    guesses)."""
 
     WORDS = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heath", "inlet", "karst", "larch"]
 
     def __init__(self, spec: random.Random, max_turns: int):
-        self.kind = spec.choice(["number", "word", "sum"])
-        self.tries = spec.randint(1, 6)
-        self.span = spec.choice([50, 100, 1000])
+        self.kind = spec.choice(["number", "word", "sum", "choice"])
+        self.tries = spec.randint(1, 6) if self.kind != "choice" else 1
+        self.span = spec.choice([50, 100, 1000]) if self.kind != "choice" else spec.randint(4, 8)
         self.max_turns = max_turns
 
     def reset(self, seed: int) -> str:
@@ -111,6 +112,11 @@ class _GeneratedGame:
         if self.kind == "word":
             self.secret = rng.choice(self.WORDS)
             return f"Guess my five-letter tree-or-landform word in {self.tries} tries; you learn letters in place."
+        if self.kind == "choice":  # one try among span options, one of them right: luck wins 1/span
+            letters = "ABCDEFGH"[:self.span]
+            self.secret = rng.choice(letters).lower()
+            listed = "\n".join(f"{letter}) reading {rng.randint(10, 99)}" for letter in letters)
+            return f"Which reading is the calibrated one?\n{listed}\nAnswer with one letter as \\boxed{{X}}."
         values = [rng.randint(10, 99) for _ in range(rng.randint(3, 6))]
         self.secret = str(sum(values) * 3 % 97)
         return f"Take the sum of {' '.join(map(str, values))}, triple it, and give the remainder by 97."
@@ -126,6 +132,8 @@ class _GeneratedGame:
         if self.kind == "word":
             right = sum(a == b for a, b in zip(guess, self.secret))
             return f"{right} letters in place.", 0.0, False, self.turn >= self.max_turns
+        if self.kind == "choice":
+            return "Wrong.", 0.0, True, False
         if self.kind == "number" and guess.isdigit():
             closer = self.last is not None and abs(int(guess) - int(self.secret)) < abs(self.last - int(self.secret))
             self.last = int(guess)
@@ -134,8 +142,9 @@ class _GeneratedGame:
 
 
 def test_generated_honest_games_are_falsely_rejected_under_one_percent():
-    """400 generated honest games, each on its own drawn seeds: fewer than 1% rejected (a game of
-    one try over 50 numbers is won by a constant reply one seed in 50, so a rejection is luck)."""
+    """400 generated honest games, each on its own drawn seeds: fewer than 1% rejected. A constant
+    reply wins a four-option one-try question one seed in four, so eight seeds alone reach the 0.5
+    threshold one time in nine for some letter: the confirmation rounds keep that luck out."""
     spec = random.Random(40)
     rejected = []
     for index in range(400):

@@ -84,9 +84,11 @@ def reference_policy(reply: Callable[[str], str], name: str = REFERENCE_POLICY) 
 
 
 # A mean return at or above the threshold but below threshold + CONFIRM_MARGIN after a round of
-# seeds is played again on the next round (when the plan has one) and judged on all of them: a
-# policy that wins one game in four would otherwise reach 0.5 on eight seeds now and then by luck.
-CONFIRM_MARGIN = 0.25
+# seeds (with 0.5 and 0.5: anything short of winning every seed) is played again on the next round,
+# when the plan has one, and judged on all of them: a policy that wins one game in four would
+# otherwise reach 0.5 on eight seeds one time in nine (a four-option quiz answered "A": measured
+# 0.6% rejected with three rounds).
+CONFIRM_MARGIN = 0.5
 # A probe policy (outside the constant family, which plays every turn) that sent the same reply and got
 # the same observation, numbers aside, this many times in a row is stuck: its episode ends there.
 STUCK_REPEATS = 2
