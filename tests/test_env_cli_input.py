@@ -193,3 +193,11 @@ def test_play_edits_the_line_and_ctrl_c_stops_it_cleanly():
         assert "interrupted (Ctrl-C)" in text and "Traceback" not in text and "[3] > " not in text
     finally:
         terminal.close()
+
+
+def test_actions_that_are_not_utf8_are_refused_in_one_line(tmp_path):
+    actions = tmp_path / "actions.txt"
+    actions.write_bytes(b"I check.\n<answer>caf\xff</answer>\n")
+    result = spade("env", "run", str(BANKING), "--actions-file", str(actions))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"spade: error: {actions}: action 2 holds byte 0xff, which is not UTF-8\n"

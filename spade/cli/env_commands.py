@@ -42,7 +42,7 @@ from ..envs.tool_use.admission import ToolAdmissionSettings
 from ..envs.tool_use.local import is_tool_source
 from ..envs.winnability import WinnabilitySettings
 from .common import UsageError, read_text, sandbox_config
-from .env_input import PlayInterrupted, decode_escapes, prompt, read_actions_file
+from .env_input import PlayInterrupted, check_text, decode_escapes, prompt, read_actions_file
 
 
 def add_parser(subparsers: Any) -> None:
@@ -211,6 +211,7 @@ def _indices(found: list[int]) -> str:
 
 def _read_actions(args: argparse.Namespace, *, escapes: bool) -> list[str]:
     if args.actions is not None:
+        check_text(args.actions, "--actions")
         return list(args.actions)
     return read_actions_file(args.actions_file, escapes=escapes)
 

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Optional
 
-from .common import read_text
+from .common import UsageError, read_text
 
 _ESCAPE = re.compile(r"\\([\\n])")
 
@@ -36,7 +36,17 @@ def decode_escapes(text: str) -> str:
 def read_actions_file(path: str, *, escapes: bool) -> list[str]:
     """One action per line of ``path`` (blank lines skipped), escapes decoded when ``escapes``."""
     lines = [line for line in read_text(path).splitlines() if line.strip()]
+    check_text(lines, path)
     return [decode_escapes(line) for line in lines] if escapes else lines
+
+
+def check_text(actions: list[str], where: str) -> None:
+    """UsageError naming the first action holding bytes that are not UTF-8 (read with
+    ``surrogateescape``, from a file or the command line): no model writes such a reply."""
+    for number, action in enumerate(actions, 1):
+        byte = next((ord(c) - 0xDC00 for c in action if "\udc80" <= c <= "\udcff"), None)
+        if byte is not None:
+            raise UsageError(f"{where}: action {number} holds byte 0x{byte:02x}, which is not UTF-8")
 
 
 _line_editing: Optional[bool] = None
