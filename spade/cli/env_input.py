@@ -4,8 +4,9 @@ A tool call in Qwen3's JSON form needs new lines (``<tool_call>``, a new line, t
 ``</tool_call>``), which one line of a terminal or of a file cannot hold. In a tool environment's
 raw responses (every line of its actions file; every typed line but the ``TOOL {json}`` and
 ``answer TEXT`` shorthands) the two-character escape ``\\n`` stands for a new line and ``\\\\``
-for one backslash; every other backslash is kept as written. So a JSON string that itself needs JSON's escape for a new line is
-written ``\\\\n``. Games take their lines as typed (``\\boxed{...}``, ``\\neq`` stay).
+for one backslash; every other backslash is kept as written. So a JSON string that itself needs
+JSON's escape for a new line is written ``\\\\n``. Games take their lines as typed (``\\boxed{...}``,
+``\\neq`` stay).
 
 The terminal prompt edits its line with GNU readline (arrows, Ctrl-A/E, history) when standard
 input and output are a terminal, and turns Ctrl-C at the prompt into :class:`PlayInterrupted`.
