@@ -68,6 +68,8 @@ def test_a_run_dir_that_is_a_file_is_one_line(tmp_path):
     file.write_text("not a directory\n")
     proc = spade("train", "--config", str(SMOKE), "--run-dir", str(file))
     one_usage_line(proc, f"--run-dir {file}: is a file")
+    under = spade("train", "--config", str(SMOKE), "--run-dir", str(file / "run"))
+    one_usage_line(under, f"--run-dir {file / 'run'}: lies under the file {file}")
     assert file.read_text() == "not a directory\n"
 
 

@@ -197,8 +197,13 @@ def _check_ok(config, what: str) -> int:
 
 
 def _refuse_file_run_dir(path: str | None) -> None:
-    if path is not None and Path(path).exists() and not Path(path).is_dir():
-        raise UsageError(f"--run-dir {path}: is a file, not a directory; choose another --run-dir")
+    """A ``--run-dir`` that is a file, or lies under one, cannot be made a directory."""
+    if path is None:
+        return
+    existing = next((p for p in (Path(path), *Path(path).absolute().parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == Path(path) else f"lies under the file {existing}"
+        raise UsageError(f"--run-dir {path}: {where}, not a directory; choose another --run-dir")
 
 
 def _run_train(args: argparse.Namespace) -> int:
