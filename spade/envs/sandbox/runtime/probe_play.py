@@ -277,6 +277,7 @@ def play(plan: ProbePlan, reset: Reset, step: Step, parse: Callable[[str], str],
     outcome = ProbeOutcome()
     budget = ProbeBudget(plan.max_steps, plan.max_seconds)
     played: dict[tuple[int, str], float] = {}  # (seed, constant reply) -> return
+    firsts: dict[int, str] = {}  # seed -> its first observation
     pending = list(prior)
     for name in plan.policies:
         policy = family[name]
@@ -297,7 +298,7 @@ def play(plan: ProbePlan, reset: Reset, step: Step, parse: Callable[[str], str],
                 budget.left, budget.used = budget.left - episode.steps, budget.used + episode.steps
                 budget.exhausted = budget.exhausted or episode.ending == "budget"
             else:
-                episode = _episode(plan, policy, seed, reset, step, parse, budget, played, outcome)
+                episode = _episode(plan, policy, seed, reset, step, parse, budget, played, outcome, firsts)
                 if on_episode is not None:
                     on_episode(episode)
             outcome.episodes.append(episode)
@@ -315,13 +316,24 @@ def play(plan: ProbePlan, reset: Reset, step: Step, parse: Callable[[str], str],
 
 
 def _episode(plan: ProbePlan, policy: ProbePolicy, seed: int, reset: Reset, step: Step, parse: Callable[[str], str],
-             budget: ProbeBudget, played: dict[tuple[int, str], float], outcome: ProbeOutcome) -> Episode:
+             budget: ProbeBudget, played: dict[tuple[int, str], float], outcome: ProbeOutcome,
+             firsts: dict[int, str]) -> Episode:
     rng = random.Random(f"{seed}:{policy.name}")
+    if policy.constant and seed in firsts and outcome.fault is None:
+        # a constant reply is a function of the first observation alone (the same for every reset of
+        # this seed): with nothing to say, or a reply this seed has already scored, no reset is needed
+        known = firsts[seed]
+        reply = policy.act(ProbeView(known, known, None, rng))
+        if reply is None:
+            return Episode(policy.name, seed, None, "nothing_to_play")
+        if (seed, reply) in played:
+            return Episode(policy.name, seed, played[(seed, reply)], "same_reply")
     try:
         first = reset(seed)
     except EnvFailed as failed:
         outcome.fault = outcome.fault or (failed.kind, failed.message)
         return Episode(policy.name, seed, 0.0, "reset_fault")
+    firsts[seed] = first
     observation, previous = first, None
     observations, replies, memory = [first], [], {}
     repeats, last_shape = 0, None
