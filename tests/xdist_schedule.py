@@ -17,6 +17,7 @@ import os
 import pytest
 
 SECONDS: dict[str, float] = {
+    "test_driver_lifetime.py": 160,  # wall time, mostly waiting on tau2's driver; measured alone (2026-12-07)
     "test_train_loop.py": 98,
     "test_device_check.py": 75,
     "test_cli_usage_lines.py": 40,  # measured alone (2026-12-07), not in the night's run
@@ -42,6 +43,7 @@ SECONDS: dict[str, float] = {
     "test_tool_use_designed.py": 11,
     "test_serve_clients.py": 11,
     "test_env_commands_tool.py": 11,
+    "test_env_cli_input.py": 15,  # measured alone (2026-12-07)
     "test_checkpoint_distributed.py": 10,
     "test_routing_replay_distributed.py": 10,
     "test_eval_runner.py": 10,
