@@ -126,6 +126,11 @@ def test_the_settings_reach_admission_through_admit_candidate(sandbox):
 
     assert run(require_reference_policy=True).error.kind is ErrorKind.REFERENCE_MISSING
     assert run().admitted and run(require_reference_policy=True, admission_paper_exact=True).admitted
+    # in a run the reference policy plays the candidate's own first round of probe seeds (issue 40)
+    won = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(require_reference_policy=True), HUNT + BISECT,
+                                      run_seed=5), timeout=120)
+    assert won.admitted and won.reference_report.won
+    assert won.reference_report.seeds == won.probe_report.seeds[:8] and len(set(won.reference_report.seeds)) == 8
 
 
 def test_the_switch_reaches_the_prompt_and_admission():
@@ -135,7 +140,7 @@ def test_the_switch_reaches_the_prompt_and_admission():
     assert REFERENCE_POLICY_SPEC not in designer_messages(request)[-1]["content"]
     on = SelfPlaySettings(require_reference_policy=True, reference_min_return=0.8)
     assert on.asks_reference_policy
-    assert on.admission_reference_settings() == ReferenceSettings(min_return=0.8,
+    assert on.admission_reference_settings() == ReferenceSettings(min_return=0.8, seeds=(),
                                                                   max_seconds=on.admission_timeout_s / 4)
     asked = DesignerRequest(skill=request.skill, document="A text.", reference_policy=True)
     for prompt in (designer_messages(asked), designer_messages(asked, no_corpus="concepts", rng=random.Random(0)),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..designer.extract import extract_code
@@ -210,6 +210,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 raise _Rejection(EnvError(ErrorKind.UNWINNABLE, Stage.WINNABILITY, winnability_report.message()))
         if reference is not None and not getattr(env, "tool_use", False):
             with timer.stage(Stage.REFERENCE_POLICY):
+                if not reference.seeds:  # the run's settings: the candidate's own seeds (issue 40)
+                    reference = replace(reference, seeds=candidate_probes.first_round)
                 reference_report = await _reference_stage(env, reference, max_turns, probe_report)
             if not reference_report.won:
                 raise _Rejection(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY, reference_report.message()))

@@ -29,8 +29,9 @@ DEFAULT_MIN_RETURN = 0.9
 @dataclass(frozen=True)
 class ReferenceSettings:
     """``min_return``: the mean return over ``seeds`` the reference policy must reach
-    (``selfplay.reference_min_return``); ``max_steps`` / ``max_seconds``: its step and time budgets
-    (the probes' own)."""
+    (``selfplay.reference_min_return``); ``seeds`` empty (the run's settings): admission plays the
+    candidate's first round of probe seeds (issue 40); ``max_steps`` / ``max_seconds``: its step and
+    time budgets (the probes' own)."""
 
     min_return: float = DEFAULT_MIN_RETURN
     seeds: tuple[int, ...] = PROBE_SEEDS

@@ -391,8 +391,9 @@ class SelfPlaySettings:
                 and self.env_source == "designer")
 
     def admission_reference_settings(self) -> ReferenceSettings | None:
-        """The reference-policy stage's settings (the probes' step and time budgets), or None when it is off."""
+        """The reference-policy stage's settings (the probes' step and time budgets; no seeds: the
+        candidate's own probe seeds), or None when it is off."""
         if not self.asks_reference_policy:
             return None
-        return ReferenceSettings(min_return=float(self.reference_min_return), max_steps=self.degenerate_probe_steps,
-                                 max_seconds=self.admission_timeout_s / 4)
+        return ReferenceSettings(min_return=float(self.reference_min_return), seeds=(),
+                                 max_steps=self.degenerate_probe_steps, max_seconds=self.admission_timeout_s / 4)
