@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers serve-clients device-mirror config-doc
+.PHONY: demo learn test setup system-packages browser model benchmark clean tau2 acebench sglang-src verifiers serve-clients device-mirror config-doc
 
 RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 
@@ -16,6 +16,13 @@ RUN_DIR ?= runs/smoke-$(shell date +%Y%m%d-%H%M%S)
 demo: setup model
 	$(BIN)/spade demo
 	$(BIN)/spade train --config examples/smoke_cpu.yaml --run-dir $(RUN_DIR)
+
+# The learning check (docs/learning.md): the embedded model trained with GRPO on three easy games,
+# and a control whose advantages are shuffled within each step, both measured before and after on
+# held-out seeds; writes learning.md and learning.png in LEARN_DIR and prints the headline.
+LEARN_DIR ?= runs/learn-$(shell date +%Y%m%d-%H%M%S)
+learn: setup model
+	$(BIN)/python benchmarks/learning.py --out $(LEARN_DIR)
 
 # The suite on TEST_WORKERS processes (pytest-xdist): each test file runs whole in one worker, the
 # longest files first (tests/xdist_schedule.py). TEST_WORKERS=0 runs it in this one process.

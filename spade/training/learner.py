@@ -129,6 +129,7 @@ class Learner:
         """One GRPO step on ``samples`` (the same list on every rank); ``train/*`` metrics.
         ``on_phase`` is called as each phase ends: "logprobs" (the reference model's pass, with
         the KL term), "forward_backward", "optimizer"."""
+        from .advantage_control import shuffle_advantages, shuffle_seed
         from .batching import data_parallel_shard, filler_micro_batch, make_micro_batches
         from .train_step import compute_logprobs, train_step
 
@@ -136,6 +137,8 @@ class Learner:
             return {"train/loss": None, "train/samples": 0.0, "train/skipped_no_samples": 1.0}
         samples = consistent_logprobs(list(samples))
         samples = at_logprob_temperature(samples, self.options.loss.logprob_temperature)
+        if self.options.loss.control_shuffle_advantages:
+            samples = shuffle_advantages(samples, shuffle_seed(samples))
         samples = over_denominator(samples, self.options.loss.sample_mean_denominator)
         mine = [samples[i] for i in data_parallel_shard(samples, self.ctx.dp_size, self.ctx.dp_rank)]
         multiple = self.layout.tp if self.layout.sequence_parallel else 1
