@@ -137,9 +137,9 @@ class Learner:
             return {"train/loss": None, "train/samples": 0.0, "train/skipped_no_samples": 1.0}
         samples = consistent_logprobs(list(samples))
         samples = at_logprob_temperature(samples, self.options.loss.logprob_temperature)
+        samples = over_denominator(samples, self.options.loss.sample_mean_denominator)
         if self.options.loss.control_shuffle_advantages:
             samples = shuffle_advantages(samples, shuffle_seed(samples))
-        samples = over_denominator(samples, self.options.loss.sample_mean_denominator)
         mine = [samples[i] for i in data_parallel_shard(samples, self.ctx.dp_size, self.ctx.dp_rank)]
         multiple = self.layout.tp if self.layout.sequence_parallel else 1
         budget = self.options.micro_batch_tokens

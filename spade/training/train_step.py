@@ -79,10 +79,10 @@ class LossSettings:
     # MoE rollout routing replay (R3): "rollout" routes every token the engine reported by the
     # engine's experts (docs/routing_replay.md); "off" lets the trainer's routers choose.
     routing_replay: Literal["off", "rollout"] = "off"
+    sample_mean_denominator: Literal["samples"] | int = "samples"
     # the learning check's control arm only (docs/learning.md): each step's advantages permuted among
     # its samples before the loss (spade.training.advantage_control), so nothing can be learned
     control_shuffle_advantages: bool = False
-    sample_mean_denominator: Literal["samples"] | int = "samples"
 
     def __post_init__(self) -> None:
         require(self.aggregation in AGGREGATIONS, "aggregation",
