@@ -29,7 +29,7 @@ class SmallSumEnv:
         self.a, self.b = rng.randint(1, 9), rng.randint(1, 9)
         self.done = False
         rules = (f"What is {self.a} + {self.b}?\n"
-                 "Your answer is the last number in your reply, for example \\boxed{11}. "
+                 "Your answer is the last number in your reply. "
                  "Reward 1.0 for the right sum, otherwise 0.0.")
         return rules, {"terms": [self.a, self.b]}
 

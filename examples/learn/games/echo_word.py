@@ -1,7 +1,9 @@
-"""Pass Word: a word is shown; say it back. One reply ends the game; its last word is the answer.
+"""Pass Word: a pass word and two decoy words are shown; say the pass word back. One reply ends the
+game: it wins when it names the pass word and neither decoy.
 
-A game for the learning check (docs/learning.md): SmolLM2-135M-Instruct often repeats the word but
-seldom ends its reply on it, so its GRPO groups carry signal from the first step.
+A game for the learning check (docs/learning.md): SmolLM2-135M-Instruct often repeats the line with
+the pass word but also copies more of the prompt, so its GRPO groups carry signal from the first
+step. The decoys make a reply that copies the whole observation lose.
 """
 
 import random
@@ -11,14 +13,13 @@ WORDS = ("amber", "basil", "cedar", "delta", "ember", "fable", "grove", "harbor"
          "kettle", "lantern", "maple", "nectar", "orbit", "pepper", "quartz", "raven", "saddle", "timber")
 
 
-def parse_action(action) -> str:
-    """The answer: the last word of the reply, lower-cased (a surrounding \\boxed{...} is stripped first)."""
+def reply_words(action) -> set:
+    """The words of the reply, lower-cased (a surrounding \\boxed{...} is stripped first)."""
     text = str(action).strip()
     boxed = re.fullmatch(r"\\boxed\{(.*)\}", text, flags=re.DOTALL)
     if boxed:
         text = boxed.group(1)
-    words = re.findall(r"[A-Za-z]+", text)
-    return words[-1].lower() if words else ""
+    return {word.lower() for word in re.findall(r"[A-Za-z]+", text)}
 
 
 class PassWordEnv:
@@ -28,18 +29,20 @@ class PassWordEnv:
 
     def reset(self, seed=None):
         rng = random.Random(seed)
-        self.word = rng.choice(WORDS)
+        self.word, *self.decoys = rng.sample(WORDS, 3)
         self.done = False
         rules = (f"The pass word is {self.word}.\n"
-                 "Your answer is the last word of your reply, for example \\boxed{apple}. "
-                 "Reward 1.0 for the pass word, otherwise 0.0.")
+                 "Reply with the pass word. Reward 1.0 when your reply names the pass word and no decoy word, "
+                 "otherwise 0.0.\n"
+                 f"Decoy words: {self.decoys[0]}, {self.decoys[1]}.")
         return rules, {"length": len(self.word)}
 
     def step(self, action):
         if self.done:
             return "The game is over.", 0.0, True, False, {}
         self.done = True
-        answer = parse_action(action)
-        if answer == self.word:
-            return "Correct.", 1.0, True, False, {"answer": answer}
-        return f"Wrong: the pass word was {self.word}.", 0.0, True, False, {"answer": answer}
+        words = reply_words(action)
+        named = sorted(words & {self.word, *self.decoys})
+        if named == [self.word]:
+            return "Correct.", 1.0, True, False, {"named": named}
+        return f"Wrong: the pass word was {self.word}.", 0.0, True, False, {"named": named}

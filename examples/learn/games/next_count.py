@@ -30,7 +30,7 @@ class CountOnEnv:
         self.shown = list(range(start, start + 4))
         self.done = False
         rules = (f"Continue the count: {', '.join(str(n) for n in self.shown)}, ?\n"
-                 "Your answer is the last number in your reply, for example \\boxed{12}. "
+                 "Your answer is the last number in your reply. "
                  "Reward 1.0 for the next number, otherwise 0.0.")
         return rules, {"shown": self.shown}
 
