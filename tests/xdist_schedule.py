@@ -39,6 +39,7 @@ SECONDS: dict[str, float] = {
     "test_runtime_versions.py": 13,
     "test_partial_rollouts_resume.py": 13,
     "test_sglang_engine.py": 12,
+    "test_degenerate_probes.py": 12,  # measured alone (2026-12-07, issue 40's families)
     "test_pool_generate.py": 11,
     "test_tool_use_designed.py": 11,
     "test_serve_clients.py": 11,
@@ -48,8 +49,10 @@ SECONDS: dict[str, float] = {
     "test_routing_replay_distributed.py": 10,
     "test_eval_runner.py": 10,
     "test_analysis_cli.py": 10,
+    "test_tool_degenerate_probes.py": 10,  # measured alone (2026-12-07)
     "test_training_distributed.py": 9,
     "test_sglang_constrained.py": 9,
+    "test_probe_corpus.py": 9,  # measured alone (2026-12-07)
     "test_sandbox_service.py": 8,
     "test_analysis_baselines.py": 8,
     "test_deferred_imports.py": 8,
@@ -69,7 +72,6 @@ SECONDS: dict[str, float] = {
     "test_explorer.py": 6,
     "test_tool_sandbox.py": 6,
     "test_trackers.py": 5,
-    "test_degenerate_probes.py": 5,
     "test_deferred_compile.py": 5,
     "test_eval_bfcl.py": 4,
     "test_rollout_schedule_bench.py": 4,
@@ -90,9 +92,9 @@ SECONDS: dict[str, float] = {
     "test_tis_temperature.py": 3,
     "test_checkpoint.py": 3,
     "test_extract.py": 3,
-    "test_tool_degenerate_probes.py": 3,
     "test_serve.py": 3,
     "test_resume_before_update.py": 3,
+    "test_winnability.py": 3,  # measured alone (2026-12-07)
     "test_checkpoint_first_step.py": 2,
     "test_analysis_metrics.py": 2,
     "test_hf_engine_chunked_prefill.py": 2,
