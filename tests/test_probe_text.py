@@ -74,3 +74,16 @@ def test_the_search_family_needs_more_than_the_threshold():
     assert threshold_for(bisect, 0.5) == 0.9 and threshold_for(constant, 0.5) == 0.5
     names = [p.name for p in probe_policies()]
     assert len(names) == len(set(names))
+
+
+def test_command_templates_and_how_they_are_filled():
+    rules = ("Use \\boxed{guess N}, \\boxed{try NNN}, \\boxed{key VALUE}, \\boxed{open <door>}, \\boxed{dial D N} "
+             "or \\boxed{N}.")
+    assert text.templates(rules) == ("guess N", "try NNN", "key VALUE", "open <door>", "dial D N")
+    assert text.fill("dial D N", ("3", "7"), ("x",)) == "dial 3 7"
+    assert text.fill("key VALUE", ("12",), ("KX-1",)) == "key KX-1"  # a text placeholder takes text first
+    assert text.fill("try NNN", ("0", "737"), ()) == "try 737"  # NNN: the value with three digits
+    assert text.fill("try NNN", (), ()) == "try 111" and text.fill("open <door>", (), ()) == "open a"
+    # a wrong try prints the log line; the template is filled with what it showed first
+    assert _play("copy_into_template", ["Test with \\boxed{try NNN}.", "0 right. [log: set to 737]"]) == [
+        "\\boxed{try 111}", "\\boxed{try 737}"]

@@ -11,13 +11,15 @@ of games:
 * ``command``: a command word the rules name (their ``\\boxed{...}`` examples first, then words such
   as done / submit / hint), every turn or each in turn;
 * ``copy``: a number, word, quoted string or code-like token copied from the *latest* observation,
-  preferring what it shows for the first time (a correction, a hint, a later reveal);
+  preferring what it shows for the first time (a correction, a hint, a later reveal), alone or
+  filled into a command template the rules show (``\\boxed{submit N}``);
 * ``pairs``: two or three numbers of the latest observation (coordinates), every turn;
 * ``scan``: 0, 1, 2, ... / 1, 2, 3, ... / the stated range from its low end / a, b, c, ...;
 * ``bisect``: a binary search over the stated range (else 0-100) steered by comparison words in
   the feedback, read as said of the secret or of the guess; judged at :data:`SEARCH_THRESHOLD`
   (a game a blind search wins on only some seeds is a search game, not a leak);
-* ``macro``: ask for help (hint / help / reveal ... as the rules name it), then copy what it printed;
+* ``macro``: ask for help (hint / help / reveal ... as the rules name it), then copy what it printed,
+  alone or in a command template;
 * ``list``: one long reply listing every option, number, quoted string and word seen so far;
 * ``echo``: the observation sent back: raw, boxed, three times, or the first one every turn;
 * ``random``: a seeded random short reply, repeated or fresh every turn.
@@ -171,6 +173,23 @@ def _macro(read: Callable[[ProbeView], list[str]]) -> Callable[[ProbeView], Opti
     return act
 
 
+def _template_values(view: ProbeView) -> Optional[str]:
+    """A command template of the rules filled with the latest observation's values, what it shows
+    for the first time first; the templates are taken in turn."""
+    shapes = text.templates(view.first_observation)
+    if not shapes:
+        return None
+    numbers = tuple(_new(text.numbers, view)) + text.numbers(view.observation)
+    texts = tuple(_printed_text(view)) + text.code_tokens(view.observation) + text.words(view.observation)
+    return box(text.fill(shapes[view.turn % len(shapes)], numbers, texts))
+
+
+def _help_then_template(view: ProbeView) -> Optional[str]:
+    if view.turn % 2 == 0:
+        return box(_help_word(view))
+    return _template_values(view) or box(_help_word(view))
+
+
 def _printed_value(view: ProbeView) -> list[str]:
     return _new(text.numbers, view)
 
@@ -284,10 +303,14 @@ def probe_policies() -> tuple[ProbePolicy, ...]:
           family="bisect"),
         P("bisect_guess", "binary search steered by comparison words said of the guess", _bisect(True),
           family="bisect"),
+        P("copy_into_template", "a command template of the rules filled with the latest observation's values",
+          _template_values, family="copy"),
         P("help_then_number", "ask for help, then copy the number it printed", _macro(_printed_value),
           family="macro"),
         P("help_then_text", "ask for help, then copy the quoted string, token or word it printed",
           _macro(_printed_text), family="macro"),
+        P("help_then_template", "ask for help, then fill a command template of the rules with what it printed",
+          _help_then_template, family="macro"),
         P("list_everything", "every option, number, quoted string, token and word seen, boxed, comma-separated",
           _listing((_options, text.quoted, text.numbers, text.code_tokens, text.words), ", ", True, letters=True),
           family="list"),

@@ -90,6 +90,46 @@ def boxed_examples(text: str) -> tuple[str, ...]:
     return distinct([b.strip() for b in _BOXED.findall(text) if "<" not in b and "..." not in b and b.strip()])
 
 
+_ANY_BOXED = re.compile(r"\\boxed\{([^{}\n]{1,60})\}")
+# a placeholder in a command template: <anything>, or an all-capitals token such as N, NNNN, VALUE
+_PLACEHOLDER = re.compile(r"<[^<>]{1,20}>|\b[A-Z][A-Z_]{0,11}\b")
+_NUMERIC = re.compile(r"<?(?:N+|NUM|NUMBER|D|K|X|Y|Z|T|AMOUNT|Y+|COUNT|INDEX|INT|DIGITS?|GRAMS|YEAR)>?$", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=512)
+def templates(text: str) -> tuple[str, ...]:
+    """The rules' ``\\boxed{...}`` examples that hold a placeholder (``guess N``, ``key VALUE``,
+    ``open <door>``), as written; a lone placeholder (``\\boxed{N}``) is no command template."""
+    found = [b.strip() for b in _ANY_BOXED.findall(text)]
+    return distinct([b for b in found if _PLACEHOLDER.search(b) and _PLACEHOLDER.sub("", b).strip(" ,")])
+
+
+def fill(template: str, numbers_first: tuple[str, ...], texts_first: tuple[str, ...]) -> str:
+    """``template`` with each placeholder replaced, in order, by the next value: a number for a
+    numeric-looking placeholder (N, NNNN, <number>, X, ...), else a text value (a token, a quoted
+    string or a word, then a number). When the values run out, a filler of the placeholder's shape
+    (``111`` for ``NNN``, ``1``, ``a``): a first try that the game accepts as well-formed, so that
+    its feedback comes."""
+    numbers_left, texts_left = list(numbers_first), list(texts_first)
+
+    def value(match: "re.Match[str]") -> str:
+        placeholder = match.group()
+        numeric = bool(_NUMERIC.match(placeholder))
+        pool = numbers_left if numeric else (texts_left or numbers_left)
+        if numeric and len(placeholder) > 1 and set(placeholder) == {"N"}:  # NNN: a value of that many digits
+            sized = [v for v in pool if len(v.lstrip("-")) == len(placeholder)]
+            if sized:
+                pool.remove(sized[0])
+                return sized[0]
+        if pool:
+            return pool.pop(0)
+        if numeric:
+            return "1" * len(placeholder) if set(placeholder) == {"N"} else "1"
+        return "a"
+
+    return _PLACEHOLDER.sub(value, template)
+
+
 @functools.lru_cache(maxsize=512)
 def options(text: str) -> tuple[str, ...]:
     """The options a text lists: one per line after a letter, digit or bullet, else the items of an
