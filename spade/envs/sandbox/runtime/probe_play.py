@@ -90,7 +90,9 @@ def reference_policy(reply: Callable[[str], str], name: str = REFERENCE_POLICY) 
 # 0.6% rejected with three rounds).
 CONFIRM_MARGIN = 0.5
 # A probe policy (outside the constant family, which plays every turn) that sent the same reply and got
-# the same observation, numbers aside, this many times in a row is stuck: its episode ends there.
+# the same observation this many times in a row is stuck: its episode ends there. Numbers aside for
+# a policy whose reply changes with what it reads; for a constant reply a changing number (a counter
+# of presses) is progress and the episode goes on.
 STUCK_REPEATS = 2
 _DIGITS = re.compile(r"\d+")
 _BOXED_ACTION = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -363,7 +365,7 @@ def _episode(plan: ProbePlan, policy: ProbePolicy, seed: int, reset: Reset, step
             outcome.fault = outcome.fault or (failed.kind, failed.message)
             return Episode(policy.name, seed, 0.0, "step_fault", steps, reply if policy.constant else None)
         rewards.append(reward)
-        shape = (reply, _DIGITS.sub("#", observation))
+        shape = (reply, observation if policy.constant else _DIGITS.sub("#", observation))
         repeats = repeats + 1 if shape == last_shape else 0
         last_shape = shape
         previous = reply
