@@ -40,8 +40,10 @@ _RANGE = re.compile(r"(?:between|from|in)\s+(-?\d+)\s*(?:and|to|-|–|\.\.)\s*(-
 COMMANDS = ("done", "submit", "finish", "hint", "help", "answer", "solve", "check", "confirm", "reveal", "skip",
             "pass", "end", "stop", "quit", "ready", "yes", "accept", "claim", "win", "next", "continue", "start",
             "go", "look", "status", "show", "peek", "clue", "ask", "open", "unlock", "verify", "commit", "wait")
-HELP_WORDS = ("hint", "help", "clue", "reveal", "status", "show", "peek", "look", "inspect", "check", "ask")
-_COMMAND = re.compile(r"\b(" + "|".join(COMMANDS + ("inspect",)) + r")\b", re.IGNORECASE)
+HELP_WORDS = ("hint", "help", "clue", "reveal", "status", "show", "peek", "look", "inspect", "check", "ask",
+              "examine", "scan", "info", "debug", "map", "solve")
+_COMMAND = re.compile(r"\b(" + "|".join(COMMANDS + ("inspect", "examine", "scan", "info", "debug", "map")) + r")\b",
+                      re.IGNORECASE)
 # feedback about a guess: the secret lies above it (UP) or below it (DOWN); "too X" phrases first
 _TOO_LOW = re.compile(r"\btoo\s+(?:low|small|few|short|early|little|cold|light|young|soon)\b|\bnot\s+enough\b",
                       re.IGNORECASE)
