@@ -8,14 +8,16 @@ built, so that ``Trainer.one_step`` is the same lines on every rank.
   of rank 0's rounds of plays while it waits for the samples.
 - :class:`Waiting` (every other rank): waits for the samples.
 
-Every role's :meth:`~Waiting.produce` ends with the rollout manager's ``switch_to_training``, a
-collective: every rank returns from it with the step's samples and the training state onloaded.
+A step's samples come in two verbs: :meth:`~Waiting.produce` (rank 0 plays the step, a shard rank
+starts serving its block, the others have nothing to do) and :meth:`~Waiting.switch_to_training`,
+the rollout manager's collective of that name: every rank returns from it with the step's samples
+and the training state onloaded (a shard rank once its block is served).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, NamedTuple, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import torch
 
@@ -27,23 +29,21 @@ from .progress import Progress
 from .step_metrics import measured_step
 
 
-class Produced(NamedTuple):
-    """A step's rollout (rank 0's ``StepOutput``; None on the other ranks) and the samples every
-    rank trains on."""
-
-    out: Optional[Any]
-    samples: list
-
-
 class Waiting:
     """A rank that neither runs the orchestrator nor plays a shard."""
 
     def __init__(self, rollout: RolloutManager):
         self.rollout = rollout
 
-    async def produce(self, step: Step, *, ready: Optional[Any] = None, keep_serving: bool = False) -> Produced:
-        """The step's samples (``ready``: the step's rollout, played ahead by the schedule)."""
-        return Produced(None, await self.rollout.switch_to_training(None, keep_serving=keep_serving))
+    async def produce(self, step: Step, *, ready: Optional[Any] = None) -> Optional[Any]:
+        """The step's rollout, rank 0's ``StepOutput`` (None on the other ranks); ``ready``: the
+        step's rollout, played ahead by the schedule."""
+        return None
+
+    async def switch_to_training(self, out: Optional[Any], *, keep_serving: bool = False) -> list:
+        """Every rank: the step's samples, the engine's memory handed to training (``keep_serving``:
+        the engine goes on taking requests through the update)."""
+        return await self.rollout.switch_to_training(None, keep_serving=keep_serving)
 
     async def play_ahead(self, step: Step) -> Optional[Any]:
         """``run.overlap``: ``step``'s rollout, played while the step before it trains (rank 0)."""
@@ -60,12 +60,18 @@ class ShardServing(Waiting):
     def __init__(self, rollout: RolloutManager, server: Any):
         super().__init__(rollout)
         self.server = server
+        self.serving: Optional[asyncio.Task] = None
 
-    async def produce(self, step: Step, *, ready: Optional[Any] = None, keep_serving: bool = False) -> Produced:
-        serving = asyncio.create_task(self.server.serve_step())
+    async def produce(self, step: Step, *, ready: Optional[Any] = None) -> Optional[Any]:
+        self.serving = asyncio.create_task(self.server.serve_step())  # until rank 0's step ends
+        return None
+
+    async def switch_to_training(self, out: Optional[Any], *, keep_serving: bool = False) -> list:
         samples = await self.rollout.switch_to_training(None, keep_serving=keep_serving)
-        await serving  # it ended before rank 0 shared the samples
-        return Produced(None, samples)
+        serving, self.serving = self.serving, None
+        if serving is not None:
+            await serving  # it ended before rank 0 shared the samples
+        return samples
 
 
 class Orchestrating(Waiting):
@@ -83,17 +89,19 @@ class Orchestrating(Waiting):
         self.evaluate_now, self.due, self.best_metric = evaluate_now, due, best_metric
         self.eval_score: Optional[tuple[int, float]] = None  # (updates, run.best_metric) of the last evaluation
 
-    async def produce(self, step: Step, *, ready: Optional[Any] = None, keep_serving: bool = False) -> Produced:
-        out = ready
-        if out is None:
-            self.progress.phase("playing")
-            out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress,
-                                      play_engine=self.rollout.play_engine)
-            if self.shards is not None:  # the shards go on to the samples' broadcast
-                await in_thread(self.device, self.shards.end_step)
-        samples = await self.rollout.switch_to_training([t.to_train_sample() for t in out.samples],
-                                                        keep_serving=keep_serving)
-        return Produced(out, samples)
+    async def produce(self, step: Step, *, ready: Optional[Any] = None) -> Optional[Any]:
+        if ready is not None:
+            return ready
+        self.progress.phase("playing")
+        out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress,
+                                  play_engine=self.rollout.play_engine)
+        if self.shards is not None:  # the shards go on to the samples' broadcast
+            await in_thread(self.device, self.shards.end_step)
+        return out
+
+    async def switch_to_training(self, out: Optional[Any], *, keep_serving: bool = False) -> list:
+        return await self.rollout.switch_to_training([t.to_train_sample() for t in out.samples],
+                                                     keep_serving=keep_serving)
 
     async def play_ahead(self, step: Step) -> Optional[Any]:
         return await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)

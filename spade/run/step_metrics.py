@@ -21,8 +21,9 @@ a ticker feeds the progress line tokens/s while the step runs.
 when every trained sample's advantage is 0 (every group's returns were equal) the update has loss 0
 and gradient norm 0 and changes nothing but the optimizer's moments. Such a step carries
 ``train/no_signal`` 1.0 (0.0 otherwise, absent when nothing was trained), the console's step line
-says so, and the run summary counts them (:mod:`.console`). The orchestrator logs the spread itself,
-``agent/group_return_std`` (the mean over the step's no-hint groups of their returns' std).
+says so, and the run summary counts them (:mod:`.console`). The orchestrator's figures log the
+spread itself (``spade/selfplay/step_figures.py``): ``agent/group_return_std`` (the mean over the
+step's no-hint groups of their returns' std) and ``agent/flat_groups``.
 """
 
 from __future__ import annotations

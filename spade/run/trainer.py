@@ -10,9 +10,9 @@ truncates ``metrics.jsonl``. The engine gets the trainer's weights before the fi
 = start step; always sent, as released servers keep none), so a straight and a resumed run serve
 rollouts from identical weights. Then every step is Algorithm 1 (:meth:`Trainer.one_step`)::
 
-    out, samples = await role.produce(step)                     # rank 0: orchestrator.run_step, steps
-                                                                # 1-4 and 6; the engine offloaded, the
-                                                                # samples on every rank, training onloaded
+    out = await role.produce(step)                              # rank 0: orchestrator.run_step, steps 1-4 and 6
+    samples = await role.switch_to_training(out)                # the engine offloaded, the samples on
+                                                                # every rank, training onloaded
     metrics = await update(samples)                             # step 5: one GRPO step
     await publish(step, samples)                                # the engine serves the new policy
     record                                                      # the metrics line (step_metrics)
@@ -329,7 +329,8 @@ class Trainer:
         (``spade.run.loops``) may hand in the step's rollout played ahead (``ready``) and an update
         that plays the next step's rollout meanwhile (``update``; the engine then keeps serving)."""
         meter = self.metrics.begin(step)
-        out, samples = await self.role.produce(step, ready=ready, keep_serving=update is not None)
+        out = await self.role.produce(step, ready=ready)  # rank 0: the orchestrator's step, steps 1-4 and 6
+        samples = await self.role.switch_to_training(out, keep_serving=update is not None)
         meter.mark("plays")
         meter.training(samples, self.rollout.version)
         meter.trained(samples, await (update or self.update)(samples))
