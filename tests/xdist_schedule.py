@@ -34,6 +34,7 @@ SECONDS: dict[str, float] = {
     "test_rlve.py": 17,
     "test_verifiers_loop.py": 17,
     "test_overlap.py": 16,
+    "test_learning_signal.py": 15,  # two tiny spade train runs: an estimate beside test_overlap.py (2026-12-07)
     "test_megatron_patches.py": 14,
     "test_cli.py": 14,
     "test_runtime_versions.py": 13,
