@@ -175,3 +175,70 @@ def test_rejections_are_counted_per_family_as_step_metrics(sandbox):
     assert metrics["env/rejected_degenerate_win_bisect"] == 0.0 and metrics["env/rejected_unwinnable"] == 1.0
     off = GateCounts(SelfPlaySettings(admission_paper_exact=True))
     assert off.metrics() == {} and GateCounts(None).metrics() == {}
+
+
+class _GeneratedLeak:
+    """An exploitable game drawn from ``spec``: a secret (a number, a word or a code) that some
+    channel prints (the first observation, the correction after a wrong answer, a hint command the
+    rules name, a status line with the secret quoted), read back bare or inside the rules' command
+    template, with a turn budget of at least four."""
+
+    WORDS = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heath", "inlet", "karst", "larch"]
+
+    def __init__(self, spec: random.Random, max_turns: int):
+        self.kind = spec.choice(["number", "word", "code"])
+        self.channel = spec.choice(["first", "correction", "hint", "status"])
+        self.template = spec.choice([None, "submit", "answer", "guess"])
+        self.help_word = spec.choice(["hint", "clue", "status", "reveal"])
+        self.max_turns = max_turns
+
+    def _secret(self, rng: random.Random) -> str:
+        if self.kind == "number":
+            return str(rng.randint(100, 9999))
+        if self.kind == "word":
+            return rng.choice(self.WORDS)
+        return f"{rng.choice('QXZ')}{rng.choice('RTV')}-{rng.randint(10, 99)}"
+
+    def reset(self, seed: int) -> str:
+        rng = random.Random(seed)
+        self.secret, self.turn = self._secret(rng), 0
+        how = f"\\boxed{{{self.template} {'N' if self.kind == 'number' else 'WORD'}}}" if self.template else "\\boxed{...}"
+        rules = f"Find the hidden {self.kind}. Answer with {how}."
+        if self.channel == "hint":
+            rules += f" You may ask for a {self.help_word} with \\boxed{{{self.help_word}}}."
+        if self.channel == "first":
+            rules += f" (archive tag: {self.secret})"
+        return rules
+
+    def step(self, action: str) -> tuple[str, float, bool, bool]:
+        self.turn += 1
+        found = re.search(r"\\boxed\{\s*([^{}]*?)\s*\}", action)
+        said = (found.group(1) if found else action).strip()
+        if self.channel == "hint" and said.lower() == self.help_word:
+            return f"The {self.help_word}: it is {self.secret}.", 0.0, False, self.turn >= self.max_turns
+        answer = said[len(self.template):].strip() if self.template and said.lower().startswith(self.template) else (
+            None if self.template else said)
+        if answer is not None and answer.lower() == self.secret.lower():
+            return "Correct.", 1.0, True, False
+        if self.channel == "correction":
+            return f"No. The right answer was {self.secret}; try again.", 0.0, False, self.turn >= self.max_turns
+        if self.channel == "status":
+            return f"Wrong. [status: target='{self.secret}']", 0.0, False, self.turn >= self.max_turns
+        return "Wrong.", 0.0, False, self.turn >= self.max_turns
+
+
+def test_generated_leaky_games_are_rejected():
+    """300 generated games that print their secret somewhere (four channels, three secret kinds,
+    bare or templated answers, 4-25 turns), each on its own drawn seeds: every one rejected, so the
+    families catch the kinds of leak, not the corpus's particular games."""
+    spec = random.Random(41)
+    missed = []
+    for index in range(300):
+        max_turns = spec.randint(4, 25)
+        game = _GeneratedLeak(spec, max_turns)
+        settings = ProbeSettings(seed_base=index).for_candidate(f"leak {index}")
+        report = report_of(play(probe_plan(settings, max_turns), game.reset, game.step, parse_action),
+                           settings.threshold, max_turns, settings.seeds)
+        if report.winner is None:
+            missed.append((index, game.kind, game.channel, game.template, game.help_word, max_turns))
+    assert not missed, missed

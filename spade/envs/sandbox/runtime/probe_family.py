@@ -6,7 +6,8 @@ name a rejection and a metric carry); each family is a way generated games go wr
 of games:
 
 * ``constant``: the same reply every turn (``\\boxed{0}``, ``\\boxed{1}``, empty, plain text);
-* ``first_observation``: a number or word of the first observation, every turn (a leaked secret);
+* ``first_observation``: a number, word, quoted string or token of the first observation, every turn,
+  or each of its values in turn, bare or in the rules' command template (a leaked secret);
 * ``option``: an option letter (A-D), the first or last option listed, the options in order;
 * ``command``: a command word the rules name (their ``\\boxed{...}`` examples first, then words such
   as done / submit / hint), every turn or each in turn;
@@ -184,6 +185,35 @@ def _template_values(view: ProbeView) -> Optional[str]:
     return box(text.fill(shapes[view.turn % len(shapes)], numbers, texts))
 
 
+def _first_values(view: ProbeView) -> tuple[str, ...]:
+    """Every value the first observation shows (code-like tokens, quoted strings, numbers, then
+    uncommon words, each once), taken from both ends inwards: a leak is most often a banner at the
+    start or a note at the end."""
+    first = view.first_observation
+    values = text.distinct([*text.code_tokens(first), *text.quoted(first), *text.numbers(first), *text.words(first)],
+                           key=str.lower)
+    ordered = []
+    for low, high in zip(range(len(values)), range(len(values) - 1, -1, -1)):
+        if low > high:
+            break
+        ordered += [values[high]] if low == high else [values[high], values[low]]
+    return tuple(ordered)
+
+
+def _values_in_order(templated: bool) -> Callable[[ProbeView], Optional[str]]:
+    """The first observation's values one per turn, bare or filled into the rules' first command template."""
+    def act(view: ProbeView) -> Optional[str]:
+        values = _first_values(view)
+        shapes = text.templates(view.first_observation)
+        if not values or (templated and not shapes):
+            return None
+        value = values[view.turn % len(values)]
+        if not templated:
+            return box(value)
+        return box(text.fill(shapes[0], (value,) if text.numbers(value) == (value,) else (), (value,)))
+    return act
+
+
 def _help_then_template(view: ProbeView) -> Optional[str]:
     if view.turn % 2 == 0:
         return box(_help_word(view))
@@ -269,6 +299,10 @@ def probe_policies() -> tuple[ProbePolicy, ...]:
           constant=True, family="first_observation"),
         P("code_token_first", "always the first observation's first code-like token", _first(text.code_tokens, 0),
           constant=True, family="first_observation"),
+        P("observation_values_in_order", "every value of the first observation, one per turn",
+          _values_in_order(False), family="first_observation"),
+        P("template_values_in_order", "the rules' command template filled with each value of the first "
+          "observation in turn", _values_in_order(True), family="first_observation"),
     ]
     policies += [
         P("scan_0", "0, 1, 2, ... one per turn", _scan(lambda v: 0), family="scan"),
