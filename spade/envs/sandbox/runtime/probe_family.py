@@ -5,7 +5,8 @@ the observations show, and never works out what the game asks. Policies come in 
 name a rejection and a metric carry); each family is a way generated games go wrong, not a list
 of games:
 
-* ``constant``: the same reply every turn (``\\boxed{0}``, ``\\boxed{1}``, empty, plain text);
+* ``constant``: the same reply every turn (``\\boxed{0}``, ``\\boxed{1}``, a huge and a negative
+  number, empty, plain text);
 * ``first_observation``: a number, word, quoted string or token of the first observation, every turn,
   or each of its values in turn, bare or in the rules' command template (a leaked secret);
 * ``option``: an option letter (A-D), the first or last option listed, the options in order;
@@ -273,6 +274,8 @@ def probe_policies() -> tuple[ProbePolicy, ...]:
         P("boxed_1", "always \\boxed{1}", _constant(box("1")), constant=True),
         P("empty", "always the empty reply", _constant(""), constant=True),
         P("plain_text", "always 'I am not sure.'", _constant("I am not sure."), constant=True),
+        P("boxed_big", "always \\boxed{999999}", _constant(box("999999")), constant=True),
+        P("boxed_negative", "always \\boxed{-1}", _constant(box("-1")), constant=True),
     ]
     for i in range(3):
         policies.append(P(f"command_{i + 1}", f"always the command word #{i + 1} the rules name",
