@@ -70,6 +70,7 @@ class ProbePolicy:
     act: Callable[[ProbeView], Optional[str]]  # None: nothing (more) to play
     constant: bool = False  # the same reply all episode: played once per (seed, reply)
     family: str = "constant"
+    full_length: bool = False  # played to the last turn even when stuck (rewards for running out of turns)
 
 
 def box(value: str) -> str:
@@ -270,10 +271,10 @@ def probe_policies() -> tuple[ProbePolicy, ...]:
     """The family, cheapest and most telling first (the step budget is spent in this order)."""
     P = ProbePolicy
     policies = [
-        P("boxed_0", "always \\boxed{0}", _constant(box("0")), constant=True),
-        P("boxed_1", "always \\boxed{1}", _constant(box("1")), constant=True),
-        P("empty", "always the empty reply", _constant(""), constant=True),
-        P("plain_text", "always 'I am not sure.'", _constant("I am not sure."), constant=True),
+        P("boxed_0", "always \\boxed{0}", _constant(box("0")), constant=True, full_length=True),
+        P("boxed_1", "always \\boxed{1}", _constant(box("1")), constant=True, full_length=True),
+        P("empty", "always the empty reply", _constant(""), constant=True, full_length=True),
+        P("plain_text", "always 'I am not sure.'", _constant("I am not sure."), constant=True, full_length=True),
         P("boxed_big", "always \\boxed{999999}", _constant(box("999999")), constant=True),
         P("boxed_negative", "always \\boxed{-1}", _constant(box("-1")), constant=True),
     ]

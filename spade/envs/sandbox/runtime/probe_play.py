@@ -89,10 +89,11 @@ def reference_policy(reply: Callable[[str], str], name: str = REFERENCE_POLICY) 
 # otherwise reach 0.5 on eight seeds one time in nine (a four-option quiz answered "A": measured
 # 0.6% rejected with three rounds).
 CONFIRM_MARGIN = 0.5
-# A probe policy (outside the constant family, which plays every turn) that sent the same reply and got
-# the same observation this many times in a row is stuck: its episode ends there. Numbers aside for
-# a policy whose reply changes with what it reads; for a constant reply a changing number (a counter
-# of presses) is progress and the episode goes on.
+# A probe policy that sent the same reply and got the same observation this many times in a row is
+# stuck: its episode ends there (but for the four that play every turn, boxed_0, boxed_1, empty and
+# plain_text, so that rewards for running out of turns are seen). Numbers aside for a policy whose
+# reply changes with what it reads; for a constant reply a changing number (a counter of presses)
+# is progress and the episode goes on.
 STUCK_REPEATS = 2
 _DIGITS = re.compile(r"\d+")
 _BOXED_ACTION = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -374,7 +375,7 @@ def _episode(plan: ProbePlan, policy: ProbePolicy, seed: int, reset: Reset, step
         if terminated or truncated:
             ending = "terminated" if terminated else "truncated"
             break
-        if repeats >= STUCK_REPEATS and policy.family not in ("constant", "winnability"):
+        if repeats >= STUCK_REPEATS and not policy.full_length and policy.family != "winnability":
             ending = "stuck"
             break
     return Episode(policy.name, seed, episode_return(rewards, terminated), ending, steps,
