@@ -89,7 +89,7 @@ REGEN = {"designer/attempts": 8.0, "env/admitted": 3.0, "env/rejected": 5.0, "en
 
 def test_step_line_names_what_happened():
     line = step_line(0, 3, REGEN)
-    assert line.startswith("step 1/3")
+    assert line.startswith("step 0 (1/3)")
     for part in ("3 admitted, 5 rejected (runtime_error 3, syntax_error 2)", "12 plays: return 0.312",
                  "with hint 0.45", "trained 12 samples: loss 0.0123, grad norm 0.84", "3 waiting", "95 s"):
         assert part in line, (part, line)

@@ -59,7 +59,7 @@ def test_overlap_trains_one_step_off_policy_and_resumes_exactly(overlap_config, 
     assert "ready_rollout" not in last  # the last step plays nothing beyond run.steps
 
     run = tmp_path / "killed"
-    kill_when_step_starts(overlap_config, run, "step 4/4 training")
+    kill_when_step_starts(overlap_config, run, "step 3 (4/4) training")
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_2"
     proc = run_spade("--resume", str(run), env={"OMP_NUM_THREADS": "1"})
     assert "resumed from" in proc.stderr

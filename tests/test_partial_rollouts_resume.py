@@ -54,7 +54,7 @@ def test_carried_plays_survive_a_kill_and_resume(partial_config, tmp_path):
     assert records[2]["rollout/completed"] == records[2]["agent/episodes"] + 2  # step 1's carried group
 
     run = tmp_path / "killed"
-    kill_when_step_starts(partial_config, run, "step 4/4 playing")
+    kill_when_step_starts(partial_config, run, "step 3 (4/4) ")
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_2"
     saved = json.loads((run / "checkpoints" / "step_2" / "trainer_state.json").read_text())["orchestrator"]
     assert [len(g["unfinished"]) for g in saved["carried"]] == [2]  # what the resume must continue

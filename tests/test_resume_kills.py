@@ -117,7 +117,7 @@ def test_kill_between_checkpoints_then_resume(kind, graded_config, designer_conf
         assert records[1]["designer/pending"] == records[0]["env/admitted"]
 
     run = tmp_path / "killed"
-    kill_when_step_starts(config, run, "step 4/4 playing")
+    kill_when_step_starts(config, run, "step 3 (4/4) ")
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_2"
     assert [r["step"] for r in metrics(run)] == [0, 1, 2]  # a line the checkpoint does not cover
     proc = run_spade("--resume", str(run), env={"OMP_NUM_THREADS": "1"})

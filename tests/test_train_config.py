@@ -165,7 +165,7 @@ def test_progress_plain_lines_and_tty_redraw():
     progress.end_step(0, {"env/admitted": 2.0, "time/step_s": 1.5, "train/loss": 0.1})
     lines = plain.getvalue().splitlines()
     assert len(lines) == 3 and "\r" not in plain.getvalue()
-    assert "step 1/3 |" in lines[-1] and "envs 2 admitted" in lines[-1] and "loss 0.1" in lines[-1]
+    assert "step 0 (1/3) |" in lines[-1] and "envs 2 admitted" in lines[-1] and "loss 0.1" in lines[-1]
 
     tty = io.StringIO()
     progress = Progress(3, stream=tty, tty=True)
@@ -176,4 +176,4 @@ def test_progress_plain_lines_and_tty_redraw():
     progress.close()
     text = tty.getvalue()
     assert text.count("\r") >= 2 and "envs 2 admitted" in text and "123 tok/s" in text
-    assert "step 2/3 | envs 2 admitted, 0 rejected | 8 plays: return 0.5\n" in text  # the step's line stays
+    assert "step 1 (2/3) | envs 2 admitted, 0 rejected | 8 plays: return 0.5\n" in text  # the step's line stays

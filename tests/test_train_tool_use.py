@@ -199,7 +199,7 @@ def test_tool_use_kill_mid_step_then_resume(straight_run, fixed_config, tmp_path
         deadline = time.monotonic() + RUN_TIMEOUT_S  # the line arrives or the run ends: no window
         for line in proc.stderr:
             seen.append(line)
-            if "step 2/2 playing" in line:
+            if "step 1 (2/2) playing" in line:
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
             assert time.monotonic() < deadline, "".join(seen)[-3000:]

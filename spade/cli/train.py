@@ -7,7 +7,12 @@
 Exit status: 0 trained (or ``--check``), 2 a usage or config error, 3 the sandbox cannot run, 4
 nothing to do: ``--resume`` of a run whose checkpoint to resume from is at or past ``run.steps``
 (the line on stderr says which step it finished and the ``run.steps=M`` that continues it; told
-before the model is loaded), 130 / 143 interrupted.
+before the model is loaded), 130 / 143 interrupted (SIGINT / SIGTERM).
+
+Ctrl-C (a single process): the first prints at once what will happen ("stopping after step N's
+checkpoint ..., about X s; Ctrl-C again to stop now") and the run ends after that step's
+checkpoint; a second stops now. Either way the last line names the step ``--resume`` starts at,
+or says there is no checkpoint yet (``spade.run.stop``). Under torchrun Ctrl-C stops at once.
 
 Known harmless warnings (Megatron-core without Transformer Engine / Apex on CPU) and model-loading
 progress bars are hidden unless ``--show-warnings`` (``spade.run.console``); after the run rank 0
@@ -70,14 +75,38 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 @contextlib.contextmanager
 def _interrupts_say_how_to_resume(root: Path):
-    """SIGINT and SIGTERM stop the run (exit 130 / 143) with the command that continues it."""
+    """SIGINT and SIGTERM stop the run (exit 130 / 143) naming the step a resume starts from: after
+    a first Ctrl-C the run checkpoints the step in progress (``spade.run.stop``); after a second
+    one, or SIGTERM, the newest intact checkpoint counts, or there is none yet."""
+    from ..run.stop import StopRequested
+
     try:
         yield
+    except StopRequested as stopped:
+        if _rank() == 0:
+            from ..selfplay.step import Step
+
+            print(f"\nspade train: stopped after step {Step(stopped.done).last_run} and its checkpoint (checkpoints/step_"
+                  f"{stopped.done}). Continue at step {stopped.done} with:\n  spade train --resume {root}",
+                  file=sys.stderr)
+        raise SystemExit(130) from None
     except (KeyboardInterrupt, _Terminated) as exc:
         if _rank() == 0:
-            print(f"\nspade train: stopped. Continue from the last checkpoint with:\n  spade train --resume {root}",
-                  file=sys.stderr)
+            print(f"\nspade train: stopped. {_resume_point(root)}", file=sys.stderr)
         raise SystemExit(143 if isinstance(exc, _Terminated) else 130) from None
+
+
+def _resume_point(root: Path) -> str:
+    """Where ``spade train --resume root`` starts: the newest intact checkpoint, or step 0."""
+    from ..run.run_dir import RunDir
+
+    with contextlib.suppress(Exception):  # a half-written directory: say nothing wrong
+        done, _ = RunDir(root).newest_intact_checkpoint()
+        if done is not None:
+            return (f"Continue at step {done} (checkpoints/step_{done}, the newest complete checkpoint) with:\n"
+                    f"  spade train --resume {root}")
+    return (f"No checkpoint yet: nothing to continue from; spade train --resume {root} starts again at step 0, "
+            "or start a new run")
 
 
 def _terminate_by_exception():
@@ -264,17 +293,25 @@ def _run_train(args: argparse.Namespace) -> int:
                 raise UsageError(str(exc)) from None
         resume = False
 
+    from ..run.stop import GracefulStop
     from ..run.trainer import train
 
+    # one process: a first Ctrl-C finishes the step and its checkpoint (under torchrun: stops now)
+    stop = GracefulStop() if _world() == 1 else None
     with _interrupts_say_how_to_resume(run_dir.root):
+        if stop is not None:
+            stop.install()
         if not resume and _rank() == 0:
             print(f"spade train: run directory {run_dir.root} ({CONFIG_FILE} written)", file=sys.stderr)
         if _rank() == 0:
             _print_bf16_note(config)
         try:
-            train(config, run_dir.root, resume=resume)
+            train(config, run_dir.root, resume=resume, stop=stop)
         except RunDirError as exc:
             raise UsageError(str(exc)) from None
+        finally:
+            if stop is not None:
+                stop.uninstall()
     if resume and args.overrides and _rank() == 0:  # a failed resume leaves the run's config as it was
         run_dir.write_config(config.to_yaml())
     if _rank() == 0:

@@ -12,10 +12,10 @@ conversion of the embedded model and every model load). Only these named message
 **Step lines** (:func:`step_line`): what happened in a step, from its metrics, in the words of
 the run's environment source (``selfplay.env_source``)::
 
-    step 1/3 | envs 3 admitted, 5 rejected (runtime_error 3, syntax_error 2) | 24 plays: return 0.31, with hint 0.45
+    step 0 (1/3) | envs 3 admitted, 5 rejected (runtime_error 3, syntax_error 2) | 24 plays: return 0.31, with hint 0.45
       | trained 12 samples: loss 0.0123, grad norm 0.84 | designer: 2 released, reward 0.41 | 95 s
-    step 1/3 | 24 environments drawn from the pool | 192 plays: return 0.12 | trained ...        (fixed_pool)
-    step 1/3 | 16 problems (levels 0-3, mean level 1.4, highest environment level 3), 2 environments raised (5 checked) | ...  (rlve)
+    step 0 (1/3) | 24 environments drawn from the pool | 192 plays: return 0.12 | trained ...        (fixed_pool)
+    step 0 (1/3) | 16 problems (levels 0-3, mean level 1.4, highest environment level 3), 2 environments raised (5 checked) | ...  (rlve)
 
 A step whose update had no learning signal (``train/no_signal``: every advantage 0, so loss 0 and
 grad norm 0) says so after its update: ``| NO LEARNING SIGNAL: every advantage was 0 (4 groups with
@@ -177,11 +177,17 @@ def rlve_text(metrics: Mapping[str, Any]) -> str | None:
     return f"{raised} environment{'' if raised == 1 else 's'} raised ({checked} checked)"
 
 
+def step_label(step: int, total_steps: int) -> str:
+    """``2 (3/4)``: the step's number, as in every file of the run (the updates done before it,
+    docs/training_runs.md "Step numbers"), then which of the run's steps it is."""
+    return f"{Step(step).updates_done} ({Step(step).ordinal}/{total_steps})"
+
+
 def step_line(step: int, total_steps: int, metrics: Mapping[str, Any], env_source: str | None = None) -> str:
     """One line that says what step ``step`` (0-based) did, from its metrics, in the words of
     ``env_source`` (``designer``, ``fixed_pool``, ``rlve``; None: see :func:`source_of`)."""
     source = source_of(metrics, env_source)
-    parts = [f"step {Step(step).ordinal}/{total_steps}"]
+    parts = [f"step {step_label(step, total_steps)}"]
     made = set_text(metrics, source)
     controller = rlve_text(metrics) if source == "rlve" else None
     if made and controller:
@@ -358,7 +364,7 @@ def run_summary(run_dir: str | Path, *, wall_s: float | None = None, command: st
         lines.append("  trained    nothing: no step produced samples (see the rejections under rejected/)")
     silent = [r for r in trained if r.get("train/no_signal")]
     if silent:
-        steps = ", ".join(str(Step(int(r["step"])).ordinal) for r in silent[:8]) + (", ..." if len(silent) > 8 else "")
+        steps = ", ".join(str(int(r["step"])) for r in silent[:8]) + (", ..." if len(silent) > 8 else "")
         lines.append(f"  signal     {len(silent)} of {len(trained)} updates had no learning signal: every advantage "
                      f"was 0 (each group's returns were equal), loss 0 and grad norm 0 (steps {steps})")
     released = total("designer/released")

@@ -1,7 +1,8 @@
 """The schedules over the trainer's verbs: how steps follow each other (``run.overlap``).
 
 ``train_steps`` runs a schedule from the step a run starts at to ``run.steps``, with a checkpoint
-every ``run.checkpoint_every`` updates and after the last. A schedule runs one step at a time with
+every ``run.checkpoint_every`` updates and after the last (and after the step in progress when
+Ctrl-C asked to stop: ``spade.run.stop``). A schedule runs one step at a time with
 ``Trainer.one_step``, handing it what the schedule changes:
 
 - :class:`Synchronous` (``run.overlap: 0``): play, train, publish, in turn.
@@ -22,6 +23,7 @@ import asyncio
 from typing import Any, Optional
 
 from ..selfplay.step import Step
+from .stop import StopRequested
 
 
 class Synchronous:
@@ -90,9 +92,12 @@ async def train_steps(trainer: Any, schedule: Synchronous, start: Step, end: Ste
         await schedule.step(trainer, step, end)
         ran += 1
         step = step.after
-        if step.every(every) or step == end:
+        stopping = trainer.stop_requested()  # Ctrl-C (spade.run.stop): this step's checkpoint, then the end
+        if step.every(every) or step == end or stopping:
             trainer.checkpoint(step)
             last_saved = step
+        if stopping:
+            raise StopRequested(step.updates_done)
     if end > start and last_saved != end:
         trainer.checkpoint(end)
     return ran

@@ -23,6 +23,7 @@ import torch
 
 from ..collectives import in_thread
 from ..rollout.manager import RolloutManager
+from ..selfplay.slot_stages import no_stage
 from ..selfplay.step import Step
 from .best_checkpoint import checkpoint_score
 from .progress import Progress
@@ -92,7 +93,6 @@ class Orchestrating(Waiting):
     async def produce(self, step: Step, *, ready: Optional[Any] = None) -> Optional[Any]:
         if ready is not None:
             return ready
-        self.progress.phase("playing")
         out = await measured_step(self.orchestrator, self.rollout.engine, step, self.progress,
                                   play_engine=self.rollout.play_engine)
         if self.shards is not None:  # the shards go on to the samples' broadcast
@@ -104,7 +104,12 @@ class Orchestrating(Waiting):
                                                      keep_serving=keep_serving)
 
     async def play_ahead(self, step: Step) -> Optional[Any]:
-        return await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
+        """The next step's rollout during this step's update: the progress line stays ``training``."""
+        on_stage, self.orchestrator.on_stage = self.orchestrator.on_stage, no_stage
+        try:
+            return await measured_step(self.orchestrator, self.rollout.engine, step, self.progress)
+        finally:
+            self.orchestrator.on_stage = on_stage
 
     async def evaluate(self, done: Step) -> Optional[dict[str, Any]]:
         if not self.due(done.updates_done):

@@ -62,6 +62,7 @@ from .roles import Orchestrating, ShardServing, Waiting
 from .step_metrics import StepMetrics
 from .trackers import check_installed
 from .progress import Progress
+from .stop import GracefulStop
 from .run_dir import RunDir, RunDirError
 
 log = logging.getLogger("spade.train")
@@ -91,11 +92,13 @@ class Trainer:
     """Everything one training process holds; ``await run()`` trains to ``config.run.steps``."""
 
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
-                 progress: Optional[Progress] = None):
+                 progress: Optional[Progress] = None, stop: Optional[GracefulStop] = None):
         self.config = config
         self.run_dir = RunDir(run_dir)
         self.resume = resume
         self.progress = progress
+        self.stop = stop  # Ctrl-C: stop after the step in progress and its checkpoint (spade.run.stop)
+        self.last_checkpoint_s: Optional[float] = None
         self.rank = 0
         self.sandbox = None
         self.rollout: Optional[RolloutManager] = None
@@ -139,6 +142,8 @@ class Trainer:
                                      env_source=cfg.selfplay.env_source)
         self.progress.enabled = self.is_main
         self.metrics = StepMetrics(self.progress, self.phase_memory)
+        if self.stop is not None:
+            self.stop.describe = self.stop_notice
         if cfg.selfplay.rollout_shards > 1:
             from ..selfplay.rollout_shards import ShardChannel, ShardLayout
 
@@ -242,6 +247,7 @@ class Trainer:
                                          play_engine=self.rollout.play_engine, device=self.ctx.device,
                                          final_step=cfg.run.steps - 1)
         self.orchestrator.on_phase = self.phase_memory.mark
+        self.orchestrator.on_stage = self.progress.phase  # designing, admitting, hinting, playing
 
     def _shard_server(self) -> Any:
         from ..rollout.conversation import thinking_template_kwargs
@@ -370,12 +376,30 @@ class Trainer:
                                   f"part (eval.every = {every} is not a multiple of run.checkpoint_every = "
                                   f"{run.checkpoint_every})")
 
+    def stop_requested(self) -> bool:
+        return self.stop is not None and self.stop.requested
+
+    def stop_notice(self) -> Optional[str]:
+        """What a Ctrl-C now does: the step in progress, its checkpoint and about how long they take
+        (the last step's time less what this one has run, plus the last checkpoint's time); None
+        before the first step (nothing to finish: the run stops at once)."""
+        if self.progress is None or self.progress.step is None:
+            return None
+        step = Step(self.progress.step)
+        text = (f"stopping after step {step.updates_done}'s checkpoint (checkpoints/step_{step.after.updates_done}, "
+                f"where a resume starts)")
+        left = self.progress.step_time_left()
+        if left is None:
+            return text + ", once the step's plays and update are done (its time is not known yet)"
+        return text + f", about {max(1, round(left + (self.last_checkpoint_s or 0.0)))} s"
+
     def checkpoint(self, done: Step) -> None:
         """Every rank: save the state after ``done`` updates as ``checkpoints/step_<done>``."""
         from ..training.checkpoint import save_checkpoint
 
         step = done.updates_done
         self.progress.phase("checkpointing", at=step)
+        began = time.perf_counter()
         self.phase_memory.start()
         directory = self.run_dir.checkpoint_dir(step)
         if self.is_main:
@@ -407,6 +431,7 @@ class Trainer:
                 error = str(exc)
         self.learner.off_device()  # back to host: the engine generates next
         self.phase_memory.mark("checkpoint")  # reported on the next step's line (one_step)
+        self.last_checkpoint_s = time.perf_counter() - began
         if done == Step(self.config.run.steps) and self.is_main:
             self.progress.message(f"checkpoint {step}: peak RSS "
                                   f"{self.phase_memory.metrics()['memory/peak_rss_gb']:.2f} GB")
@@ -430,7 +455,7 @@ class Trainer:
 
 
 def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
-          progress: Optional[Progress] = None) -> int:
+          progress: Optional[Progress] = None, stop: Optional[GracefulStop] = None) -> int:
     """Run the trainer to ``config.run.steps`` in this process (one rank); returns steps run.
 
     A world this call joined (the torchrun world, or a world of one) is left once the run ends
@@ -442,7 +467,7 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False,
     from ..training.parallel import teardown_parallel
 
     joined = not dist.is_initialized()
-    ran = asyncio.run(Trainer(config, run_dir, resume=resume, progress=progress).run())
+    ran = asyncio.run(Trainer(config, run_dir, resume=resume, progress=progress, stop=stop).run())
     if joined:
         teardown_parallel()
     return ran

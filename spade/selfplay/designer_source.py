@@ -52,6 +52,7 @@ from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
 from ..rl.samples import Trajectory
 from .role_thinking import role_chat_format
+from .slot_stages import SlotStages
 from .seeds import derive_seed
 from .settings import SelfPlaySettings
 from .step import Step
@@ -217,6 +218,7 @@ class DesignerRound:
         self.seed = seed
         self.stop_token_ids = stop_token_ids
         self._gate_counts = GateCounts(None)  # the latest regeneration's rejections by probe family
+        self.stages = SlotStages()  # each slot's stage, told to the progress line (the orchestrator's on_stage)
         # The designer's text calls (designer, hint, screen): our engine, or selfplay.designer_endpoint.
         self.generator: TextGenerator = text_generator(settings, engine=engine, tokenizer=tokenizer,
                                                        chat_format=chat_format, stop_token_ids=stop_token_ids)
@@ -303,6 +305,7 @@ class DesignerRound:
             sampling = TextSampling(temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
                                     max_tokens=s.designer_max_tokens, timeout_s=s.designer_timeout_s,
                                     seed=derive_seed(self.seed, "designer", step, slot, attempt))
+            self.stages.enter(slot, "designing")
             try:
                 generated = await self.designer_generator.generate(prompt, sampling)
             except GenerationFailed as exc:
@@ -310,6 +313,7 @@ class DesignerRound:
                 continue
             response = generated.text
             record["finish_reason"] = generated.finish_reason
+            self.stages.enter(slot, "admitting")
             verdict = await self.admit_response(response)
             if verdict is None:
                 rejections.append(self._reject(record, ErrorKind.CRASHED, Stage.SERVICE,
@@ -322,12 +326,15 @@ class DesignerRound:
                 self._gate_counts.note(verdict)
                 continue
             return attempt + 1, rejections, (verdict, record, generated)
+        self.stages.leave(slot)
         return s.max_attempts, rejections, None
 
     async def hinted_spec(self, step: int, slot: int, skill: Skill, found: Any) -> tuple[EnvSpec, Trajectory | None]:
         """The hint call for an admitted candidate of :meth:`design_slot`, and its :class:`EnvSpec`."""
         verdict, record, generated = found
+        self.stages.enter(slot, "hinting")
         hint = await self.make_hint(verdict.code, step, slot)
+        self.stages.leave(slot)
         spec = EnvSpec(env_id=env_id_for(step, slot), slot=slot, skill=skill.name, source=verdict.code, hint=hint,
                        class_name=verdict.class_name or "", max_turns=verdict.max_turns, generated_step=step,
                        document=record["document"], attempts=record["attempt"] + 1, tool_report=tool_report_of(verdict))

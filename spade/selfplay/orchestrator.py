@@ -75,6 +75,7 @@ from .designer_rewards import hint_regret
 from .fixed_pool import ReleasedLoaderSandbox
 from .play_rules import fill_round_robin
 from .settings import SelfPlaySettings
+from .slot_stages import SET_STAGE, no_stage
 from .step import Step
 from .step_figures import mean, regeneration_figures, step_figures
 from .step_plays import StepPlays, all_equal
@@ -152,6 +153,9 @@ class Orchestrator:
         self.last_step: int | None = None
         self.trajectory_log = TrajectoryLog(self.run_dir, settings.keep_trajectories)
         self.on_phase: Callable[[str], None] = no_phase  # told when the designer batch ends (peak RSS)
+        self.on_stage: Callable[..., None] = no_stage  # the step's phase by name (the trainer's progress line)
+        self.designer.stages.report = lambda name, detail: self.on_stage(name, detail=detail)
+        self.set_stage = SET_STAGE[settings.env_source]
 
     # ------------------------------------------------------------------ the step
 
@@ -161,11 +165,14 @@ class Orchestrator:
         regenerate = step.regenerates(self.settings.k)
         started = time.perf_counter()
         if regenerate:  # partial rollouts: the ending set's carried plays end first
+            self.on_stage("playing" if self.settings.partial_rollouts.enabled else self.set_stage)
             await self.step_player.end_set()
+            self.on_stage(self.set_stage)  # designing, drawing or generating; the designer's slots refine it
         designs = await self.regenerate_and_admit(step, out) if regenerate else {}   # 1
         designed = time.perf_counter()
         if regenerate:
             self.on_phase("designer")
+        self.on_stage("playing")
         plays = await self.play(step, with_hint=regenerate)                            # 2
         played = time.perf_counter()
         self.score_agent_plays(out, plays)                                             # 3
