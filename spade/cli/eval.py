@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -127,7 +128,26 @@ def run_eval(args: argparse.Namespace) -> int:
     options = BenchmarkOptions(protocol=args.protocol, data_dir=Path(args.data) if args.data else None, n=args.samples,
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                rg_episodes=args.rg_episodes, sandbox=sandbox, tau2=tau2, acebench=acebench)
-    return asyncio.run(_evaluate(args, names, options))
+    try:
+        return asyncio.run(_evaluate(args, names, options))
+    except KeyboardInterrupt:
+        print(f"\nspade eval: stopped. {_resume_note(args.out, names)}", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _resume_note(out: str | None, names: list[str]) -> str:
+    """What a Ctrl-C leaves: the finished items kept under ``--out`` and the command that runs the
+    rest (the same one: ``--out`` is resumed), or that nothing was kept without ``--out``."""
+    if not out:
+        return "Nothing was kept (no --out): give --out DIR to make an evaluation resumable."
+    from ..eval.runner import read_records, results_path
+
+    kept = {name: len(read_records(results_path(out, name))) for name in names
+            if results_path(out, name).is_file()}
+    items = ", ".join(f"{name} {count}" for name, count in kept.items() if count) or "none yet"
+    again = f"spade {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["eval"] else "the same spade eval command"
+    return (f"Finished items kept in {out} ({items}); run the same command again to resume with only the rest:\n"
+            f"  {again}")
 
 
 def _make_out_dir(out: Path) -> None:
