@@ -11,7 +11,7 @@ each reading has its name here, and no other module does arithmetic on a step:
   version the engine serves next, the checkpoint written after the step, the next step;
 * :attr:`Step.last_run` (``s - 1``): the step before, what a resumed run keeps (memory records,
   trajectory files, metrics lines); -1 at the start of a run;
-* :attr:`Step.ordinal` (``s + 1``): the step as a person counts it, in the console's ``step N/total``;
+* :attr:`Step.ordinal` (``s + 1``): which of the run's steps it is, the console's ``(N/total)`` after ``step s``;
 * :meth:`Step.release_step` (``s + k``), :meth:`Step.in_window` and :meth:`Step.window_overlaps`:
   when a design of this step is scored, which later steps' plays count for it, and whether two
   windows share a step (the delay buffer's rules).
@@ -55,7 +55,7 @@ class Step:
 
     @property
     def ordinal(self) -> int:
-        """The step as a person counts it: 1 for the first step (the console's ``step N/total``)."""
+        """Which of the run's steps it is: 1 for the first (the console's ``step s (N/total)``)."""
         return self.updates_done + 1
 
     @property
