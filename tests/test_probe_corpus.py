@@ -242,3 +242,15 @@ def test_generated_leaky_games_are_rejected():
         if report.winner is None:
             missed.append((index, game.kind, game.channel, game.template, game.help_word, max_turns))
     assert not missed, missed
+
+
+def test_after_the_fact_probes_draw_the_runs_own_seeds():
+    """spade analyze --probe plays each saved environment on the seeds its run's admission drew:
+    the run's seed and seeds a round from its config, the environment's code."""
+    from spade.analysis.degenerate_share import probe_settings
+
+    settings = probe_settings({"run": {"seed": 1234}, "selfplay": {"degenerate_probe_seeds": 6}})
+    assert (settings.seed_base, settings.seed_count) == (1234, 6)
+    admitted = ProbeSettings(seed_base=1234, seed_count=6).for_candidate("code")
+    assert settings.for_candidate("code").seeds == admitted.seeds
+    assert probe_settings({}).seed_base == 0 and probe_settings({"run": {"seed": True}}).seed_base == 0

@@ -23,7 +23,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_THRESHOLD, ProbeSettings, run_probes
+from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_SEED_COUNT, DEFAULT_THRESHOLD, ProbeSettings, run_probes
 from ..envs.protocol import EnvFault, InfrastructureFault
 from ..envs.tool_use.degenerate_probes import run_tool_probes
 from .sources import RLVE
@@ -62,13 +62,19 @@ def probes_at_admission(config: Mapping[str, Any]) -> bool:
 
 
 def probe_settings(config: Mapping[str, Any]) -> ProbeSettings:
-    """The run's threshold and step budget (the defaults where its config has none); no time limit
-    beyond the default: after the fact nothing waits on admission."""
+    """The run's threshold, step budget, seeds a round and run seed (the defaults where its config
+    has none), so that each environment plays the seeds its admission would have drawn; no time
+    limit beyond the default: after the fact nothing waits on admission."""
     selfplay = _selfplay(config)
     threshold = selfplay.get("degenerate_threshold")
     steps = selfplay.get("degenerate_probe_steps")
+    count = selfplay.get("degenerate_probe_seeds")
+    run = config.get("run")
+    seed = run.get("seed") if isinstance(run, Mapping) else None
     return ProbeSettings(threshold=float(threshold) if isinstance(threshold, (int, float)) else DEFAULT_THRESHOLD,
-                         max_steps=steps if isinstance(steps, int) and steps >= 1 else DEFAULT_MAX_STEPS)
+                         max_steps=steps if isinstance(steps, int) and steps >= 1 else DEFAULT_MAX_STEPS,
+                         seed_count=count if isinstance(count, int) and count >= 1 else DEFAULT_SEED_COUNT,
+                         seed_base=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0)
 
 
 def run_turn_budget(config: Mapping[str, Any]) -> int | None:
@@ -103,7 +109,7 @@ async def probe_source(service: Any, source: str, settings: ProbeSettings, max_t
         return DegenerateVerdict(None, None, reason=f"could not be opened: {fault.error.kind.value}")
     except InfrastructureFault:
         return DegenerateVerdict(None, None, reason="the sandbox failed")
-    settings = settings.for_candidate(source)  # the seeds admission would have drawn in a run of seed 0
+    settings = settings.for_candidate(source)  # the seeds admission drew (or would have drawn) in this run
     try:
         if getattr(env, "tool_use", False):
             await env.reset(seed=settings.seeds[0])
