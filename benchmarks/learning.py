@@ -13,7 +13,7 @@ training never draws, :mod:`spade.eval.heldout`); the report (:mod:`spade.analys
 gives each arm's after-minus-before difference with a paired 95% bootstrap interval, and the
 training curve of each arm.
 
-    python benchmarks/learning.py --quick --json          # about 10 minutes of steps on 2 cores
+    python benchmarks/learning.py --quick --json          # 3 steps per arm, 48 held-out episodes
     python benchmarks/learning.py --out runs/learn        # the full experiment (`make learn`)
     python benchmarks/learning.py --measure 32            # the base model's return per game (no training)
 """
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spade.analysis.bootstrap import bootstrap_difference  # noqa: E402
-from spade.analysis.learning_report import ArmResult, LearningReport, write_report  # noqa: E402
+from spade.analysis.learning_report import ArmResult, LearningReport, selfplay_summary, write_report  # noqa: E402
 from spade.analysis.run_reader import read_metrics  # noqa: E402
 from spade.envs.sandbox.client import SandboxService  # noqa: E402
 from spade.eval.heldout import HeldOutResult, HeldOutSplit, evaluate_heldout, pool_envs  # noqa: E402
@@ -53,8 +53,11 @@ class Budget:
     resamples: int = 10000
 
 
-FULL = Budget(steps=40, heldout_per_env=100)
-QUICK = Budget(steps=8, heldout_per_env=40)
+# measured on 2 cores (docs/learning.md): a step of 48 plays takes about 140 s (40 s playing, 100 s
+# updating), a held-out measurement of 48 episodes about 30 s
+FULL = Budget(steps=10, heldout_per_env=70)
+QUICK = Budget(steps=3, heldout_per_env=16)
+ARMS = ("learned", "control", "selfplay")
 
 
 def spade_bin() -> str:
@@ -125,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="training steps of each arm")
     parser.add_argument("--heldout", type=int, default=None, help="held-out episodes per game")
     parser.add_argument("--selfplay", action="store_true", help="also the self-play arm (designer on, same steps)")
+    parser.add_argument("--arms", default=None, help=f"the arms to run, comma-separated, of {', '.join(ARMS)} "
+                        "(default learned,control; with --selfplay all three)")
+    parser.add_argument("--report", action="store_true",
+                        help="only rewrite the report of the experiment in --out from its held-out records and runs")
     parser.add_argument("--measure", type=int, default=None, metavar="N",
                         help="only play the base model N held-out episodes per game and print the returns")
     args = parser.parse_args(argv)
@@ -137,40 +144,83 @@ def main(argv: list[str] | None = None) -> int:
         measured("base", "embedded", config, HeldOutSplit(args.measure), out)
         return 0
 
+    if args.report:
+        if args.out is None:
+            parser.error("--report needs --out DIR (an experiment's directory)")
+        return rewrite_report(out, budget)
+    wanted = args.arms.split(",") if args.arms else ["learned", "control"] + (["selfplay"] if args.selfplay else [])
+    unknown = [name for name in wanted if name not in ARMS]
+    if unknown or not wanted:
+        parser.error(f"--arms: {unknown[0] if unknown else '(none)'!r} is not an arm; choose from {', '.join(ARMS)}")
     started = time.perf_counter()
     split = HeldOutSplit(budget.heldout_per_env)
     before = measured("before", "embedded", config, split, out)
-    arms = [("learned", out / "learned", [])]
-    arms.append(("control", out / "control", [CONTROL_SWITCH]))
+    setups = {"learned": (LEARNED_CONFIG, []), "control": (LEARNED_CONFIG, [CONTROL_SWITCH]),
+              "selfplay": (SELFPLAY_CONFIG, [])}
     results: list[ArmResult] = []
-    for index, (name, run_dir, extra) in enumerate(arms):
-        train(LEARNED_CONFIG, run_dir, budget.steps, extra, out / f"train_{name}.log")
+    selfplay = None
+    for index, name in enumerate(wanted):
+        run_dir = out / name
+        train_config, extra = setups[name]
+        train(train_config, run_dir, budget.steps, extra, out / f"train_{name}.log")
         after = measured(name, str(run_dir), config, split, out)
         results.append(arm(name, run_dir, before, after, budget, seed=index))
-    selfplay = None
-    if args.selfplay:
-        from spade.analysis.learning_report import selfplay_summary
-
-        run_dir = out / "selfplay"
-        train(SELFPLAY_CONFIG, run_dir, budget.steps, [], out / "train_selfplay.log")
-        after = measured("selfplay", str(run_dir), config, split, out)
-        results.append(arm("selfplay", run_dir, before, after, budget, seed=len(results)))
-        selfplay = selfplay_summary(read_metrics(run_dir))
+        if name == "selfplay":
+            selfplay = selfplay_summary(read_metrics(run_dir))
     seconds = time.perf_counter() - started
+    command = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    (out / "experiment.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "command": command,
+                                                     "seconds": seconds, "steps": budget.steps, "arms": wanted}))
+    afters = {name: HeldOutResult.from_dict(json.loads((out / f"heldout_{name}.json").read_text())) for name in wanted}
     report = LearningReport(date=time.strftime("%Y-%m-%d"), cpu=cpu_name(), cores=os.cpu_count() or 0,
-                            command=" ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-                            steps=budget.steps, heldout_episodes=len(before.episodes), seconds=seconds,
-                            arms=tuple(results), selfplay=selfplay)
+                            command=command, steps=budget.steps, heldout_episodes=len(before.episodes), seconds=seconds,
+                            arms=tuple(results), selfplay=selfplay, learned_vs_control=versus(afters, budget))
     markdown, png = write_report(report, out)
     print(f"learning: {report.headline()}", flush=True)
     print(f"learning: report {markdown}, plot {png}", file=sys.stderr, flush=True)
     if args.json:
-        learned, control = results[0].interval, results[1].interval
-        print(json.dumps({"before": learned.mean_before, "after": learned.mean_after, "ci_low": learned.low,
-                          "ci_high": learned.high, "control_before": control.mean_before,
-                          "control_after": control.mean_after, "control_ci_low": control.low,
-                          "control_ci_high": control.high, "steps": budget.steps, "seconds": round(seconds, 1)}))
+        print(json.dumps(headline_json(report)))
     return 0
+
+
+def versus(afters: dict[str, HeldOutResult], budget: Budget):
+    """Learned after minus control after, paired on the same episodes (None unless both ran)."""
+    if "learned" not in afters or "control" not in afters:
+        return None
+    return bootstrap_difference(afters["control"].returns(), afters["learned"].returns(), paired=True,
+                                resamples=budget.resamples, seed=99)
+
+
+def rewrite_report(out: Path, budget: Budget) -> int:
+    """The report of an experiment directory again, from ``experiment.json``, ``heldout_*.json`` and the
+    arms' runs (the intervals are seeded, so the numbers are the experiment's own)."""
+    meta = json.loads((out / "experiment.json").read_text())
+    load = lambda name: HeldOutResult.from_dict(json.loads((out / f"heldout_{name}.json").read_text()))  # noqa: E731
+    before = load("before")
+    afters = {name: load(name) for name in meta["arms"]}
+    results = [arm(name, out / name, before, afters[name], budget, seed=index) for index, name in enumerate(meta["arms"])]
+    selfplay = selfplay_summary(read_metrics(out / "selfplay")) if "selfplay" in afters else None
+    report = LearningReport(date=meta["date"], cpu=cpu_name(), cores=os.cpu_count() or 0, command=meta["command"],
+                            steps=int(meta["steps"]), heldout_episodes=len(before.episodes), seconds=float(meta["seconds"]),
+                            arms=tuple(results), selfplay=selfplay, learned_vs_control=versus(afters, budget))
+    markdown, _ = write_report(report, out)
+    print(f"learning: {report.headline()}", flush=True)
+    return 0
+
+
+def headline_json(report: LearningReport) -> dict:
+    """The learned and control arms' figures (null for an arm that did not run), the steps and seconds;
+    the self-play arm's under ``selfplay_*`` when it ran."""
+    out: dict = {}
+    for name, prefix in (("learned", ""), ("control", "control_"), ("selfplay", "selfplay_")):
+        result = report.arm(name)
+        if result is None and name == "selfplay":
+            continue
+        values = (None,) * 4 if result is None else (
+            result.interval.mean_before, result.interval.mean_after, result.interval.low, result.interval.high)
+        out.update(zip((f"{prefix}before", f"{prefix}after", f"{prefix}ci_low", f"{prefix}ci_high"), values))
+    out.update({"steps": report.steps, "seconds": round(report.seconds, 1)})
+    return out
 
 
 def cpu_name() -> str:

@@ -16,7 +16,8 @@ import torch
 from spade.analysis.bootstrap import DifferenceInterval, bootstrap_difference
 from spade.analysis.learning_report import (ArmResult, LearningReport, RegenerationFigures, moving_average,
                                             selfplay_summary, write_report)
-from spade.eval.heldout import TRAINING_SEED_LIMIT, HeldOutSplit, is_training_seed, pool_envs
+from spade.eval.heldout import (TRAINING_SEED_LIMIT, HeldOutEpisode, HeldOutResult, HeldOutSplit, is_training_seed,
+                                pool_envs)
 from spade.rl.loss import policy_loss
 from spade.rl.samples import TrainSample
 from spade.selfplay.fixed_pool import FixedPool
@@ -72,6 +73,13 @@ def test_the_fixed_set_source_plays_the_learning_games_on_training_seeds_only(sa
         assert all(is_training_seed(seed) for seed in seeds) and not held_out & set(seeds)
 
 
+def test_held_out_results_pair_up_by_game_and_seed_and_round_trip():
+    first = HeldOutResult((HeldOutEpisode("b", 2 ** 31 + 1, 1.0, "terminated", "4"),
+                           HeldOutEpisode("a", 2 ** 31, 0.0, "policy_stopped", "")))
+    assert first.returns() == [0.0, 1.0] and first.mean == 0.5 and first.by_env() == {"a": 0.0, "b": 1.0}
+    assert HeldOutResult.from_dict(first.to_dict()) == first
+
+
 # ---------------------------------------------------------------------------- the bootstrap
 
 
@@ -117,12 +125,14 @@ def test_the_report_writer_writes_the_numbers_and_a_png(tmp_path):
                             heldout_episodes=120, seconds=600.0,
                             arms=(ArmResult("learned", interval(0.25, 0.5, 0.125, 0.375), (0.2, 0.3, 0.4, 0.5, 0.5, 0.6)),
                                   ArmResult("control", interval(0.25, 0.2625, -0.05, 0.075), (0.2, 0.25, 0.2, 0.3, 0.2, 0.25))),
-                            selfplay=(RegenerationFigures(0, 16.0, 4.0, 0.125, 0.5),))
+                            selfplay=(RegenerationFigures(0, 16.0, 4.0, 0.125, 0.5),),
+                            learned_vs_control=interval(0.2625, 0.5, 0.125, 0.375))
     markdown, png = write_report(report, tmp_path / "out")
     text = markdown.read_text()
     assert "| learned | 0.250 | 0.500 | +0.250 | [+0.125, +0.375] | above 0 | 6 |" in text
     assert "| control | 0.250 | 0.263 | +0.013 | [-0.050, +0.075] | contains 0 | 6 |" in text
     assert "| 0 | 16 | 4 | 0.25 | 0.125 | 0.500 |" in text
+    assert "learned minus control on the same held-out episodes: 0.500 - 0.263 = +0.237, 95% interval [+0.125, +0.375] (above 0)" in text
     assert "learned 0.250 -> 0.500 (+0.250, 95% CI [+0.125, +0.375])" in report.headline()
     assert "2026-12-07, Test CPU, 2 cores, 10.0 minutes: `learning.py --quick`" in text
     assert "![training curves and held-out returns](learning.png)" in text

@@ -58,6 +58,8 @@ class LearningReport:
     seconds: float
     arms: tuple[ArmResult, ...]
     selfplay: tuple[RegenerationFigures, ...] | None = None
+    # learned after minus control after, paired on the same held-out episodes (both arms ran)
+    learned_vs_control: DifferenceInterval | None = None
 
     def arm(self, name: str) -> ArmResult | None:
         return next((a for a in self.arms if a.name == name), None)
@@ -68,6 +70,9 @@ class LearningReport:
             i = a.interval
             parts.append(f"{a.name} {i.mean_before:.3f} -> {i.mean_after:.3f} "
                          f"({i.difference:+.3f}, 95% CI [{i.low:+.3f}, {i.high:+.3f}])")
+        if self.learned_vs_control is not None:
+            c = self.learned_vs_control
+            parts.append(f"learned - control after {c.difference:+.3f} (95% CI [{c.low:+.3f}, {c.high:+.3f}])")
         return (f"held-out mean return over {self.heldout_episodes} episodes, {self.steps} steps: "
                 + "; ".join(parts))
 
@@ -112,6 +117,10 @@ def markdown(report: LearningReport, png_name: str) -> str:
         i = a.interval
         lines.append(f"| {a.name} | {i.mean_before:.3f} | {i.mean_after:.3f} | {i.difference:+.3f} | "
                      f"[{i.low:+.3f}, {i.high:+.3f}] | {_verdict(i)} | {len(a.curve)} |")
+    if report.learned_vs_control is not None:
+        c = report.learned_vs_control
+        lines += ["", f"After training, learned minus control on the same held-out episodes: {c.mean_after:.3f} - "
+                  f"{c.mean_before:.3f} = {c.difference:+.3f}, 95% interval [{c.low:+.3f}, {c.high:+.3f}] ({_verdict(c)})."]
     first = report.arms[0].interval if report.arms else None
     if first is not None:
         kind = "paired" if first.paired else "unpaired"
@@ -140,11 +149,12 @@ def plot(report: LearningReport, path: Path, window: int = MOVING_AVERAGE_WINDOW
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for a in report.arms:
         colour = ARM_COLOURS.get(a.name, "#2ca02c")
-        steps = np.arange(len(a.curve))
+        steps = np.arange(1, len(a.curve) + 1)
         left.plot(steps, a.curve, color=colour, alpha=0.3, linewidth=1)
         left.plot(steps, moving_average(a.curve, window), color=colour, linewidth=2,
                   label=f"{a.name} (moving average, {window} steps)")
     left.set_xlabel("step")
+    left.xaxis.get_major_locator().set_params(integer=True)
     left.set_ylabel("mean return of the step's plays")
     left.set_title("training")
     left.legend(fontsize=8)
@@ -156,8 +166,9 @@ def plot(report: LearningReport, path: Path, window: int = MOVING_AVERAGE_WINDOW
         right.errorbar([x + 0.15], [i.mean_after], yerr=[[i.difference - i.low], [i.high - i.difference]],
                        color=colour, capsize=6)
     right.set_xticks(range(len(report.arms)), [a.name for a in report.arms])
-    right.set_ylabel("held-out mean return (before -> after, 95% CI of the change)")
-    right.set_title(f"held out: {report.heldout_episodes} episodes")
+    right.set_ylabel("held-out mean return")
+    right.set_title(f"held out ({report.heldout_episodes} episodes): before -> after,\n"
+                    "bar: 95% interval of the change", fontsize=10)
     fig.suptitle(f"{report.date}, {report.cpu}, {report.cores} cores, {report.steps} steps", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

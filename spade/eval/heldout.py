@@ -109,6 +109,12 @@ class HeldOutResult:
             out.setdefault(e.env, []).append(e.episode_return)
         return {name: sum(v) / len(v) for name, v in sorted(out.items())}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HeldOutResult":
+        """The inverse of :meth:`to_dict`."""
+        return cls(tuple(HeldOutEpisode(str(e[0]), int(e[1]), float(e[2]), str(e[3]), str(e[4]) if len(e) > 4 else "")
+                         for e in data["episodes"]), dropped=int(data.get("dropped", 0)))
+
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "dropped": self.dropped, "by_env": self.by_env(),
                 "episodes": [[e.env, e.seed, e.episode_return, e.end_reason, e.reply] for e in self.episodes]}
