@@ -346,6 +346,9 @@ def graded_config(tiny_hf, train_config, tmp_path_factory) -> Path:
     # almost always: empty replies, reward 0)
     text = text.replace("\n  k: 2\n", "\n  k: 2\n  agent_temperature: 1.0\n  top_k: null\n  top_p: 1.0\n")
     assert "top_k: null" in text
+    # LongAnswerEnv rewards length by design (a graded return for a real gradient): admission's
+    # long-reply probes rightly call it degenerate, so this pool is admitted without the probes
+    text = text.replace("\n  k: 2\n", "\n  k: 2\n  admission_probes: false\n")
     path.write_text(text)
     return path
 
