@@ -1,7 +1,8 @@
 """The learning check (issue 41, docs/learning.md): does `spade train` make the embedded model better?
 
-Three runs of the same budget from SmolLM2-135M-Instruct, each through the real `spade train` path
-(fixed-environment source, GRPO on Megatron-core, the in-process hf engine), as subprocesses:
+Runs of the same budget from SmolLM2-135M-Instruct, each through the real `spade train` path (GRPO on
+Megatron-core, the in-process hf engine) as a subprocess; the first two on the fixed-environment
+source (``--arms`` picks which run):
 
 * learned: ``examples/learn/fixed.yaml``;
 * control: the same with ``loss.control_shuffle_advantages=true`` (the advantages permuted within
@@ -16,6 +17,7 @@ training curve of each arm.
     python benchmarks/learning.py --quick --json          # 3 steps per arm, 48 held-out episodes
     python benchmarks/learning.py --out runs/learn        # the full experiment (`make learn`)
     python benchmarks/learning.py --measure 32            # the base model's return per game (no training)
+    python benchmarks/learning.py --report --out DIR      # rewrite DIR's report from its records
 """
 
 from __future__ import annotations
