@@ -83,3 +83,17 @@ def test_the_time_left_in_a_step_comes_from_the_last_step():
     progress.end_step(0, {"time/step_s": 40.0})
     progress.start_step(1)
     assert 39.0 < progress.step_time_left() <= 40.0
+
+
+def test_on_a_terminal_the_phase_time_moves_on_one_redrawn_line():
+    stream = io.StringIO()
+    progress = Progress(4, stream=stream, tty=True, heartbeat_s=0.2)  # redrawn every 0.05 s here, 1 s in a run
+    progress.start_step(1)
+    progress.phase("playing")
+    deadline = time.monotonic() + 10
+    while "1s in phase" not in stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    progress.close()
+    drawn = stream.getvalue()
+    assert "step 1 (2/4) | playing | 0s in phase" in drawn and "step 1 (2/4) | playing | 1s in phase" in drawn
+    assert drawn.count("\n") == 1  # one line, redrawn with \r; the newline only at close

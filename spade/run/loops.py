@@ -96,7 +96,7 @@ async def train_steps(trainer: Any, schedule: Synchronous, start: Step, end: Ste
         if step.every(every) or step == end or stopping:
             trainer.checkpoint(step)
             last_saved = step
-        if stopping:
+        if stopping and step < end:  # on the last step the run just ends as it would have
             raise StopRequested(step.updates_done)
     if end > start and last_saved != end:
         trainer.checkpoint(end)
