@@ -9,7 +9,7 @@ episode uses (``reset``, ``call_tool``, ``step`` with the final answer):
   arguments (:func:`observed_arguments`: each required parameter's schema ``default``, else a value
   of the first observation that fits it, else its first enum value or a placeholder of its type),
   and answers ``done`` once every instruction is complete or on the last turn of the budget;
-* ``once_<tool>`` (issue 40): calls that tool once with those arguments, then answers ``done``
+* ``once_<tool>`` (issue 40): calls that tool once with those arguments, then answers ``done`` once
   (a done signal that trusts one call);
 * ``chain_tools`` (issue 40): calls the tools in turn, round after round in schema order, each with
   values copied from the latest result (an id a lookup printed, ...; before any result, schema
@@ -187,6 +187,8 @@ async def _episode(env: Any, policy: ToolProbePolicy, seed: int, turns: int, bud
         outcome = await env.step(DONE_ANSWER)
         if outcome.terminated or outcome.truncated:
             value = episode_return([outcome.reward], outcome.terminated)
+            break
+        if policy.kind == "once":  # the done signal after one call was not taken: answer_done tries the rest
             break
     progress = (await env.tools()).progress
     return _Outcome(1.0 if progress.all_done else value, progress.current, arguments)
