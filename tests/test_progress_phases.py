@@ -97,3 +97,13 @@ def test_on_a_terminal_the_phase_time_moves_on_one_redrawn_line():
     drawn = stream.getvalue()
     assert "step 1 (2/4) | playing | 0s in phase" in drawn and "step 1 (2/4) | playing | 1s in phase" in drawn
     assert drawn.count("\n") == 1  # one line, redrawn with \r; the newline only at close
+
+
+def test_a_long_start_is_heard_from_too():
+    progress, stream = log_progress(heartbeat_s=0.2)
+    progress.phase("starting", what="model")
+    deadline = time.monotonic() + 10
+    while "for " not in stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    progress.close()
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] starting for \d+ s what=model", stream.getvalue().splitlines()[0])

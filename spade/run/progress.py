@@ -153,8 +153,8 @@ class Progress:
 
     def heartbeat_line(self) -> str:
         """``step 2 (3/4) training for 30 s samples=12``: the phase and how long it has run."""
-        return (f"step {self._step_text()} {self._phase_text()} for {time.monotonic() - self._phase_started:.0f} s"
-                + self._counter_text())
+        where = "" if self.step is None else f"step {self._step_text()} "  # before the first step: building
+        return f"{where}{self._phase_text()} for {time.monotonic() - self._phase_started:.0f} s" + self._counter_text()
 
     def _phase_text(self) -> str:
         return self.phase_name + (f" ({self.phase_detail})" if self.phase_detail else "")
