@@ -99,9 +99,10 @@ def main() -> None:
         return
     print(f"admission of the probe corpus ({args.rounds} rounds, {result['cpus']} CPUs, run turn budget {MAX_TURNS})")
     for group, row in result["groups"].items():
+        added, whole = row["added_ms"], row["admission_ms"]
         print(f"  {group:<24} {row['candidates']:>2} candidates, {row['admitted']:>2} admitted; "
-              f"probes + winnability median {row['added_ms']['median']:6.1f} ms, worst {row['added_ms']['worst']:6.1f} ms; "
-              f"whole admission median {row['admission_ms']['median']:6.1f} ms")
+              f"probes + winnability median {added['median']:6.1f} ms, worst {added['worst']:6.1f} ms; "
+              f"whole admission median {whole['median']:6.1f} ms")
         print(f"    verdicts: {row['verdicts']}")
         if row["not_the_expected_family"]:
             print(f"    NOT the expected family: {row['not_the_expected_family']}")

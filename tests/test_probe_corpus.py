@@ -202,7 +202,8 @@ class _GeneratedLeak:
     def reset(self, seed: int) -> str:
         rng = random.Random(seed)
         self.secret, self.turn = self._secret(rng), 0
-        how = f"\\boxed{{{self.template} {'N' if self.kind == 'number' else 'WORD'}}}" if self.template else "\\boxed{...}"
+        placeholder = "N" if self.kind == "number" else "WORD"
+        how = f"\\boxed{{{self.template} {placeholder}}}" if self.template else "\\boxed{...}"
         rules = f"Find the hidden {self.kind}. Answer with {how}."
         if self.channel == "hint":
             rules += f" You may ask for a {self.help_word} with \\boxed{{{self.help_word}}}."

@@ -203,8 +203,8 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                                           _win_message(probe_report)))
         if winnability is not None and not getattr(env, "tool_use", False):
             with timer.stage(Stage.WINNABILITY):
-                winnability_report = await _staged(
-                    run_winnability(env, winnability, candidate_probes.first_round, max_turns=max_turns), Stage.WINNABILITY)
+                proving = run_winnability(env, winnability, candidate_probes.first_round, max_turns=max_turns)
+                winnability_report = await _staged(proving, Stage.WINNABILITY)
             verdict = winnability_report.verdict
             if verdict != WON and (verdict != UNPROVEN or winnability.unproven == "reject"):
                 raise _Rejection(EnvError(ErrorKind.UNWINNABLE, Stage.WINNABILITY, winnability_report.message()))

@@ -344,7 +344,8 @@ def _episode(plan: ProbePlan, policy: ProbePolicy, seed: int, reset: Reset, step
     terminated, ending, steps = False, "turns", 0
     for _ in range(plan.turns):
         try:
-            reply = policy.act(ProbeView(first, observation, previous, rng, tuple(observations), tuple(replies), memory))
+            view = ProbeView(first, observation, previous, rng, tuple(observations), tuple(replies), memory)
+            reply = policy.act(view)
         except EnvFailed as failed:
             outcome.fault = outcome.fault or (failed.kind, failed.message)
             return Episode(policy.name, seed, 0.0, "policy_fault", steps)
