@@ -57,7 +57,7 @@ def test_steps_with_equal_returns_in_every_group_are_flagged_and_counted(train_c
     assert all(f"NO LEARNING SIGNAL: every advantage was 0 ({flat} groups with equal returns)" in line
                for line in lines), lines
     assert "signal     2 of 2 updates had no learning signal" in proc.stderr
-    assert "(steps 1, 2)" in proc.stderr
+    assert "(steps 0, 1)" in proc.stderr  # numbered as metrics.jsonl numbers them
 
 
 def test_steps_with_spread_are_not_flagged(graded_single_run):
