@@ -182,7 +182,8 @@ def test_resume_of_a_finished_run_says_so_and_exits_4_before_loading(run, cli_wi
     would come 16 steps on (run.checkpoint_every's default), so that is the run.steps offered."""
     status, err = cli_without_training(run)
     assert status == 4
-    assert err.strip() == (f"spade train: nothing to do: {run.root} finished step 3 of 3; raise run.steps=19 to "
+    assert err.strip() == (f"spade train: nothing to do: {run.root} has run all 3 steps (checkpoints/step_3); "
+                           f"raise run.steps=19 to "
                            f"continue (spade train --resume {run.root} run.steps=19)")
 
 

@@ -86,9 +86,9 @@ def _interrupts_say_how_to_resume(root: Path):
         if _rank() == 0:
             from ..selfplay.step import Step
 
-            print(f"\nspade train: stopped after step {Step(stopped.done).last_run} and its checkpoint (checkpoints/step_"
-                  f"{stopped.done}). Continue at step {stopped.done} with:\n  spade train --resume {root}",
-                  file=sys.stderr)
+            print(f"\nspade train: stopped after step {Step(stopped.done).last_run} and its checkpoint "
+                  f"(checkpoints/step_{stopped.done}). Continue at step {stopped.done} with:\n"
+                  f"  spade train --resume {root}", file=sys.stderr)
         raise SystemExit(130) from None
     except (KeyboardInterrupt, _Terminated) as exc:
         if _rank() == 0:
@@ -159,8 +159,8 @@ def _nothing_left(run_dir, steps: int, checkpoint_every: int) -> str | None:
         return None
     more = f"run.steps={done + checkpoint_every}"
     if done == steps:
-        return (f"nothing to do: {run_dir.root} finished step {done} of {steps}; raise {more} to continue "
-                f"(spade train --resume {run_dir.root} {more})")
+        return (f"nothing to do: {run_dir.root} has run all {steps} steps (checkpoints/step_{done}); raise {more} "
+                f"to continue (spade train --resume {run_dir.root} {more})")
     return (f"nothing to do: {run_dir.root} is at step {done}, past run.steps={steps}; raise {more} to continue "
             f"(spade train --resume {run_dir.root} {more})")
 
