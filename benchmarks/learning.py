@@ -5,8 +5,11 @@ Megatron-core, the in-process hf engine) as a subprocess; the first two on the f
 source (``--arms`` picks which run):
 
 * learned: ``examples/learn/fixed.yaml``;
-* control: the same with ``loss.control_shuffle_advantages=true`` (the advantages permuted within
-  each step's batch: the same updates in size, no signal in their direction);
+* control: the same with ``optimizer.lr=0`` (every play, loss, gradient and weight sync of the
+  learned run, and no change to the weights: what the held-out measure moves by without learning);
+* shuffled (``--arms``): the same with ``loss.control_shuffle_advantages=true`` (the advantages
+  permuted within each step's batch: updates of the same size with no signal in their direction;
+  on the 135M model they make it worse, see docs/learning.md);
 * self-play (``--selfplay``): ``examples/learn/selfplay.yaml``, the designer on, same step count.
 
 The base model and each trained model play the same held-out episodes (the training games on seeds
@@ -44,7 +47,8 @@ from spade.train_config import TrainConfig, load_train_config  # noqa: E402
 
 LEARNED_CONFIG = ROOT / "examples/learn/fixed.yaml"
 SELFPLAY_CONFIG = ROOT / "examples/learn/selfplay.yaml"
-CONTROL_SWITCH = "loss.control_shuffle_advantages=true"
+CONTROL_SWITCH = "optimizer.lr=0"
+SHUFFLED_SWITCH = "loss.control_shuffle_advantages=true"
 SAMPLE_SEED = 20261207  # the held-out plays' sampling seeds: the same before and after
 
 
@@ -59,7 +63,7 @@ class Budget:
 # updating), a held-out measurement of 48 episodes about 30 s
 FULL = Budget(steps=10, heldout_per_env=70)
 QUICK = Budget(steps=3, heldout_per_env=16)
-ARMS = ("learned", "control", "selfplay")
+ARMS = ("learned", "control", "shuffled", "selfplay")
 
 
 def spade_bin() -> str:
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     split = HeldOutSplit(budget.heldout_per_env)
     before = measured("before", "embedded", config, split, out)
     setups = {"learned": (LEARNED_CONFIG, []), "control": (LEARNED_CONFIG, [CONTROL_SWITCH]),
-              "selfplay": (SELFPLAY_CONFIG, [])}
+              "shuffled": (LEARNED_CONFIG, [SHUFFLED_SWITCH]), "selfplay": (SELFPLAY_CONFIG, [])}
     results: list[ArmResult] = []
     selfplay = None
     for index, name in enumerate(wanted):

@@ -104,7 +104,7 @@ def test_bad_schedule_names_the_key_and_the_choices():
     ({"schedule": "cosine"}, "total_steps"),
     ({"schedule": "linear", "total_steps": 5, "warmup_steps": 5}, "total_steps"),
     ({"betas": (0.9, 1.0)}, "betas"),
-    ({"lr": 0.0}, "lr"),
+    ({"lr": -1e-6}, "lr"),
     ({"min_lr": 1.0}, "min_lr"),
     ({"clip_grad": -1.0}, "clip_grad"),
     ({"weight_decay": -0.1}, "weight_decay"),
@@ -381,6 +381,20 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch():
     assert first.micro_batches == len(batches) and first.loss_tokens == sum(s.num_loss_tokens for s in samples)
     assert set(first.to_dict()) >= {"loss", "pg_loss", "clip_frac", "grad_norm", "lr", "loss_tokens", "skipped",
                                      "tis_weight_mean", "tis_clip_frac", "rollout_logprob_abs_diff", "rollout_kl"}
+
+
+@pytest.mark.usefixtures("megatron_world")
+def test_a_learning_rate_of_zero_trains_the_whole_step_and_changes_no_weight():
+    """The learning check's control (docs/learning.md): lr 0 runs the real step (loss, gradients,
+    clipping, Adam's moments, decoupled weight decay) and leaves every parameter as it was."""
+    _, _, model = megatron_model("qwen3")
+    optimizer, scheduler = build_optimizer(model.chunks, OptimizerSettings(lr=0.0, weight_decay=0.1))
+    before = {name: p.detach().clone() for name, p in model.chunks[0].named_parameters()}
+    samples = random_samples([9, 4, 13], seed=3)
+    metrics = train_step(model.chunks, optimizer, scheduler, make_micro_batches(samples, 30, packed=False))
+    assert metrics.grad_norm > 0 and metrics.loss != 0 and not metrics.skipped and metrics.lr == 0.0
+    changed = [name for name, p in model.chunks[0].named_parameters() if not torch.equal(p.detach(), before[name])]
+    assert not changed, changed[:5]
 
 
 @pytest.mark.usefixtures("megatron_world")

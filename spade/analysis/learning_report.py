@@ -20,7 +20,7 @@ import numpy as np
 from .bootstrap import DifferenceInterval
 
 MOVING_AVERAGE_WINDOW = 5
-ARM_COLOURS = {"learned": "#1f77b4", "control": "#7f7f7f", "selfplay": "#d62728"}
+ARM_COLOURS = {"learned": "#1f77b4", "control": "#7f7f7f", "shuffled": "#ff7f0e", "selfplay": "#d62728"}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ class OptimizerSettings:
     """Adam, its learning-rate schedule and precision; invalid values raise ``ConfigError``
     (a ValueError) naming the key."""
 
-    lr: float = 1e-6  # peak learning rate (SPEC: 1e-6, constant)
+    lr: float = 1e-6  # peak learning rate (SPEC: 1e-6, constant); 0 trains nothing (a control run)
     min_lr: float = 0.0  # floor of the cosine and linear schedules
     betas: tuple[float, float] = (0.9, 0.98)  # Adam's (beta1, beta2)
     eps: float = 1e-8  # Adam's epsilon
@@ -48,7 +48,7 @@ class OptimizerSettings:
     def __post_init__(self) -> None:
         require(self.schedule in SCHEDULES, "schedule",
                 f"{self.schedule!r} is not allowed; choose one of: {', '.join(SCHEDULES)}")
-        require(self.lr > 0.0, "lr", f"must be > 0, got {self.lr}")
+        require(self.lr >= 0.0, "lr", f"must be >= 0 (0: the weights never change, a control run), got {self.lr}")
         require(0.0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
         require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "betas",
                 f"must be two numbers in [0, 1), got {self.betas}")
