@@ -48,7 +48,7 @@ def test_check_json_admits_examples_and_rejects_broken(tmp_path):
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["admitted"] for line in lines] == [True, False]
     assert set(lines[0]) == {"path", "admitted", "class_name", "error", "first_observation", "timings_ms",
-                             "probe_report"}
+                             "probe_report", "winnability_report"}
     assert lines[1]["error"]["kind"] == "bad_return" and lines[1]["error"]["stage"] == "smoke"
     assert lines[1]["class_name"] == "XEnv"
 
