@@ -25,7 +25,7 @@ from spade.models.embedded import embedded_model_dir
 from spade.rollout import GenerationRequest, HFEngine, SamplingParams
 from spade.rollout.hf import scheduler
 from spade.rollout.conversation import ChatFormat, Conversation
-from spade.selfplay.designer_source import resolve_seed_dir
+from spade.selfplay.sources.designer_source import resolve_seed_dir
 
 
 def prompts(tokenizer, slots: int) -> list[tuple[int, ...]]:

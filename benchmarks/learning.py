@@ -88,7 +88,7 @@ async def heldout(model: str, config: TrainConfig, split: HeldOutSplit) -> HeldO
     """``model`` (``embedded`` or a run directory: its last checkpoint) on the held-out episodes."""
     from spade.rollout.conversation import ChatFormat, thinking_template_kwargs
     from spade.run.engines import EngineSettings, load_tokenizer, open_engine, resolve_model
-    from spade.selfplay.fixed_pool import pool_load_sandbox
+    from spade.selfplay.sources.fixed_pool import pool_load_sandbox
 
     ref = resolve_model(model)
     tokenizer = load_tokenizer(ref)

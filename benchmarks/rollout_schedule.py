@@ -66,7 +66,7 @@ from spade.envs.sandbox.client import SandboxService  # noqa: E402
 from spade.envs.sandbox.config import SandboxConfig  # noqa: E402
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine  # noqa: E402
 from spade.selfplay.orchestrator import Orchestrator  # noqa: E402
-from spade.selfplay.partial_rollout_settings import PartialRolloutSettings  # noqa: E402
+from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings  # noqa: E402
 from spade.selfplay.settings import SelfPlaySettings  # noqa: E402
 from spade.selfplay.step import Step  # noqa: E402
 

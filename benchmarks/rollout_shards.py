@@ -7,8 +7,8 @@ What runs. The driver launches ``torchrun --standalone --nproc_per_node 4`` on t
 and its own engine, then each shard count runs in turn on the same processes: with ``S`` shards
 the shards are ranks ``0, 4/S, ...`` (``selfplay.rollout_shards``'s placement: one per node, here
 four "nodes" of one process), rank 0 splits each step's requests over them with
-:class:`~spade.selfplay.rollout_shards.ShardedPlayer` and the others serve with
-:class:`~spade.selfplay.rollout_shards.ShardServer`: the real players, sandbox, token-exact
+:class:`~spade.selfplay.plays.rollout_shards.ShardedPlayer` and the others serve with
+:class:`~spade.selfplay.plays.rollout_shards.ShardServer`: the real players, sandbox, token-exact
 conversations and the gloo messages a training run uses.
 
 What is simulated. Only the model: benchmarks/rollout_schedule.py's :class:`SimulatedEngine`
@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def env_specs(count: int, max_turns: int) -> list[Any]:
     from benchmarks.step_overhead import ENV_FILES, EXAMPLE_ENVS
-    from spade.selfplay.designer_source import EnvSpec
+    from spade.selfplay.sources.designer_source import EnvSpec
 
     specs = []
     for i in range(count):
@@ -111,8 +111,9 @@ async def worker(args: argparse.Namespace) -> None:
     from benchmarks.step_overhead import load_tokenizer
     from spade.envs.sandbox.client import SandboxService
     from spade.envs.sandbox.config import SandboxConfig
-    from spade.selfplay.plays import Player
-    from spade.selfplay.rollout_shards import (ShardChannel, ShardLayout, ShardServer, ShardedPlayer, shard_player)
+    from spade.selfplay.plays.player import Player
+    from spade.selfplay.plays.rollout_shards import (ShardChannel, ShardLayout, ShardServer, ShardedPlayer,
+                                                     shard_player)
     from spade.selfplay.settings import SelfPlaySettings
 
     dist.init_process_group("gloo")

@@ -187,7 +187,7 @@ def test_determinism_stage_is_a_switch_and_off_restores_the_paper(sandbox):
     """``selfplay.admission_determinism`` (on by default): off, the paper's stages alone run (SPEC
     3.4), so a first observation that ignores the seed is admitted and no determinism stage is timed;
     the switch reaches admission through ``admit_candidate``, as the designer round and the pool call it."""
-    from spade.selfplay.designer_source import admit_candidate
+    from spade.selfplay.sources.designer_source import admit_candidate
     from spade.selfplay.settings import SelfPlaySettings
 
     source = "import random\n" + GOOD.replace("{self.rng.random():.6f}", "{random.random():.6f}")

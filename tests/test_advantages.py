@@ -10,13 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spade.envs.protocol import episode_return
-from spade.selfplay.advantages import (
+from spade.selfplay.rewards.advantages import (
     agent_advantages,
     designer_advantage_scale,
     designer_advantage_weight,
     designer_advantages,
 )
-from spade.selfplay.reward_settings import RewardSettings
+from spade.selfplay.rewards.reward_settings import RewardSettings
 
 approx = pytest.approx
 

@@ -34,10 +34,10 @@ def captured_designer_prompt(config) -> list[dict]:
     from spade.designer.corpus import Corpus
     from spade.designer.memory import Memory
     from spade.designer.skills import slot_skills
-    from spade.selfplay.designer_source import DesignerRound
+    from spade.selfplay.sources.designer_source import DesignerRound
     from spade.selfplay.step import Step
     from spade.envs.protocol import ErrorKind
-    from spade.selfplay.text_generators import GenerationFailed
+    from spade.selfplay.sources.text_generators import GenerationFailed
 
     sent = []
 

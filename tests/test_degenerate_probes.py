@@ -324,7 +324,7 @@ def test_switches_reach_admission_through_admit_candidate(sandbox):
     """``selfplay.admission_probes`` false, or ``selfplay.admission_paper_exact`` true (which also
     drops the determinism stage), admits the exploitable game as the paper's admission would;
     ``selfplay.degenerate_threshold`` is the threshold."""
-    from spade.selfplay.designer_source import admit_candidate
+    from spade.selfplay.sources.designer_source import admit_candidate
 
     source = EXPLOITS["any action on the last turn"][0]
 
@@ -400,7 +400,7 @@ def test_env_check_prints_each_familys_best_policy(tmp_path):
 
 def test_a_degenerate_win_is_counted_per_step_as_its_own_metric(sandbox, tmp_path):
     """The rejection goes the designer round's way (write_rejection) into the step's metrics."""
-    from spade.selfplay.designer_source import RegenerationResult, admit_candidate, write_rejection
+    from spade.selfplay.sources.designer_source import RegenerationResult, admit_candidate, write_rejection
     from spade.selfplay.step_figures import regeneration_figures
 
     response = EXPLOITS["a constant answer wins"][0]

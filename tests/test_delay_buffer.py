@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spade.selfplay.delay_buffer import DesignerBuffer, ReleasedDesignerSample
-from spade.selfplay.designer_rewards import (DesignerEvidence, LearningPotentialReward, WindowProgressReward,
+from spade.selfplay.rewards.delay_buffer import DesignerBuffer, ReleasedDesignerSample
+from spade.selfplay.rewards.designer_rewards import (DesignerEvidence, LearningPotentialReward, WindowProgressReward,
                                              designer_reward_for)
-from spade.selfplay.reward_settings import RewardSettings
+from spade.selfplay.rewards.reward_settings import RewardSettings
 
 approx = pytest.approx
 
@@ -294,7 +294,7 @@ def test_learning_potential_ema_sequence_by_hand():
 
 def test_learning_potential_reward_is_not_centred_twice():
     """The reward is the raw distance; the per-skill centring is designer_advantages' alone."""
-    from spade.selfplay.advantages import designer_advantages
+    from spade.selfplay.rewards.advantages import designer_advantages
 
     buffer = _lp_buffer()
     for index, envs in enumerate(SETS[:2]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from spade.selfplay.play_rules import PlayRules
+from spade.selfplay.plays.play_rules import PlayRules
 from spade.selfplay.step import Step
 from test_orchestrator import ScriptedDesigner, engine, make, tokenizer  # noqa: F401  (fixtures)
 

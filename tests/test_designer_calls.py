@@ -18,7 +18,7 @@ from chat_templates import CHATML, bpe_tokenizer
 from spade.config import ConfigError
 from spade.rollout.conversation import ChatFormat, TemplateError, thinking_template_kwargs
 from spade.rollout.engine import GenerationResult, RolloutEngine
-from spade.selfplay.designer_source import DesignerRound
+from spade.selfplay.sources.designer_source import DesignerRound
 from spade.selfplay.settings import SelfPlaySettings
 from spade.train_config import from_dict
 

@@ -124,7 +124,7 @@ def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tm
     from spade.designer.skills import SkillSettings
     from spade.rollout.conversation import ChatFormat
     from spade.rollout.engine import GenerationResult, RolloutEngine
-    from spade.selfplay.designer_source import DesignerRound
+    from spade.selfplay.sources.designer_source import DesignerRound
     from spade.selfplay.settings import SelfPlaySettings
 
     seed_dir = Path(__file__).resolve().parent.parent / "examples" / "seed_envs"
@@ -253,7 +253,7 @@ def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
     from spade.designer.corpus import Corpus, CorpusSettings
     from spade.rollout.conversation import ChatFormat
     from spade.rollout.engine import GenerationResult, RolloutEngine
-    from spade.selfplay.designer_source import DesignerRound
+    from spade.selfplay.sources.designer_source import DesignerRound
     from spade.selfplay.settings import SelfPlaySettings
 
     tokenizer = bpe_tokenizer()
@@ -414,7 +414,7 @@ def test_hint_length_both_values():
 
 def test_prompt_keys_reach_the_designer_prompt_and_are_validated():
     from spade.config import ConfigError, from_mapping
-    from spade.selfplay.designer_source import designer_prompt
+    from spade.selfplay.sources.designer_source import designer_prompt
     from spade.selfplay.settings import SelfPlaySettings
 
     defaults = SelfPlaySettings()

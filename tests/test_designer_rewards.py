@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spade.selfplay.advantages import designer_advantage_scale, designer_advantages
-from spade.selfplay.designer_rewards import (
+from spade.selfplay.rewards.advantages import designer_advantage_scale, designer_advantages
+from spade.selfplay.rewards.designer_rewards import (
     DesignerEvidence,
     LearningPotentialReward,
     RegretPlateauReward,
@@ -22,7 +22,7 @@ from spade.selfplay.designer_rewards import (
     plateau,
     score_released,
 )
-from spade.selfplay.reward_settings import RewardSettings, upgrade_reward_settings
+from spade.selfplay.rewards.reward_settings import RewardSettings, upgrade_reward_settings
 
 approx = pytest.approx
 LOGIC, MATH = "Logical Deduction", "Mathematical Reasoning"

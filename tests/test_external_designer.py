@@ -29,10 +29,10 @@ from spade.designer.skills import SkillSettings
 from spade.envs.protocol import ErrorKind, Stage
 from spade.rollout.conversation import ChatFormat
 from spade.rollout.engine import GenerationResult, RolloutEngine
-from spade.selfplay.text_generators import (EndpointError, ExternalGenerator, LocalGenerator, TextSampling,
+from spade.selfplay.sources.text_generators import (EndpointError, ExternalGenerator, LocalGenerator, TextSampling,
                                                 check_endpoint)
-from spade.selfplay.designer_source import DesignerRound
-from spade.selfplay.endpoint import EndpointSettings
+from spade.selfplay.sources.designer_source import DesignerRound
+from spade.selfplay.sources.endpoint import EndpointSettings
 from spade.selfplay.seeds import derive_seed
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step

@@ -8,8 +8,8 @@ from __future__ import annotations
 import textwrap
 
 from spade.envs.runner import EndReason
-from spade.selfplay.designer_source import EnvSpec
-from spade.selfplay.plays import Player, PlayRequest
+from spade.selfplay.sources.designer_source import EnvSpec
+from spade.selfplay.plays.player import Player, PlayRequest
 from spade.selfplay.settings import SelfPlaySettings
 
 

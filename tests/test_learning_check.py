@@ -20,8 +20,8 @@ from spade.eval.heldout import (TRAINING_SEED_LIMIT, HeldOutEpisode, HeldOutResu
                                 pool_envs)
 from spade.rl.loss import policy_loss
 from spade.rl.samples import TrainSample
-from spade.selfplay.fixed_pool import FixedPool
-from spade.selfplay.plays import Player
+from spade.selfplay.sources.fixed_pool import FixedPool
+from spade.selfplay.plays.player import Player
 from spade.selfplay.seeds import derive_seed, reset_seed
 from spade.train_config import load_train_config
 from spade.training.advantage_control import shuffle_advantages, shuffle_seed

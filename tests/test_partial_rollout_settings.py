@@ -6,7 +6,7 @@ import pytest
 
 from spade.config import ConfigError, from_mapping
 from spade.selfplay.orchestrator import Orchestrator
-from spade.selfplay.partial_rollout_settings import PartialRolloutSettings
+from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
 from spade.selfplay.settings import SelfPlaySettings
 
 

@@ -18,13 +18,13 @@ from spade.config import ConfigError
 from spade.envs.runner import EpisodeResult, Message, ReplayDiverged, Turn, play_episode
 from spade.rollout.conversation import ChatFormat, Conversation
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
-from spade.selfplay.carried_plays import (CarriedGroup, CarriedPlay, conversation_state,
+from spade.selfplay.plays.carried_plays import (CarriedGroup, CarriedPlay, conversation_state,
                                           restore_conversation)
-from spade.selfplay.designer_source import EnvSpec
+from spade.selfplay.sources.designer_source import EnvSpec
 from spade.selfplay.orchestrator import Orchestrator
-from spade.selfplay.partial_rollout_settings import PartialRolloutSettings
-from spade.selfplay.play_record import Play
-from spade.selfplay.plays import Player
+from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
+from spade.selfplay.plays.play_record import Play
+from spade.selfplay.plays.player import Player
 from spade.selfplay.step import Step
 from test_orchestrator import engine, tiny_settings, tokenizer  # noqa: F401  (module fixtures)
 

@@ -5,7 +5,7 @@ batch (the cut keeps, the fault fill copies, and the designer weight counts whol
 The released code keeps an episode's turn samples in one slime group whose reducer takes the
 token mean over the group and counts groups (``slime/trajectory_converter.py:100-116``,
 ``slime/spade_rollout.py:902-906``); spade gives the turn samples loss and count weights instead
-(``TrainSample.loss_weight``, ``count_weight``; ``spade.selfplay.turn_samples.episode_weights``).
+(``TrainSample.loss_weight``, ``count_weight``; ``spade.selfplay.plays.turn_samples.episode_weights``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from spade.rl.loss import policy_loss
 from spade.rl.samples import Role, Trajectory, TrainSample
 from spade.selfplay.batch_rules import BatchRules
 from spade.selfplay.orchestrator import _agent_episodes
-from spade.selfplay.play_rules import fill_round_robin
-from spade.selfplay.turn_samples import episode_weights, episodes
+from spade.selfplay.plays.play_rules import fill_round_robin
+from spade.selfplay.plays.turn_samples import episode_weights, episodes
 from spade.training import LossSettings, make_micro_batches
 from spade.training.train_step import forward_backward
 from test_training import main_grads, megatron_model, random_samples

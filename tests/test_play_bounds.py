@@ -13,7 +13,7 @@ import pytest
 from spade.config import ConfigError, from_mapping
 from spade.envs.protocol import ErrorKind, Stage
 from spade.envs.runner import EndReason
-from spade.selfplay.play_rules import PlayRules
+from spade.selfplay.plays.play_rules import PlayRules
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 from test_orchestrator import COIN_SOURCE, ScriptedDesigner, engine, make  # noqa: F401  (fixtures)

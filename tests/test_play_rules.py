@@ -14,11 +14,11 @@ from spade.config import ConfigError, from_mapping
 from spade.envs.runner import EndReason, play_episode
 from spade.rollout.conversation import ChatFormat
 from spade.rollout.engine import GenerationResult, SamplingParams
-from spade.selfplay.designer_source import EnvSpec
-from spade.selfplay.play_rules import PlayRules, fill_round_robin
-from spade.selfplay.plays import Player
-from spade.selfplay.policy import EnginePolicy
-from spade.selfplay.released_policy import ReleasedHintPolicy, ScopedMaskPolicy, released_hint_policy
+from spade.selfplay.sources.designer_source import EnvSpec
+from spade.selfplay.plays.play_rules import PlayRules, fill_round_robin
+from spade.selfplay.plays.player import Player
+from spade.selfplay.plays.policy import EnginePolicy
+from spade.selfplay.plays.released_policy import ReleasedHintPolicy, ScopedMaskPolicy, released_hint_policy
 from spade.selfplay.seeds import derive_seed, reset_seed
 from spade.selfplay.settings import SelfPlaySettings
 

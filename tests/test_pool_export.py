@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from spade.cli import main
-from spade.selfplay.designer_source import EnvSpec, save_set
+from spade.selfplay.sources.designer_source import EnvSpec, save_set
 from spade.envs.pool_files import read_manifest
-from spade.selfplay.fixed_pool import FixedPool, read_pool
-from spade.selfplay.plays import Play
-from spade.selfplay.pool_export import COLUMNS, EXPORT_INFO, schema
+from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
+from spade.selfplay.plays.player import Play
+from spade.pool.export import COLUMNS, EXPORT_INFO, schema
 from spade.selfplay.settings import SelfPlaySettings
-from spade.selfplay.trajectory_log import TrajectoryLog
+from spade.selfplay.plays.trajectory_log import TrajectoryLog
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = {path.stem: path.read_text() for path in sorted((ROOT / "examples" / "envs").glob("*.py"))}

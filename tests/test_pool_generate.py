@@ -24,9 +24,9 @@ import pytest
 from spade.cli import main
 from spade.designer.prompts import HINT_SYSTEM
 from spade.designer.skills import GAME_SKILLS
-from spade.selfplay.designer_source import EnvSpec, save_set
+from spade.selfplay.sources.designer_source import EnvSpec, save_set
 from spade.envs.pool_files import read_manifest
-from spade.selfplay.fixed_pool import FixedPool, read_pool
+from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
 from spade.selfplay.settings import SelfPlaySettings
 
 ROOT = Path(__file__).resolve().parent.parent

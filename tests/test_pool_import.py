@@ -13,8 +13,8 @@ import pytest
 
 from spade.cli import main
 from spade.envs.pool_files import read_manifest
-from spade.selfplay.fixed_pool import FixedPool, read_pool
-from spade.selfplay.pool_import import PoolImportError, import_released_pool, skill_from_file_name
+from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
+from spade.pool.released import PoolImportError, import_released_pool, skill_from_file_name
 from spade.selfplay.settings import SelfPlaySettings
 
 GAME = '''class Counting{n}Env:

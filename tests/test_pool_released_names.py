@@ -12,8 +12,8 @@ from conftest import make_harness
 from spade.envs.protocol import EnvFault, ErrorKind, Stage
 from spade.envs.sandbox.runtime import loader_names
 from spade.envs.sandbox.runtime.limits import DEFAULT_ALLOWED_IMPORTS
-from spade.selfplay.fixed_pool import FixedPool, ReleasedLoaderSandbox
-from spade.selfplay.pool_settings import PoolSettings
+from spade.selfplay.sources.fixed_pool import FixedPool, ReleasedLoaderSandbox
+from spade.selfplay.sources.pool_settings import PoolSettings
 from spade.selfplay.settings import SelfPlaySettings
 
 # A made-up pool game that uses deque, math.sqrt and random.Random without importing them.

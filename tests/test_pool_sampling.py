@@ -17,8 +17,8 @@ import pytest
 from spade.designer.skills import GAME_SKILLS, SkillSettings
 from spade.config import ConfigError
 from spade.envs.pool_files import append_manifest, read_manifest
-from spade.selfplay.fixed_pool import FixedPool, read_pool
-from spade.selfplay.pool_settings import PoolSettings
+from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
+from spade.selfplay.sources.pool_settings import PoolSettings
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 

@@ -162,7 +162,7 @@ def test_generated_honest_games_are_falsely_rejected_under_one_percent():
 def test_rejections_are_counted_per_family_as_step_metrics(sandbox):
     """What the designer round reports after a regeneration (DesignerRound.metrics): each games
     family's degenerate_win rejections (0 for the families that won nothing) and the unwinnable ones."""
-    from spade.selfplay.designer_source import GateCounts, admit_candidate
+    from spade.selfplay.sources.designer_source import GateCounts, admit_candidate
     from spade.selfplay.settings import SelfPlaySettings
 
     settings = SelfPlaySettings(winnability_gate=True, max_turns=25)

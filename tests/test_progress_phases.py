@@ -9,7 +9,7 @@ import re
 import time
 
 from spade.run.progress import Progress
-from spade.selfplay.slot_stages import SlotStages
+from spade.selfplay.sources.slot_stages import SlotStages
 
 
 def log_progress(**kwargs) -> tuple[Progress, io.StringIO]:

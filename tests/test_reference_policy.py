@@ -119,7 +119,7 @@ def test_a_class_without_the_method_is_rejected_as_reference_missing(sandbox):
 
 
 def test_the_settings_reach_admission_through_admit_candidate(sandbox):
-    from spade.selfplay.designer_source import admit_candidate
+    from spade.selfplay.sources.designer_source import admit_candidate
 
     def run(**settings):
         return sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(**settings), HUNT), timeout=120)
@@ -164,7 +164,7 @@ def test_bad_values_name_the_key(settings, says):
 
 
 def test_the_rejections_count_per_step_as_their_own_metrics(tmp_path):
-    from spade.selfplay.designer_source import RegenerationResult, write_rejection
+    from spade.selfplay.sources.designer_source import RegenerationResult, write_rejection
     from spade.selfplay.step_figures import regeneration_figures
 
     record = {"step": 0, "slot": 0, "attempt": 0, "skill": "Logical Deduction"}

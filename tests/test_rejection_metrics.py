@@ -5,7 +5,7 @@ which a probe policy completed some instruction (``env/tool_probe_partial``)."""
 
 from __future__ import annotations
 
-from spade.selfplay.designer_source import EnvSpec, RegenerationResult
+from spade.selfplay.sources.designer_source import EnvSpec, RegenerationResult
 from spade.selfplay.step_figures import regeneration_figures
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step

@@ -30,8 +30,8 @@ import pytest
 from spade.agent.actions import parse_action
 from spade.envs.protocol import EnvFault, ErrorKind, InfrastructureFault
 from spade.envs.rlve import ANSWER_INSTRUCTION, ProblemSpec, RLVESandbox, RLVEWorkers, WorkerDied, to_rlve_output
-from spade.selfplay.rlve_settings import RLVESettings
-from spade.selfplay.rlve_source import RLVESource
+from spade.selfplay.sources.rlve_settings import RLVESettings
+from spade.selfplay.sources.rlve_source import RLVESource
 from spade.selfplay.settings import SelfPlaySettings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""RLVE's difficulty rule (spade.selfplay.rlve_source.DifficultyController) against sequences
+"""RLVE's difficulty rule (spade.selfplay.sources.rlve_source.DifficultyController) against sequences
 worked out by hand from the rule in RLVE's slime data source: count plays at the current level
 only, check once per batch when the count reaches ``accuracy_samples``, raise by one at accuracy
 >= threshold, restart the count after every check. No worker processes here.
@@ -11,8 +11,8 @@ import json
 import pytest
 
 from spade.config import ConfigError, from_mapping
-from spade.selfplay.rlve_settings import RLVESettings
-from spade.selfplay.rlve_source import DifficultyController, accurate
+from spade.selfplay.sources.rlve_settings import RLVESettings
+from spade.selfplay.sources.rlve_source import DifficultyController, accurate
 from spade.selfplay.settings import SelfPlaySettings
 
 T, F = True, False
@@ -55,7 +55,7 @@ def test_slots_get_every_environment_of_a_small_set_and_a_sample_of_a_large_one(
     slots (16 environments, 16 slots: each once a step), else a sample without replacement."""
     import random
 
-    from spade.selfplay.rlve_source import slot_environments
+    from spade.selfplay.sources.rlve_source import slot_environments
 
     assert slot_environments(RELEASED_OFFICIAL16, 16, random.Random(0)) == RELEASED_OFFICIAL16
     assert slot_environments(["A", "B", "C"], 7, random.Random(0)) == ["A", "B", "C", "A", "B", "C", "A"]

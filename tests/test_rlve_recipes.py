@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spade.selfplay.rlve_settings import OFFICIAL16, RLVESettings
+from spade.selfplay.sources.rlve_settings import OFFICIAL16, RLVESettings
 from spade.train_config import load_train_config
 
 RECIPES = Path(__file__).resolve().parent.parent / "examples" / "recipes"

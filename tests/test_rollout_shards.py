@@ -21,8 +21,8 @@ import prewarmed
 import pytest
 
 from spade.config import ConfigError
-from spade.selfplay.plays import PlayRequest
-from spade.selfplay.rollout_shards import ShardChannel, ShardLayout, ShardServer, split_requests
+from spade.selfplay.plays.player import PlayRequest
+from spade.selfplay.plays.rollout_shards import ShardChannel, ShardLayout, ShardServer, split_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_requests_split_into_contiguous_blocks_that_rejoin_in_order():
 
 
 def test_shards_are_refused_where_they_cannot_work():
-    from spade.selfplay.partial_rollout_settings import PartialRolloutSettings
+    from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
     from spade.selfplay.settings import SelfPlaySettings
     from spade.train_config import from_dict
 

@@ -13,7 +13,7 @@ from spade.agent.prompts import first_user_message
 from spade.envs.runner import EndReason, play_episode
 from spade.rollout import HFEngine, SamplingParams
 from spade.rollout.conversation import ChatFormat
-from spade.selfplay.policy import EnginePolicy
+from spade.selfplay.plays.policy import EnginePolicy
 
 ECHO = textwrap.dedent('''
     class EchoEnv:

@@ -46,7 +46,7 @@ def test_the_smoke_run_seeds_the_memory_with_graded_examples():
     assert sp.memory_seed_dir is not None and sp.use_memory
     # 16 x 8 agent samples, not the paper's 192: the weight counts them, as the released formula does
     assert sp.rewards.advantage_agent_samples is None
-    from spade.selfplay.designer_source import resolve_seed_dir
+    from spade.selfplay.sources.designer_source import resolve_seed_dir
 
     seeds = load_seed_records(resolve_seed_dir(sp.memory_seed_dir), ["Mathematical Reasoning"])
     assert len(seeds) == 2  # the designer prompt's two positives

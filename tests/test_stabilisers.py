@@ -15,10 +15,10 @@ import pytest
 
 from spade.config import ConfigError
 from spade.selfplay.orchestrator import TRUNCATED_ENDS
-from spade.selfplay.fixed_pool import FixedPool
+from spade.selfplay.sources.fixed_pool import FixedPool
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
-from spade.selfplay.trajectory_log import step_file
+from spade.selfplay.plays.trajectory_log import step_file
 from test_orchestrator import COIN_SOURCE, engine, make, tokenizer  # noqa: F401  (fixtures)
 
 ALWAYS_WIN = '''

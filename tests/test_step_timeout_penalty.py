@@ -10,10 +10,10 @@ import json
 import pytest
 
 from spade.config import ConfigError, from_mapping
-from spade.selfplay.advantages import designer_advantages
-from spade.selfplay.delay_buffer import DesignerBuffer
-from spade.selfplay.designer_rewards import DesignerEvidence, ReleasedRegretReward, designer_reward_for, score_released
-from spade.selfplay.reward_settings import RewardSettings
+from spade.selfplay.rewards.advantages import designer_advantages
+from spade.selfplay.rewards.delay_buffer import DesignerBuffer
+from spade.selfplay.rewards.designer_rewards import DesignerEvidence, ReleasedRegretReward, designer_reward_for, score_released
+from spade.selfplay.rewards.reward_settings import RewardSettings
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 from test_orchestrator import COIN_SOURCE, ScriptedDesigner, engine, make, tokenizer  # noqa: F401  (fixtures)
@@ -76,7 +76,7 @@ def test_timed_out_game_gets_the_penalty_through_a_real_step(sandbox, engine, to
     """Two designed games, one hanging in play: its plays time out in the sandbox, are dropped
     (env_faults retry_then_drop), it is left out of step 1, and at step k = 2 its designer sample is
     released with -0.5, centred with the other game's released regret."""
-    from spade.selfplay.play_rules import PlayRules
+    from spade.selfplay.plays.play_rules import PlayRules
 
     designer = ScriptedDesigner(engine, tokenizer, [COIN_SOURCE, HANGS_IN_PLAY])
     orch = make(sandbox, designer, tokenizer, tmp_path, None, use_memory=False, g_hint=1,

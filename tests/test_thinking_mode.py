@@ -30,7 +30,7 @@ from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEng
 from spade.run.preflight import preflight
 from spade.run.run_dir import RunDirError
 from spade.selfplay.orchestrator import Orchestrator
-from spade.selfplay.policy import EnginePolicy
+from spade.selfplay.plays.policy import EnginePolicy
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 from spade.train_config import from_dict, load_train_config

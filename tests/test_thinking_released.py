@@ -19,14 +19,14 @@ from spade.designer.skills import SkillSettings
 from spade.rl.samples import Role, Trajectory
 from spade.rollout.conversation import thinking_template_kwargs
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
-from spade.selfplay.advantages import agent_advantages
+from spade.selfplay.rewards.advantages import agent_advantages
 from spade.selfplay.batch_rules import BatchRules
 from spade.selfplay.orchestrator import Orchestrator, _agent_episodes
-from spade.selfplay.partial_rollout_settings import PartialRolloutSettings
-from spade.selfplay.play_rules import PlayRules
+from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
+from spade.selfplay.plays.play_rules import PlayRules
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
-from spade.selfplay.turn_samples import episode_weights
+from spade.selfplay.plays.turn_samples import episode_weights
 from spade.train_config import from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -259,7 +259,7 @@ def test_per_turn_keeps_the_released_reply_reserve(tokenizer):
 
     from spade.envs.runner import Message, StopEpisode
     from spade.rollout.engine import SamplingParams
-    from spade.selfplay.turn_samples import RESERVED_REPLY_TOKENS, PerTurnPolicy
+    from spade.selfplay.plays.turn_samples import RESERVED_REPLY_TOKENS, PerTurnPolicy
 
     asked: list[int] = []
 

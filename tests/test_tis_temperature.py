@@ -29,9 +29,9 @@ from spade.rl.loss import policy_loss
 from spade.rl.samples import Role, TrainSample, Trajectory
 from spade.rollout import HFEngine
 from spade.rollout.conversation import ChatFormat
-from spade.selfplay.text_generators import LocalGenerator, TextSampling
-from spade.selfplay.designer_source import EnvSpec
-from spade.selfplay.plays import Player, PlayRequest
+from spade.selfplay.sources.text_generators import LocalGenerator, TextSampling
+from spade.selfplay.sources.designer_source import EnvSpec
+from spade.selfplay.plays.player import Player, PlayRequest
 from spade.selfplay.trajectories import role_logprob_temperature
 from spade.selfplay.settings import SelfPlaySettings
 from spade.train_config import from_dict

@@ -166,7 +166,7 @@ def test_a_tool_crashing_during_the_probes_is_named_by_stage(harness):
 def test_determinism_switch_reaches_tool_environments(harness):
     """A tool environment goes through the same determinism stage; ``selfplay.admission_determinism``
     false (the paper's admission) admits one whose first message ignores the seed."""
-    from spade.selfplay.designer_source import admit_candidate
+    from spade.selfplay.sources.designer_source import admit_candidate
     from spade.selfplay.settings import SelfPlaySettings
 
     source = env_with().replace("return self._user_messages[0], {}",

@@ -20,7 +20,7 @@ from spade.envs.tool_use import FORMAT_ERROR_REWARD
 from spade.envs.tool_use.local import EXAMPLES_DIR, load_trusted, scripted_calls
 from spade.rollout.conversation import ChatFormat
 from spade.rollout.engine import GenerationResult, SamplingParams
-from spade.selfplay.policy import EnginePolicy
+from spade.selfplay.plays.policy import EnginePolicy
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATES = {"qwen3_hybrid": (FIXTURES / "qwen3_hybrid.jinja").read_text(),

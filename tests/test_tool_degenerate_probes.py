@@ -178,7 +178,7 @@ def test_a_tool_exiting_on_a_probe_call_is_rejected_at_the_probe_stage(harness):
 
 
 def test_the_games_switches_govern_the_tool_probes(harness):
-    from spade.selfplay.designer_source import admit_candidate
+    from spade.selfplay.sources.designer_source import admit_candidate
 
     source = EXPLOITS["one repeated call completes everything"][0]
 

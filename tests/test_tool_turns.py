@@ -108,7 +108,7 @@ def test_the_engine_policy_knows_when_its_template_prefills_think():
 
     from spade.envs.runner import Message
     from spade.rollout.engine import SamplingParams
-    from spade.selfplay.policy import EnginePolicy
+    from spade.selfplay.plays.policy import EnginePolicy
     for name, opened in (("qwen3_thinking_2507", True), ("qwen3_hybrid", False)):
         tokenizer = bpe_tokenizer(TEMPLATES[name])
         policy = EnginePolicy(ScriptedEngine(tokenizer, ["plan</think>\n\nhi"]), tokenizer,

@@ -17,7 +17,7 @@ from spade.rl.samples import Role
 from spade.rollout.engine import GenerationRequest, GenerationResult
 from spade.selfplay.batch_rules import BatchRules
 from spade.selfplay.orchestrator import Orchestrator
-from spade.selfplay.reward_settings import RewardSettings
+from spade.selfplay.rewards.reward_settings import RewardSettings
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
 from test_orchestrator import COIN_SOURCE, EXAMPLE_SOURCE, ScriptedDesigner, _plateau, engine, tiny_settings, tokenizer  # noqa: F401

@@ -2,7 +2,7 @@
 
 Each saved problem (``RUN/envs/step_S/ENV_ID.py``) is a JSON :class:`~spade.envs.rlve.ProblemSpec`:
 its rlve-gym environment identifier, the level it was drawn at and the reward that counts as
-solved. A play is *accurate* by RLVE's own rule (:func:`spade.selfplay.rlve_source.accurate`:
+solved. A play is *accurate* by RLVE's own rule (:func:`spade.selfplay.sources.rlve_source.accurate`:
 return at least the problem's threshold), the rule the difficulty controller counts. From the
 no-hint returns of every step (``env_returns`` lines):
 
@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 
 from ..envs.protocol import EnvFault
 from ..envs.rlve import ProblemSpec
-from ..selfplay.rlve_source import accurate
+from ..selfplay.sources.rlve_source import accurate
 
 CONTROLLER_KEYS = ("checked", "raised", "envs_raised_total", "difficulty_max", "problem_difficulty_mean")
 

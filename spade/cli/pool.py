@@ -7,7 +7,7 @@
     spade pool export (RUN_DIR | POOL_DIR) --out DIR [--format jsonl|parquet]
 
 ``generate`` writes ``N`` admitted environments through the training's designer prompts, admission
-and hint calls (:mod:`spade.selfplay.pool_build`). The settings are those of ``--config`` (a train
+and hint calls (:mod:`spade.pool.build`). The settings are those of ``--config`` (a train
 config: ``selfplay`` for the prompts, corpus and memory switches, budgets and timeouts; ``corpus``;
 ``sandbox``; ``engine`` and ``model`` for a local designer; ``run.seed``), with overrides. The
 designer is a local Hugging Face directory, served by the in-process hf engine as ``spade train``
@@ -20,7 +20,7 @@ the pool holds ``N`` environments, 1 when ``--max-attempts`` (default ``10 * N``
 ``assemble`` builds (or extends) a pool from the admitted environments of earlier runs.
 
 ``export`` writes the admitted environments of a run or a pool, with their metadata and play
-statistics, as a JSONL or Parquet dataset (:mod:`spade.selfplay.pool_export`, docs/export.md);
+statistics, as a JSONL or Parquet dataset (:mod:`spade.pool.export`, docs/export.md);
 ``import`` reads such an export back into a pool directory as well as the paper's released pool.
 """
 
@@ -143,7 +143,7 @@ def run_generate(args: argparse.Namespace) -> int:
     settings = config.selfplay
     url = _is_url(args.designer)
     if url:
-        from ..selfplay.endpoint import EndpointSettings
+        from ..selfplay.sources.endpoint import EndpointSettings
 
         if not args.model:
             raise UsageError("--model: name the model the endpoint at --designer serves")
@@ -154,7 +154,7 @@ def run_generate(args: argparse.Namespace) -> int:
     elif args.model:
         raise UsageError("--model: only with an endpoint URL as --designer (a model directory names itself)")
     if url:
-        from ..selfplay.text_generators import check_endpoint
+        from ..selfplay.sources.text_generators import check_endpoint
 
         check_endpoint(settings.designer_endpoint)  # answers GET {url}/models with the key, before anything is written
     if settings.use_corpus and not config.corpus.paths:
@@ -182,7 +182,7 @@ async def _generate(args, config, settings, skills, origin, url: bool):
     from ..designer.corpus import Corpus
     from ..designer.memory import Memory
     from ..envs.sandbox.client import SandboxService
-    from ..selfplay.pool_build import PoolGenerator
+    from ..pool.build import PoolGenerator
 
     out = Path(args.out)
     sandbox_config = config.sandbox
@@ -243,7 +243,7 @@ async def _local_designer(model: str, config) -> tuple[Any, dict[str, Any]]:
 
 
 def run_assemble(args: argparse.Namespace) -> int:
-    from ..selfplay.pool_build import assemble_pool, parse_steps
+    from ..pool.build import assemble_pool, parse_steps
 
     try:
         steps = parse_steps(args.steps)
@@ -260,8 +260,8 @@ def run_assemble(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..selfplay.pool_export import is_export
-    from ..selfplay.pool_import import PAPER_POOL_SIZE, PoolImportError, import_released_pool
+    from ..pool.export import is_export
+    from ..pool.released import PAPER_POOL_SIZE, PoolImportError, import_released_pool
 
     if args.expect is not None and args.expect < 1:
         raise UsageError(f"--expect: must be >= 1, got {args.expect}")
@@ -282,7 +282,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def _import_export(args: argparse.Namespace) -> int:
-    from ..selfplay.pool_export import PoolExportError, import_export
+    from ..pool.export import PoolExportError, import_export
 
     try:
         summary = import_export(Path(args.source), Path(args.out), expect=args.expect)
@@ -298,7 +298,7 @@ def _import_export(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..selfplay.pool_export import PoolExportError, export_dataset
+    from ..pool.export import PoolExportError, export_dataset
 
     try:
         summary = export_dataset(Path(args.source), Path(args.out), fmt=args.fmt)

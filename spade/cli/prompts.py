@@ -2,7 +2,7 @@
 
 For ``--config`` (and ``key=value`` overrides) it shows the designer prompt of the run's first
 attempt (step 0, slot 0: the corpus document and memory examples drawn from the run's seed, as the
-run draws them, ``spade.selfplay.designer_source.designer_prompt``), the hint prompt for
+run draws them, ``spade.selfplay.sources.designer_source.designer_prompt``), the hint prompt for
 ``--env``, and the agent's first turn without and with the hint. With ``--env`` that turn comes from
 the real episode runner: the environment is reset in the sandbox and the runner's opening is taken
 at its first call to the policy; otherwise ``--observation`` (or a placeholder) is the observation.
@@ -118,7 +118,7 @@ def _tokenizer(config: Any) -> tuple[Any, str]:
 def _designer(config: Any) -> tuple[Optional[list[dict[str, str]]], dict[str, Any]]:
     from ..designer.corpus import Corpus
     from ..designer.memory import Memory
-    from ..selfplay.designer_source import designer_prompt, seed_memory
+    from ..selfplay.sources.designer_source import designer_prompt, seed_memory
     from ..designer.skills import slot_skills
     from ..selfplay.step import Step
 
@@ -219,11 +219,11 @@ def _tool_parser(tokenizer: Any) -> Any:
 
 def _render_all(config: Any, prompts: Prompts, tokenizer: Any, why_not: str) -> dict[str, Rendered]:
     from ..rollout.conversation import TemplateError, thinking_template_kwargs
-    from ..selfplay.role_thinking import role_template_kwargs
+    from ..selfplay.sources.role_thinking import role_template_kwargs
 
     sp = config.selfplay
     shared_setting = config.model.thinking
-    # each role's thinking switch: auto follows model.thinking (spade.selfplay.role_thinking)
+    # each role's thinking switch: auto follows model.thinking (spade.selfplay.sources.role_thinking)
     roles = {"designer": (prompts.designer, sp.designer_thinking, None, "selfplay.designer_thinking"),
              "hint": (prompts.hint, sp.hint_thinking, None, "selfplay.hint_thinking"),
              "agent": (prompts.agent, shared_setting, prompts.tools, "model.thinking"),

@@ -139,8 +139,8 @@ def _rank() -> int:
 
 def _snapshot(data: dict) -> dict:
     """A run's config snapshot in today's key names (a run started before issue 15 wrote the old
-    names of the per-environment designer reward: :func:`~spade.selfplay.reward_settings.upgrade_reward_settings`)."""
-    from ..selfplay.reward_settings import upgrade_reward_settings
+    names of the per-environment designer reward: :func:`~spade.selfplay.rewards.reward_settings.upgrade_reward_settings`)."""
+    from ..selfplay.rewards.reward_settings import upgrade_reward_settings
 
     rewards = data.get("selfplay", {}).get("rewards") if isinstance(data.get("selfplay"), dict) else None
     if isinstance(rewards, dict):

@@ -1,6 +1,6 @@
 """A pool directory's files: ``NAME.py`` with ``NAME.hint.txt`` beside it, and the manifest
 ``pool.jsonl`` (one JSON object per line, each with a ``name``). The pool commands write them
-(``spade.selfplay.pool_build``, ``pool_import``, ``pool_export``); the Fixed-env GRPO source and
+(``spade.pool.build``, ``spade.pool.released``, ``spade.pool.export``); the Fixed-env GRPO source and
 ``spade.envs.gym`` read them. A run's admitted sets use the same hint file name."""
 
 from __future__ import annotations

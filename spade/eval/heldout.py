@@ -9,7 +9,7 @@ seed from ``(sample_seed, environment, i)``, so an evaluation before and one aft
 the same problems with the same sampling seeds (a paired comparison).
 
 **The evaluator.** :func:`evaluate_heldout` opens each environment in the sandbox for each seed and
-plays one episode with a fresh :class:`~spade.selfplay.policy.EnginePolicy`, as a training no-hint
+plays one episode with a fresh :class:`~spade.selfplay.plays.policy.EnginePolicy`, as a training no-hint
 play does (``selfplay.agent_temperature``, ``top_p``, ``top_k``, ``agent_max_tokens``,
 ``max_turns``, ``max_context_tokens``, ``agent_game_prompt``, ``action_extraction``), at most
 ``max_concurrent_episodes`` at a time. An environment fault scores 0, as in training; a sandbox
@@ -27,8 +27,8 @@ from ..envs.protocol import EnvFault, InfrastructureFault, Sandbox
 from ..envs.runner import play_episode
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine, SamplingParams
-from ..selfplay.plays import end_of_turn_stop_ids
-from ..selfplay.policy import EnginePolicy
+from ..selfplay.plays.player import end_of_turn_stop_ids
+from ..selfplay.plays.policy import EnginePolicy
 from ..selfplay.seeds import derive_seed
 from ..selfplay.settings import SelfPlaySettings
 

@@ -75,7 +75,7 @@ class Trajectory:
     # recorded (``spade.rl.routing_record``).
     routed_experts: Optional[RoutedExperts] = None
     # How the sample enters a ``sample_mean`` loss (TrainSample.loss_weight / count_weight): 1 and
-    # 1 but for the turn samples of one episode (spade.selfplay.turn_samples.episode_weights).
+    # 1 but for the turn samples of one episode (spade.selfplay.plays.turn_samples.episode_weights).
     loss_weight: float = 1.0
     count_weight: int = 1
 
@@ -200,7 +200,7 @@ class TrainSample:
     summed, and the step divides by the sum of ``count_weight`` over its samples. The turn samples
     of one episode (``selfplay.agent_sample_form: per_turn``) share one count and weigh their
     token means by their loss tokens, so the episode is one token mean over all its turns
-    (``spade.selfplay.turn_samples.episode_weights``). Other aggregations ignore both.
+    (``spade.selfplay.plays.turn_samples.episode_weights``). Other aggregations ignore both.
     """
 
     token_ids: ArrayLike

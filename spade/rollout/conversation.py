@@ -42,7 +42,7 @@ not have produced (Qwen3 learned with earlier reasoning removed) and the context
 turn's reasoning. The alternative, as the paper's released code forms its samples, re-renders the
 history at every turn (earlier reasoning removed) both to generate and as that turn's sample
 prompt, one sample per assistant turn; ``selfplay.agent_sample_form: per_turn`` plays that way
-(``spade.selfplay.turn_samples``: one fresh Conversation per turn, earlier completions re-tokenised
+(``spade.selfplay.plays.turn_samples``: one fresh Conversation per turn, earlier completions re-tokenised
 from their text by the template).
 
 Budgets: ``max_context_tokens`` bounds the whole sequence and ``max_turns`` the number of

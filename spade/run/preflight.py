@@ -77,7 +77,7 @@ def preflight(config: TrainConfig) -> None:
     if sp.env_source == "fixed_pool":
         pool = Path(sp.fixed_env_dir or "")
         if not pool.is_dir() or not any(pool.glob("*.py")):
-            from ..selfplay.fixed_pool import missing_pool_message
+            from ..selfplay.sources.fixed_pool import missing_pool_message
 
             raise RunDirError(missing_pool_message(pool))
     if sp.env_source == "rlve":
@@ -88,7 +88,7 @@ def preflight(config: TrainConfig) -> None:
                               "pip install rlve-gym==0.0.1 (make setup installs it)")
     if sp.memory_seed_dir is not None and not Path(sp.memory_seed_dir).is_dir():
         raise RunDirError(f"selfplay.memory_seed_dir: {sp.memory_seed_dir} is not a directory")
-    from ..selfplay.text_generators import check_designer_endpoint
+    from ..selfplay.sources.text_generators import check_designer_endpoint
 
     check_designer_endpoint(sp)  # selfplay.designer_endpoint answers GET {url}/models (ConfigError if not)
 

@@ -23,7 +23,7 @@ import torch
 
 from ..collectives import in_thread
 from ..rollout.manager import RolloutManager
-from ..selfplay.slot_stages import no_stage
+from ..selfplay.sources.slot_stages import no_stage
 from ..selfplay.step import Step
 from .best_checkpoint import checkpoint_score
 from .progress import Progress
@@ -56,7 +56,7 @@ class Waiting:
 
 
 class ShardServing(Waiting):
-    """A rollout shard's rank other than rank 0 (``spade.selfplay.rollout_shards``)."""
+    """A rollout shard's rank other than rank 0 (``spade.selfplay.plays.rollout_shards``)."""
 
     def __init__(self, rollout: RolloutManager, server: Any):
         super().__init__(rollout)

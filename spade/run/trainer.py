@@ -32,7 +32,7 @@ Every sample records the weight version that generated it (``train/policy_lag_*`
 
 With ``selfplay.rollout_shards`` > 1 the shard ranks (one per node) also start a sandbox service
 and an engine (hf) or a client over their node's servers (SGLang); while rank 0 runs the step they
-play their blocks of its rounds of plays (``spade.selfplay.rollout_shards``) and then wait for the
+play their blocks of its rounds of plays (``spade.selfplay.plays.rollout_shards``) and then wait for the
 samples like every rank (their role: ``roles.ShardServing``).
 """
 
@@ -145,7 +145,7 @@ class Trainer:
         if self.stop is not None:
             self.stop.describe = self.stop_notice
         if cfg.selfplay.rollout_shards > 1:
-            from ..selfplay.rollout_shards import ShardChannel, ShardLayout
+            from ..selfplay.plays.rollout_shards import ShardChannel, ShardLayout
 
             self.shards = ShardChannel.create(ShardLayout.of(cfg.selfplay.rollout_shards, self.ctx.world_size),
                                               self.rank)
@@ -251,7 +251,7 @@ class Trainer:
 
     def _shard_server(self) -> Any:
         from ..rollout.conversation import thinking_template_kwargs
-        from ..selfplay.rollout_shards import ShardServer, shard_player
+        from ..selfplay.plays.rollout_shards import ShardServer, shard_player
 
         cfg = self.config
         engine = self.rollout.play_engine or self.rollout.engine

@@ -3,17 +3,17 @@
 ``Orchestrator.run_step(step)`` runs one stage per method, in Algorithm 1's order (``step`` is a
 :class:`~.step.Step`: the updates done before it, ``s``):
 
-1. :meth:`~Orchestrator.regenerate_and_admit`, when ``step.regenerates(k)`` (:mod:`.designer_source`):
+1. :meth:`~Orchestrator.regenerate_and_admit`, when ``step.regenerates(k)`` (:mod:`spade.selfplay.sources.designer_source`):
    active skills of regeneration ``step.regeneration(k)``, up to ``max_attempts`` designer attempts
    per slot (all slots concurrently), admission in the sandbox, one hint per admitted environment;
    rejected candidates and the new set are written under ``run_dir``. The new set replaces the old
-   one. The baselines take the set from another :class:`~.env_source.EnvSource` instead
+   one. The baselines take the set from another :class:`~spade.selfplay.sources.env_source.EnvSource` instead
    (``env_source: fixed_pool`` or ``rlve``), which also hears every step's no-hint returns (RLVE's
    difficulty controller reads them).
-2. :meth:`~Orchestrator.play` (:mod:`.step_plays`, :mod:`.plays`): every environment ``g_nohint``
+2. :meth:`~Orchestrator.play` (:mod:`spade.selfplay.plays.step_plays`, :mod:`spade.selfplay.plays.player`): every environment ``g_nohint``
    times without hint, and at the regeneration step also ``g_hint`` times with the hint (measured,
    never trained). The plays come as groups (environment, the step it began in, its no-hint plays).
-   With ``partial_rollouts`` on (:mod:`.partial_plays`, docs/partial_rollouts.md) a step that does
+   With ``partial_rollouts`` on (:mod:`spade.selfplay.plays.partial_plays`, docs/partial_rollouts.md) a step that does
    not regenerate ends once enough no-hint groups are complete and carries the rest; a
    regeneration step first finishes the carried groups, then plays everything to the end.
 3. :meth:`~Orchestrator.score_agent_plays`: per environment, advantages are the z-scores of its
@@ -34,12 +34,12 @@
    - mean no-hint return, step s).
 
 Every step's returns, and a bounded sample of its episodes, go to ``RUN/trajectories/``
-(:mod:`.trajectory_log`, read by ``spade analyze`` and ``spade explore``). The step's figures are
+(:mod:`spade.selfplay.plays.trajectory_log`, read by ``spade analyze`` and ``spade explore``). The step's figures are
 ``StepOutput.metrics``; the trainer adds its own to make the ``metrics.jsonl`` line.
 
 Resume. ``state_dict()`` is JSON-serialisable: the current set (sources, hints, ids, skills,
 generation step), the delay buffer, the pending designer trajectories (``Trajectory.to_json``) and,
-with partial rollouts on, the carried groups (:mod:`.partial_plays`).
+with partial rollouts on, the carried groups (:mod:`spade.selfplay.plays.partial_plays`).
 There is no mutable rng: every random choice (corpus document, memory examples, sampling seeds,
 reset seeds) comes from a seed derived from ``(seed, s, slot/env, attempt/play)``, so
 ``load_state_dict`` plus the same ``seed`` continues exactly. The memory database is not in the
@@ -63,25 +63,25 @@ from ..peak_memory import no_phase
 from ..rl.samples import Role, Trajectory
 from ..rollout.conversation import ChatFormat
 from ..rollout.engine import RolloutEngine
-from .delay_buffer import DesignerBuffer, ReleasedDesignerSample
-from .designer_source import DesignerRound, EnvSpec
-from .env_source import EnvSource
-from .partial_plays import step_player
-from .partial_rollout_settings import refuse_unsupported
-from .plays import Player, end_of_turn_stop_ids
-from .rollout_shards import ShardChannel, ShardedPlayer
-from .advantages import agent_advantages, designer_advantage_weight, designer_advantages
-from .designer_rewards import hint_regret
-from .fixed_pool import ReleasedLoaderSandbox
-from .play_rules import fill_round_robin
+from .plays.partial_plays import step_player
+from .plays.partial_rollout_settings import refuse_unsupported
+from .plays.play_rules import fill_round_robin
+from .plays.player import Player, end_of_turn_stop_ids
+from .plays.rollout_shards import ShardChannel, ShardedPlayer
+from .plays.step_plays import StepPlays, all_equal
+from .plays.trajectory_log import TrajectoryLog
+from .plays.turn_samples import episode_weights, episodes
+from .rewards.advantages import agent_advantages, designer_advantage_weight, designer_advantages
+from .rewards.delay_buffer import DesignerBuffer, ReleasedDesignerSample
+from .rewards.designer_rewards import hint_regret
 from .settings import SelfPlaySettings
-from .slot_stages import SET_STAGE, no_stage
+from .sources.designer_source import DesignerRound, EnvSpec
+from .sources.env_source import EnvSource
+from .sources.fixed_pool import ReleasedLoaderSandbox
+from .sources.slot_stages import SET_STAGE, no_stage
 from .step import Step
 from .step_figures import mean, regeneration_figures, step_figures
-from .step_plays import StepPlays, all_equal
 from .trajectories import role_logprob_temperature
-from .trajectory_log import TrajectoryLog
-from .turn_samples import episode_weights, episodes
 
 STATE_VERSION = 1
 # How an episode cut by a budget ends (``mask_truncated``): the environment truncated it, the turn
@@ -299,11 +299,11 @@ class Orchestrator:
 
     def _env_source(self, settings: SelfPlaySettings, sandbox: Sandbox) -> EnvSource:
         if settings.env_source == "fixed_pool":
-            from .fixed_pool import FixedPool
+            from .sources.fixed_pool import FixedPool
             return FixedPool(settings, sandbox=sandbox, run_dir=self.run_dir, seed=self.seed,
                              screen=self.designer.model_screen)
         if settings.env_source == "rlve":
-            from .rlve_source import RLVESource
+            from .sources.rlve_source import RLVESource
             return RLVESource(settings, run_dir=self.run_dir, seed=self.seed)
         return self.designer
 

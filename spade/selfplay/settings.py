@@ -27,13 +27,13 @@ from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_SEED_COUNT, DEFA
 from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
 from ..envs.winnability import UNPROVEN_RULES, WinnabilitySettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
-from .endpoint import EndpointSettings
-from .reward_settings import RewardSettings
-from .partial_rollout_settings import PartialRolloutSettings
+from .sources.endpoint import EndpointSettings
+from .rewards.reward_settings import RewardSettings
+from .plays.partial_rollout_settings import PartialRolloutSettings
 from .batch_rules import BatchRules
-from .play_rules import PlayRules
-from .pool_settings import PoolSettings
-from .rlve_settings import RLVESettings
+from .plays.play_rules import PlayRules
+from .sources.pool_settings import PoolSettings
+from .sources.rlve_settings import RLVESettings
 
 Difficulty = Literal["easy", "medium", "hard"]
 EnvSourceName = Literal["designer", "fixed_pool", "rlve"]
@@ -57,7 +57,7 @@ class SelfPlaySettings:
     prompt, or the corpus prompt minus its document, by ``no_corpus_prompt``), ``use_memory=False``
     (no memory block, no memory records), ``train_designer=False`` (frozen designer: designer
     samples are never emitted). Baselines: ``env_source`` ``fixed_pool`` (the environments come
-    from ``fixed_env_dir``, see :mod:`spade.selfplay.fixed_pool`) or ``rlve`` (rlve-gym's generators);
+    from ``fixed_env_dir``, see :mod:`spade.selfplay.sources.fixed_pool`) or ``rlve`` (rlve-gym's generators);
     neither makes designer calls or designer samples.
     """
 
@@ -110,7 +110,7 @@ class SelfPlaySettings:
     # arm takes the agent's path and thinks). docs/fidelity.md, "Issue 39: Qwen3-8B thinking".
     designer_thinking: Thinking | bool = "auto"
     hint_arm_thinking: Thinking | bool = "auto"
-    # What a no-hint play becomes for training (spade.selfplay.turn_samples): "sequence" (one
+    # What a no-hint play becomes for training (spade.selfplay.plays.turn_samples): "sequence" (one
     # token-exact sample per episode, every turn's reasoning kept) or "per_turn" (the released 8B
     # thinking actor: each turn's prompt is the template's rendering of the messages so far, earlier
     # reasoning dropped, one sample per turn, each with the episode's advantage). Games only.
@@ -187,9 +187,9 @@ class SelfPlaySettings:
     use_memory: bool = True
     train_designer: bool = True
     # The "Fixed ED" ablation: designer, hint and tool-use screen calls go to this external
-    # OpenAI-compatible endpoint (spade.selfplay.endpoint); the designer is then not trained.
+    # OpenAI-compatible endpoint (spade.selfplay.sources.endpoint); the designer is then not trained.
     designer_endpoint: EndpointSettings | None = None
-    # Where the sets come from (spade.selfplay.env_source): the designer (SPADE), a fixed pool of
+    # Where the sets come from (spade.selfplay.sources.env_source): the designer (SPADE), a fixed pool of
     # environment files (Fixed-env GRPO) or rlve-gym's generators (Fixed-env RLVE). The baselines
     # have no designer: ``designer_enabled`` is derived from this (an older config's
     # ``designer_enabled: false`` still means the fixed pool).
@@ -198,9 +198,9 @@ class SelfPlaySettings:
     fixed_env_dir: str | None = None
     pool: PoolSettings = field(default_factory=PoolSettings)  # env_source fixed_pool: how sets are drawn
     rlve: RLVESettings = field(default_factory=RLVESettings)  # env_source rlve: its difficulty controller
-    # Partial rollouts (issue 26; spade.selfplay.partial_rollout_settings): off = the synchronous schedule.
+    # Partial rollouts (issue 26; spade.selfplay.plays.partial_rollout_settings): off = the synchronous schedule.
     partial_rollouts: PartialRolloutSettings = field(default_factory=PartialRolloutSettings)
-    # Rollout shards (issue 26; spade.selfplay.rollout_shards): the no-hint and hinted plays of a
+    # Rollout shards (issue 26; spade.selfplay.plays.rollout_shards): the no-hint and hinted plays of a
     # step spread over this many processes (one per node), each with its own sandbox service and
     # engine; max_concurrent_episodes is then per shard. 1 = every play on global rank 0.
     rollout_shards: int = 1
@@ -225,7 +225,7 @@ class SelfPlaySettings:
     # How a step's batch is sized and assembled (spade.selfplay.batch_rules): plays per environment,
     # the cut to the global batch, the release of waiting designer samples at the last step.
     batch: BatchRules = field(default_factory=BatchRules)
-    # How plays run where spade and the released code differ (spade.selfplay.play_rules): reset
+    # How plays run where spade and the released code differ (spade.selfplay.plays.play_rules): reset
     # seeds of the two arms, environment faults, the hinted arm's budgets, the tool-use mask scope,
     # the released loader's names for designed games. Defaults: spade's behaviour.
     plays: PlayRules = field(default_factory=PlayRules)

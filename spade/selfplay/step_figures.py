@@ -18,9 +18,9 @@ from typing import Any
 
 from ..designer.memory import win_rate
 from ..envs.protocol import ErrorKind
-from .designer_source import EnvSpec, RegenerationResult
+from .sources.designer_source import EnvSpec, RegenerationResult
 from .settings import SelfPlaySettings
-from .step_plays import StepPlays, all_equal
+from .plays.step_plays import StepPlays, all_equal
 
 LEARNABLE_BAND = (0.2, 0.8)
 

@@ -7,7 +7,7 @@ sample: with a thinking model every turn's ``<think>`` reasoning stays in it as 
 the chat template would drop earlier turns' reasoning on re-rendering, so the sample is exactly the
 sequence the engine conditioned on (see ``spade.rollout.conversation``). The released 8B form, one
 sample per turn with the play's advantage, is ``selfplay.agent_sample_form: per_turn``
-(``spade.selfplay.turn_samples``).
+(``spade.selfplay.plays.turn_samples``).
 
 Designer trajectories: one per admitted environment, the designer call's prompt and whole
 response (loss on the response tokens), held in their JSON form until the delay buffer releases

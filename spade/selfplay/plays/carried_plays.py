@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..envs.runner import EndReason, EpisodeResult, Message, Turn
-from ..rl.routing_record import RoutedExperts
-from ..rollout.conversation import ChatFormat, Conversation
-from .designer_source import EnvSpec
+from ...envs.runner import EndReason, EpisodeResult, Message, Turn
+from ...rl.routing_record import RoutedExperts
+from ...rollout.conversation import ChatFormat, Conversation
+from ..sources.designer_source import EnvSpec
 from .play_record import Play, play_from_json, play_to_json, turn_from_json, turn_to_json
 
 

@@ -1,5 +1,5 @@
 """``spade pool import``: the released environment pool, from a local copy, into a pool directory
-(the format of :mod:`.fixed_pool`).
+(the format of :mod:`spade.selfplay.sources.fixed_pool`).
 
 **The released layout** (the data set ``spare-rl/spare-gpt55-static-corpus`` as the released
 ``cmd/games/_download_gpt55_pool`` script downloads it, and the released trainer's static pool)::

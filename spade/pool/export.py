@@ -5,7 +5,7 @@ into a pool directory (``spade pool import`` of an export). docs/export.md descr
 ``envs/step_S/`` set, one row per (step, environment), named ``step_SSSSSS-ENV_ID``, with its play
 statistics from ``trajectories/step_*.jsonl`` (the returns of its no-hint and hinted plays at the
 step that generated it, and of its no-hint plays at later steps of its window). From a pool
-directory (``NAME.py`` files, :mod:`.fixed_pool`'s format): one row per environment, named
+directory (``NAME.py`` files, :mod:`spade.selfplay.sources.fixed_pool`'s format): one row per environment, named
 ``NAME``, with the metadata of its manifest line; a pool has no plays unless it was imported from
 an export, whose statistics it keeps in its manifest and exports again unchanged.
 
@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterator, Literal
 from ..designer.memory import win_rate
 from ..durable_files import atomic_write_text
 from ..envs.pool_files import HINT_SUFFIX, MANIFEST
-from .designer_source import read_saved_sets
-from .fixed_pool import read_pool
-from .trajectory_log import DIRECTORY as TRAJECTORIES
+from ..selfplay.sources.designer_source import read_saved_sets
+from ..selfplay.sources.fixed_pool import read_pool
+from ..selfplay.plays.trajectory_log import DIRECTORY as TRAJECTORIES
 
 ExportFormat = Literal["jsonl", "parquet"]
 FORMATS: tuple[str, ...] = ("jsonl", "parquet")
@@ -56,7 +56,7 @@ class PoolExportError(ValueError):
 
 @dataclass
 class PlayStats:
-    """The returns of an environment's plays as its run kept them (:mod:`.trajectory_log`)."""
+    """The returns of an environment's plays as its run kept them (:mod:`spade.selfplay.plays.trajectory_log`)."""
 
     nohint_returns: list[float] = field(default_factory=list)   # at the step that generated it
     hint_returns: list[float] = field(default_factory=list)     # at the step that generated it

@@ -4,11 +4,11 @@ The orchestrator asks an :class:`EnvSource` for a new set at every regeneration 
 how the agent did on the set at every step; everything else of the step (plays, advantages, the
 delay buffer, memory) is the same whichever source it is. ``selfplay.env_source`` picks one:
 
-* ``designer`` (SPADE): :class:`~spade.selfplay.designer_source.DesignerRound` writes the set;
+* ``designer`` (SPADE): :class:`~spade.selfplay.sources.designer_source.DesignerRound` writes the set;
   the only source whose regenerations carry designer trajectories.
-* ``fixed_pool`` (Fixed-env GRPO): :class:`~spade.selfplay.fixed_pool.FixedPool` draws from a directory of
+* ``fixed_pool`` (Fixed-env GRPO): :class:`~spade.selfplay.sources.fixed_pool.FixedPool` draws from a directory of
   admitted environments.
-* ``rlve`` (Fixed-env RLVE): :class:`~spade.selfplay.rlve_source.RLVESource` asks rlve-gym's
+* ``rlve`` (Fixed-env RLVE): :class:`~spade.selfplay.sources.rlve_source.RLVESource` asks rlve-gym's
   procedural generators for problems at the difficulty its controller has reached.
 
 A source may also have ``metrics() -> dict[str, float]`` (merged into the step's metrics after
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from ..envs.protocol import Sandbox
+from ...envs.protocol import Sandbox
 from .designer_source import EnvSpec, RegenerationResult
-from .settings import ENV_SOURCES, EnvSourceName
+from ..settings import ENV_SOURCES, EnvSourceName
 
 __all__ = ["ENV_SOURCES", "EnvSource", "EnvSourceName"]
 

@@ -20,7 +20,7 @@ policy: the sample is ``k`` policy updates stale, and the trainer's truncated im
 ``logp_rollout`` is the original.
 
 The buffer also owns the state of a designer reward that lasts across regenerations (the
-per-skill averages of the paper's learning potential, :class:`~spade.selfplay.designer_rewards.SetDesignerReward`).
+per-skill averages of the paper's learning potential, :class:`~spade.selfplay.rewards.designer_rewards.SetDesignerReward`).
 It round-trips through JSON (:meth:`DesignerBuffer.to_json`, :meth:`DesignerBuffer.from_json`)
 so that a resumed run releases exactly what the interrupted one would have, with the same rewards.
 
@@ -28,7 +28,7 @@ Format versions: 2 adds ``reward_state``. Version 1 (before issue 15) is read ba
 keys ``lp_fast_alpha``, ``lp_slow_alpha``, ``lp_scale`` and its reward name ``learning_potential``
 meant today's ``window_progress`` (``wp_*``), and it had no reward state. Settings of either
 version written before issue 20 carry ``lp_fast_decay`` / ``lp_slow_decay``, read back as
-``lp_gamma_slow`` / ``lp_gamma_fast`` (:func:`~spade.selfplay.reward_settings.upgrade_reward_settings`).
+``lp_gamma_slow`` / ``lp_gamma_fast`` (:func:`~spade.selfplay.rewards.reward_settings.upgrade_reward_settings`).
 Standard library only.
 """
 
@@ -43,7 +43,7 @@ from typing import Any
 from .designer_rewards import DesignerEvidence, designer_reward_for, score_released
 from .reward_checks import require_finite
 from .reward_settings import RewardSettings, upgrade_reward_settings
-from .step import Step
+from ..step import Step
 
 __all__ = [
     "DesignerBuffer",
@@ -130,10 +130,10 @@ class DesignerBuffer:
     """Designer samples held back ``k`` steps until their window's no-hint returns are in.
 
     The reward is the designer reward that ``settings.designer_reward`` names
-    (:func:`~spade.selfplay.designer_rewards.designer_reward_for`); the samples of one generation step are
-    scored together (:func:`~spade.selfplay.designer_rewards.score_released`), generation steps in order.
+    (:func:`~spade.selfplay.rewards.designer_rewards.designer_reward_for`); the samples of one generation step are
+    scored together (:func:`~spade.selfplay.rewards.designer_rewards.score_released`), generation steps in order.
     Advantages are not computed here: pass the ``reward`` and ``skill`` of one :meth:`release` to
-    :func:`~spade.selfplay.advantages.designer_advantages`.
+    :func:`~spade.selfplay.rewards.advantages.designer_advantages`.
     """
 
     def __init__(self, k: int, settings: RewardSettings | None = None) -> None:

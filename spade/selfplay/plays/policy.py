@@ -18,10 +18,10 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from ..envs.runner import Message, StopEpisode
-from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
-from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
-from ..agent.reasoning import prompt_opens_reasoning
+from ...envs.runner import Message, StopEpisode
+from ...rollout.conversation import BudgetExceeded, ChatFormat, Conversation
+from ...rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
+from ...agent.reasoning import prompt_opens_reasoning
 from .carried_plays import CarryOver
 
 

@@ -1,5 +1,5 @@
 """``selfplay.pool``: how the Fixed-env GRPO baseline draws its sets from a pool directory
-(:mod:`spade.selfplay.fixed_pool`).
+(:mod:`spade.selfplay.sources.fixed_pool`).
 
 * ``draw: shuffle`` (default, the released trainer's rule: ``--spade-static-game-pool
   --spade-no-replacement`` in ``cmd/games/_train_fixed_gpt55.sh``): one ``random.Random(seed)``
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import require
+from ...config import require
 
 PoolDraw = Literal["shuffle", "balanced"]
 POOL_DRAWS: tuple[str, ...] = ("shuffle", "balanced")

@@ -24,7 +24,7 @@ implementations, chosen by ``RewardSettings.designer_reward`` through :func:`des
 * ``solver_variance``: :class:`SolverVarianceReward` (SPICE's Gaussian of the agent's return
   variance, ``sv_*`` keys).
 
-Every number comes from :class:`~spade.selfplay.reward_settings.RewardSettings` (``from_settings``),
+Every number comes from :class:`~spade.selfplay.rewards.reward_settings.RewardSettings` (``from_settings``),
 the one place its default is written.
 """
 

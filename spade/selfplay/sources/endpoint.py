@@ -6,7 +6,7 @@ API (OpenAI, vLLM, SGLang, ``spade serve``, a proxy); the agent stays on our eng
 prompts keep their corpus document and memory block. Such a designer is fixed: it makes no
 trainable samples, so ``selfplay.train_designer`` must be false with an endpoint set.
 
-Requests are sent by :class:`~spade.selfplay.text_generators.ExternalGenerator`; this module is
+Requests are sent by :class:`~spade.selfplay.sources.text_generators.ExternalGenerator`; this module is
 only the typed settings (no network, no ``openai`` import), loaded like every config section.
 """
 
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..config import ConfigError, require
+from ...config import ConfigError, require
 
 MaxTokensKey = Literal["max_tokens", "max_completion_tokens"]
 MAX_TOKENS_KEYS: tuple[str, ...] = ("max_tokens", "max_completion_tokens")

@@ -1,7 +1,7 @@
 """``selfplay.partial_rollouts``: partial rollouts (issue 26), the design and its setting.
 
-Status: built for the games domain (``spade/selfplay/carried_plays.py``, ``Player.play_groups`` in
-``plays.py``, ``spade/selfplay/partial_plays.py``; docs/partial_rollouts.md). ``enabled: false`` (the
+Status: built for the games domain (``carried_plays.py``, ``Player.play_groups`` in ``player.py``,
+``partial_plays.py``, all in ``spade/selfplay/plays/``; docs/partial_rollouts.md). ``enabled: false`` (the
 default) is today's synchronous schedule bit for bit. ``enabled: true`` is refused with a
 :class:`~spade.config.ConfigError` naming this key for ``selfplay.domain: tool_use`` (a tool episode's
 calls are not replayed) and with ``refill_equal_groups`` > 0. A stopped play is carried from its last
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ConfigError, require
+from ...config import ConfigError, require
 
 _KEY = "selfplay.partial_rollouts"
 

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from .designer_source import EnvSpec
+from ..sources.designer_source import EnvSpec
 from .play_record import Play
 
 DIRECTORY = "trajectories"

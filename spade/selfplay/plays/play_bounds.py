@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Awaitable, Iterable, Optional, TypeVar
 
-from ..envs.runner import StopEpisode
-from ..rollout.engine import GenerationChunk, GenerationRequest, GenerationResult, GenerationStats, RolloutEngine
+from ...envs.runner import StopEpisode
+from ...rollout.engine import GenerationChunk, GenerationRequest, GenerationResult, GenerationStats, RolloutEngine
 
 T = TypeVar("T")
 

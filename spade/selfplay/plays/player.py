@@ -4,7 +4,7 @@ Every play opens a fresh sandboxed instance of its environment, runs ``play_epis
 :class:`EnginePolicy` and closes the instance. Seeds are derived from ``(seed, step, env_id, i)``:
 play ``i`` of the hinted and of the no-hint arm reset the environment with the same seed (like for
 like), and sample with different seeds; ``selfplay.plays.reset_seeds: independent`` gives the hinted
-arm its own reset seeds (:func:`.seeds.reset_seed`). An :class:`InfrastructureFault` (sandbox failure)
+arm its own reset seeds (:func:`spade.selfplay.seeds.reset_seed`). An :class:`InfrastructureFault` (sandbox failure)
 drops the attempt and retries the play, up to ``max_play_retries`` times; a play that never gets
 through is left out, never scored. Plays run concurrently, at most ``max_concurrent_episodes`` at a time.
 
@@ -27,23 +27,23 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..envs.protocol import EnvFault, ErrorKind, InfrastructureFault, Sandbox
-from ..agent.tool_calls import parser_for_template
-from ..envs.runner import EndReason, EpisodeResult, ReplayDiverged, play_episode, play_tool_episode
-from ..rollout.conversation import ChatFormat
-from ..rollout.engine import RolloutEngine, SamplingParams
+from ...envs.protocol import EnvFault, ErrorKind, InfrastructureFault, Sandbox
+from ...agent.tool_calls import parser_for_template
+from ...envs.runner import EndReason, EpisodeResult, ReplayDiverged, play_episode, play_tool_episode
+from ...rollout.conversation import ChatFormat
+from ...rollout.engine import RolloutEngine, SamplingParams
 from .play_record import Play
 from .carried_plays import CarriedGroup, CarriedPlay, CarryOver, conversation_state, restore_conversation
-from .designer_source import EnvSpec
+from ..sources.designer_source import EnvSpec
 from .policy import EnginePolicy
 from .play_bounds import PlayTimedOut, bounded_play, turn_bound
 from .play_rules import RELEASED_FAULT_RETRIES
 from .released_policy import released_hint_policy, scoped_mask_policy
-from .role_thinking import role_chat_format
+from ..sources.role_thinking import role_chat_format
 from .turn_samples import PerTurnPolicy, play_trajectories
-from .seeds import derive_seed, reset_seed
-from .settings import SelfPlaySettings
-from ..rl.samples import Trajectory
+from ..seeds import derive_seed, reset_seed
+from ..settings import SelfPlaySettings
+from ...rl.samples import Trajectory
 
 
 def _timed_out(result: EpisodeResult) -> bool:

@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence, TypeVar
 
-from ..config import require
+from ...config import require
 
 ResetSeeds = Literal["paired", "independent"]
 EnvFaults = Literal["score_zero", "retry_then_drop"]

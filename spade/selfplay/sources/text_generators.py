@@ -27,16 +27,16 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
-from ..config import ConfigError
-from ..envs.protocol import ErrorKind
-from ..rollout.conversation import BudgetExceeded, ChatFormat, Conversation
-from ..rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
-from ..rl.samples import Trajectory
+from ...config import ConfigError
+from ...envs.protocol import ErrorKind
+from ...rollout.conversation import BudgetExceeded, ChatFormat, Conversation
+from ...rollout.engine import GenerationRequest, RolloutEngine, SamplingParams
+from ...rl.samples import Trajectory
 from .endpoint import EndpointSettings
-from .trajectories import trajectory_of
+from ..trajectories import trajectory_of
 
 if TYPE_CHECKING:
-    from .settings import SelfPlaySettings
+    from ..settings import SelfPlaySettings
 
 log = logging.getLogger(__name__)
 Messages = Sequence[Mapping[str, str]]

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import require
+from ...config import require
 
 _WHERE = "selfplay.rlve"
 

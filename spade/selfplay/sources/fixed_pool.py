@@ -64,16 +64,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from ..config import ConfigError
-from ..durable_files import atomic_write_text
-from ..designer.skills import slot_skills
-from ..envs.admission import AdmissionVerdict
-from ..envs.pool_files import HINT_SUFFIX, manifest_path, read_manifest
-from ..envs.protocol import ErrorKind, Sandbox, Stage
+from ...config import ConfigError
+from ...durable_files import atomic_write_text
+from ...designer.skills import slot_skills
+from ...envs.admission import AdmissionVerdict
+from ...envs.pool_files import HINT_SUFFIX, manifest_path, read_manifest
+from ...envs.protocol import ErrorKind, Sandbox, Stage
 from .designer_source import EnvSpec, RegenerationResult, admit_candidate, save_set, tool_report_of, write_rejection
-from .seeds import derive_seed
-from .settings import SelfPlaySettings
-from .step import Step
+from ..seeds import derive_seed
+from ..settings import SelfPlaySettings
+from ..step import Step
 
 Screen = Callable[[str, list[dict[str, Any]]], Awaitable[bool | None]]
 
@@ -311,7 +311,7 @@ class ReleasedLoaderSandbox:
 
 
 class FixedPool:
-    """An :class:`~spade.selfplay.env_source.EnvSource` over a pool directory (module docstring)."""
+    """An :class:`~spade.selfplay.sources.env_source.EnvSource` over a pool directory (module docstring)."""
 
     def __init__(self, settings: SelfPlaySettings, *, sandbox: Sandbox, run_dir: Path, seed: int,
                  screen: Screen | None = None):

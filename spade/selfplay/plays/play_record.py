@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..envs.runner import Turn
-from ..rl.samples import Trajectory
+from ...envs.runner import Turn
+from ...rl.samples import Trajectory
 
 
 @dataclass

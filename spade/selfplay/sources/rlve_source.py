@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
-from ..envs.protocol import ErrorKind, Stage
-from ..envs.rlve import ProblemSpec, RLVESandbox, RLVEWorkers, WorkerDied, WorkerTimeout, prompt_digest
+from ...config import ConfigError
+from ...envs.protocol import ErrorKind, Stage
+from ...envs.rlve import ProblemSpec, RLVESandbox, RLVEWorkers, WorkerDied, WorkerTimeout, prompt_digest
 from .designer_source import EnvSpec, RegenerationResult, save_set, write_rejection
 from .rlve_settings import RLVESettings
-from .seeds import derive_seed
-from .settings import SelfPlaySettings
+from ..seeds import derive_seed
+from ..settings import SelfPlaySettings
 
 STATE_VERSION = 1
 # rlve-gym's verifier calls a reward accurate when it is within this of the passing threshold
@@ -106,7 +106,7 @@ class DifficultyController:
 
 
 class RLVESource:
-    """An :class:`~spade.selfplay.env_source.EnvSource` over rlve-gym (see the module docstring)."""
+    """An :class:`~spade.selfplay.sources.env_source.EnvSource` over rlve-gym (see the module docstring)."""
 
     def __init__(self, settings: SelfPlaySettings, *, run_dir: Path, seed: int, workers: RLVEWorkers | None = None):
         """``workers``: processes to share (closed by their owner); by default the source starts

@@ -2,7 +2,7 @@
 
 The carried groups and this step's fresh no-hint groups play until ``ceil(complete_fraction *
 envs_per_set)`` groups are complete; the rest are carried into the next step
-(:mod:`.carried_plays`, :meth:`~.plays.Player.play_groups`). A regeneration step plays everything to
+(:mod:`.carried_plays`, :meth:`~spade.selfplay.plays.player.Player.play_groups`). A regeneration step plays everything to
 the end (its hinted arm as without partial rollouts), and before the new set replaces the old one
 the ending set's carried groups are finished (:meth:`PartialGroups.end_set`): they train in the
 regeneration step, whose record (trajectory log, the source, memory) keeps to the new set's own
@@ -16,9 +16,9 @@ import math
 from typing import Any
 
 from .carried_plays import CarriedGroup
-from .designer_source import EnvSpec
-from .plays import GroupsOutcome, Player
-from .settings import SelfPlaySettings
+from ..sources.designer_source import EnvSpec
+from .player import GroupsOutcome, Player
+from ..settings import SelfPlaySettings
 from .step_plays import StepPlays, WholeGroups
 
 

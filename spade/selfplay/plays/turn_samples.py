@@ -30,11 +30,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence, TypeVar
 
-from ..envs.runner import Message, StopEpisode
-from ..rl.samples import Trajectory
-from ..rollout.conversation import Conversation
+from ...envs.runner import Message, StopEpisode
+from ...rl.samples import Trajectory
+from ...rollout.conversation import Conversation
 from .policy import EnginePolicy
-from .trajectories import trajectory_of
+from ..trajectories import trajectory_of
 
 T = TypeVar("T", bound=Trajectory)
 

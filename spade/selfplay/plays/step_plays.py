@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .designer_source import EnvSpec
+from ..sources.designer_source import EnvSpec
 from .play_record import Play
-from .plays import Player, PlayRequest
-from .settings import SelfPlaySettings
+from .player import Player, PlayRequest
+from ..settings import SelfPlaySettings
 
 Group = tuple[EnvSpec, int, list[Play]]  # (environment, the step it began in, its no-hint plays)
 

@@ -1,8 +1,8 @@
-"""Making a pool directory (the format is :mod:`.fixed_pool`'s): generated once by a designer, or assembled
+"""Making a pool directory (the format is :mod:`spade.selfplay.sources.fixed_pool`'s): generated once by a designer, or assembled
 from the admitted environments of earlier runs.
 
 **Generation** (:class:`PoolGenerator`, ``spade pool generate``) makes designer attempts through
-the training's own :class:`~.designer_source.DesignerRound` (the same designer prompts with corpus
+the training's own :class:`~spade.selfplay.sources.designer_source.DesignerRound` (the same designer prompts with corpus
 documents and memory as configured, the same admission, the same hint call), one attempt at a time
 per concurrent worker, until ``n`` environments are admitted. Attempt ``a`` is the designer round's
 slot 0 of pseudo-step ``a``, so its corpus document, memory draw and sampling seeds are derived from
@@ -39,9 +39,9 @@ from ..designer.skills import Skill
 from ..durable_files import atomic_write_text
 from ..envs.admission import AdmissionVerdict
 from ..envs.pool_files import HINT_SUFFIX, append_manifest, read_manifest
-from .designer_source import DesignerRound, EnvSpec, read_saved_sets
-from .fixed_pool import GENERATION_DIR
-from .settings import SelfPlaySettings
+from ..selfplay.sources.designer_source import DesignerRound, EnvSpec, read_saved_sets
+from ..selfplay.sources.fixed_pool import GENERATION_DIR
+from ..selfplay.settings import SelfPlaySettings
 
 STATE_FILE = "state.json"
 NAME_PATTERN = re.compile(r"env_(\d{6})")

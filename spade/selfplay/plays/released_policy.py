@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..envs.runner import Message, StopEpisode
-from ..rollout.conversation import ChatFormat
-from ..rollout.engine import RolloutEngine, SamplingParams
+from ...envs.runner import Message, StopEpisode
+from ...rollout.conversation import ChatFormat
+from ...rollout.engine import RolloutEngine, SamplingParams
 from .policy import EnginePolicy
 
 # The released hinted arm has no context budget; this stands for "none" in the token bookkeeping.

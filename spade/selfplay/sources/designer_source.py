@@ -38,24 +38,24 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..designer.corpus import Corpus, attempt_rng
-from ..designer.memory import Memory, format_memory_block, load_seed_records
-from ..designer.prompts import DesignerRequest, Message, clean_hint, designer_messages, hint_messages
-from ..designer.tool_prompts import (TOOL_APP_DOMAINS, draw_tool_variant, parse_screen_verdict, screen_messages,
+from ...designer.corpus import Corpus, attempt_rng
+from ...designer.memory import Memory, format_memory_block, load_seed_records
+from ...designer.prompts import DesignerRequest, Message, clean_hint, designer_messages, hint_messages
+from ...designer.tool_prompts import (TOOL_APP_DOMAINS, draw_tool_variant, parse_screen_verdict, screen_messages,
                                      tool_designer_messages, tool_hint_messages)
-from ..designer.skills import Skill, slot_skills
-from ..envs.admission import AdmissionVerdict, admit
-from ..envs.degenerate_probes import probe_policies
-from ..envs.pool_files import HINT_SUFFIX
-from ..envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
-from ..rollout.conversation import ChatFormat
-from ..rollout.engine import RolloutEngine
-from ..rl.samples import Trajectory
+from ...designer.skills import Skill, slot_skills
+from ...envs.admission import AdmissionVerdict, admit
+from ...envs.degenerate_probes import probe_policies
+from ...envs.pool_files import HINT_SUFFIX
+from ...envs.protocol import ErrorKind, InfrastructureFault, Sandbox, Stage
+from ...rollout.conversation import ChatFormat
+from ...rollout.engine import RolloutEngine
+from ...rl.samples import Trajectory
 from .role_thinking import role_chat_format
 from .slot_stages import SlotStages
-from .seeds import derive_seed
-from .settings import SelfPlaySettings
-from .step import Step
+from ..seeds import derive_seed
+from ..settings import SelfPlaySettings
+from ..step import Step
 from .text_generators import GenerationFailed, TextGenerator, TextSampling, text_generator
 
 
@@ -223,7 +223,7 @@ class DesignerRound:
         self.generator: TextGenerator = text_generator(settings, engine=engine, tokenizer=tokenizer,
                                                        chat_format=chat_format, stop_token_ids=stop_token_ids)
         # The hint and screen calls: the designer's generator, or one rendering with the role's own
-        # thinking switch (selfplay.hint_thinking / screen_thinking, spade.selfplay.role_thinking).
+        # thinking switch (selfplay.hint_thinking / screen_thinking, spade.selfplay.sources.role_thinking).
         self.hint_generator = self._role_generator(settings.hint_thinking, "selfplay.hint_thinking")
         self.screen_generator = self._role_generator(settings.screen_thinking, "selfplay.screen_thinking")
         # the designer call itself: selfplay.designer_thinking (the released corpus path: off)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..rollout.conversation import ChatFormat, thinking_template_kwargs
+from ...rollout.conversation import ChatFormat, thinking_template_kwargs
 
 
 def role_template_kwargs(chat_template: Any, shared: Mapping[str, Any], setting: str, key: str) -> dict[str, Any]:

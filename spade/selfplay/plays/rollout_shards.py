@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..collectives import CONTROL_TIMEOUT, in_thread
-from ..config import ConfigError
-from ..envs.protocol import Sandbox
-from ..rollout.conversation import ChatFormat
-from ..rollout.engine import RolloutEngine
-from .fixed_pool import pool_load_sandbox
+from ...collectives import CONTROL_TIMEOUT, in_thread
+from ...config import ConfigError
+from ...envs.protocol import Sandbox
+from ...rollout.conversation import ChatFormat
+from ...rollout.engine import RolloutEngine
+from ..sources.fixed_pool import pool_load_sandbox
 from .play_record import Play
-from .plays import Player, PlayRequest, end_of_turn_stop_ids
-from .settings import SelfPlaySettings
+from .player import Player, PlayRequest, end_of_turn_stop_ids
+from ..settings import SelfPlaySettings
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
