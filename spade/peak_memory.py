@@ -42,6 +42,9 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial threshold, kept fixed
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
+# a mark this far above the RSS just after a reset was not reset (the RSS can only have fallen by
+# what other threads freed in the microseconds between the write and the read)
+IGNORED_RESET_BYTES = 64 * 2**20
 
 
 class PeakRss:
@@ -50,15 +53,26 @@ class PeakRss:
     def __init__(self, status: Path = STATUS, clear_refs: Path = CLEAR_REFS):
         self.status = status
         self.clear_refs = clear_refs
+        self.resettable = True
         self.resettable = self.reset()
 
     def reset(self) -> bool:
-        """Set the high-water mark to the current RSS; False when the kernel does not let us."""
+        """Set the high-water mark to the current RSS; False when the kernel does not let us. A
+        kernel may take the write and keep the mark (some container runtimes): a mark still well
+        above the RSS right after the write shows that, and ``resettable`` turns False for good
+        (the figures fall back to the peak since the start, and say so)."""
+        if not self.resettable:
+            return False
         try:
             self.clear_refs.write_text("5")
-            return True
         except OSError:
+            self.resettable = False
             return False
+        mark, rss = self._status_kb("VmHWM"), self._status_kb("VmRSS")
+        if mark is not None and rss is not None and (mark - rss) * 1024 > IGNORED_RESET_BYTES:
+            self.resettable = False
+            return False
+        return True
 
     def peak_bytes(self) -> int:
         """The high-water mark in bytes (VmHWM, else getrusage's maximum RSS)."""

@@ -35,6 +35,7 @@ def captured_designer_prompt(config) -> list[dict]:
     from spade.designer.memory import Memory
     from spade.designer.skills import slot_skills
     from spade.selfplay.sources.designer_source import DesignerRound
+    from spade.selfplay.sources.slot_stages import SlotStages
     from spade.selfplay.step import Step
     from spade.envs.protocol import ErrorKind
     from spade.selfplay.sources.text_generators import GenerationFailed
@@ -53,6 +54,7 @@ def captured_designer_prompt(config) -> list[dict]:
         designer.corpus = Corpus(config.corpus) if sp.use_corpus and config.corpus.paths else None
         designer.memory = Memory(Path(folder) / "memory.sqlite", capacity=sp.memory_capacity)
         designer.generator = designer.designer_generator = Recording()
+        designer.stages = SlotStages()
         designer.seed_memory()
         skill = slot_skills(sp.skills.active(sp.domain, Step(0).regeneration(sp.k)), sp.envs_per_set)[0]
         asyncio.run(designer.fill_slot(0, 0, skill))

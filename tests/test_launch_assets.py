@@ -135,19 +135,30 @@ def test_ablations_run_on_the_engine_and_layout_of_the_run_they_vary(path):
 # ------------------------------------------------------------------ what the scripts launch
 
 RECORDER = "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$RECORD\"\n"  # a stand-in torchrun / docker: its argv, one a line
+# a stand-in python: `-m torch.distributed.run ...` (the scripts' own torchrun) is recorded as
+# torchrun's argv and starts nothing; anything else (the scripts' `spade train --check`) runs for real
+PYTHON_RECORDER = f"""#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "torch.distributed.run" ]; then
+  shift 2; printf '%s\\n' "$@" > "$RECORD"; exit 0
+fi
+exec {sys.executable} "$@"
+"""
 
 
 def _launch(tmp_path: Path, script: str, args: list[str], **env: str) -> list[str]:
-    """Run ``examples/launch/<script>`` with stand-ins for torchrun and docker on PATH; the argv
-    the stand-in was exec'd with."""
+    """Run ``examples/launch/<script>`` with stand-ins for torchrun (PATH's and the python's own,
+    ``python -m torch.distributed.run``) and docker; the argv torchrun or docker was given."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name in ("torchrun", "docker"):
         (bin_dir / name).write_text(RECORDER)
         (bin_dir / name).chmod(0o755)
+    python = bin_dir / "python"
+    python.write_text(PYTHON_RECORDER)
+    python.chmod(0o755)
     record = tmp_path / "argv"
     environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "RECORD": str(record),
-                   "PYTHON": sys.executable, **env}
+                   "PYTHON": str(python), **env}
     result = subprocess.run(["bash", str(ROOT / "examples" / "launch" / script), *args], capture_output=True,
                             text=True, env=environment, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -163,28 +174,48 @@ def _spade_train(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return build_parser().parse_args(argv[start + 2:]), argv[:start]
 
 
+def _model_dir(tmp_path: Path) -> str:
+    """What the scripts' ``spade train --check`` reads of a model directory: its config.json and a
+    chat template (the hybrid Qwen3 one, which every thinking setting accepts). No weights."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "chat_template.jinja").write_text((ROOT / "tests" / "fixtures" / "qwen3_hybrid.jinja").read_text())
+    return str(model)
+
+
 def test_single_node_script_runs_spade_train_under_torchrun(tmp_path):
     recipe = "examples/recipes/qwen3_8b_games_8gpu.yaml"
-    argv = _launch(tmp_path, "single_node.sh", [recipe, "runs/x", "run.steps=3"], HF_DIR="/models/qwen3-8b",
-                   MASTER_PORT="29611")
+    model = _model_dir(tmp_path)
+    argv = _launch(tmp_path, "single_node.sh", [recipe, "runs/x", "run.steps=3"], HF_DIR=model, MASTER_PORT="29611")
     args, launcher = _spade_train(argv)
     assert launcher == ["--nnodes", "1", "--nproc_per_node", "8", "--rdzv_backend", "c10d",
                         "--rdzv_endpoint", "localhost:29611"]
-    assert (args.config, args.run_dir, args.overrides) == (recipe, "runs/x", ["run.steps=3",
-                                                                              "model.hf_dir=/models/qwen3-8b"])
+    assert (args.config, args.run_dir, args.overrides) == (recipe, "runs/x", ["run.steps=3", f"model.hf_dir={model}"])
     config = load_train_config(ROOT / args.config, args.overrides)
-    assert config.run.steps == 3 and config.model.hf_dir == "/models/qwen3-8b"
+    assert config.run.steps == 3 and config.model.hf_dir == model
+
+
+def test_single_node_script_stops_before_torchrun_without_the_model(tmp_path):
+    """The scripts' preflight fails on the login shell, in seconds, before any rank starts."""
+    bin_dir = tmp_path / "bin"
+    with pytest.raises(AssertionError, match="model.hf_dir: .*no config.json"):
+        _launch(tmp_path, "single_node.sh", ["examples/recipes/qwen3_8b_games_8gpu.yaml", "runs/x"],
+                HF_DIR=str(tmp_path / "absent"))
+    assert not (tmp_path / "argv").exists() and (bin_dir / "torchrun").exists()
 
 
 def test_multi_node_script_runs_spade_train_with_the_rendezvous(tmp_path):
-    argv = _launch(tmp_path, "multi_node.sh", ["examples/recipes/qwen3_4b_games_multinode.yaml", "/shared/run"],
+    model_override = f"model.hf_dir={_model_dir(tmp_path)}"
+    argv = _launch(tmp_path, "multi_node.sh", ["examples/recipes/qwen3_4b_games_multinode.yaml", "/shared/run",
+                                               model_override],
                    NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.1", NPROC="4")
     args, launcher = _spade_train(argv)
     assert launcher == ["--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "4",
                         "--rdzv_id", "spade-qwen3_4b_games_multinode", "--rdzv_backend", "c10d",
                         "--rdzv_endpoint", "10.0.0.1:29500"]
     assert (args.config, args.run_dir, args.overrides) == ("examples/recipes/qwen3_4b_games_multinode.yaml",
-                                                           "/shared/run", [])
+                                                           "/shared/run", [model_override])
 
 
 def test_docker_script_runs_the_single_node_script_in_the_image(tmp_path):

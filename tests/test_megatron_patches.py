@@ -214,6 +214,7 @@ def gloo_threads():
     return sum("gloo" in open(p).read() for p in glob.glob("/proc/self/task/*/comm"))
 
 dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+dist.barrier()  # a worker names itself once running: after a collective it has (none counted otherwise, under load)
 before = gloo_threads()
 ps.initialize_model_parallel(1, 1)
 rope = RotaryEmbedding(kv_channels=8, rotary_percent=1.0, rotary_base=100, use_cpu_initialization=True,

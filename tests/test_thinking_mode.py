@@ -208,9 +208,11 @@ class ScriptedModel(RolloutEngine):
 
 @pytest.mark.parametrize("setting", ["on", "off"])
 def test_step_prompts_and_samples_with_thinking(sandbox, tokenizer, tmp_path, setting):
+    # admission_probes off: any reply holding "B" wins the scripted game, which the degenerate probes
+    # rightly reject; this test is about the prompts' and samples' chat format, not admission
     settings = SelfPlaySettings(envs_per_set=1, k=2, g_nohint=2, g_hint=1, max_attempts=1, designer_max_tokens=64,
                                 agent_max_tokens=64, hint_max_tokens=64, max_turns=4, max_context_tokens=16384,
-                                skills=SkillSettings(window=1))
+                                skills=SkillSettings(window=1), admission_probes=False)
     model = ScriptedModel(tokenizer, thinking=setting == "on")
     orch = Orchestrator(settings, sandbox=sandbox.service, engine=model, tokenizer=tokenizer, corpus=None,
                         memory=None, run_dir=tmp_path, seed=7,

@@ -102,7 +102,10 @@ class ScriptedModel(RolloutEngine):
 
 
 def run_step(sandbox, tokenizer, tmp_path, **overrides):
+    # admission_probes off: any reply holding "C" wins the scripted game, which the degenerate probes
+    # rightly reject; these tests are about the samples' chat format, not admission
     settings = SelfPlaySettings(**{**dict(envs_per_set=1, k=2, g_nohint=2, g_hint=1, max_attempts=1,
+                                          admission_probes=False,
                                           designer_max_tokens=256, agent_max_tokens=64, hint_max_tokens=64,
                                           max_turns=5, max_context_tokens=16384, skills=SkillSettings(window=1)),
                                    **overrides})

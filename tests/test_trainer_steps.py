@@ -38,6 +38,8 @@ class Loop(Trainer):
     def __init__(self, steps: int, every: int, *, start: int = 0, resume: bool = False):
         self.config = SimpleNamespace(run=SimpleNamespace(steps=steps, checkpoint_every=every, loggers=("tensorboard",), best_metric="none", best_mode="max", overlap=0), eval=SimpleNamespace(every=0))
         self.resume, self.rank, self.start = resume, 1, start
+        self.stop = None  # no Ctrl-C handler (spade.run.stop)
+        self.last_checkpoint_s = None
         self.rollout = self.progress = Recorder()
         self.learner = SimpleNamespace(weight_stream=None)
         self.schedule = Synchronous()
