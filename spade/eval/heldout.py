@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from ..envs.protocol import EnvFault, InfrastructureFault, Sandbox
 from ..envs.runner import play_episode
 from ..rollout.conversation import ChatFormat
-from ..rollout.engine import RolloutEngine, SamplingParams
+from ..rollout.engine import RolloutEngine
 from ..selfplay.plays.player import end_of_turn_stop_ids
 from ..selfplay.plays.policy import EnginePolicy
 from ..selfplay.seeds import derive_seed
@@ -130,9 +130,7 @@ async def evaluate_heldout(engine: RolloutEngine, tokenizer: Any, settings: Self
     semaphore = asyncio.Semaphore(s.max_concurrent_episodes)
 
     async def one(env: HeldOutEnv, index: int, seed: int) -> HeldOutEpisode | None:
-        sampling = SamplingParams(temperature=s.agent_temperature, top_p=s.top_p, top_k=s.top_k,
-                                  max_new_tokens=s.agent_max_tokens, stop_token_ids=stop_ids,
-                                  seed=derive_seed(sample_seed, "heldout", env.name, index))
+        sampling = s.engine_sampling(stop_ids, derive_seed(sample_seed, "heldout", env.name, index))
         async with semaphore:
             for _ in range(s.max_play_retries + 1):
                 policy = EnginePolicy(engine, tokenizer, sampling, max_context_tokens=s.max_context_tokens,

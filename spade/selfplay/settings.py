@@ -15,7 +15,7 @@ memory of that update all double relative to the paper's code (each sample is up
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Sequence
 
 from ..config import require
 from ..agent.actions import ACTION_EXTRACTIONS
@@ -27,6 +27,7 @@ from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_SEED_COUNT, DEFA
 from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
 from ..envs.winnability import UNPROVEN_RULES, WinnabilitySettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
+from ..rollout.engine import SamplingParams
 from .sources.endpoint import EndpointSettings
 from .rewards.reward_settings import RewardSettings
 from .plays.partial_rollout_settings import PartialRolloutSettings
@@ -47,6 +48,20 @@ _WHERE = "selfplay"
 
 HINT_SAMPLINGS = ("shared", "released")
 RELEASED_HINT_TOP_P = 0.9  # the released hint call's top-p (slime/model_adapter.py:155); no top-k
+SamplingRole = Literal["designer", "agent", "hint", "screen"]
+
+
+@dataclass(frozen=True)
+class RoleSampling:
+    """How one role's calls sample, read from the ``selfplay`` keys in :meth:`SelfPlaySettings.sampling`
+    and nowhere else. ``top_k`` None is off; ``timeout_s`` None: no bound on one call (the agent's
+    plays are bounded by ``plays``' timeouts instead)."""
+
+    temperature: float
+    top_p: float
+    top_k: int | None
+    max_tokens: int
+    timeout_s: float | None
 
 
 @dataclass(frozen=True)
@@ -230,9 +245,26 @@ class SelfPlaySettings:
     # the released loader's names for designed games. Defaults: spade's behaviour.
     plays: PlayRules = field(default_factory=PlayRules)
 
-    def hint_top_p_k(self) -> tuple[float, int | None]:
-        """The hint call's (top-p, top-k) under ``hint_sampling``."""
-        return (RELEASED_HINT_TOP_P, None) if self.hint_sampling == "released" else (self.top_p, self.top_k)
+    def sampling(self, role: SamplingRole) -> RoleSampling:
+        """``role``'s sampling: the designer call, the agent's plays, the hint call, or the tool-use
+        model screen (the hint's temperature, top-p / top-k and timeout with ``screen_max_tokens``)."""
+        if role == "designer":
+            return RoleSampling(self.designer_temperature, self.top_p, self.top_k, self.designer_max_tokens,
+                                self.designer_timeout_s)
+        if role == "agent":
+            return RoleSampling(self.agent_temperature, self.top_p, self.top_k, self.agent_max_tokens, None)
+        if role == "screen":
+            return RoleSampling(self.hint_temperature, self.top_p, self.top_k, self.screen_max_tokens,
+                                self.hint_timeout_s)
+        released = self.hint_sampling == "released"  # the released hint call: the adapter's top-p, no top-k
+        return RoleSampling(self.hint_temperature, RELEASED_HINT_TOP_P if released else self.top_p,
+                            None if released else self.top_k, self.hint_max_tokens, self.hint_timeout_s)
+
+    def engine_sampling(self, stop_token_ids: Sequence[int], seed: int | None) -> SamplingParams:
+        """The engine's sampling of one agent play (``sampling("agent")``), stopping at ``stop_token_ids``."""
+        agent = self.sampling("agent")
+        return SamplingParams(temperature=agent.temperature, top_p=agent.top_p, top_k=agent.top_k,
+                              max_new_tokens=agent.max_tokens, stop_token_ids=tuple(stop_token_ids), seed=seed)
 
     def nohint_plays(self, n_envs: int) -> int:
         """No-hint plays per environment of a set of ``n_envs`` (``batch.nohint_plays``)."""

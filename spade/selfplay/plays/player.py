@@ -226,10 +226,8 @@ class Player:
     async def _continue(self, group: CarriedGroup, carried: CarriedPlay, stop: asyncio.Event) -> Play | CarriedPlay | None:
         """Play (or go on playing) one no-hint play of ``group``; a stopped play comes back carried."""
         s = self.settings
-        sampling = SamplingParams(temperature=s.agent_temperature, top_p=s.top_p, top_k=s.top_k,
-                                  max_new_tokens=s.agent_max_tokens, stop_token_ids=self.stop_token_ids,
-                                  seed=derive_seed(self.seed, "agent", group.origin_step, group.env.env_id, "nohint",
-                                                   carried.index))
+        sampling = s.engine_sampling(self.stop_token_ids, derive_seed(self.seed, "agent", group.origin_step,
+                                                                      group.env.env_id, "nohint", carried.index))
         request = PlayRequest(group.env, False, carried.index)
         for _ in range(s.max_play_retries + 1):
             policy_class = PerTurnPolicy if s.agent_sample_form == "per_turn" else EnginePolicy
@@ -261,9 +259,8 @@ class Player:
         env_seed = reset_seed(self.seed, step, request.env.env_id, request.index, hinted=request.hinted,
                               paired=s.plays.reset_seeds == "paired")
         arm = "hint" if request.hinted else "nohint"
-        sampling = SamplingParams(temperature=s.agent_temperature, top_p=s.top_p, top_k=s.top_k,
-                                  max_new_tokens=s.agent_max_tokens, stop_token_ids=self.stop_token_ids,
-                                  seed=derive_seed(self.seed, "agent", step, request.env.env_id, arm, request.index))
+        sampling = s.engine_sampling(self.stop_token_ids,
+                                     derive_seed(self.seed, "agent", step, request.env.env_id, arm, request.index))
         faults = infrastructure = 0
         while infrastructure <= s.max_play_retries:
             policy = self._policy(sampling, hinted=request.hinted)

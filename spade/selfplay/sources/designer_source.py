@@ -302,9 +302,7 @@ class DesignerRound:
             drawn = designer_prompt(s, corpus=self.corpus, memory=self.memory, seed=self.seed, step=step, slot=slot,
                                     attempt=attempt, skill=skill)
             prompt, record = drawn.messages, drawn.record
-            sampling = TextSampling(temperature=s.designer_temperature, top_p=s.top_p, top_k=s.top_k,
-                                    max_tokens=s.designer_max_tokens, timeout_s=s.designer_timeout_s,
-                                    seed=derive_seed(self.seed, "designer", step, slot, attempt))
+            sampling = TextSampling.of(s.sampling("designer"), derive_seed(self.seed, "designer", step, slot, attempt))
             self.stages.enter(slot, "designing")
             try:
                 generated = await self.designer_generator.generate(prompt, sampling)
@@ -355,9 +353,7 @@ class DesignerRound:
         the prompt does not fit, the call times out or the reply names no verdict: admission counts
         that as accept."""
         s = self.settings
-        sampling = TextSampling(temperature=s.hint_temperature, top_p=s.top_p, top_k=s.top_k,
-                                max_tokens=s.screen_max_tokens, timeout_s=s.hint_timeout_s,
-                                seed=derive_seed(self.seed, "screen", source))
+        sampling = TextSampling.of(s.sampling("screen"), derive_seed(self.seed, "screen", source))
         try:
             generated = await self.screen_generator.generate(screen_messages(source, json.dumps(tools)), sampling)
         except GenerationFailed:
@@ -373,11 +369,9 @@ class DesignerRound:
         not wait (a wait changes no sample)."""
         s = self.settings
         messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source, s.hint_length)
-        top_p, top_k = s.hint_top_p_k()
         for attempt in range(s.hint_attempts):
             seed = derive_seed(self.seed, "hint", step, slot, *((attempt,) if attempt else ()))
-            sampling = TextSampling(temperature=s.hint_temperature, top_p=top_p, top_k=top_k,
-                                    max_tokens=s.hint_max_tokens, timeout_s=s.hint_timeout_s, seed=seed)
+            sampling = TextSampling.of(s.sampling("hint"), seed)
             try:
                 generated = await self.hint_generator.generate(messages, sampling)
             except GenerationFailed:

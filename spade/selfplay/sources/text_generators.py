@@ -36,7 +36,7 @@ from .endpoint import EndpointSettings
 from ..trajectories import trajectory_of
 
 if TYPE_CHECKING:
-    from ..settings import SelfPlaySettings
+    from ..settings import RoleSampling, SelfPlaySettings
 
 log = logging.getLogger(__name__)
 Messages = Sequence[Mapping[str, str]]
@@ -54,6 +54,13 @@ class TextSampling:
     max_tokens: int
     timeout_s: float
     seed: int | None = None
+
+    @classmethod
+    def of(cls, role: RoleSampling, seed: int | None) -> TextSampling:
+        """A text call sampled as ``role`` (:meth:`~spade.selfplay.settings.SelfPlaySettings.sampling`)."""
+        if role.timeout_s is None:
+            raise ValueError("a text call needs a timeout")
+        return cls(role.temperature, role.top_p, role.top_k, role.max_tokens, role.timeout_s, seed)
 
 
 @dataclass(frozen=True)
