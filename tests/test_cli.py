@@ -56,7 +56,35 @@ def test_check_json_admits_examples_and_rejects_broken(tmp_path):
 def test_check_exit_zero_when_all_admitted():
     result = spade("env", "check", *map(str, EXAMPLE_ENVS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("admitted") == len(EXAMPLE_ENVS)
+    lines = result.stdout.splitlines()
+    assert sum(": admitted (" in line for line in lines) == len(EXAMPLE_ENVS)
+    # one verdict line per file, then the summary; the probe lines only with -v
+    assert len(lines) == len(EXAMPLE_ENVS) + 1 and not any("degenerate-policy probes" in line for line in lines)
+    assert lines[-1] == f"checked {len(EXAMPLE_ENVS)}: {len(EXAMPLE_ENVS)} admitted, 0 rejected"
+
+
+def test_check_takes_a_folder_and_summarises_the_rejections(tmp_path):
+    folder = tmp_path / "envs"
+    folder.mkdir()
+    (folder / "a_good.py").write_text(EXAMPLE_ENVS[0].read_text())
+    write(folder, "b_syntax.py", "class Broken(:\n    pass\n")
+    write(folder, "c_reply.txt", "I could not write a game this time.")
+    write(folder, "notes.json", "{}")  # not an environment file: not checked
+    result = spade("env", "check", str(folder))
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(": ")[0] for line in lines[:-1]] == [str(folder / n) for n in ("a_good.py", "b_syntax.py",
+                                                                                       "c_reply.txt")]
+    assert ": admitted (" in lines[0] and ": rejected at " in lines[1] and ": rejected at " in lines[2]
+    assert lines[-1].startswith("checked 3: 1 admitted, 2 rejected (") and "syntax_error" in lines[-1]
+    verbose = spade("env", "check", "-v", str(folder / "a_good.py"))
+    assert "degenerate-policy probes" in verbose.stdout and verbose.stdout.splitlines()[-1].startswith("checked 1: 1")
+    json_lines = spade("env", "check", "--json", str(folder))
+    assert len(json_lines.stdout.splitlines()) == 3 and "checked 3: 1 admitted, 2 rejected" in json_lines.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = spade("env", "check", str(empty))
+    assert refused.returncode == 2 and "no *.py, *.txt, *.md file" in refused.stderr
 
 
 def test_usage_errors_exit_two(tmp_path):

@@ -384,7 +384,7 @@ def test_env_check_prints_each_familys_best_policy(tmp_path):
     exploit = tmp_path / "last_call.py"
     exploit.write_text(EXPLOITS["any action on the last turn"][0])
     seed_game = ROOT / "examples" / "seed_envs" / "thermostat.py"
-    result = subprocess.run([sys.executable, "-m", "spade", "env", "check", str(seed_game), str(exploit)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "spade", "env", "check", "-v", str(seed_game), str(exploit)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     admitted, rejected = result.stdout.split(f"{exploit}: ")

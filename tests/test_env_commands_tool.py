@@ -58,7 +58,7 @@ def test_check_runs_the_tool_stages_and_reports_them():
                          "winnability_report"}
     assert "tool_schema" not in game["timings_ms"]
 
-    text = spade("env", "check", str(BANKING), str(GAME))
+    text = spade("env", "check", "-v", str(BANKING), str(GAME))
     assert text.returncode == 0, text.stderr
     out = text.stdout
     assert "banking.py: admitted (BankingEnv)" in out and "hidden_sequence.py: admitted (HiddenSequenceEnv)" in out
@@ -80,7 +80,7 @@ def test_check_rejects_a_broken_tool_environment_and_on_a_switch(tmp_path):
     start = source.index('            "pay": {')
     end = source.index("        }\n        self._user_messages")
     two_tools.write_text(source[:start] + source[end:])
-    result = spade("env", "check", str(two_tools))
+    result = spade("env", "check", "--verbose", str(two_tools))
     assert result.returncode == 1
     assert "rejected at tool_schema: bad_tool_schema: 2 tools" in result.stdout
     assert "FAIL tool_schema" in result.stdout and "ok   determinism" in result.stdout

@@ -2,8 +2,10 @@
 
 Tool environments (a class that subclasses ``ToolUseBaseEnv``) are recognised by their source:
 
-* ``check`` runs the tool stages after the games ones and prints each stage with its time and the
-  tool report (criteria true at reset, unchangeable by any probe call, met by any first call; the
+* ``check`` takes files or folders of them and prints one verdict line per file and a summary line
+  (``checked N: A admitted, R rejected (kind n, ...)``); ``-v`` adds, under each verdict, every probe
+  family's best policy, the winnability proofs played and, for a tool environment, each stage with its
+  time and the tool report (criteria true at reset, unchangeable by any probe call, met by any first call; the
   reset gate's errors). There is no model here, so the model screen is not asked (no verdict counts
   as accept, as in training); ``--reject`` turns diagnostics into rejections as the
   ``selfplay.tool_admission`` switches do.
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -50,8 +53,13 @@ def add_parser(subparsers: Any) -> None:
     commands = env.add_subparsers(dest="env_command", metavar="COMMAND", required=True)
 
     check = commands.add_parser("check", help="run the admission pipeline on files (exit 1 if any is rejected)")
-    check.add_argument("paths", nargs="+", metavar="PATH", help="environment source or raw designer response")
+    check.add_argument("paths", nargs="+", metavar="PATH",
+                       help="environment source or raw designer response, or a folder of them (its "
+                            f"{', '.join('*' + s for s in CHECKED_SUFFIXES)} files)")
     check.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="under each verdict, every probe family's best policy, the winnability proofs "
+                            "played and the tool stages (default: the verdict lines and a summary)")
     check.add_argument("--seed", type=int, default=42, help="seed of the smoke test and determinism check, and the "
                        "run seed the probes' seeds are drawn from (with each candidate's code)")
     check.add_argument("--winnability", choices=("off", "admit", "reject"), default="admit",
@@ -142,13 +150,43 @@ def _add_sandbox_options(parser: argparse.ArgumentParser) -> None:
                         help="override sandbox.isolation (also: SPADE_SANDBOX_ISOLATION)")
 
 
+CHECKED_SUFFIXES = (".py", ".txt", ".md")  # environment code, raw designer responses
+
+
+def checked_files(paths: list[str]) -> list[str]:
+    """``paths`` with each folder replaced by its environment files, sorted; a folder with none is
+    a usage error."""
+    files: list[str] = []
+    for path in paths:
+        folder = Path(path)
+        if not folder.is_dir():
+            files.append(path)
+            continue
+        found = sorted(str(f) for f in folder.iterdir() if f.is_file() and f.suffix in CHECKED_SUFFIXES)
+        if not found:
+            raise UsageError(f"{path}: a folder with no {', '.join('*' + s for s in CHECKED_SUFFIXES)} file to check")
+        files.extend(found)
+    return files
+
+
 def run_check(args: argparse.Namespace) -> int:
-    sources = {path: read_text(path) for path in args.paths}
+    sources = {path: read_text(path) for path in checked_files(args.paths)}
     return asyncio.run(_check(args, sources))
 
 
+def check_summary(verdicts: list[Any]) -> str:
+    """One line for the whole check: how many were admitted, and the rejections by kind."""
+    kinds = Counter(v.error.kind.value for v in verdicts if not v.admitted and v.error is not None)
+    rejected = sum(not v.admitted for v in verdicts)
+    line = f"checked {len(verdicts)}: {len(verdicts) - rejected} admitted, {rejected} rejected"
+    if kinds:
+        line += " (" + ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) + ")"
+    return line
+
+
 async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
-    rejected = 0
+    verdicts = []
+    verbose = getattr(args, "verbose", False)
     switches = set(getattr(args, "reject", None) or ())
     tool_settings = ToolAdmissionSettings(reject_true_at_reset="true_at_reset" in switches,
                                           reject_unchangeable="unchangeable" in switches,
@@ -159,7 +197,7 @@ async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
         for path, source in sources.items():
             verdict = await admit(service, source, seed=args.seed, tool_settings=tool_settings,
                                   probes=ProbeSettings(seed_base=args.seed), winnability=winnability)
-            rejected += not verdict.admitted
+            verdicts.append(verdict)
             if args.json:
                 print(json.dumps(verdict.to_json(path)), flush=True)
                 continue
@@ -169,6 +207,8 @@ async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
                 error = verdict.error
                 assert error is not None
                 print(f"{path}: rejected at {error.stage.value}: {error.kind.value}: {error.message}", flush=True)
+            if not verbose:
+                continue
             if verdict.probe_report is not None:  # the degenerate-policy probes: each family's best policy
                 print(f"  degenerate-policy probes ({verdict.probe_report.turns} turns, threshold "
                       f"{verdict.probe_report.threshold:g}):")
@@ -180,7 +220,9 @@ async def _check(args: argparse.Namespace, sources: dict[str, str]) -> int:
                     print(f"    {line}", flush=True)
             if verdict.tool_use:
                 _print_tool_verdict(verdict)
-    return 1 if rejected else 0
+    summary = check_summary(verdicts)
+    print(summary, file=sys.stderr if args.json else sys.stdout, flush=True)  # --json: stdout stays JSON lines
+    return 1 if any(not v.admitted for v in verdicts) else 0
 
 
 def _print_tool_verdict(verdict: Any) -> None:
