@@ -18,8 +18,9 @@ demo: setup model
 	$(BIN)/spade train --config examples/smoke_cpu.yaml --run-dir $(RUN_DIR)
 
 # The learning check (docs/learning.md): the embedded model trained with GRPO on three easy games,
-# and a control whose advantages are shuffled within each step, both measured before and after on
-# held-out seeds; writes learning.md and learning.png in LEARN_DIR and prints the headline.
+# and a control trained the same way at optimizer.lr 0 (every play, gradient and weight sync, no
+# change), both measured before and after on held-out seeds; writes learning.md and learning.png
+# in LEARN_DIR and prints the headline.
 LEARN_DIR ?= runs/learn-$(shell date +%Y%m%d-%H%M%S)
 learn: setup model
 	$(BIN)/python benchmarks/learning.py --out $(LEARN_DIR)
