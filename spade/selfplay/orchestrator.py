@@ -146,7 +146,9 @@ class Orchestrator:
                                                 **common)
         else:
             self.player = Player(settings, **common)
-        self.step_player = step_player(settings, self.player)  # a step's groups: whole, or partial rollouts
+        own_plays = getattr(self.source, "step_player", None)  # a source that plays its own way (SPIRAL's two seats)
+        # a step's groups: whole, or partial rollouts, or the source's own
+        self.step_player = own_plays(self.player) if own_plays is not None else step_player(settings, self.player)
         self.envs: list[EnvSpec] = []
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
@@ -222,7 +224,8 @@ class Orchestrator:
             if s.drop_equal_return_groups and env_plays and all_equal(returns):
                 dropped_groups += 1
                 continue
-            advantages = agent_advantages(returns)
+            own_advantages = getattr(self.source, "advantages", None)  # SPIRAL's role-conditioned baselines
+            advantages = own_advantages(env, env_plays) if own_advantages is not None else agent_advantages(returns)
             for play, advantage in zip(env_plays, advantages):
                 # one sequence per play, or one per turn (agent_sample_form per_turn), each with the play's
                 # advantage, the turns weighted to be one episode in the loss and the batch
@@ -305,6 +308,9 @@ class Orchestrator:
         if settings.env_source == "rlve":
             from .sources.rlve_source import RLVESource
             return RLVESource(settings, run_dir=self.run_dir, seed=self.seed)
+        if settings.env_source == "spiral":
+            from .sources.spiral_source import SpiralSource
+            return SpiralSource(settings, run_dir=self.run_dir, seed=self.seed)
         return self.designer
 
     async def close(self) -> None:

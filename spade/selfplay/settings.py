@@ -35,12 +35,13 @@ from .batch_rules import BatchRules
 from .plays.play_rules import PlayRules
 from .sources.pool_settings import PoolSettings
 from .sources.rlve_settings import RLVESettings
+from .sources.spiral_settings import SpiralSettings
 
 Difficulty = Literal["easy", "medium", "hard"]
-EnvSourceName = Literal["designer", "fixed_pool", "rlve"]
+EnvSourceName = Literal["designer", "fixed_pool", "rlve", "spiral"]
 Thinking = Literal["auto", "on", "off"]
 THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
-ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve")
+ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve", "spiral")
 AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
 SMOKE_TESTS: tuple[str, ...] = ("paper", "released")
 
@@ -213,6 +214,7 @@ class SelfPlaySettings:
     fixed_env_dir: str | None = None
     pool: PoolSettings = field(default_factory=PoolSettings)  # env_source fixed_pool: how sets are drawn
     rlve: RLVESettings = field(default_factory=RLVESettings)  # env_source rlve: its difficulty controller
+    spiral: SpiralSettings = field(default_factory=SpiralSettings)  # env_source spiral: its games and advantages
     # Partial rollouts (issue 26; spade.selfplay.plays.partial_rollout_settings): off = the synchronous schedule.
     partial_rollouts: PartialRolloutSettings = field(default_factory=PartialRolloutSettings)
     # Rollout shards (issue 26; spade.selfplay.plays.rollout_shards): the no-hint and hinted plays of a
