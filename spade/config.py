@@ -3,11 +3,19 @@
 Every section of spade's configuration is a frozen dataclass. ``from_mapping`` builds one from a
 plain mapping (YAML, JSON, dotted overrides), rejecting unknown keys, wrong types and values
 outside a ``Literal``'s choices with a message that names the full key and what is allowed.
+
+Keys an older spade had are handled by two class attributes of a section. ``RETIRED_KEYS`` (old key
+-> message) refuses a key whose meaning is gone. ``MOVED_KEYS`` (old key -> new dotted path, relative
+to the section) loads a key that only moved: :func:`upgrade_keys` writes its value at the new path
+and logs one line naming it. A moved key can fan out to several paths (a tuple), or, for a key
+that was a choice, map each choice to the values it stood for (a mapping ``{choice: {path: value}}``).
+Setting a key both ways in one mapping is an error that names both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from pathlib import Path
@@ -16,6 +24,7 @@ from typing import Any, Literal, Mapping, TypeVar
 import yaml
 
 T = TypeVar("T")
+log = logging.getLogger("spade.config")
 
 
 class ConfigError(ValueError):
@@ -27,6 +36,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where: str) ->
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    data = _upgrade_here(cls, data, where)
     hints = typing.get_type_hints(cls)
     fields = {field.name: field for field in dataclasses.fields(cls) if field.init}
     unknown = sorted(set(data) - set(fields))
@@ -43,6 +53,81 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where: str) ->
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def upgrade_keys(cls: type, data: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """``data`` (a mapping for section ``cls`` at ``where``) with every moved key of ``cls`` and of its
+    nested sections written at its new path; the input is left as it is. Used where mappings are
+    merged (config files, overrides), so that each source is upgraded before a later one overrides it."""
+    out = _upgrade_here(cls, data, where)
+    if not dataclasses.is_dataclass(cls):
+        return out
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        hint = hints.get(field.name)
+        if dataclasses.is_dataclass(hint) and isinstance(out.get(field.name), Mapping):
+            out[field.name] = upgrade_keys(hint, out[field.name], where=f"{where}.{field.name}")
+    return out
+
+
+def _upgrade_here(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    moved = getattr(cls, "MOVED_KEYS", {})
+    out = dict(data)
+    old = [key for key in moved if key in data]
+    for key in old:  # a key given both ways: before any old key writes its value
+        for path in _targets(moved[key], data[key], f"{where}.{key}"):
+            if _get(data, path) is not _MISSING:
+                raise ConfigError(f"{where}.{key} and {where}.{path} are the same setting, given twice: "
+                                  f"keep {where}.{path} only")
+    for key in old:
+        value = out.pop(key)
+        writes = _targets(moved[key], value, f"{where}.{key}")
+        for path, new in writes.items():
+            out = _put(out, path, new)
+        if isinstance(moved[key], Mapping):
+            now = ", ".join(f"{where}.{path}: {_yaml(new)}" for path, new in writes.items()) or "nothing (the values the new keys give stand)"
+            log.warning("%s.%s: %s is now %s", where, key, value, now)
+        else:
+            log.warning("%s.%s is now %s", where, key, ", ".join(f"{where}.{path}" for path in writes))
+    return out
+
+
+_MISSING = object()
+
+
+def _targets(rule: Any, value: Any, key: str) -> dict[str, Any]:
+    """The new paths of one moved key and the value each gets."""
+    if isinstance(rule, str):
+        return {rule: value}
+    if isinstance(rule, tuple):
+        return {path: value for path in rule}
+    if value not in rule:
+        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of: {', '.join(map(str, rule))}")
+    return dict(rule[value])
+
+
+def _get(data: Mapping[str, Any], path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _put(data: Mapping[str, Any], path: str, value: Any) -> dict[str, Any]:
+    head, _, rest = path.partition(".")
+    out = dict(data)
+    if not rest:
+        out[head] = value
+        return out
+    child = out.get(head)
+    out[head] = _put(child if isinstance(child, Mapping) else {}, rest, value)
+    return out
+
+
+def _yaml(value: Any) -> str:
+    return "null" if value is None else str(value)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -24,7 +24,10 @@ including file; later files and the including file win, mappings merge key by ke
 dotted command-line overrides ``key.sub=value`` (values parsed as YAML scalars, so ``3``, ``0.5``,
 ``true``, ``null``, ``[a, b]`` work), and validates every section with
 :func:`spade.config.from_mapping`: an unknown key or a wrong type raises ``ConfigError`` naming
-the full key (``selfplay.k``, ``run.steps``, ...).
+the full key (``selfplay.k``, ``run.steps``, ...). A key that moved (a section's ``MOVED_KEYS``,
+:func:`spade.config.upgrade_keys`) still loads, with a warning naming its new place: each file and
+each override is upgraded on its own before they are merged, so an old key in a later file or an
+override wins over the new key in an included file, as it did before the key moved.
 
 Relative paths (``model.hf_dir``, ``corpus.paths``, ``selfplay.fixed_env_dir``, ``selfplay.memory_seed_dir``) are resolved when
 the config is loaded: relative to the working directory when they exist there, else relative to
@@ -42,7 +45,7 @@ from typing import Any, Literal, Mapping, Optional, Sequence
 
 import yaml
 
-from .config import ConfigError, from_mapping, load_yaml, require
+from .config import ConfigError, from_mapping, load_yaml, require, upgrade_keys
 from .designer.corpus import CorpusSettings
 from .eval.in_loop import EvalSettings
 from .eval.suites import benchmark_names
@@ -286,7 +289,7 @@ def read_config_file(path: str | Path, _depth: int = 0) -> dict[str, Any]:
         raise ConfigError(f"{path}: no such config file")
     if _depth > MAX_INCLUDE_DEPTH:
         raise ConfigError(f"{path}: includes nested deeper than {MAX_INCLUDE_DEPTH} (a cycle?)")
-    data = load_yaml(path)
+    data = upgrade_sections(load_yaml(path))
     includes = data.pop("include", None)
     if includes is None:
         return data
@@ -313,21 +316,56 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def upgrade_sections(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with the moved keys of every section at their new paths (spade.config.upgrade_keys)."""
+    sections = {"model": ModelSection, "parallel": ParallelSection, "optimizer": OptimizerSettings,
+                "loss": LossSettings, "selfplay": SelfPlaySettings, "sandbox": SandboxConfig, "engine": EngineSection,
+                "corpus": CorpusSettings, "run": RunSection, "eval": EvalSettings}
+    return {name: upgrade_keys(sections[name], value, where=name)
+            if name in sections and isinstance(value, Mapping) else value for name, value in data.items()}
+
+
+def _leaves(data: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[list[str], Any]]:
+    out: list[tuple[list[str], Any]] = []
+    for key, value in data.items():
+        if isinstance(value, Mapping):  # an empty one writes nothing (hint_sampling=shared)
+            out.extend(_leaves(value, (*prefix, key)))
+        else:
+            out.append(([*prefix, key], value))
+    return out
+
+
+def _override_paths(parts: list[str], value: Any) -> list[tuple[list[str], Any]]:
+    """Where one override writes: its own path, or the new paths of a moved key."""
+    single: dict[str, Any] = {}
+    node = single
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    upgraded = upgrade_sections(single)
+    return [(parts, value)] if upgraded == single else _leaves(upgraded)
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     out = deep_merge({}, data)
     for text in overrides:
-        parts, value = parse_override(text)
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = {}
-            elif not isinstance(child, Mapping):
-                raise ConfigError(f"override {'.'.join(parts)}: {'.'.join(parts[:i + 1])} is not a section")
-            node[part] = dict(child)
-            node = node[part]
-        node[parts[-1]] = value
+        parsed, parsed_value = parse_override(text)
+        for parts, value in _override_paths(parsed, parsed_value):
+            _set_path(out, parts, value)
     return out
+
+
+def _set_path(out: dict[str, Any], parts: list[str], value: Any) -> None:
+    node = out
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = {}
+        elif not isinstance(child, Mapping):
+            raise ConfigError(f"override {'.'.join(parts)}: {'.'.join(parts[:i + 1])} is not a section")
+        node[part] = dict(child)
+        node = node[part]
+    node[parts[-1]] = value
 
 
 def override_keys(overrides: Sequence[str]) -> list[str]:
