@@ -51,6 +51,9 @@ class ErrorKind(str, enum.Enum):
     REFERENCE_LOST = "reference_lost"  # the game's own reference_policy() does not win it (issue 23)
     REFERENCE_MISSING = "reference_missing"  # required, but the class has no reference_policy() (issue 23)
     UNWINNABLE = "unwinnable"  # what the designer offered (solution() actions, reference_policy) does not win (issue 40)
+    # SPICE questions (spade.selfplay.sources.spice_source, issue 44)
+    INVALID_QUESTION = "invalid_question"  # no question, no checkable answer, or malformed options
+    UNGROUNDED = "ungrounded"  # the evidence the Challenger gave is not in its document
 
 
 class Stage(str, enum.Enum):

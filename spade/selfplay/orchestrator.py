@@ -75,7 +75,7 @@ from .rewards.advantages import agent_advantages, designer_advantage_weight, des
 from .rewards.delay_buffer import DesignerBuffer, ReleasedDesignerSample
 from .rewards.designer_rewards import hint_regret
 from .settings import SelfPlaySettings
-from .sources.designer_source import DesignerRound, EnvSpec
+from .sources.designer_source import DesignerRound, EnvSpec, PenalisedDesign
 from .sources.env_source import EnvSource
 from .sources.fixed_pool import ReleasedLoaderSandbox
 from .sources.slot_stages import SET_STAGE, no_stage
@@ -150,6 +150,7 @@ class Orchestrator:
         # a step's groups: whole, or partial rollouts, or the source's own
         self.step_player = own_plays(self.player) if own_plays is not None else step_player(settings, self.player)
         self.envs: list[EnvSpec] = []
+        self.penalised: list[PenalisedDesign] = []  # this regeneration's rejected calls that train (SPICE)
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
         self.last_step: int | None = None
@@ -199,6 +200,7 @@ class Orchestrator:
         returns the designer call of each admitted environment, by env id."""
         regen = await self.source.next_set(step.updates_done)
         self.envs = regen.envs
+        self.penalised = regen.penalised
         out.metrics.update(regeneration_figures(self.settings, regen))
         return regen.designer_fields
 
@@ -280,6 +282,11 @@ class Orchestrator:
             if design is not None:  # an external designer has no trajectory: its rewards are still measured
                 self.pending_samples[env.env_id] = design.replace(role=Role.DESIGNER, env_id=env.env_id,
                                                                   skill=env.skill, generated_step=n)
+        for penalised in self.penalised:  # rejected candidates that train on a fixed reward (SPICE's penalty)
+            self.buffer.add(n, penalised.ref, penalised.skill, penalised.ref, (), (), penalty=penalised.reward)
+            self.pending_samples[penalised.ref] = penalised.trajectory.replace(
+                role=Role.DESIGNER, env_id=penalised.ref, skill=penalised.skill, generated_step=n)
+        self.penalised = []
 
     def update_memory(self, step: Step, plays: StepPlays) -> None:
         """6. One memory record per environment played: win rate and hint regret at this step."""
@@ -308,6 +315,10 @@ class Orchestrator:
         if settings.env_source == "rlve":
             from .sources.rlve_source import RLVESource
             return RLVESource(settings, run_dir=self.run_dir, seed=self.seed)
+        if settings.env_source == "spice":
+            from .sources.spice_source import SpiceSource
+            return SpiceSource(settings, corpus=self.designer.corpus, generator=self.designer.designer_generator,
+                               run_dir=self.run_dir, seed=self.seed)
         if settings.env_source == "spiral":
             from .sources.spiral_source import SpiralSource
             return SpiralSource(settings, run_dir=self.run_dir, seed=self.seed)

@@ -35,13 +35,14 @@ from .batch_rules import BatchRules
 from .plays.play_rules import PlayRules
 from .sources.pool_settings import PoolSettings
 from .sources.rlve_settings import RLVESettings
+from .sources.spice_settings import SpiceSettings, check_spice_selfplay
 from .sources.spiral_settings import SpiralSettings
 
 Difficulty = Literal["easy", "medium", "hard"]
-EnvSourceName = Literal["designer", "fixed_pool", "rlve", "spiral"]
+EnvSourceName = Literal["designer", "fixed_pool", "rlve", "spice", "spiral"]
 Thinking = Literal["auto", "on", "off"]
 THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
-ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve", "spiral")
+ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve", "spice", "spiral")
 AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
 SMOKE_TESTS: tuple[str, ...] = ("paper", "released")
 
@@ -214,6 +215,7 @@ class SelfPlaySettings:
     fixed_env_dir: str | None = None
     pool: PoolSettings = field(default_factory=PoolSettings)  # env_source fixed_pool: how sets are drawn
     rlve: RLVESettings = field(default_factory=RLVESettings)  # env_source rlve: its difficulty controller
+    spice: SpiceSettings = field(default_factory=SpiceSettings)  # env_source spice: the Challenger's questions
     spiral: SpiralSettings = field(default_factory=SpiralSettings)  # env_source spiral: its games and advantages
     # Partial rollouts (issue 26; spade.selfplay.plays.partial_rollout_settings): off = the synchronous schedule.
     partial_rollouts: PartialRolloutSettings = field(default_factory=PartialRolloutSettings)
@@ -362,7 +364,8 @@ class SelfPlaySettings:
                 f"{self.env_source!r} is not allowed; choose one of: {', '.join(ENV_SOURCES)}")
         if self.env_source == "designer" and not self.designer_enabled:
             object.__setattr__(self, "env_source", "fixed_pool")
-        object.__setattr__(self, "designer_enabled", self.env_source == "designer")
+        # spice: the Challenger is the designer role (its calls are designer samples, it reads the corpus)
+        object.__setattr__(self, "designer_enabled", self.env_source in ("designer", "spice"))
         require(self.env_source != "fixed_pool" or bool(self.fixed_env_dir), key("fixed_env_dir"),
                 "the fixed-pool baseline (env_source: fixed_pool) needs a directory of environment .py files")
         require(self.memory_seed_dir is None or (isinstance(self.memory_seed_dir, str) and self.memory_seed_dir),
@@ -385,6 +388,9 @@ class SelfPlaySettings:
         require(self.rollout_shards == 1 or self.env_source != "rlve", key("rollout_shards"),
                 f"{self.rollout_shards} shards with env_source: rlve; allowed: 1 (rlve-gym's environments are "
                 "played in the worker processes of rank 0's source)")
+        if self.env_source == "spice":
+            require(isinstance(self.spice, SpiceSettings), key("spice"), "must be a spice section")
+            check_spice_selfplay(self)
         try:
             self.skills.active(self.domain, 0)
         except ValueError as exc:

@@ -70,6 +70,7 @@ class PendingDesignerSample:
     nohint_returns: tuple[float, ...]
     later_returns: tuple[tuple[int, tuple[float, ...]], ...] = ()
     step_timeout: bool = False  # a play of the generation step timed out in load, reset or step
+    penalty: float | None = None  # a fixed reward instead of the designer reward (SPICE's invalid question)
 
     def evidence(self) -> DesignerEvidence:
         """The window so far, as the designer reward reads it."""
@@ -87,6 +88,7 @@ class PendingDesignerSample:
             "nohint_returns": list(self.nohint_returns),
             "later_returns": [[step, list(returns)] for step, returns in self.later_returns],
             "step_timeout": self.step_timeout,
+            **({} if self.penalty is None else {"penalty": self.penalty}),
         }
 
     @classmethod
@@ -102,6 +104,7 @@ class PendingDesignerSample:
                 (int(step), tuple(float(r) for r in returns)) for step, returns in data["later_returns"]
             ),
             step_timeout=bool(data.get("step_timeout", False)),  # absent before issue 39's penalty
+            penalty=None if data.get("penalty") is None else float(data["penalty"]),  # issue 44
         )
 
 
@@ -173,8 +176,13 @@ class DesignerBuffer:
         hint_returns: Sequence[float],
         nohint_returns: Sequence[float],
         step_timeout: bool = False,
+        penalty: float | None = None,
     ) -> None:
         """Hold the designer sample of environment ``env_id`` generated at ``step``.
+
+        ``penalty``: the sample's reward is this number, whatever the designer reward would say
+        (a rejected candidate that still trains: SPICE's invalid question); its returns may be
+        empty and it is left out of the set the designer reward scores.
 
         ``hint_returns`` and ``nohint_returns`` are the plays of ``step`` itself (both non-empty;
         ``hint_returns`` may be empty with ``failed_hint: hint_return_zero``: a failed hint; both
@@ -198,7 +206,9 @@ class DesignerBuffer:
             same = False
         if not same:
             raise ValueError(f"sample_ref: must be a JSON value that round-trips unchanged: {sample_ref!r}")
-        penalised = bool(step_timeout) and self.settings.step_timeout_penalty is not None
+        if penalty is not None:
+            require_finite(penalty, "penalty")
+        penalised = (bool(step_timeout) and self.settings.step_timeout_penalty is not None) or penalty is not None
         self._pending.append(
             PendingDesignerSample(
                 env_id=env_id,
@@ -209,6 +219,7 @@ class DesignerBuffer:
                                       allow_empty=self.settings.failed_hint != "drop" or penalised),
                 nohint_returns=_returns(nohint_returns, "nohint_returns", allow_empty=penalised),
                 step_timeout=bool(step_timeout),
+                penalty=None if penalty is None else float(penalty),
             )
         )
 
@@ -264,7 +275,12 @@ class DesignerBuffer:
         for generated in sorted({entry.generated_step for entry in due}):
             group = [entry for entry in due if entry.generated_step == generated]
             evidence = [entry.evidence() for entry in group]
-            rewards = score_released(self.reward, [entry.skill for entry in group], evidence)
+            scored = [i for i, entry in enumerate(group) if entry.penalty is None]  # penalised: a fixed reward
+            rewards: list[float] = [entry.penalty if entry.penalty is not None else 0.0 for entry in group]
+            if scored:
+                found = score_released(self.reward, [group[i].skill for i in scored], [evidence[i] for i in scored])
+                for i, reward in zip(scored, found):
+                    rewards[i] = reward
             released += [self._released(entry, e, r) for entry, e, r in zip(group, evidence, rewards)]
         return released
 

@@ -93,12 +93,24 @@ class Rejection:
     message: str
 
 
+@dataclass(frozen=True)
+class PenalisedDesign:
+    """A designer call whose candidate was rejected but still trains, with the fixed reward ``reward``
+    (SPICE's penalty for an invalid question); ``ref`` names its sample in the delay buffer."""
+
+    ref: str
+    skill: str
+    trajectory: Trajectory
+    reward: float
+
+
 @dataclass
 class RegenerationResult:
     envs: list[EnvSpec] = field(default_factory=list)
     designer_fields: dict[str, Trajectory] = field(default_factory=dict)  # env_id -> the designer call
     attempts: int = 0
     rejections: list[Rejection] = field(default_factory=list)
+    penalised: list[PenalisedDesign] = field(default_factory=list)  # rejected calls trained on a fixed reward
 
 
 def tool_report_of(verdict: Any) -> dict[str, Any] | None:

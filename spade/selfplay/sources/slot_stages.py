@@ -12,7 +12,8 @@ from typing import Callable
 
 STAGES = ("designing", "admitting", "hinting")
 # the phase of a regeneration by ``selfplay.env_source`` (the designer's slots refine it with STAGES)
-SET_STAGE = {"designer": "designing", "fixed_pool": "drawing", "rlve": "generating", "spiral": "dealing"}
+SET_STAGE = {"designer": "designing", "fixed_pool": "drawing", "rlve": "generating", "spice": "challenging",
+             "spiral": "dealing"}
 
 
 def no_stage(name: str, detail: str | None = None) -> None:
