@@ -114,14 +114,14 @@ async def worker(args: argparse.Namespace) -> None:
     from spade.selfplay.plays.player import Player
     from spade.selfplay.plays.rollout_shards import (ShardChannel, ShardLayout, ShardServer, ShardedPlayer,
                                                      shard_player)
-    from spade.selfplay.settings import SelfPlaySettings
+    from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     tokenizer, tokenizer_name = load_tokenizer()
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     settings = SelfPlaySettings(envs_per_set=args.envs, g_nohint=args.group, g_hint=0, max_turns=args.max_turns,
-                                agent_max_tokens=args.cap + 64,
+                                sampling=SamplingSettings().replace(agent={"max_tokens": args.cap + 64}),
                                 max_context_tokens=args.max_turns * (args.cap + 64) + 4096,
                                 max_concurrent_episodes=args.max_concurrent_episodes, use_memory=False,
                                 use_corpus=False, train_designer=False)

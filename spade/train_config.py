@@ -232,7 +232,7 @@ def _section(cls: type, data: Mapping[str, Any], name: str) -> Any:
 # one would otherwise mean something the run no longer does).
 REMOVED_KEYS = {
     ("loss", "temperature"): "removed: the trainer computes old, new and reference log-probs at the temperature each "
-                             "sample was drawn with (selfplay.agent_temperature, selfplay.designer_temperature; 1 for "
+                             "sample was drawn with (selfplay.sampling.agent.temperature, selfplay.sampling.designer.temperature; 1 for "
                              "greedy), as the rollout engine's log-probs are, so a separate value could only make the "
                              "importance weights and the KL term disagree with the sampler; delete the key",
 }

@@ -66,11 +66,10 @@ selfplay:
   envs_per_set: 4
   g_nohint: 2
   g_hint: 0
-  agent_temperature: 1.0
+  sampling: {{agent: {{temperature: 1.0, max_tokens: 16}}}}
   use_corpus: false
   use_memory: false
   train_designer: false
-  agent_max_tokens: 16
   max_context_tokens: 1024
   rlve: {{environments: [Multiplication, Sudoku], workers: 1, accuracy_samples: 2, initial_difficulty: 2}}
 """
@@ -83,8 +82,7 @@ selfplay:
   g_nohint: 2
   g_hint: 2
   use_corpus: false
-  agent_max_tokens: 12
-  hint_max_tokens: 12
+  sampling: {{agent: {{max_tokens: 12}}, hint: {{max_tokens: 12}}}}
   max_turns: 2
   max_context_tokens: 1024
 sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}

@@ -182,8 +182,9 @@ def test_hint_length_reaches_the_hint_prompt():
 
 def test_designer_and_hinted_arm_thinking_switches_are_rendered():
     """Each role's prompt is rendered with its own switch (model.thinking on): the designer with
-    selfplay.designer_thinking, the agent's hinted opening with selfplay.hint_arm_thinking, the hint
-    call with selfplay.hint_thinking; auto follows model.thinking, as the run does."""
+    selfplay.sampling.designer.thinking, the agent's hinted opening with
+    selfplay.sampling.agent.hinted_thinking, the hint call with selfplay.sampling.hint.thinking; auto
+    follows model.thinking, as the run does."""
     from chat_templates import bpe_tokenizer
     from spade.cli.prompts import _render_all, describe
 
@@ -201,11 +202,11 @@ def test_designer_and_hinted_arm_thinking_switches_are_rendered():
                 for role, shown in prompts.rendered.items()}
 
     assert endings() == {"designer": "on", "hint": "on", "agent": "on", "agent_with_hint": "on"}
-    assert endings("selfplay.designer_thinking=off", "selfplay.hint_arm_thinking=off") == \
+    assert endings("selfplay.sampling.designer.thinking=off", "selfplay.sampling.agent.hinted_thinking=off") == \
         {"designer": "off", "hint": "on", "agent": "on", "agent_with_hint": "off"}
-    assert endings("selfplay.hint_thinking=off", "selfplay.designer_thinking=on") == \
+    assert endings("selfplay.sampling.hint.thinking=off", "selfplay.sampling.designer.thinking=on") == \
         {"designer": "on", "hint": "off", "agent": "on", "agent_with_hint": "on"}
     # the embedded model's template has no switch: the role is shown unrendered, naming the key
-    shown = prompts_with("selfplay.designer_thinking=off", env=True).rendered
-    assert shown["designer"].text is None and "selfplay.designer_thinking: 'off' needs" in shown["designer"].why_not
+    shown = prompts_with("selfplay.sampling.designer.thinking=off", env=True).rendered
+    assert shown["designer"].text is None and "selfplay.sampling.designer.thinking: 'off' needs" in shown["designer"].why_not
     assert shown["agent"].text is not None

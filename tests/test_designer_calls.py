@@ -19,7 +19,7 @@ from spade.config import ConfigError
 from spade.rollout.conversation import ChatFormat, TemplateError, thinking_template_kwargs
 from spade.rollout.engine import GenerationResult, RolloutEngine
 from spade.selfplay.sources.designer_source import DesignerRound
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.train_config import from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,20 +90,26 @@ def test_a_long_hint_is_kept_whole_by_default(tmp_path, hybrid):
 # --------------------------------------------------------------------------- screen token budget
 
 
+def roles(**values) -> SamplingSettings:
+    return SamplingSettings().replace(**values)
+
+
 def test_the_model_screen_has_its_own_token_budget(tmp_path, hybrid):
-    """The screen asks for ``screen_max_tokens`` (default 16,384, the released validator's), not the
-    hint's budget; the hint keeps ``hint_max_tokens``."""
-    assert SelfPlaySettings().screen_max_tokens == 16384
-    round_, engine = designer_round(tmp_path, hybrid, "VERDICT: yes", domain="tool_use", hint_max_tokens=2048)
+    """The screen asks for ``sampling.screen.max_tokens`` (default 16,384, the released validator's),
+    not the hint's budget; the hint keeps ``sampling.hint.max_tokens``."""
+    assert SelfPlaySettings().sampling.screen.max_tokens == 16384
+    round_, engine = designer_round(tmp_path, hybrid, "VERDICT: yes", domain="tool_use",
+                                    sampling=roles(hint={"max_tokens": 2048}))
     assert asyncio.run(round_.model_screen(SOURCE, TOOLS)) is True
     asyncio.run(round_.make_hint(SOURCE, 0, 0))
     (_, screen_budget), (_, hint_budget) = engine.requests
     assert (screen_budget, hint_budget) == (16384, 2048)
-    small, engine = designer_round(tmp_path / "b", hybrid, "VERDICT: no", domain="tool_use", screen_max_tokens=300)
+    small, engine = designer_round(tmp_path / "b", hybrid, "VERDICT: no", domain="tool_use",
+                                   sampling=roles(screen={"max_tokens": 300}))
     assert asyncio.run(small.model_screen(SOURCE, TOOLS)) is False
     assert engine.requests[0][1] == 300
-    with pytest.raises(ConfigError, match=r"selfplay\.screen_max_tokens: must be an integer >= 1"):
-        from_dict({"selfplay": {"screen_max_tokens": 0}})
+    with pytest.raises(ConfigError, match=r"selfplay\.sampling\.screen\.max_tokens: must be an integer >= 1"):
+        from_dict({"selfplay": {"sampling": {"screen": {"max_tokens": 0}}}})
 
 
 # --------------------------------------------------------------------------- thinking per role
@@ -119,7 +125,8 @@ def test_hint_and_screen_thinking_override_model_thinking(tmp_path, hybrid, mode
     """auto follows model.thinking (the hybrid template's own default is on); on / off set
     enable_thinking for the hint and the screen calls alone; the designer keeps model.thinking."""
     round_, engine = designer_round(tmp_path, hybrid, "VERDICT: yes", model_thinking=model_thinking,
-                                    domain="tool_use", hint_thinking=role_thinking, screen_thinking=role_thinking)
+                                    domain="tool_use", sampling=roles(hint={"thinking": role_thinking},
+                                                                      screen={"thinking": role_thinking}))
     asyncio.run(round_.make_hint(SOURCE, 0, 0))
     asyncio.run(round_.model_screen(SOURCE, TOOLS))
     designer_prompt = round_.chat_format.prompt_ids([{"role": "user", "content": "x"}])
@@ -131,7 +138,7 @@ def test_hint_and_screen_thinking_override_model_thinking(tmp_path, hybrid, mode
 
 def test_hint_and_screen_thinking_are_separate(tmp_path, hybrid):
     round_, engine = designer_round(tmp_path, hybrid, "VERDICT: yes", model_thinking="on", domain="tool_use",
-                                    hint_thinking="off")
+                                    sampling=roles(hint={"thinking": "off"}))
     asyncio.run(round_.make_hint(SOURCE, 0, 0))
     asyncio.run(round_.model_screen(SOURCE, TOOLS))
     assert [ending(prompt) for prompt, _ in engine.requests] == ["off", "on"]
@@ -139,18 +146,19 @@ def test_hint_and_screen_thinking_are_separate(tmp_path, hybrid):
 
 def test_role_thinking_keys_and_a_template_without_the_switch(tmp_path):
     for value, expected in (("on", "on"), ("off", "off"), ("auto", "auto"), (True, "on"), (False, "off")):
-        config = from_dict({"selfplay": {"hint_thinking": value, "screen_thinking": value}})
-        assert (config.selfplay.hint_thinking, config.selfplay.screen_thinking) == (expected, expected)
-    assert (SelfPlaySettings().hint_thinking, SelfPlaySettings().screen_thinking) == ("auto", "auto")
-    for key in ("hint_thinking", "screen_thinking"):
-        with pytest.raises(ConfigError, match=rf"selfplay\.{key}: 'yes' is not allowed; choose one of: auto, on, off"):
-            from_dict({"selfplay": {key: "yes"}})
+        config = from_dict({"selfplay": {"sampling": {"hint": {"thinking": value}, "screen": {"thinking": value}}}})
+        assert (config.selfplay.sampling.hint.thinking, config.selfplay.sampling.screen.thinking) == (expected, expected)
+    assert (SelfPlaySettings().sampling.hint.thinking, SelfPlaySettings().sampling.screen.thinking) == ("auto", "auto")
+    for role in ("hint", "screen"):
+        with pytest.raises(ConfigError, match=rf"selfplay\.sampling\.{role}\.thinking: 'yes' is not allowed; "
+                                              "choose one of: auto, on, off"):
+            from_dict({"selfplay": {"sampling": {role: {"thinking": "yes"}}}})
     chatml = bpe_tokenizer(CHATML)
     designer_round(tmp_path / "auto", chatml, "x")  # auto needs no switch
-    for key in ("hint_thinking", "screen_thinking"):
-        with pytest.raises(TemplateError, match=rf"selfplay\.{key}: 'off' needs a chat template with an "
-                                                r"enable_thinking switch"):
-            designer_round(tmp_path / key, chatml, "x", **{key: "off"})
+    for role in ("hint", "screen"):
+        with pytest.raises(TemplateError, match=rf"selfplay\.sampling\.{role}\.thinking: 'off' needs a chat "
+                                                r"template with an enable_thinking switch"):
+            designer_round(tmp_path / role, chatml, "x", sampling=roles(**{role: {"thinking": "off"}}))
 
 
 def test_preflight_checks_role_thinking_against_the_template(tmp_path):
@@ -165,8 +173,9 @@ def test_preflight_checks_role_thinking_against_the_template(tmp_path):
     (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
     base = {"model": {"hf_dir": str(model)}}
     preflight(from_dict({**base, "selfplay": {"use_corpus": False}}))
-    for key in ("hint_thinking", "screen_thinking"):
-        with pytest.raises(RunDirError, match=rf"selfplay\.{key}: 'on' needs a chat template"):
-            preflight(from_dict({**base, "selfplay": {"use_corpus": False, key: "on"}}))
+    for role in ("hint", "screen"):
+        with pytest.raises(RunDirError, match=rf"selfplay\.sampling\.{role}\.thinking: 'on' needs a chat template"):
+            preflight(from_dict({**base, "selfplay": {"use_corpus": False, "sampling": {role: {"thinking": "on"}}}}))
     (model / "chat_template.jinja").write_text(HYBRID)
-    preflight(from_dict({**base, "selfplay": {"use_corpus": False, "hint_thinking": "off", "screen_thinking": "on"}}))
+    preflight(from_dict({**base, "selfplay": {"use_corpus": False, "sampling": {"hint": {"thinking": "off"},
+                                                                                "screen": {"thinking": "on"}}}}))

@@ -34,7 +34,7 @@ from spade.selfplay.sources.text_generators import (EndpointError, ExternalGener
 from spade.selfplay.sources.designer_source import DesignerRound
 from spade.selfplay.sources.endpoint import EndpointSettings
 from spade.selfplay.seeds import derive_seed
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 
 pytestmark = pytest.mark.timeout(120)
@@ -184,7 +184,8 @@ def endpoint_settings(url: str, **overrides) -> EndpointSettings:
 
 
 def designer_settings(url: str, endpoint_overrides=None, **overrides) -> SelfPlaySettings:
-    values = dict(envs_per_set=2, max_attempts=2, designer_max_tokens=900, hint_max_tokens=90,
+    values = dict(envs_per_set=2, max_attempts=2,
+                  sampling=SamplingSettings().replace(designer=dict(max_tokens=900), hint=dict(max_tokens=90)),
                   max_context_tokens=8192, skills=SkillSettings(window=1), train_designer=False,
                   designer_endpoint=endpoint_settings(url, **(endpoint_overrides or {})))
     values.update(overrides)
@@ -433,7 +434,8 @@ def test_orchestrator_steps_train_the_agent_only(endpoint, sandbox, tokenizer, t
                          tie_word_embeddings=False)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     engine = HFEngine((Qwen3ForCausalLM(config).eval(), tokenizer), eos_token_ids=(eos,))
-    settings = designer_settings(endpoint.url, envs_per_set=1, k=2, g_nohint=2, g_hint=1, agent_max_tokens=8,
+    sampling = SamplingSettings().replace(designer=dict(max_tokens=900), hint=dict(max_tokens=90), agent=dict(max_tokens=8))
+    settings = designer_settings(endpoint.url, envs_per_set=1, k=2, g_nohint=2, g_hint=1, sampling=sampling,
                                  max_turns=2)
     try:
         with Memory(memory_path(tmp_path)) as memory:

@@ -430,8 +430,9 @@ def test_spade_train_on_one_gpu_with_a_colocated_sglang_server(tmp_path, sglang_
     cfg.write_text(f"""
 model: {{hf_dir: {hf}, dtype: bfloat16}}
 selfplay: {{k: 2, envs_per_set: 2, g_nohint: 4, g_hint: 4, designer_enabled: false, fixed_env_dir: {envs},
-           use_corpus: false, agent_max_tokens: 24, hint_max_tokens: 16, max_turns: 2, max_context_tokens: 1024,
-           agent_temperature: 1.0, top_k: null, top_p: 1.0}}
+           use_corpus: false, max_turns: 2, max_context_tokens: 1024,
+           sampling: {{designer: {{top_k: null, top_p: 1.0}}, agent: {{temperature: 1.0, max_tokens: 24, top_k: null, top_p: 1.0}},
+                       hint: {{max_tokens: 16, top_k: null, top_p: 1.0}}, screen: {{top_k: null, top_p: 1.0}}}}}}
 engine:
   kind: sglang
   sglang: {{mem_fraction: 0.3, start_timeout_s: 600}}

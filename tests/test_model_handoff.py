@@ -42,7 +42,7 @@ def trained_run(tiny_hf, tmp_path_factory) -> Path:
 model: {{hf_dir: {tiny_hf}, dtype: bfloat16}}
 optimizer: {{lr: 1.0e-2}}
 selfplay: {{k: 2, envs_per_set: 2, g_nohint: 2, g_hint: 2, designer_enabled: false, fixed_env_dir: {envs},
-           use_corpus: false, agent_max_tokens: 8, hint_max_tokens: 8, max_turns: 2, max_context_tokens: 1024}}
+           use_corpus: false, sampling: {{agent: {{max_tokens: 8}}, hint: {{max_tokens: 8}}}}, max_turns: 2, max_context_tokens: 1024}}
 sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
 engine: {{max_batch_size: 4}}
 run: {{steps: 1, checkpoint_every: 1, seed: 3, micro_batch_tokens: 2048}}

@@ -64,9 +64,10 @@ selfplay:
   designer_enabled: false
   fixed_env_dir: {envs}
   use_corpus: false
-  agent_max_tokens: 8
-  hint_max_tokens: 8
-  designer_max_tokens: 8
+  sampling:
+    designer: {{max_tokens: 8}}
+    agent: {{max_tokens: 8}}
+    hint: {{max_tokens: 8}}
   max_turns: 1
   max_context_tokens: 1024
 engine: {{max_batch_size: 8}}

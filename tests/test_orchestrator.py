@@ -27,7 +27,7 @@ from spade.rl.samples import Role
 from spade.rollout import HFEngine
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
 from spade.selfplay.orchestrator import Orchestrator, StepOutput, StepPlays
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,9 +55,13 @@ class CoinEnv:
 HINT = "Think about the parity of your answer's length. Use \\boxed{}."
 
 
+# 16 tokens for the designer, the agent's turns and the hint
+TINY_SAMPLING = SamplingSettings().replace(designer={"max_tokens": 16}, agent={"max_tokens": 16}, hint={"max_tokens": 16})
+
+
 def tiny_settings(**overrides) -> SelfPlaySettings:
-    values = dict(envs_per_set=2, k=2, g_nohint=2, g_hint=2, max_attempts=2, designer_max_tokens=16,
-                  agent_max_tokens=16, hint_max_tokens=16, max_turns=3, max_context_tokens=8192,
+    values = dict(envs_per_set=2, k=2, g_nohint=2, g_hint=2, max_attempts=2, sampling=TINY_SAMPLING,
+                  max_turns=3, max_context_tokens=8192,
                   skills=SkillSettings(window=1),  # one active skill: both slots share it
                   admission_probes=False)  # CoinEnv pays a constant reply half the time: these tests are not about admission
     values.update(overrides)
@@ -138,8 +142,10 @@ def make(sandbox, engine, tokenizer, run_dir: Path, memory: Memory | None, **ove
 def test_settings_defaults_and_validation():
     s = SelfPlaySettings()
     assert (s.k, s.envs_per_set, s.g_nohint, s.g_hint, s.max_attempts) == (4, 24, 16, 16, 5)
-    assert (s.designer_temperature, s.agent_temperature, s.hint_temperature, s.top_p, s.top_k) == (0.6, 0.6, 0.3, 0.95, 20)
-    assert (s.designer_max_tokens, s.agent_max_tokens, s.hint_max_tokens) == (16384, 8192, 4096)
+    roles = s.sampling
+    assert (roles.designer.temperature, roles.agent.temperature, roles.hint.temperature) == (0.6, 0.6, 0.3)
+    assert {(r.top_p, r.top_k) for r in (roles.designer, roles.agent, roles.hint, roles.screen)} == {(0.95, 20)}
+    assert (roles.designer.max_tokens, roles.agent.max_tokens, roles.hint.max_tokens) == (16384, 8192, 4096)
     assert (s.max_turns, s.max_context_tokens, s.difficulty, s.memory_capacity) == (25, 32768, "medium", 200)
     loaded = from_mapping(SelfPlaySettings, {"g_nohint": 8, "rewards": {"regret_scale": 0.2},
                                              "skills": {"curriculum": "two_skill"}}, where="selfplay")

@@ -26,7 +26,7 @@ from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
 from spade.selfplay.plays.play_record import Play
 from spade.selfplay.plays.player import Player
 from spade.selfplay.step import Step
-from test_orchestrator import engine, tiny_settings, tokenizer  # noqa: F401  (module fixtures)
+from test_orchestrator import TINY_SAMPLING, engine, tiny_settings, tokenizer  # noqa: F401  (module fixtures)
 
 # Fixed episode lengths, so which play ends when does not depend on the random model: QUICK ends on
 # its first step, LONG runs the whole turn budget (3 turns); every observation is a function of the
@@ -105,7 +105,7 @@ def _spec(env_id: str, source: str) -> EnvSpec:
 
 
 def _settings(**overrides):
-    values = dict(agent_max_tokens=24, max_turns=3, max_concurrent_episodes=1,
+    values = dict(sampling=TINY_SAMPLING.replace(agent={"max_tokens": 24}), max_turns=3, max_concurrent_episodes=1,
                   partial_rollouts=PartialRolloutSettings(enabled=True, complete_fraction=0.5, max_carry_steps=1))
     values.update(overrides)
     return tiny_settings(**values)

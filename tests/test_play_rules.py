@@ -20,7 +20,7 @@ from spade.selfplay.plays.player import Player
 from spade.selfplay.plays.policy import EnginePolicy
 from spade.selfplay.plays.released_policy import ReleasedHintPolicy, ScopedMaskPolicy, released_hint_policy
 from spade.selfplay.seeds import derive_seed, reset_seed
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 
 SEED_ENV = '''
 class SeedEnv:
@@ -79,7 +79,8 @@ def _spec(source: str, env_id: str = "e0", hint: str = "a hint") -> EnvSpec:
 
 
 def _player(sandbox, engine, tokenizer, **rules) -> Player:
-    settings = SelfPlaySettings(envs_per_set=1, g_nohint=3, g_hint=3, max_turns=2, agent_max_tokens=16,
+    settings = SelfPlaySettings(envs_per_set=1, g_nohint=3, g_hint=3, max_turns=2,
+                                sampling=SamplingSettings().replace(agent={"max_tokens": 16}),
                                 max_context_tokens=4096, plays=PlayRules(**rules))
     return Player(settings, sandbox=sandbox.service, engine=engine, tokenizer=tokenizer,
                   chat_format=ChatFormat(tokenizer), seed=7)

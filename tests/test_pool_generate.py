@@ -34,7 +34,7 @@ EXAMPLES = sorted((ROOT / "examples" / "envs").glob("*.py"))
 SKILLS = [skill.name for skill in GAME_SKILLS]
 HINT = "Probe before you answer."
 FAST = ["selfplay.use_corpus=false", "selfplay.use_memory=false", "selfplay.max_context_tokens=8192",
-        "selfplay.designer_max_tokens=16", "selfplay.hint_max_tokens=8", "selfplay.max_turns=5",
+        "selfplay.sampling.designer.max_tokens=16", "selfplay.sampling.hint.max_tokens=8", "selfplay.max_turns=5",
         "sandbox.load_timeout_s=10.0", "sandbox.reset_timeout_s=5.0", "sandbox.step_timeout_s=5.0"]
 TIMEOUT_S = 180
 

@@ -19,7 +19,7 @@ from spade.config import ConfigError
 from spade.envs.pool_files import append_manifest, read_manifest
 from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
 from spade.selfplay.sources.pool_settings import PoolSettings
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -346,7 +346,8 @@ def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                          head_dim=16, max_position_embeddings=4096)).eval()
     engine = HFEngine((model, tokenizer), eos_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
-    settings = SelfPlaySettings(envs_per_set=2, k=1, g_nohint=1, g_hint=0, agent_max_tokens=4, max_turns=1,
+    settings = SelfPlaySettings(envs_per_set=2, k=1, g_nohint=1, g_hint=0, max_turns=1,
+                                sampling=SamplingSettings().replace(agent={"max_tokens": 4}),
                                 max_context_tokens=4096, env_source="fixed_pool", fixed_env_dir=str(directory),
                                 use_corpus=False, use_memory=False, train_designer=False,
                                 admission_probes=False,  # the trivial pool games pay any reply

@@ -66,10 +66,10 @@ def test_30b_recomputes_activations(name):
 @pytest.mark.parametrize("name", ["games_base.yaml", "tool_use_base.yaml", *GAMES_SGLANG, *TOOL_SGLANG])
 def test_a_hint_within_its_token_budget_is_not_cut(name):
     # the released hint generators (spade/core/hint_generator.py) keep the whole reply; only the
-    # token budget (--spade-hint-max-tokens) bounds it. A reply of hint_max_tokens tokens at a
+    # token budget (--spade-hint-max-tokens) bounds it. A reply of sampling.hint.max_tokens tokens at a
     # generous 8 characters a token must come through whole.
     sp = _load(name).selfplay
-    words = ["plan1234"] * sp.hint_max_tokens  # 8 characters + a space each
+    words = ["plan1234"] * sp.sampling.hint.max_tokens  # 8 characters + a space each
     text = " ".join(words)
     assert clean_hint(text, sp.hint_max_chars) == text
 
@@ -91,7 +91,7 @@ def test_the_model_screen_gets_the_released_validator_budget(name):
     # cmd/tool_use/_train_spade_blend.sh passes --spade-use-env-validator and no
     # --spade-env-validator-max-tokens, whose default is 16384 (spade/slime/arguments.py)
     sp = _load(name).selfplay
-    assert (sp.screen_max_tokens, sp.hint_max_tokens) == (16384, 2048)
+    assert (sp.sampling.screen.max_tokens, sp.sampling.hint.max_tokens) == (16384, 2048)
 
 
 @pytest.mark.parametrize("name", [*GAMES_SGLANG, *TOOL_SGLANG])
@@ -102,7 +102,7 @@ def test_only_the_designer_and_the_agent_think_in_the_8b_runs(name):
     # validator calls pass no override (spade/core/hint_generator.py, spade/core/env_validator.py).
     # The 4B and 30B-A3B Instruct-2507 templates have no switch: every role follows model.thinking.
     config = _load(name)
-    roles = (config.model.thinking, config.selfplay.hint_thinking, config.selfplay.screen_thinking)
+    roles = (config.model.thinking, config.selfplay.sampling.hint.thinking, config.selfplay.sampling.screen.thinking)
     assert roles == (("on", "off", "off") if "8b" in name else ("auto", "auto", "auto"))
 
 

@@ -361,11 +361,10 @@ selfplay:
   envs_per_set: 2
   g_nohint: 2
   g_hint: 0
-  agent_temperature: 1.0
+  sampling: {{agent: {{temperature: 1.0, max_tokens: 24}}}}
   use_corpus: false
   use_memory: false
   train_designer: false
-  agent_max_tokens: 24
   max_context_tokens: 1024
   rlve: {{environments: [Multiplication], workers: 1, accuracy_samples: 2}}
 engine: {{max_batch_size: 4}}

@@ -36,7 +36,7 @@ def test_rlve_recipe_has_the_released_settings(name):
     assert not sp.use_corpus and not sp.use_memory
     assert (sp.k, sp.envs_per_set, sp.g_nohint, sp.g_hint) == (1, 16, 16, 0)
     assert sp.envs_per_set * sp.g_nohint == 256  # the global batch
-    assert sp.agent_temperature == 1.0 and config.loss.kl_coef == 0.0 and config.run.steps == 400
+    assert sp.sampling.agent.temperature == 1.0 and config.loss.kl_coef == 0.0 and config.run.steps == 400
     assert sp.rlve == RLVESettings()  # window 4, 0.9 over 128 plays
     # the released launcher's default set (RLVE_ENV_SET=official16), written out in the recipe
     assert sp.rlve.environments == "official16"
@@ -45,5 +45,5 @@ def test_rlve_recipe_has_the_released_settings(name):
     # the engine, the layout, the model (8B: thinking) and the optimizer of the run it compares with
     assert (config.engine, config.parallel, config.model, config.optimizer) == \
         (spade.engine, spade.parallel, spade.model, spade.optimizer)
-    assert (sp.agent_max_tokens, sp.top_p, sp.top_k) == (spade.selfplay.agent_max_tokens, spade.selfplay.top_p,
-                                                         spade.selfplay.top_k)
+    agent, theirs = sp.sampling.agent, spade.selfplay.sampling.agent
+    assert (agent.max_tokens, agent.top_p, agent.top_k) == (theirs.max_tokens, theirs.top_p, theirs.top_k)

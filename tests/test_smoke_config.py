@@ -27,9 +27,12 @@ def test_recipes_keep_the_paper_settings_and_do_not_seed_the_memory(recipe: Path
     sp = config.selfplay
     assert sp.memory_seed_dir is None
     rlve = sp.env_source == "rlve"  # the RLVE baseline's released batch and temperature (tests/test_rlve_recipes.py)
-    assert (sp.designer_temperature, sp.agent_temperature, sp.hint_temperature) == (0.6, 1.0 if rlve else 0.6, 0.3)
-    assert (sp.top_p, sp.top_k) == (PAPER.top_p, PAPER.top_k)
-    assert sp.designer_max_tokens in (16384, 20000)  # 8B thinking: 20,000
+    roles = sp.sampling
+    assert (roles.designer.temperature, roles.agent.temperature, roles.hint.temperature) == \
+        (0.6, 1.0 if rlve else 0.6, 0.3)
+    assert [(r.top_p, r.top_k) for r in (roles.designer, roles.agent, roles.hint)] == \
+        [(p.top_p, p.top_k) for p in (PAPER.sampling.designer, PAPER.sampling.agent, PAPER.sampling.hint)]
+    assert roles.designer.max_tokens in (16384, 20000)  # 8B thinking: 20,000
     # the baselines play no hinted arm (no designer, no regret to measure); RLVE plays 16 problems
     hint_plays = 0 if sp.env_source != "designer" else 16
     assert sp.max_attempts == 5 and (sp.g_hint, sp.envs_per_set) == (hint_plays, 16 if rlve else 24)
@@ -51,10 +54,11 @@ def test_the_smoke_run_seeds_the_memory_with_graded_examples():
     seeds = load_seed_records(resolve_seed_dir(sp.memory_seed_dir), ["Mathematical Reasoning"])
     assert len(seeds) == 2  # the designer prompt's two positives
     # the paper's sampling settings stay
-    assert (sp.designer_temperature, sp.top_p, sp.top_k) == (0.6, 0.95, 20)
+    designer = sp.sampling.designer
+    assert (designer.temperature, designer.top_p, designer.top_k) == (0.6, 0.95, 20)
     # the designer budget holds an example, and the context holds the prompt plus the budget
-    assert sp.designer_max_tokens >= max(len(r.source) for r in seeds) // 4
-    assert sp.max_context_tokens >= 2 * sp.designer_max_tokens
+    assert designer.max_tokens >= max(len(r.source) for r in seeds) // 4
+    assert sp.max_context_tokens >= 2 * designer.max_tokens
 
 
 def test_bf16_note_only_on_a_cpu_without_native_bf16():

@@ -29,10 +29,7 @@ selfplay:
   k: 1
   envs_per_set: 1
   g_hint: 0
-  agent_temperature: 1.0
-  top_p: 1.0
-  top_k: null
-  agent_max_tokens: 12
+  sampling: {{agent: {{temperature: 1.0, top_p: 1.0, top_k: null, max_tokens: 12}}}}
   max_context_tokens: 2048
   use_corpus: false
   use_memory: false

@@ -24,7 +24,7 @@ from spade.selfplay.batch_rules import BatchRules
 from spade.selfplay.orchestrator import Orchestrator, _agent_episodes
 from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
 from spade.selfplay.plays.play_rules import PlayRules
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 from spade.selfplay.plays.turn_samples import episode_weights
 from spade.train_config import from_dict
@@ -106,7 +106,9 @@ def run_step(sandbox, tokenizer, tmp_path, **overrides):
     # rightly reject; these tests are about the samples' chat format, not admission
     settings = SelfPlaySettings(**{**dict(envs_per_set=1, k=2, g_nohint=2, g_hint=1, max_attempts=1,
                                           admission_probes=False,
-                                          designer_max_tokens=256, agent_max_tokens=64, hint_max_tokens=64,
+                                          sampling=SamplingSettings().replace(designer={"max_tokens": 256},
+                                                                              agent={"max_tokens": 64},
+                                                                              hint={"max_tokens": 64}),
                                           max_turns=5, max_context_tokens=16384, skills=SkillSettings(window=1)),
                                    **overrides})
     model = ScriptedModel(tokenizer)
@@ -209,7 +211,9 @@ def test_the_designer_weight_counts_episodes_in_the_per_turn_form():
 def test_designer_and_hinted_arm_thinking(sandbox, tokenizer, tmp_path, designer, hint_arm):
     """model.thinking on; each switch off renders its role's prompts with enable_thinking false, auto
     follows model.thinking; the hint call and the no-hint arm keep theirs."""
-    model, out = run_step(sandbox, tokenizer, tmp_path, designer_thinking=designer, hint_arm_thinking=hint_arm)
+    sampling = SamplingSettings().replace(designer={"max_tokens": 256, "thinking": designer},
+                                          agent={"max_tokens": 64, "hinted_thinking": hint_arm}, hint={"max_tokens": 64})
+    model, out = run_step(sandbox, tokenizer, tmp_path, sampling=sampling)
     seen: dict[str, set[str]] = {}
     for role, _, prompt, _, _ in model.calls:
         seen.setdefault(role, set()).add(ending(tokenizer, prompt))
@@ -220,13 +224,16 @@ def test_designer_and_hinted_arm_thinking(sandbox, tokenizer, tmp_path, designer
 
 def test_switch_values_and_errors():
     config = from_dict({})
-    assert (config.selfplay.designer_thinking, config.selfplay.hint_arm_thinking) == ("auto", "auto")
+    roles = config.selfplay.sampling
+    assert (roles.designer.thinking, roles.agent.hinted_thinking) == ("auto", "auto")
     for value, expected in (("on", "on"), ("off", "off"), (False, "off"), (True, "on")):
-        sp = from_dict({"selfplay": {"designer_thinking": value, "hint_arm_thinking": value}}).selfplay
-        assert (sp.designer_thinking, sp.hint_arm_thinking) == (expected, expected)
-    for key in ("designer_thinking", "hint_arm_thinking"):
-        with pytest.raises(ConfigError, match=rf"selfplay\.{key}: 'yes' is not allowed; choose one of: auto, on, off"):
-            from_dict({"selfplay": {key: "yes"}})
+        roles = from_dict({"selfplay": {"sampling": {"designer": {"thinking": value},
+                                                     "agent": {"hinted_thinking": value}}}}).selfplay.sampling
+        assert (roles.designer.thinking, roles.agent.hinted_thinking) == (expected, expected)
+    for role, key in (("designer", "thinking"), ("agent", "hinted_thinking")):
+        with pytest.raises(ConfigError, match=rf"selfplay\.sampling\.{role}\.{key}: 'yes' is not allowed; "
+                                              "choose one of: auto, on, off"):
+            from_dict({"selfplay": {"sampling": {role: {key: "yes"}}}})
     assert from_dict({"selfplay": {"agent_sample_form": "per_turn"}}).selfplay.agent_sample_form == "per_turn"
     with pytest.raises(ConfigError, match=r"selfplay\.agent_sample_form: 'turns' is not allowed; choose one of: "
                                           r"sequence, per_turn"):
@@ -250,9 +257,10 @@ def test_preflight_checks_the_new_switches_against_the_template(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
-    for key in ("designer_thinking", "hint_arm_thinking"):
-        with pytest.raises(RunDirError, match=rf"selfplay\.{key}: 'off' needs a chat template"):
-            preflight(from_dict({"model": {"hf_dir": str(model)}, "selfplay": {"use_corpus": False, key: "off"}}))
+    for role, key in (("designer", "thinking"), ("agent", "hinted_thinking")):
+        with pytest.raises(RunDirError, match=rf"selfplay\.sampling\.{role}\.{key}: 'off' needs a chat template"):
+            preflight(from_dict({"model": {"hf_dir": str(model)},
+                                 "selfplay": {"use_corpus": False, "sampling": {role: {key: "off"}}}}))
 
 
 def test_per_turn_keeps_the_released_reply_reserve(tokenizer):

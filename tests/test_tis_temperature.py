@@ -33,7 +33,7 @@ from spade.selfplay.sources.text_generators import LocalGenerator, TextSampling
 from spade.selfplay.sources.designer_source import EnvSpec
 from spade.selfplay.plays.player import Player, PlayRequest
 from spade.selfplay.trajectories import role_logprob_temperature
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.train_config import from_dict
 from spade.training import (LossSettings, build_model, compute_logprobs, forward_backward, init_parallel,
                             make_micro_batches)
@@ -170,9 +170,10 @@ def shared_weights(megatron_world):  # noqa: F811
 
 
 def _settings(temperature: float) -> SelfPlaySettings:
-    return SelfPlaySettings(envs_per_set=2, k=2, g_nohint=1, g_hint=1, max_attempts=1, designer_max_tokens=14,
-                            agent_max_tokens=10, hint_max_tokens=8, max_turns=2, max_context_tokens=4096,
-                            agent_temperature=temperature, designer_temperature=temperature)
+    sampling = SamplingSettings().replace(designer=dict(max_tokens=14, temperature=temperature), hint=dict(max_tokens=8),
+                                          agent=dict(max_tokens=10, temperature=temperature))
+    return SelfPlaySettings(envs_per_set=2, k=2, g_nohint=1, g_hint=1, max_attempts=1, max_turns=2,
+                            max_context_tokens=4096, sampling=sampling)
 
 
 def _agent_trajectory(settings, tokenizer, engine, eos) -> Trajectory:
@@ -187,8 +188,9 @@ def _agent_trajectory(settings, tokenizer, engine, eos) -> Trajectory:
 def _designer_trajectory(settings, tokenizer, engine, eos) -> Trajectory:
     generator = LocalGenerator(engine, tokenizer, ChatFormat(tokenizer), max_context_tokens=4096,
                                stop_token_ids=(eos,))
-    sampling = TextSampling(temperature=settings.designer_temperature, top_p=settings.top_p, top_k=settings.top_k,
-                            max_tokens=settings.designer_max_tokens, timeout_s=120.0, seed=11)
+    designer = settings.sampling.designer
+    sampling = TextSampling(temperature=designer.temperature, top_p=designer.top_p, top_k=designer.top_k,
+                            max_tokens=designer.max_tokens, timeout_s=120.0, seed=11)
     messages = [{"role": "system", "content": "You design games."}, {"role": "user", "content": "Write one."}]
     generated = asyncio.run(generator.generate(messages, sampling))
     return generated.trajectory.replace(role=Role.DESIGNER, env_id="e1", advantage=-1.0)
@@ -247,7 +249,8 @@ def test_loss_temperature_is_refused_with_the_reason():
 
 
 def test_old_records_without_the_field_take_the_roles_temperature():
-    settings = SelfPlaySettings(designer_temperature=0.6, agent_temperature=0.7)
+    settings = SelfPlaySettings(sampling=SamplingSettings().replace(designer=dict(temperature=0.6),
+                                                                    agent=dict(temperature=0.7)))
     record = Trajectory(token_ids=(1, 2, 3), loss_mask=(0, 1), rollout_logprobs=(0.0, -0.4), role=Role.DESIGNER,
                         advantage=0.5, logprob_temperature=0.6).to_json()
     del record["logprob_temperature"]  # as written before the field existed
@@ -257,7 +260,8 @@ def test_old_records_without_the_field_take_the_roles_temperature():
     loaded = Trajectory.from_json(old, default_logprob_temperature=role_logprob_temperature(settings, Role.DESIGNER))
     assert loaded.to_train_sample().temperature == 0.6
     assert role_logprob_temperature(settings, Role.AGENT) == 0.7
-    assert role_logprob_temperature(SelfPlaySettings(agent_temperature=0.0), Role.AGENT) == 1.0  # greedy
+    assert role_logprob_temperature(SelfPlaySettings(sampling=SamplingSettings().replace(agent=dict(temperature=0.0))),
+                                    Role.AGENT) == 1.0  # greedy
     # a record that has the field keeps it, whatever the default
     kept = Trajectory.from_json({**old, "logprob_temperature": 0.9}, default_logprob_temperature=0.6)
     assert kept.logprob_temperature == 0.9

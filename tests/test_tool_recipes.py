@@ -28,7 +28,8 @@ MODELS = {
 }
 # what tool use changes in selfplay (everything else equals the games recipe); mask_truncated: the
 # released tool-use scripts pass --spade-compact-filter, the games scripts do not
-TOOL_SELFPLAY = {"domain": "tool_use", "k": 8, "hint_max_tokens": 2048, "mask_truncated": True}
+TOOL_SELFPLAY = {"domain": "tool_use", "k": 8, "mask_truncated": True}
+TOOL_SAMPLING = {"hint": {"max_tokens": 2048}}  # and the hint's budget
 # engine keys a tool recipe sets apart from its games recipe: the released tool-use 30B script gives
 # SGLang 0.85 of the GPU (cmd/tool_use/_train_spade_blend.sh), the games one 0.7
 TOOL_ENGINE = {"tool_use_qwen3_30b_a3b_8gpu.yaml": {"mem_fraction": 0.85}}
@@ -49,12 +50,13 @@ def test_tool_recipe_has_every_spec_number(name):
     sp = config.selfplay
     assert sp.domain == "tool_use"
     assert (sp.envs_per_set, sp.k, sp.g_nohint, sp.g_hint, sp.max_attempts) == (24, 8, 16, 16, 5)
-    assert (sp.designer_temperature, sp.agent_temperature, sp.hint_temperature) == (0.6, 0.6, 0.3)
-    assert (sp.top_p, sp.top_k) == (0.95, 20)
-    assert sp.designer_max_tokens == (20000 if "8b" in name else 16384)
-    assert (sp.agent_max_tokens, sp.hint_max_tokens) == (8192, 2048)
+    roles = sp.sampling
+    assert (roles.designer.temperature, roles.agent.temperature, roles.hint.temperature) == (0.6, 0.6, 0.3)
+    assert {(r.top_p, r.top_k) for r in (roles.designer, roles.agent, roles.hint, roles.screen)} == {(0.95, 20)}
+    assert roles.designer.max_tokens == (20000 if "8b" in name else 16384)
+    assert (roles.agent.max_tokens, roles.hint.max_tokens) == (8192, 2048)
     assert (sp.max_turns, sp.max_context_tokens, sp.memory_capacity) == (25, 32768, 200)
-    assert (sp.designer_timeout_s, sp.admission_timeout_s, sp.hint_timeout_s) == (300.0, 60.0, 120.0)
+    assert (roles.designer.timeout_s, sp.admission_timeout_s, roles.hint.timeout_s) == (300.0, 60.0, 120.0)
     assert (config.sandbox.load_timeout_s, config.sandbox.reset_timeout_s, config.sandbox.step_timeout_s) == \
         (30.0, 30.0, 30.0)
     assert sp.rewards.advantage_cap == 50.0
@@ -93,9 +95,10 @@ def test_tool_recipe_differs_from_the_games_recipe_only_in_tool_use(name):
     assert {k: v for k, v in vars(tools.loss).items() if k != "kl_coef"} == \
         {k: v for k, v in vars(games.loss).items() if k != "kl_coef"}
     changed = {key for key, value in vars(tools.selfplay).items() if getattr(games.selfplay, key) != value}
-    assert changed == set(TOOL_SELFPLAY), changed
+    assert changed == {*TOOL_SELFPLAY, "sampling"}, changed
     for key, value in TOOL_SELFPLAY.items():
         assert getattr(tools.selfplay, key) == value
+    assert tools.selfplay.sampling == games.selfplay.sampling.replace(**TOOL_SAMPLING)
 
 
 def test_the_base_writes_the_tool_use_differences_itself():
@@ -106,7 +109,8 @@ def test_the_base_writes_the_tool_use_differences_itself():
     assert own["include"] == "games_base.yaml"
     assert own["loss"]["kl_coef"] == 0.005
     sp = own["selfplay"]
-    assert (sp["domain"], sp["k"], sp["hint_max_tokens"], sp["rewards"]["advantage_cap"]) == ("tool_use", 8, 2048, 50.0)
+    assert (sp["domain"], sp["k"], sp["sampling"]["hint"]["max_tokens"], sp["rewards"]["advantage_cap"]) == \
+        ("tool_use", 8, 2048, 50.0)
     assert own["corpus"]["max_words"] == 4000
     merged = read_config_file(RECIPES / "tool_use_base.yaml")
     assert merged["engine"]["kind"] == "hf"  # the model files put it on SGLang

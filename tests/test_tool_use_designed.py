@@ -109,9 +109,11 @@ optimizer: {{lr: 1.0e-3}}
 selfplay:
   domain: tool_use
   k: 2
-  agent_temperature: 1.0
-  top_k: null
-  top_p: 1.0
+  sampling:
+    designer: {{max_tokens: 64, top_k: null, top_p: 1.0}}
+    agent: {{temperature: 1.0, max_tokens: 12, top_k: null, top_p: 1.0}}
+    hint: {{max_tokens: 64, top_k: null, top_p: 1.0}}
+    screen: {{top_k: null, top_p: 1.0}}
   envs_per_set: 2
   g_nohint: 2
   g_hint: 2
@@ -119,9 +121,6 @@ selfplay:
   use_corpus: true
   train_designer: false
   designer_endpoint: {{url: '{url}', model: {MODEL}, api_key_env: null, backoff_s: 0.0}}
-  agent_max_tokens: 12
-  hint_max_tokens: 64
-  designer_max_tokens: 64
   max_turns: 2
   max_context_tokens: 4096
 sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
@@ -237,7 +236,7 @@ def test_orchestrator_screens_through_our_engine(sandbox, tmp_path):
     from spade.envs.protocol import ErrorKind, Stage
     from spade.rollout import HFEngine
     from spade.selfplay.orchestrator import Orchestrator
-    from spade.selfplay.settings import SelfPlaySettings
+    from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
     from spade.selfplay.step import Step
 
     tokenizer = bpe_tokenizer((FIXTURES / "qwen3_hybrid.jinja").read_text())
@@ -250,7 +249,8 @@ def test_orchestrator_screens_through_our_engine(sandbox, tmp_path):
     real = HFEngine((Qwen3ForCausalLM(config).eval(), tokenizer), eos_token_ids=(eos,))
     engine = ScriptedToolDesigner(real, tokenizer, script)
     settings = SelfPlaySettings(domain="tool_use", envs_per_set=2, k=2, g_nohint=2, g_hint=1, max_attempts=2,
-                                designer_max_tokens=64, agent_max_tokens=8, hint_max_tokens=64, max_turns=2,
+                                sampling=SamplingSettings().replace(designer={"max_tokens": 64}, agent={"max_tokens": 8},
+                                                                    hint={"max_tokens": 64}), max_turns=2,
                                 max_context_tokens=16384)
     try:
         with Memory(memory_path(tmp_path)) as memory:

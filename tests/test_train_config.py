@@ -42,9 +42,10 @@ def test_recipes_hold_the_spec_numbers():
     base = load_train_config(ROOT / "examples" / "recipes" / "games_base.yaml")
     sp = base.selfplay
     assert (sp.k, sp.envs_per_set, sp.g_hint, sp.max_attempts) == (4, 24, 16, 5)
-    assert (sp.designer_temperature, sp.agent_temperature, sp.hint_temperature) == (0.6, 0.6, 0.3)
-    assert (sp.top_p, sp.top_k) == (0.95, 20)
-    assert (sp.designer_max_tokens, sp.agent_max_tokens, sp.hint_max_tokens) == (16384, 8192, 4096)
+    roles = sp.sampling
+    assert (roles.designer.temperature, roles.agent.temperature, roles.hint.temperature) == (0.6, 0.6, 0.3)
+    assert {(r.top_p, r.top_k) for r in (roles.designer, roles.agent, roles.hint, roles.screen)} == {(0.95, 20)}
+    assert (roles.designer.max_tokens, roles.agent.max_tokens, roles.hint.max_tokens) == (16384, 8192, 4096)
     assert (sp.max_turns, sp.max_context_tokens, sp.memory_capacity) == (25, 32768, 200)
     assert base.optimizer.lr == 1e-6 and base.optimizer.betas == (0.9, 0.98) and base.optimizer.weight_decay == 0.1
     assert (base.loss.eps_low, base.loss.eps_high, base.loss.tis_cap, base.loss.kl_coef) == (0.2, 0.28, 2.0, 0.0)
@@ -53,7 +54,7 @@ def test_recipes_hold_the_spec_numbers():
 
     recipes = ROOT / "examples" / "recipes"
     b8 = load_train_config(recipes / "qwen3_8b_games.yaml")
-    assert b8.loss.kl_coef == 0.005 and b8.selfplay.designer_max_tokens == 20000
+    assert b8.loss.kl_coef == 0.005 and b8.selfplay.sampling.designer.max_tokens == 20000
     moe = load_train_config(recipes / "qwen3_30b_a3b_games.yaml")
     assert (moe.parallel.tp, moe.parallel.ep) == (4, 8)
     fixed = load_train_config(recipes / "baseline_fixed_pool.yaml")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,9 +71,10 @@ selfplay:
   designer_enabled: false
   fixed_env_dir: {envs}
   use_corpus: false
-  agent_max_tokens: 12
-  hint_max_tokens: 12
-  designer_max_tokens: 16
+  sampling:
+    designer: {{max_tokens: 16}}
+    agent: {{max_tokens: 12}}
+    hint: {{max_tokens: 12}}
   max_turns: 2
   max_context_tokens: 1024
 sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
@@ -294,7 +296,7 @@ def assert_torchrun_run(run: Path, proc: subprocess.CompletedProcess, single_run
 
 # A one-turn game whose reward grows with the action's length, played by a tiny model that ends
 # its reply early (P(<|im_end|>) ~ 0.22 a token at temperature 1: most replies stop within
-# agent_max_tokens): the plays of one environment get different rewards, so the GRPO advantages, the loss and the
+# sampling.agent.max_tokens): the plays of one environment get different rewards, so the GRPO advantages, the loss and the
 # gradients are not zero. (With the example games and the plain random model every reply runs
 # out of tokens before <|im_end|>, every return is 0, the loss and gradient are 0, and a loss
 # comparison across layouts would be vacuous.)
@@ -344,8 +346,11 @@ def graded_config(tiny_hf, train_config, tmp_path_factory) -> Path:
     text = text.replace(old_envs, str(envs)).replace(str(tiny_hf), str(hf))
     # plain sampling, so that <|im_end|> keeps its ~0.22 (top-k 20 at temperature 0.6 would pick it
     # almost always: empty replies, reward 0)
-    text = text.replace("\n  k: 2\n", "\n  k: 2\n  agent_temperature: 1.0\n  top_k: null\n  top_p: 1.0\n")
-    assert "top_k: null" in text
+    plain = "top_k: null, top_p: 1.0"
+    text = re.sub(r"\n    (designer|hint): \{(max_tokens: \d+)\}", rf"\n    \1: {{\2, {plain}}}", text)
+    text = text.replace("\n    agent: {max_tokens: 12}",
+                        f"\n    agent: {{max_tokens: 12, temperature: 1.0, {plain}}}\n    screen: {{{plain}}}")
+    assert text.count("top_k: null") == 4
     # LongAnswerEnv rewards length by design (a graded return for a real gradient): admission's
     # long-reply probes rightly call it degenerate, so this pool is admitted without the probes
     text = text.replace("\n  k: 2\n", "\n  k: 2\n  admission_probes: false\n")

@@ -111,16 +111,15 @@ optimizer: {{lr: 1.0e-3}}
 selfplay:
   domain: tool_use
   k: 2
-  agent_temperature: 1.0
-  top_k: null
-  top_p: 1.0
+  sampling:
+    designer: {{max_tokens: 16, top_k: null, top_p: 1.0}}
+    agent: {{temperature: 1.0, max_tokens: 12, top_k: null, top_p: 1.0}}
+    hint: {{max_tokens: 12, top_k: null, top_p: 1.0}}
+    screen: {{top_k: null, top_p: 1.0}}
   envs_per_set: {2 if designer else len(TOOL_EXAMPLES) + 1}   # the fixed pool: its whole six, every set
   g_nohint: 2
   g_hint: 2
-{selfplay_extra}  agent_max_tokens: 12
-  hint_max_tokens: 12
-  designer_max_tokens: 16
-  max_turns: 2
+{selfplay_extra}  max_turns: 2
   max_context_tokens: {16384 if designer else 4096}
   admission_probes: false   # QuickAnswerEnv accepts any answer on purpose (the probes would reject it)
 sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}

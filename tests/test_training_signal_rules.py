@@ -20,7 +20,7 @@ from spade.selfplay.orchestrator import Orchestrator
 from spade.selfplay.rewards.reward_settings import RewardSettings
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.step import Step
-from test_orchestrator import COIN_SOURCE, EXAMPLE_SOURCE, ScriptedDesigner, _plateau, engine, tiny_settings, tokenizer  # noqa: F401
+from test_orchestrator import TINY_SAMPLING, COIN_SOURCE, EXAMPLE_SOURCE, ScriptedDesigner, _plateau, engine, tiny_settings, tokenizer  # noqa: F401
 
 RELEASED_BATCH = BatchRules(global_batch=5, nohint_plays="global_batch", cut_to_global_batch=True,
                             release_at_final_step=True)
@@ -164,12 +164,12 @@ class RecordingHintSampling(ScriptedDesigner):
         return await super().generate(request)
 
 
-@pytest.mark.parametrize("hint_sampling, expected", [("shared", (0.95, 20)), ("released", (0.9, None))])
-def test_hint_sampling(sandbox, engine, tokenizer, tmp_path, hint_sampling, expected):
-    """``shared`` (spade): the hint call samples with selfplay.top_p / top_k like every role;
-    ``released``: top-p 0.9 and no top-k, what the released hint call got from its adapter."""
+@pytest.mark.parametrize("hint, expected", [({}, (0.95, 20)), ({"top_p": 0.9, "top_k": None}, (0.9, None))])
+def test_hint_sampling(sandbox, engine, tokenizer, tmp_path, hint, expected):
+    """The hint call samples with its own record's top-p / top-k: spade's default is every role's
+    0.95 / 20; the reproduction recipes give it top-p 0.9 and no top-k, what the released hint call
+    got from its adapter."""
     designer = RecordingHintSampling(engine, tokenizer, [COIN_SOURCE])
-    orch = _orchestrator(sandbox, designer, tokenizer, tmp_path, envs_per_set=1, hint_sampling=hint_sampling,
-                         top_p=0.95, top_k=20)
+    orch = _orchestrator(sandbox, designer, tokenizer, tmp_path, envs_per_set=1, sampling=TINY_SAMPLING.replace(hint=hint))
     sandbox.run(orch.regenerate_and_admit(Step(0), _Out()), timeout=120)
     assert designer.hint_sampling == [expected]

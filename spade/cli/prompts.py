@@ -224,11 +224,11 @@ def _render_all(config: Any, prompts: Prompts, tokenizer: Any, why_not: str) -> 
     sp = config.selfplay
     shared_setting = config.model.thinking
     # each role's thinking switch: auto follows model.thinking (spade.selfplay.sources.role_thinking)
-    roles = {"designer": (prompts.designer, sp.designer_thinking, None, "selfplay.designer_thinking"),
-             "hint": (prompts.hint, sp.hint_thinking, None, "selfplay.hint_thinking"),
+    roles = {"designer": (prompts.designer, sp.sampling.designer.thinking, None, "selfplay.sampling.designer.thinking"),
+             "hint": (prompts.hint, sp.sampling.hint.thinking, None, "selfplay.sampling.hint.thinking"),
              "agent": (prompts.agent, shared_setting, prompts.tools, "model.thinking"),
-             "agent_with_hint": (prompts.agent_with_hint, sp.hint_arm_thinking, prompts.tools,
-                                 "selfplay.hint_arm_thinking")}
+             "agent_with_hint": (prompts.agent_with_hint, sp.sampling.agent.hinted_thinking, prompts.tools,
+                                 "selfplay.sampling.agent.hinted_thinking")}
     rendered = {}
     for role, (messages, setting, tools, key) in roles.items():
         if messages is None:

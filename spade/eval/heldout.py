@@ -10,8 +10,7 @@ the same problems with the same sampling seeds (a paired comparison).
 
 **The evaluator.** :func:`evaluate_heldout` opens each environment in the sandbox for each seed and
 plays one episode with a fresh :class:`~spade.selfplay.plays.policy.EnginePolicy`, as a training no-hint
-play does (``selfplay.agent_temperature``, ``top_p``, ``top_k``, ``agent_max_tokens``,
-``max_turns``, ``max_context_tokens``, ``agent_game_prompt``, ``action_extraction``), at most
+play does (``selfplay.sampling.agent``: temperature, top-p, top-k, token budget; ``max_turns``, ``max_context_tokens``, ``agent_game_prompt``, ``action_extraction``), at most
 ``max_concurrent_episodes`` at a time. An environment fault scores 0, as in training; a sandbox
 failure is retried ``max_play_retries`` times and then left out (counted in ``dropped``).
 """

@@ -50,10 +50,11 @@ def preflight(config: TrainConfig) -> None:
         from ..rollout.conversation import TemplateError, thinking_template_kwargs
 
         for key, thinking in (("model.thinking", config.model.thinking),
-                              ("selfplay.hint_thinking", config.selfplay.hint_thinking),
-                              ("selfplay.screen_thinking", config.selfplay.screen_thinking),
-                              ("selfplay.designer_thinking", config.selfplay.designer_thinking),
-                              ("selfplay.hint_arm_thinking", config.selfplay.hint_arm_thinking)):
+                              ("selfplay.sampling.hint.thinking", config.selfplay.sampling.hint.thinking),
+                              ("selfplay.sampling.screen.thinking", config.selfplay.sampling.screen.thinking),
+                              ("selfplay.sampling.designer.thinking", config.selfplay.sampling.designer.thinking),
+                              ("selfplay.sampling.agent.hinted_thinking",
+                               config.selfplay.sampling.agent.hinted_thinking)):
             try:
                 thinking_template_kwargs(_chat_template(path), thinking, key)
             except TemplateError as exc:

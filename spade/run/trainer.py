@@ -292,7 +292,7 @@ class Trainer:
             self.learner.scheduler.load_state_dict(state["scheduler"])
         if self.is_main:
             self.orchestrator.load_state_dict(state["orchestrator"])
-            self.schedule.load_state(state, self.config.selfplay.agent_temperature)
+            self.schedule.load_state(state, self.config.selfplay.sampling.agent.temperature)
             ready = self.schedule.ready
             if ready is not None and ready.step != start:
                 raise RunDirError(f"{directory}: its ready rollout is of step {ready.step.updates_done}, "

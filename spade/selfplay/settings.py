@@ -15,7 +15,7 @@ memory of that update all double relative to the paper's code (each sample is up
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 from ..config import require
 from ..agent.actions import ACTION_EXTRACTIONS
@@ -28,6 +28,7 @@ from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
 from ..envs.winnability import UNPROVEN_RULES, WinnabilitySettings
 from ..envs.tool_use.admission import ToolAdmissionSettings
 from ..rollout.engine import SamplingParams
+from .sampling_settings import MOVED_SAMPLING_KEYS, RoleSampling, SamplingSettings
 from .sources.endpoint import EndpointSettings
 from .rewards.reward_settings import RewardSettings
 from .plays.partial_rollout_settings import PartialRolloutSettings
@@ -40,30 +41,12 @@ from .sources.spiral_settings import SpiralSettings
 
 Difficulty = Literal["easy", "medium", "hard"]
 EnvSourceName = Literal["designer", "fixed_pool", "rlve", "spice", "spiral"]
-Thinking = Literal["auto", "on", "off"]
-THINKING_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve", "spice", "spiral")
 AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
 SMOKE_TESTS: tuple[str, ...] = ("paper", "released")
 
 _WHERE = "selfplay"
-
-HINT_SAMPLINGS = ("shared", "released")
-RELEASED_HINT_TOP_P = 0.9  # the released hint call's top-p (slime/model_adapter.py:155); no top-k
-SamplingRole = Literal["designer", "agent", "hint", "screen"]
-
-
-@dataclass(frozen=True)
-class RoleSampling:
-    """How one role's calls sample, read from the ``selfplay`` keys in :meth:`SelfPlaySettings.sampling`
-    and nowhere else. ``top_k`` None is off; ``timeout_s`` None: no bound on one call (the agent's
-    plays are bounded by ``plays``' timeouts instead)."""
-
-    temperature: float
-    top_p: float
-    top_k: int | None
-    max_tokens: int
-    timeout_s: float | None
+__all__ = ["RoleSampling", "SamplingSettings", "SelfPlaySettings"]
 
 
 @dataclass(frozen=True)
@@ -78,28 +61,25 @@ class SelfPlaySettings:
     neither makes designer calls or designer samples.
     """
 
+    # The flat sampling keys of older spades (designer_temperature, agent_max_tokens, top_p, ...):
+    # each still loads, at its place in ``sampling`` (spade.selfplay.sampling_settings).
+    MOVED_KEYS: ClassVar[dict[str, Any]] = MOVED_SAMPLING_KEYS
+
     domain: Domain = "games"
     k: int = 4                       # regeneration interval (tool use: 8)
     envs_per_set: int = 24           # B
     g_nohint: int = 16               # no-hint plays per env per step (paper code: 8; see module doc)
     g_hint: int = 16                 # hinted plays per env, regeneration step only (never trained)
     max_attempts: int = 5            # designer attempts per slot
-    designer_temperature: float = 0.6
-    agent_temperature: float = 0.6
-    hint_temperature: float = 0.3
-    top_p: float = 0.95
-    top_k: int | None = 20
-    designer_max_tokens: int = 16384  # 8B thinking: 20,000
-    agent_max_tokens: int = 8192      # per turn
-    hint_max_tokens: int = 4096       # tool use: 2,048
+    # How each role samples: temperature, top_p, top_k, max_tokens, timeout_s and thinking of the
+    # designer, agent, hint and tool-use screen calls (spade.selfplay.sampling_settings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
     max_turns: int = 25               # an environment's own smaller max_turns wins
     max_context_tokens: int = 32768   # agent episodes; also caps designer and hint calls
     difficulty: Difficulty = "medium"
     max_concurrent_episodes: int = 64
     max_play_retries: int = 3         # retries of a play (or an admission) after an InfrastructureFault
-    designer_timeout_s: float = 300.0  # one designer generation
     admission_timeout_s: float = 60.0  # validation of one candidate
-    hint_timeout_s: float = 120.0      # one hint generation
     # A bound on the designer attempts and admission of a whole set (null: none); the released code
     # gives them 900 s together and keeps nothing of a set that runs over (core/orchestrator.py:1459-1472)
     set_generation_timeout_s: float | None = None
@@ -107,26 +87,8 @@ class SelfPlaySettings:
     # tries again): 1 (spade), 3 (the released code, core/hint_generator.py:265-287)
     hint_attempts: int = 1
     # A cap on the hint's characters after cleaning; None (the released code: the parsed reply is
-    # kept whole, core/hint_generator.py) lets the token budget hint_max_tokens bind alone.
+    # kept whole, core/hint_generator.py) lets the token budget sampling.hint.max_tokens bind alone.
     hint_max_chars: int | None = None
-    # The tool-use model screen's token budget (SPEC 3.6); the released validator's 16,384
-    # (--spade-env-validator-max-tokens, spade/slime/arguments.py), not the hint's.
-    screen_max_tokens: int = 16384
-    # Thinking of the hint and the model-screen calls: auto follows model.thinking (the template
-    # keywords every role gets); on / off pass enable_thinking=True / False to the chat template for
-    # that role alone and need a template with that switch. The released 8B runs: off for both
-    # (their calls keep --apply-chat-template-kwargs enable_thinking false; only the designer and
-    # the agent are switched on). With selfplay.designer_endpoint the endpoint decides (its extra_body).
-    hint_thinking: Thinking | bool = "auto"
-    screen_thinking: Thinking | bool = "auto"
-    # Thinking of the designer call and of the hinted arm's plays, read as hint_thinking is (auto:
-    # model.thinking). The released 8B runs: the corpus-grounded designer call kept the launchers'
-    # enable_thinking false (spade/core/corpus_orchestrator.py:113 passes no override), so "off" with
-    # use_corpus (games 8B with a corpus, tool use 8B); the games hinted arm renders its messages
-    # with the same default (core/orchestrator.py:1861-1880), so "off" for games (tool use's hinted
-    # arm takes the agent's path and thinks). docs/fidelity.md, "Issue 39: Qwen3-8B thinking".
-    designer_thinking: Thinking | bool = "auto"
-    hint_arm_thinking: Thinking | bool = "auto"
     # What a no-hint play becomes for training (spade.selfplay.plays.turn_samples): "sequence" (one
     # token-exact sample per episode, every turn's reasoning kept) or "per_turn" (the released 8B
     # thinking actor: each turn's prompt is the template's rendering of the messages so far, earlier
@@ -197,10 +159,6 @@ class SelfPlaySettings:
     # The games hint prompt's length (designer.prompts.hint_messages): "four_sentences", or
     # "three_sentences" (the released "1-3 sentences (under 100 words)").
     hint_length: Literal["four_sentences", "three_sentences"] = "four_sentences"
-    # The hint call's top-p / top-k: "shared" (selfplay.top_p / top_k, as every role) or "released"
-    # (the released hint call passes neither and gets the adapter's top-p 0.9 and no top-k:
-    # slime/model_adapter.py:155, core/hint_generator.py:250-256).
-    hint_sampling: Literal["shared", "released"] = "shared"
     use_memory: bool = True
     train_designer: bool = True
     # The "Fixed ED" ablation: designer, hint and tool-use screen calls go to this external
@@ -249,24 +207,9 @@ class SelfPlaySettings:
     # the released loader's names for designed games. Defaults: spade's behaviour.
     plays: PlayRules = field(default_factory=PlayRules)
 
-    def sampling(self, role: SamplingRole) -> RoleSampling:
-        """``role``'s sampling: the designer call, the agent's plays, the hint call, or the tool-use
-        model screen (the hint's temperature, top-p / top-k and timeout with ``screen_max_tokens``)."""
-        if role == "designer":
-            return RoleSampling(self.designer_temperature, self.top_p, self.top_k, self.designer_max_tokens,
-                                self.designer_timeout_s)
-        if role == "agent":
-            return RoleSampling(self.agent_temperature, self.top_p, self.top_k, self.agent_max_tokens, None)
-        if role == "screen":
-            return RoleSampling(self.hint_temperature, self.top_p, self.top_k, self.screen_max_tokens,
-                                self.hint_timeout_s)
-        released = self.hint_sampling == "released"  # the released hint call: the adapter's top-p, no top-k
-        return RoleSampling(self.hint_temperature, RELEASED_HINT_TOP_P if released else self.top_p,
-                            None if released else self.top_k, self.hint_max_tokens, self.hint_timeout_s)
-
     def engine_sampling(self, stop_token_ids: Sequence[int], seed: int | None) -> SamplingParams:
-        """The engine's sampling of one agent play (``sampling("agent")``), stopping at ``stop_token_ids``."""
-        agent = self.sampling("agent")
+        """The engine's sampling of one agent play (``sampling.agent``), stopping at ``stop_token_ids``."""
+        agent = self.sampling.agent
         return SamplingParams(temperature=agent.temperature, top_p=agent.top_p, top_k=agent.top_k,
                               max_new_tokens=agent.max_tokens, stop_token_ids=tuple(stop_token_ids), seed=seed)
 
@@ -280,23 +223,15 @@ class SelfPlaySettings:
 
         require(self.domain in DOMAINS, key("domain"), f"{self.domain!r} is not allowed; choose one of: "
                 f"{', '.join(DOMAINS)}")
-        for name in ("k", "envs_per_set", "g_nohint", "max_attempts", "designer_max_tokens",
-                     "agent_max_tokens", "hint_max_tokens", "max_turns", "max_context_tokens",
-                     "max_concurrent_episodes", "screen_max_tokens", "memory_capacity", "rollout_shards",
-                     "hint_attempts"):
+        for name in ("k", "envs_per_set", "g_nohint", "max_attempts", "max_turns", "max_context_tokens",
+                     "max_concurrent_episodes", "memory_capacity", "rollout_shards", "hint_attempts"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key(name),
                     f"must be an integer >= 1, got {value!r}")
         require(self.hint_max_chars is None or (isinstance(self.hint_max_chars, int)
                 and not isinstance(self.hint_max_chars, bool) and self.hint_max_chars >= 1), key("hint_max_chars"),
                 f"must be an integer >= 1 or null (no cap), got {self.hint_max_chars!r}")
-        for name in ("hint_thinking", "screen_thinking", "designer_thinking", "hint_arm_thinking"):
-            value = getattr(self, name)
-            if isinstance(value, bool):  # YAML 1.1 reads an unquoted on / off as a boolean
-                value = "on" if value else "off"
-                object.__setattr__(self, name, value)
-            require(value in THINKING_CHOICES, key(name),
-                    f"{value!r} is not allowed; choose one of: {', '.join(THINKING_CHOICES)}")
+        require(isinstance(self.sampling, SamplingSettings), key("sampling"), "must be a sampling section")
         require(isinstance(self.admission_determinism, bool), key("admission_determinism"),
                 f"must be true or false, got {self.admission_determinism!r}")
         require(self.admission_smoke_test in SMOKE_TESTS, key("admission_smoke_test"),
@@ -331,17 +266,10 @@ class SelfPlaySettings:
                 "refills only the groups drop_equal_return_groups would drop: switch that on too")
         require(isinstance(self.max_play_retries, int) and self.max_play_retries >= 0, key("max_play_retries"),
                 f"must be an integer >= 0, got {self.max_play_retries!r}")
-        for name in ("designer_temperature", "agent_temperature", "hint_temperature"):
-            value = getattr(self, name)
-            require(0.0 <= value <= 10.0, key(name), f"must be in [0, 10], got {value}")
-        require(0.0 < self.top_p <= 1.0, key("top_p"), f"must be in (0, 1], got {self.top_p}")
-        require(self.top_k is None or self.top_k >= 1, key("top_k"), f"must be >= 1 or null (off), got {self.top_k}")
         bound = self.set_generation_timeout_s
         require(bound is None or (isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0),
                 key("set_generation_timeout_s"), f"must be a number of seconds > 0 or null (no bound), got {bound!r}")
-        for name in ("designer_timeout_s", "admission_timeout_s", "hint_timeout_s"):
-            value = getattr(self, name)
-            require(value > 0, key(name), f"must be > 0, got {value}")
+        require(self.admission_timeout_s > 0, key("admission_timeout_s"), f"must be > 0, got {self.admission_timeout_s}")
         require(self.difficulty in DIFFICULTIES, key("difficulty"),
                 f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
         require(self.no_corpus_prompt in ("concepts", "corpus_without_document"), key("no_corpus_prompt"),
@@ -350,7 +278,7 @@ class SelfPlaySettings:
                 f"{self.designer_prompt_order!r} is not allowed; choose one of: {', '.join(PROMPT_ORDERS)}")
         for name, allowed in (("action_extraction", ACTION_EXTRACTIONS), ("agent_game_prompt", GAME_PROMPTS),
                               ("designer_prompt_rules", DESIGNER_RULES), ("code_extraction", CODE_EXTRACTIONS),
-                              ("hint_length", tuple(HINT_LENGTHS)), ("hint_sampling", HINT_SAMPLINGS)):
+                              ("hint_length", tuple(HINT_LENGTHS))):
             require(getattr(self, name) in allowed, key(name),
                     f"{getattr(self, name)!r} is not allowed; choose one of: {', '.join(allowed)}")
         require(self.agent_sample_form in AGENT_SAMPLE_FORMS, key("agent_sample_form"),

@@ -49,5 +49,6 @@ def trajectory_of(conversation: Conversation, *, logprob_temperature: float) -> 
 def role_logprob_temperature(settings: Any, role: Role) -> float:
     """The log-prob temperature of ``role``'s samples under ``settings`` (a ``SelfPlaySettings``):
     its sampling temperature, 1 when that is 0 (greedy)."""
-    temperature = settings.agent_temperature if Role(role) is Role.AGENT else settings.designer_temperature
+    sampling = settings.sampling.agent if Role(role) is Role.AGENT else settings.sampling.designer
+    temperature = sampling.temperature
     return SamplingParams(temperature=temperature).logprob_temperature

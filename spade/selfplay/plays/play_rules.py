@@ -23,7 +23,7 @@ admission").
 - ``hint_arm_budgets``: ``like_nohint`` (spade): the hinted arm ends on the same context budget and
   the same cut-off reply rule as the no-hint arm. ``released`` (games; released
   ``_play_game_with_hint_async``, ``core/orchestrator.py:1861-1905``): the hinted arm has only the
-  turn budget: no context-budget stop, every reply asks for the full ``agent_max_tokens``, and a
+  turn budget: no context-budget stop, every reply asks for the full ``sampling.agent.max_tokens``, and a
   reply cut by its token limit is played as an action instead of ending the episode.
 - ``tool_mask_scope``: which malformed tool-use replies lose their loss when
   ``selfplay.tool_mask_malformed_calls`` is on. ``any_format_error`` (spade): every reply the

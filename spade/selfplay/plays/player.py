@@ -109,9 +109,9 @@ class Player:
         self.engine = engine
         self.tokenizer = tokenizer
         self.chat_format = chat_format
-        # the hinted arm's prompts: selfplay.hint_arm_thinking (the released games runs: off)
+        # the hinted arm's prompts: selfplay.sampling.agent.hinted_thinking (the released games runs: off)
         self.hint_arm_format = chat_format if chat_format is None else role_chat_format(
-            tokenizer, chat_format, settings.hint_arm_thinking, "selfplay.hint_arm_thinking")
+            tokenizer, chat_format, settings.sampling.agent.hinted_thinking, "selfplay.sampling.agent.hinted_thinking")
         self.seed = seed
         self.stop_token_ids = stop_token_ids
         self.infrastructure_failures = 0  # plays dropped after every retry failed (cumulative)

@@ -235,11 +235,12 @@ class DesignerRound:
         self.generator: TextGenerator = text_generator(settings, engine=engine, tokenizer=tokenizer,
                                                        chat_format=chat_format, stop_token_ids=stop_token_ids)
         # The hint and screen calls: the designer's generator, or one rendering with the role's own
-        # thinking switch (selfplay.hint_thinking / screen_thinking, spade.selfplay.sources.role_thinking).
-        self.hint_generator = self._role_generator(settings.hint_thinking, "selfplay.hint_thinking")
-        self.screen_generator = self._role_generator(settings.screen_thinking, "selfplay.screen_thinking")
-        # the designer call itself: selfplay.designer_thinking (the released corpus path: off)
-        self.designer_generator = self._role_generator(settings.designer_thinking, "selfplay.designer_thinking")
+        # thinking switch (selfplay.sampling.hint / .screen thinking, spade.selfplay.sources.role_thinking).
+        roles = settings.sampling
+        self.hint_generator = self._role_generator(roles.hint.thinking, "selfplay.sampling.hint.thinking")
+        self.screen_generator = self._role_generator(roles.screen.thinking, "selfplay.sampling.screen.thinking")
+        # the designer call itself: selfplay.sampling.designer.thinking (the released corpus path: off)
+        self.designer_generator = self._role_generator(roles.designer.thinking, "selfplay.sampling.designer.thinking")
 
     def _role_generator(self, thinking: str, key: str) -> TextGenerator:
         if self.settings.designer_endpoint is not None:
@@ -314,7 +315,7 @@ class DesignerRound:
             drawn = designer_prompt(s, corpus=self.corpus, memory=self.memory, seed=self.seed, step=step, slot=slot,
                                     attempt=attempt, skill=skill)
             prompt, record = drawn.messages, drawn.record
-            sampling = TextSampling.of(s.sampling("designer"), derive_seed(self.seed, "designer", step, slot, attempt))
+            sampling = TextSampling.of(s.sampling.designer, derive_seed(self.seed, "designer", step, slot, attempt))
             self.stages.enter(slot, "designing")
             try:
                 generated = await self.designer_generator.generate(prompt, sampling)
@@ -361,11 +362,11 @@ class DesignerRound:
 
     async def model_screen(self, source: str, tools: list[dict[str, Any]]) -> bool | None:
         """SPEC 3.6: the policy judges whether every criterion can be met with the tools (hint
-        temperature and timeout, ``screen_max_tokens``, ``screen_thinking``); None (no verdict) when
+        ``selfplay.sampling.screen``: the hint's temperature and timeout by default); None (no verdict) when
         the prompt does not fit, the call times out or the reply names no verdict: admission counts
         that as accept."""
         s = self.settings
-        sampling = TextSampling.of(s.sampling("screen"), derive_seed(self.seed, "screen", source))
+        sampling = TextSampling.of(s.sampling.screen, derive_seed(self.seed, "screen", source))
         try:
             generated = await self.screen_generator.generate(screen_messages(source, json.dumps(tools)), sampling)
         except GenerationFailed:
@@ -373,7 +374,7 @@ class DesignerRound:
         return parse_screen_verdict(generated.text)
 
     async def make_hint(self, source: str, step: int, slot: int) -> str:
-        """Up to ``hint_attempts`` hint calls (hint temperature, ``hint_thinking``) on the admitted
+        """Up to ``hint_attempts`` hint calls (``selfplay.sampling.hint``) on the admitted
         source, until one returns a non-empty reply; "" when every call fails, times out or replies
         with nothing (the environment is then hintless: ``rewards.failed_hint``). The first call's
         seed is the one a single call has always had; later calls derive their own. The released
@@ -383,7 +384,7 @@ class DesignerRound:
         messages = tool_hint_messages(source) if s.domain == "tool_use" else hint_messages(source, s.hint_length)
         for attempt in range(s.hint_attempts):
             seed = derive_seed(self.seed, "hint", step, slot, *((attempt,) if attempt else ()))
-            sampling = TextSampling.of(s.sampling("hint"), seed)
+            sampling = TextSampling.of(s.sampling.hint, seed)
             try:
                 generated = await self.hint_generator.generate(messages, sampling)
             except GenerationFailed:

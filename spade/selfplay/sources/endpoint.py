@@ -34,8 +34,8 @@ class EndpointSettings:
     environment variable ``api_key_env`` when the generator is made (never stored in the config);
     ``api_key_env: null`` for a server that needs none.
 
-    ``timeout_s`` bounds each request (None: the role's own ``selfplay.designer_timeout_s`` or
-    ``selfplay.hint_timeout_s``). A request that times out, cannot connect, or is answered 429 or
+    ``timeout_s`` bounds each request (None: the role's own ``selfplay.sampling.designer.timeout_s``,
+    ``.hint.timeout_s`` or ``.screen.timeout_s``). A request that times out, cannot connect, or is answered 429 or
     5xx is retried up to ``max_retries`` times, waiting ``backoff_s * 2**i`` seconds (at most
     ``max_backoff_s``) before retry ``i``; after that the attempt counts as a failed designer
     attempt (kind ``timeout`` or ``no_output``), or an empty hint. A 400 saying the prompt is over
@@ -44,8 +44,8 @@ class EndpointSettings:
     ``max_concurrent`` caps the requests in flight at once (None: one per slot of the set, as many
     as the designer round makes).
 
-    Sampling: each role sends its ``selfplay`` temperature, ``top_p`` and token budget
-    (``designer_max_tokens``, ``hint_max_tokens``); ``temperature`` and ``top_p`` here override
+    Sampling: each role sends the temperature, ``top_p`` and token budget of its
+    ``selfplay.sampling`` record (``designer``, ``hint``, ``screen``); ``temperature`` and ``top_p`` here override
     them for every call (reasoning models often accept only 1.0). ``top_k`` is not part of
     OpenAI's API: it is sent (in the request body) only when set here. ``max_tokens_key`` names
     the budget field (OpenAI's reasoning models want ``max_completion_tokens``); ``send_seed``

@@ -1,7 +1,7 @@
 """Thinking per designer-side role: the chat format of the hint and the model-screen calls.
 
 ``model.thinking`` gives every role the same template keywords (the shared ``ChatFormat``).
-``selfplay.hint_thinking`` / ``selfplay.screen_thinking`` override ``enable_thinking`` for one role:
+``selfplay.sampling.hint.thinking`` / ``.screen.thinking`` override ``enable_thinking`` for one role:
 ``auto`` keeps the shared format; ``on`` / ``off`` render that role's prompts with
 ``enable_thinking`` True / False, checked as ``model.thinking`` is (a template without the switch
 refuses them, the error names the key). The released 8B runs switch thinking on for the designer

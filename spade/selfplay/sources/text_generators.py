@@ -57,7 +57,7 @@ class TextSampling:
 
     @classmethod
     def of(cls, role: RoleSampling, seed: int | None) -> TextSampling:
-        """A text call sampled as ``role`` (:meth:`~spade.selfplay.settings.SelfPlaySettings.sampling`)."""
+        """A text call sampled as ``role`` (a record of ``selfplay.sampling``, spade.selfplay.sampling_settings)."""
         if role.timeout_s is None:
             raise ValueError("a text call needs a timeout")
         return cls(role.temperature, role.top_p, role.top_k, role.max_tokens, role.timeout_s, seed)
