@@ -84,8 +84,7 @@ selfplay:
   g_hint: 0
   use_corpus: true
   use_memory: false
-  designer_max_tokens: 40
-  agent_max_tokens: 40
+  sampling: {{designer: {{max_tokens: 40}}, agent: {{max_tokens: 40}}}}
   max_context_tokens: 2048
   rewards: {{designer_reward: solver_variance, failed_hint: hint_return_zero, advantage_agent_samples: null,
              advantage_cap: 1.0}}

@@ -126,6 +126,11 @@ def _designer(config: Any) -> tuple[Optional[list[dict[str, str]]], dict[str, An
     if not sp.designer_enabled:
         return None, {"why": f"selfplay.env_source {sp.env_source}: no designer"}
     corpus = Corpus(config.corpus) if sp.use_corpus and config.corpus.paths else None
+    if sp.env_source == "spice" and corpus is not None:  # the designer role is SPICE's Challenger
+        from ..selfplay.sources.spice_source import challenger_prompt
+
+        drawn = challenger_prompt(sp, corpus, seed=config.run.seed, step=0, slot=0)
+        return [dict(m) for m in drawn.messages], drawn.record
     skill = slot_skills(sp.skills.active(sp.domain, Step(0).regeneration(sp.k)), sp.envs_per_set)[0]
     with tempfile.TemporaryDirectory(prefix="spade-prompts-") as folder:
         memory = Memory(Path(folder) / "memory.sqlite", capacity=sp.memory_capacity) if sp.use_memory else None

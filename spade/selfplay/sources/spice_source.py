@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import ConfigError
-from ...designer.corpus import Corpus, attempt_rng
+from ...designer.corpus import Corpus, Document, attempt_rng
 from ...designer.spice_prompts import challenger_messages, parse_challenger_reply, quote_in_document
 from ...envs.protocol import ErrorKind, Stage
 from ...envs.spice import QuestionSpec, SpiceSandbox, letter_of, math_answer_parses
@@ -75,6 +75,27 @@ def check_reply(reply: str, kind: str, document_text: str, document_key: str, se
             return Verdict(None, ErrorKind.UNGROUNDED, problem)
     return Verdict(QuestionSpec(kind=kind, question=parsed.question, answer=answer, options=parsed.options,
                                 document=document_key))
+
+
+@dataclass(frozen=True)
+class ChallengerPrompt:
+    """One slot's Challenger call: its messages, its document and kind, and what the run records of it."""
+
+    messages: list[dict[str, str]]
+    document: Document
+    kind: str
+    record: dict[str, Any]
+
+
+def challenger_prompt(settings: SelfPlaySettings, corpus: Corpus, *, seed: int, step: int, slot: int) -> ChallengerPrompt:
+    """The Challenger's prompt for ``slot`` of ``step``: the document and question kind drawn from the
+    run's seed, as the run draws them (``spade prompts`` shows the same)."""
+    document = corpus.sample(attempt_rng(seed, step, slot, 0))
+    kind = settings.spice.kind_of(attempt_rng(seed, "spice-kind", step, slot).random())
+    record = {"step": step, "slot": slot, "attempt": 0, "skill": settings.spice.skill, "document": document.key,
+              "question_kind": kind}
+    return ChallengerPrompt(challenger_messages(document.text, kind, options=settings.spice.options), document, kind,
+                            record)
 
 
 class SpiceSource:
@@ -118,14 +139,11 @@ class SpiceSource:
         return result
 
     async def _slot(self, step: int, slot: int, result: RegenerationResult) -> tuple[EnvSpec, Any] | None:
-        document = self.corpus.sample(attempt_rng(self.seed, step, slot, 0))
-        kind = self.config.kind_of(attempt_rng(self.seed, "spice-kind", step, slot).random())
-        record = {"step": step, "slot": slot, "attempt": 0, "skill": self.config.skill, "document": document.key,
-                  "question_kind": kind}
+        drawn = challenger_prompt(self.settings, self.corpus, seed=self.seed, step=step, slot=slot)
+        document, kind, record = drawn.document, drawn.kind, drawn.record
         sampling = TextSampling.of(self.settings.sampling("designer"), derive_seed(self.seed, "spice", step, slot))
-        messages = challenger_messages(document.text, kind, options=self.config.options)
         try:
-            generated = await self.generator.generate(messages, sampling)
+            generated = await self.generator.generate(drawn.messages, sampling)
         except GenerationFailed as exc:
             result.rejections.append(write_rejection(self.run_dir, record, exc.kind, Stage.GENERATE, exc.message, ""))
             return None
