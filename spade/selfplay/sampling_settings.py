@@ -111,6 +111,11 @@ class CallSampling(RoleSampling):
     # With selfplay.designer_endpoint the endpoint decides (its extra_body).
     thinking: Thinking | bool = "auto"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.timeout_s is not None, f"selfplay.sampling.{self.ROLE}.timeout_s",
+                "must be a number of seconds > 0: a call needs a bound, got null")
+
     def _thinking_fields(self) -> tuple[str, ...]:
         return ("thinking",)
 
