@@ -151,6 +151,7 @@ def test_an_invalid_move_ends_the_game_under_either_rule(tmp_path):
         other = seat_b if mover is seat_a else seat_a
         assert (mover.turns, other.turns) == (1, 0) and other.training_trajectories == ()
         assert (mover.episode_return, other.episode_return) == returns
+        assert mover.turn_log[-1].observation.startswith("game over (invalid_move)")
         assert games.step_metrics()["spiral/kuhn_poker/invalid_move_share"] == 1.0
 
 

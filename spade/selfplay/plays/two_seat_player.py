@@ -23,6 +23,7 @@ This is a step player in the sense of :mod:`.step_plays` (``play``, ``end_set``,
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from ...envs.runner import EndReason, Message, StopEpisode, Turn
@@ -76,6 +77,7 @@ class TwoSeatGames:
                                         chat_format=p.chat_format) for seat in SEATS}
         turns: dict[int, list[Turn]] = {seat: [] for seat in SEATS}
         openings = {seat: "" for seat in SEATS}
+        last = 0  # the seat that moved last
         while game.end is None:
             seat, observation = game.observation()
             prompt = turn_prompt(observation)
@@ -90,8 +92,12 @@ class TwoSeatGames:
             action = action_of(reply)
             done = game.play(seat, action)
             turns[seat].append(Turn(reply, action, "", 0.0, done, False))
+            last = seat
         end = game.end
         assert end is not None
+        if turns[last]:  # the last move's observation says how the game ended (trajectory log, explorer)
+            ending = f"game over ({end.reason}): seat 0 {end.returns[0]:g}, seat 1 {end.returns[1]:g}"
+            turns[last][-1] = replace(turns[last][-1], observation=ending)
         plays = []
         for seat in SEATS:
             samples = play_trajectories(policies[seat], logprob_temperature=samplings[seat].logprob_temperature)

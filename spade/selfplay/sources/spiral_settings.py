@@ -45,11 +45,11 @@ INVALID_MOVES: tuple[str, ...] = ("loss", "released")
 class SpiralSettings:
     """``selfplay.spiral``: which games, how many a step, and how their returns become advantages."""
 
-    games: tuple[str, ...] = ("kuhn_poker",)  # names of GAMES
+    games: tuple[str, ...] = ("kuhn_poker",)  # TextArena games to play: kuhn_poker, tic_tac_toe, simple_negotiation
     games_per_step: int = 16      # games of each configured game per step (both seats of each train)
-    advantage: Literal["rae", "grpo"] = "rae"
+    advantage: Literal["rae", "grpo"] = "rae"  # rae: return less its (game, seat) moving average; grpo: z-scores
     rae_decay: float = 0.95       # the moving average's weight on its old value
-    invalid_move: Literal["loss", "released"] = "loss"
+    invalid_move: Literal["loss", "released"] = "loss"  # loss: mover -1, other +1; released: -1.5 / +0.5
     max_turns: int = 50           # turns of both seats before a game is cut and scored as a draw
 
     def __post_init__(self) -> None:
