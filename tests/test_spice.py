@@ -186,3 +186,12 @@ def test_spice_settings_name_their_keys():
     with pytest.raises(ConfigError, match=r"selfplay\.spice\.options"):
         settings(spice={"options": 1})
     assert settings().designer_enabled  # the Challenger is the designer role
+
+
+def test_the_progress_line_tells_questions_and_answers():
+    from spade.run.console import set_text
+
+    metrics = {"designer/attempts": 4.0, "env/admitted": 3.0, "env/rejected": 1.0,
+               "env/rejected_invalid_question": 1.0, "spice/reasoner_accuracy": 0.625}
+    assert set_text(metrics, "spice") == \
+        "questions 3 valid of 4, 1 invalid (invalid_question 1), reasoner accuracy 0.62"

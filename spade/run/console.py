@@ -153,6 +153,13 @@ def set_text(metrics: Mapping[str, Any], env_source: str) -> str | None:
         if rejected:
             text += f", {rejected} failing admission{_reasons_text(metrics)}"
         return text
+    if env_source == "spice":  # the Challenger's questions: valid ones are played, invalid ones penalised
+        text = f"questions {admitted} valid of {admitted + rejected}"
+        if rejected:
+            text += f", {rejected} invalid{_reasons_text(metrics)}"
+        if metrics.get("spice/reasoner_accuracy") is not None:
+            text += f", reasoner accuracy {_num(metrics['spice/reasoner_accuracy'], 2)}"
+        return text
     if env_source == "rlve":
         levels = []
         if metrics.get("rlve/problem_difficulty_min") is not None:

@@ -242,7 +242,9 @@ class SolverVarianceReward:
     ``var`` is the population variance of every no-hint return of the environment's window (the
     plays the plateau reads); a window of identical returns gives ``exp(-target^2 / (2 sigma^2))``.
     Returns in [-1, 1] can have a variance above 0.25; it is scored by the same Gaussian. SPICE's
-    penalty for invalid tasks has no counterpart: only admitted environments are scored.
+    penalty for invalid tasks is not this reward's: ``selfplay.env_source: spice`` hands a rejected
+    question's call to the delay buffer with a fixed ``penalty`` (``selfplay.spice.invalid_penalty``),
+    which the buffer leaves out of this reward's set.
     """
 
     target: float
