@@ -65,6 +65,7 @@ def test_a_valid_multiple_choice_reply_becomes_a_question():
     assert verdict.spec.document == "demo:1" and DOCUMENT not in verdict.spec.to_source()  # the Reasoner never sees it
     assert play(verdict.spec, "\\boxed{C}") == 1.0
     assert play(verdict.spec, "\\boxed{(C) 2T}") == 1.0
+    assert play(verdict.spec, "\\boxed{\\text{C}}") == 1.0
     assert play(verdict.spec, "\\boxed{D}") == 0.0
     assert play(verdict.spec, "C") == 0.0  # no box: no answer
 

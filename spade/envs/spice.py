@@ -83,9 +83,14 @@ def boxed_answer(action: str) -> str | None:
     return None
 
 
+_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf)\{(.*)\}$", re.DOTALL)
+
+
 def letter_of(text: str) -> str | None:
-    """An option letter at the start of ``text`` (``B``, ``(B)``, ``B)``, ``B. text``), upper-cased."""
-    found = _LETTER.match(text.strip())
+    """An option letter at the start of ``text`` (``B``, ``(B)``, ``B)``, ``B. text``, ``\\text{B}``), upper-cased."""
+    text = text.strip()
+    wrapped = _WRAPPER.match(text)
+    found = _LETTER.match((wrapped.group(1) if wrapped else text).strip())
     return found.group(1).upper() if found else None
 
 
