@@ -191,3 +191,13 @@ def test_refuses_rollout_shards_and_partial_rollouts(tmp_path):
         settings = from_mapping(SelfPlaySettings, {"env_source": "spiral", **extra}, where="selfplay")
         with pytest.raises(ConfigError, match=re.escape(key)):
             SpiralSource(settings, run_dir=tmp_path, seed=1)
+
+
+def test_the_step_line_says_what_the_games_did():
+    from spade.run.console import step_line
+
+    metrics = {"designer/attempts": 0.0, "env/admitted": 1.0, "env/rejected": 0.0, "agent/episodes": 8.0,
+               "agent/return_mean": -0.5, "spiral/kuhn_poker/games": 4.0, "spiral/kuhn_poker/seat0/return_mean": 0.5,
+               "spiral/kuhn_poker/seat1/return_mean": -1.5, "spiral/kuhn_poker/invalid_move_share": 0.75}
+    line = step_line(0, 2, metrics)  # the source told apart by its figures
+    assert "kuhn_poker 4 games, seat returns 0.5 / -1.5, 75% ended by an invalid move" in line

@@ -135,6 +135,8 @@ def source_of(metrics: Mapping[str, Any], env_source: str | None = None) -> str:
     (a fixed-pool step's metrics look like a designer step's: say so with ``env_source``)."""
     if env_source:
         return env_source
+    if any(key.startswith("spiral/") for key in metrics):
+        return "spiral"
     return "rlve" if any(key.startswith("rlve/") for key in metrics) else "designer"
 
 
@@ -160,6 +162,8 @@ def set_text(metrics: Mapping[str, Any], env_source: str) -> str | None:
         if metrics.get("spice/reasoner_accuracy") is not None:
             text += f", reasoner accuracy {_num(metrics['spice/reasoner_accuracy'], 2)}"
         return text
+    if env_source == "spiral":
+        return spiral_text(metrics) or f"{admitted} games"
     if env_source == "rlve":
         levels = []
         if metrics.get("rlve/problem_difficulty_min") is not None:
@@ -174,6 +178,22 @@ def set_text(metrics: Mapping[str, Any], env_source: str) -> str | None:
             text += f", {rejected} failed to generate{_reasons_text(metrics)}"
         return text
     return f"envs {admitted} admitted, {rejected} rejected{_reasons_text(metrics)}"
+
+
+def spiral_text(metrics: Mapping[str, Any]) -> str | None:
+    """SPIRAL's games of the step: per game how many, each seat's mean return, the invalid-move share."""
+    names = sorted(key.split("/")[1] for key in metrics if key.startswith("spiral/") and key.endswith("/games"))
+    texts = []
+    for name in names:
+        stem = f"spiral/{name}"
+        text = f"{name} {int(metrics[f'{stem}/games'])} games"
+        seats = [metrics.get(f"{stem}/seat{seat}/return_mean") for seat in (0, 1)]
+        if None not in seats:
+            text += f", seat returns {_num(seats[0])} / {_num(seats[1])}"
+        if metrics.get(f"{stem}/invalid_move_share"):
+            text += f", {float(metrics[f'{stem}/invalid_move_share']):.0%} ended by an invalid move"
+        texts.append(text)
+    return "; ".join(texts) or None
 
 
 def rlve_text(metrics: Mapping[str, Any]) -> str | None:
