@@ -196,3 +196,20 @@ def test_the_progress_line_tells_questions_and_answers():
                "env/rejected_invalid_question": 1.0, "spice/reasoner_accuracy": 0.625}
     assert set_text(metrics, "spice") == \
         "questions 3 valid of 4, 1 invalid (invalid_question 1), reasoner accuracy 0.62"
+
+
+@pytest.mark.parametrize("check_reply_text, valid", [("With the text: 2000 - 1956 = 44. \\boxed{44}", True),
+                                                     ("\\boxed{45}", False), ("no box", False)])
+def test_the_challengers_own_check_with_the_document(tmp_path: Path, check_reply_text, valid):
+    s = settings(envs_per_set=1, spice={"mcq_share": 0.0, "grounding": "self_answer"})
+    challenger = Replies([FREE_REPLY, check_reply_text])
+    source = SpiceSource(s, corpus=OneDocument(), generator=challenger, run_dir=tmp_path, seed=3)
+    regen = asyncio.run(source.next_set(0))
+    assert len(challenger.trajectories) == 2  # the question, then the check (not trained)
+    assert len(regen.envs) == int(valid) and len(regen.penalised) == int(not valid)
+    if valid:
+        assert set(regen.designer_fields.values()) == {challenger.trajectories[0]}
+    else:
+        [rejection] = regen.rejections
+        assert rejection.kind is ErrorKind.UNGROUNDED and "answers its own question" in rejection.message
+        assert regen.penalised[0].trajectory is challenger.trajectories[0]

@@ -58,6 +58,13 @@ def challenger_messages(document: str, kind: str, *, options: int = 4) -> list[M
     return [{"role": "user", "content": text}]
 
 
+def self_check_messages(document: str, question_text: str) -> list[Message]:
+    """The Challenger's own check (``grounding: self_answer``): its question, with the document in view."""
+    text = (f"=== Text ===\n{document}\n=== End of text ===\n\n"
+            f"Answer this question using the text above.\n\n{question_text}")
+    return [{"role": "user", "content": text}]
+
+
 @dataclass(frozen=True)
 class ChallengerReply:
     """What a Challenger reply says, once read; ``problem`` names what is missing or malformed."""

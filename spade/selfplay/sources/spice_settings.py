@@ -16,8 +16,10 @@ solver_variance``, ``sv_target`` 0.25, ``sv_sigma`` 0.1); a question that is not
 * ``invalid_penalty``: the Challenger's reward for an invalid question (SPICE's rho, -0.1).
 * ``grounding``: what makes a question valid beyond its format. ``quote`` (default): the reply's
   ``<evidence>`` (at least ``min_quote_words`` words) must occur in the document, spade's
-  deterministic stand-in for "the answer is supported by the document"; ``none``: format and
-  answer checks only.
+  deterministic stand-in for "the answer is supported by the document"; ``self_answer``: the
+  Challenger's own check: the model (designer sampling, a call that is not trained) answers the
+  question with the document in view, and the question is valid only when that answer matches
+  the one it stated (the quote is checked too); ``none``: format and answer checks only.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Literal
 from ...config import require
 
 _WHERE = "selfplay.spice"
-GROUNDINGS: tuple[str, ...] = ("quote", "none")
+GROUNDINGS: tuple[str, ...] = ("quote", "self_answer", "none")
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ class SpiceSettings:
     mcq_share: float = 0.5         # share of slots asking for a multiple-choice question (the rest: free form)
     options: int = 4               # options of a multiple-choice question (SPICE: 4)
     invalid_penalty: float = -0.1  # the Challenger's reward for an invalid question (SPICE's rho)
-    grounding: Literal["quote", "none"] = "quote"  # quote: the reply's evidence must occur in the document
+    # quote: the reply's evidence must occur in the document; self_answer: that, and the model answering its own
+    # question with the document in view must give the stated answer; none: neither
+    grounding: Literal["quote", "self_answer", "none"] = "quote"
     min_quote_words: int = 5       # the shortest evidence that counts (grounding quote)
     skill: str = "spice"   # the skill every question is filed under (designer advantages are centred per skill)
 

@@ -7,7 +7,8 @@ prompt (:mod:`spade.designer.spice_prompts`). The reply is then checked:
 
 1. it parses: a question, an answer and, for multiple choice, ``options`` options lettered A, B, ...;
 2. the answer is checkable: an option letter, or for free form something ``math-verify`` reads;
-3. with ``grounding: quote``, its evidence sentence occurs in the document.
+3. with ``grounding: quote``, its evidence sentence occurs in the document; with ``self_answer``
+   also the Challenger's own check: the model, shown the document, answers the question as it said.
 
 A valid question becomes a one-turn environment (:class:`~spade.envs.spice.QuestionSpec`, no hint)
 that the agent, as the Reasoner, plays ``g_nohint`` times without the document
@@ -36,9 +37,12 @@ from typing import Any
 
 from ...config import ConfigError
 from ...designer.corpus import Corpus, Document, attempt_rng
-from ...designer.spice_prompts import challenger_messages, parse_challenger_reply, quote_in_document
+from ...agent.actions import parse_action
+from ...designer.spice_prompts import (challenger_messages, parse_challenger_reply, quote_in_document,
+                                       self_check_messages)
 from ...envs.protocol import ErrorKind, Stage
-from ...envs.spice import QuestionSpec, SpiceSandbox, letter_of, math_answer_parses
+from ...envs.spice import (QuestionSpec, SpiceSandbox, answers_match, boxed_answer, letter_of, math_answer_parses,
+                           question_text)
 from ..rewards.designer_rewards import SolverVarianceReward
 from ..seeds import derive_seed
 from ..settings import SelfPlaySettings
@@ -69,7 +73,7 @@ def check_reply(reply: str, kind: str, document_text: str, document_key: str, se
         answer = letter
     elif not math_answer_parses(answer):
         return Verdict(None, ErrorKind.INVALID_QUESTION, f"math-verify cannot read the answer {answer[:60]!r}")
-    if config.grounding == "quote":
+    if config.grounding in ("quote", "self_answer"):
         problem = quote_in_document(parsed.evidence, document_text, config.min_quote_words)
         if problem is not None:
             return Verdict(None, ErrorKind.UNGROUNDED, problem)
@@ -149,6 +153,8 @@ class SpiceSource:
             return None
         record["finish_reason"] = generated.finish_reason
         verdict = check_reply(generated.text, kind, document.text, document.key, self.settings)
+        if verdict.spec is not None and self.config.grounding == "self_answer":
+            verdict = await self._self_check(verdict.spec, document.text, step, slot)
         env_id = env_id_for(step, slot)
         if verdict.spec is None:
             assert verdict.kind is not None
@@ -162,6 +168,21 @@ class SpiceSource:
         env = EnvSpec(env_id=env_id, slot=slot, skill=self.config.skill, source=verdict.spec.to_source(), hint="",
                       class_name=f"spice_{kind}", max_turns=1, generated_step=step, document=document.key, attempts=1)
         return env, generated.trajectory
+
+    async def _self_check(self, spec: QuestionSpec, document: str, step: int, slot: int) -> Verdict:
+        """``grounding: self_answer``: the model answers its own question with the document in view
+        (designer sampling, not trained); the question stands only when that answer is its stated one."""
+        sampling = TextSampling.of(self.settings.sampling("designer"), derive_seed(self.seed, "spice-check", step, slot))
+        try:
+            generated = await self.generator.generate(self_check_messages(document, question_text(spec)), sampling)
+        except GenerationFailed as exc:
+            return Verdict(None, ErrorKind.UNGROUNDED, f"the Challenger's own check produced nothing: {exc.message}")
+        answer = boxed_answer(parse_action(generated.text))
+        if answers_match(spec, answer):
+            return Verdict(spec)
+        said = "no boxed answer" if answer is None else f"{answer[:40]!r}"
+        return Verdict(None, ErrorKind.UNGROUNDED,
+                       f"with the document, the Challenger answers its own question with {said}, not {spec.answer!r}")
 
     def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
         groups = [nohint_returns[env.env_id] for env in envs if nohint_returns.get(env.env_id)]
