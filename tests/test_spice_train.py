@@ -1,6 +1,6 @@
 """SPICE through ``spade train`` end to end on CPU (issue 44): two steps with ``env_source: spice`` on
-the demo corpus, the real HF engine, real ``math-verify`` and the real Megatron update, then
-``spade analyze`` on the run.
+the demo corpus, the real HF engine, real ``math-verify`` and the real Megatron update; the same
+run stopped after one step and resumed; then ``spade analyze`` on the run.
 
 The tiny random Qwen3 of the train-loop tests cannot write a question, so its copy here is made
 into a bigram model by hand: four replies are added to the tokenizer as single tokens, attention
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_loop import checkpoint_tensors, metrics, run_spade, tiny_hf  # noqa: F401  (tiny_hf: a fixture)
+from test_train_loop import tiny_hf  # noqa: F401  (a fixture: the train-loop tests' tiny Qwen3)
+from test_train_loop import assert_same_run, checkpoint_tensors, metrics, run_spade
 
 from spade.cli import main
 from spade.envs.spice import QuestionSpec
@@ -44,7 +45,8 @@ def spice_hf(tiny_hf, tmp_path_factory) -> Path:  # noqa: F811
     model = AutoModelForCausalLM.from_pretrained(tiny_hf)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     ids = {text: tokenizer.convert_tokens_to_ids(text) for text in (WITH_ANSWER, NO_ANSWER, RIGHT, WRONG)}
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                           tokenize=False)
     after_prompt = tokenizer(prompt, add_special_tokens=False)["input_ids"][-1]
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # (the token, {the next token: its logit}): a question with an answer a little more often than one without
@@ -70,9 +72,8 @@ def spice_hf(tiny_hf, tmp_path_factory) -> Path:  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def spice_run(spice_hf, tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("spice_run")
-    config = work / "spice.yaml"
+def spice_config(spice_hf, tmp_path_factory) -> Path:
+    config = tmp_path_factory.mktemp("spice_config") / "spice.yaml"
     config.write_text(f"""
 model: {{hf_dir: {spice_hf}, dtype: float32}}
 optimizer: {{lr: 1.0e-3}}
@@ -89,13 +90,17 @@ selfplay:
   rewards: {{designer_reward: solver_variance, failed_hint: hint_return_zero, advantage_agent_samples: null,
              advantage_cap: 1.0}}
   spice: {{mcq_share: 0.0, grounding: none}}
-  batch: {{release_at_final_step: true}}
 corpus: {{paths: [{ROOT / "examples" / "corpus" / "demo.jsonl.gz"}], max_words: 20}}
-engine: {{max_batch_size: 16}}
-run: {{steps: 2, checkpoint_every: 1, seed: 11, micro_batch_tokens: 4096}}
+engine: {{max_batch_size: 1}}   # batch-invariant rollout log-probs: exact resume down to the last bit
+run: {{steps: 2, checkpoint_every: 1, seed: 1, micro_batch_tokens: 4096}}
 """)
-    run = work / "run"
-    run_spade("--config", str(config), "--run-dir", str(run))
+    return config
+
+
+@pytest.fixture(scope="module")
+def spice_run(spice_config, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("spice_run") / "run"
+    run_spade("--config", str(spice_config), "--run-dir", str(run))
     return run
 
 
@@ -110,33 +115,45 @@ def test_spice_trains_both_roles_through_spade_train(spice_run):
         assert record["spice/reasoner_variance_mean"] > 0.0 and 0.0 < record["spice/challenger_reward_now"] <= 1.0
         assert record["agent/samples"] == 4.0 * record["env/admitted"]
         assert record["train/grad_norm"] > 0.0
-    # step 0's Challenger calls train at step 1 (k 1); step 1's own at once (batch.release_at_final_step)
+    # step 0's Challenger calls, the valid ones and the penalised, train at step 1 (k 1)
     first, second = records
-    assert first["designer/samples"] == 0.0 and second["designer/samples"] == second["designer/released"] == 8.0
+    assert first["spice/challenger_penalised"] >= 1  # (with this seed: 3 valid, 1 invalid)
+    assert first["designer/samples"] == 0.0 and second["designer/samples"] == second["designer/released"] == 4.0
     sources = sorted((spice_run / "envs" / "step_000000").glob("*.py"))
     assert len(sources) == first["env/admitted"]
     assert all(QuestionSpec.from_source(p.read_text()).answer == "4" for p in sources)
     rejected = sorted(spice_run.glob("rejected/step_*/*.json"))
-    penalised = first["spice/challenger_penalised"] + second["spice/challenger_penalised"]
-    assert len(rejected) == penalised >= 1
+    assert len(rejected) == first["spice/challenger_penalised"] + second["spice/challenger_penalised"]
     assert all(json.loads(p.read_text())["reason"]["kind"] == "invalid_question" for p in rejected)
     # the released rewards, by hand: each valid question's Gaussian of its plays' variance, -0.1 each invalid one
     plays = [json.loads(line) for path in sorted(spice_run.glob("trajectories/step_*.jsonl"))
              for line in path.read_text().splitlines()]
-    groups = [entry["nohint_returns"] for entry in plays if entry["kind"] == "env_returns"]
-    assert len(groups) == first["env/admitted"] + second["env/admitted"]
+    groups = [entry["nohint_returns"] for entry in plays if entry["kind"] == "env_returns" and entry["step"] == 0]
+    assert len(groups) == first["env/admitted"]
 
     def gaussian(returns):
         mean = sum(returns) / len(returns)
         variance = sum((r - mean) ** 2 for r in returns) / len(returns)
         return math.exp(-((variance - 0.25) ** 2) / (2 * 0.1 ** 2))
 
-    expected = (sum(gaussian(g) for g in groups) - 0.1 * penalised) / 8
+    expected = (sum(gaussian(g) for g in groups) - 0.1 * first["spice/challenger_penalised"]) / 4
     assert second["designer/reward_mean"] == pytest.approx(expected)
     # the trained weights changed at each update
     step1, step2 = (checkpoint_tensors(spice_run / "checkpoints" / f"step_{n}") for n in (1, 2))
     keys = [k for k in step1 if k.startswith(("embedding.", "decoder.", "output_layer."))]
     assert keys and any(not torch.equal(step1[k], step2[k]) for k in keys)
+
+
+def test_a_resumed_spice_run_equals_the_straight_one(spice_run, spice_config, tmp_path):
+    """One step, stop, ``--resume`` to two: the same metrics and bit-identical weights, the step-0
+    Challenger samples (the penalised one among them) carried through the checkpoint."""
+    run = tmp_path / "run"
+    run_spade("--config", str(spice_config), "--run-dir", str(run), "run.steps=1")
+    state = json.loads((run / "checkpoints" / "step_1" / "trainer_state.json").read_text())
+    pending = state["orchestrator"]["designer_buffer"]["pending"]
+    assert any(entry.get("penalty") == -0.1 for entry in pending)
+    run_spade("--resume", str(run), "run.steps=2")
+    assert_same_run(spice_run, run)
 
 
 def test_spade_analyze_reads_a_spice_run(spice_run, tmp_path, capsys):

@@ -91,7 +91,8 @@ class ChallengerPrompt:
     record: dict[str, Any]
 
 
-def challenger_prompt(settings: SelfPlaySettings, corpus: Corpus, *, seed: int, step: int, slot: int) -> ChallengerPrompt:
+def challenger_prompt(settings: SelfPlaySettings, corpus: Corpus, *, seed: int, step: int,
+                      slot: int) -> ChallengerPrompt:
     """The Challenger's prompt for ``slot`` of ``step``: the document and question kind drawn from the
     run's seed, as the run draws them (``spade prompts`` shows the same)."""
     document = corpus.sample(attempt_rng(seed, step, slot, 0))
@@ -172,7 +173,8 @@ class SpiceSource:
     async def _self_check(self, spec: QuestionSpec, document: str, step: int, slot: int) -> Verdict:
         """``grounding: self_answer``: the model answers its own question with the document in view
         (designer sampling, not trained); the question stands only when that answer is its stated one."""
-        sampling = TextSampling.of(self.settings.sampling("designer"), derive_seed(self.seed, "spice-check", step, slot))
+        seed = derive_seed(self.seed, "spice-check", step, slot)
+        sampling = TextSampling.of(self.settings.sampling("designer"), seed)
         try:
             generated = await self.generator.generate(self_check_messages(document, question_text(spec)), sampling)
         except GenerationFailed as exc:
