@@ -201,3 +201,18 @@ def test_the_step_line_says_what_the_games_did():
                "spiral/kuhn_poker/seat1/return_mean": -1.5, "spiral/kuhn_poker/invalid_move_share": 0.75}
     line = step_line(0, 2, metrics)  # the source told apart by its figures
     assert "kuhn_poker 4 games, seat returns 0.5 / -1.5, 75% ended by an invalid move" in line
+
+
+def test_spade_prompts_shows_spirals_turn_prompt_on_a_real_game(capsys):
+    import json
+
+    from spade.cli import main
+
+    assert main(["prompts", "--config", str(ROOT / "examples" / "spiral_smoke_cpu.yaml"), "--seed", "3",
+                 "--reply", "so \\boxed{bet}", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    (turn,) = shown["agent"]
+    assert turn["role"] == "user" and turn["content"].startswith("You are playing a two-player zero-sum game.")
+    assert "Kuhn Poker" in turn["content"] and turn["content"].endswith("within \\boxed{}.")
+    assert shown["agent_with_hint"] is None and shown["designer"] is None and shown["action"] == "[bet]"
+    assert "reset with seed 3" in shown["observation_from"]

@@ -61,13 +61,14 @@ class Prompts:
     designer: Optional[list[dict[str, str]]]
     hint: Optional[list[dict[str, str]]]
     agent: list[dict[str, Any]]
-    agent_with_hint: list[dict[str, Any]]
+    agent_with_hint: Optional[list[dict[str, Any]]]
     action: Any = None
     domain: str = "games"
     designer_record: dict[str, Any] = field(default_factory=dict)
     tools: Optional[list[dict[str, Any]]] = None
     observation_from: str = ""
     rendered: dict[str, Rendered] = field(default_factory=dict)
+    hinted_why: str = "give --env"  # why there is no hinted opening
 
 
 def run_prompts(args: argparse.Namespace) -> int:
@@ -96,6 +97,8 @@ async def build_prompts(config: Any, args: argparse.Namespace, source: Optional[
     agent, agent_with_hint, tools, where = await _agent_openings(config, args, source, tokenizer)
     prompts = Prompts(designer=designer, hint=hint, agent=agent, agent_with_hint=agent_with_hint, domain=sp.domain,
                       designer_record=record, tools=tools, observation_from=where)
+    if sp.env_source == "spiral":
+        prompts.hinted_why = "selfplay.env_source spiral plays no hinted arm"
     if args.reply is not None:
         prompts.action = _action(sp, args.reply, tokenizer, tools)
     prompts.rendered = _render_all(config, prompts, tokenizer, why_no_tokenizer)
@@ -166,6 +169,8 @@ async def _agent_openings(config: Any, args: argparse.Namespace, source: Optiona
     from ..agent.prompts import first_tool_message, first_user_message
 
     tool_use = config.selfplay.domain == "tool_use"
+    if config.selfplay.env_source == "spiral" and source is None:
+        return _spiral_opening(config, args)
     if source is None or args.observation is not None:
         observation = args.observation if args.observation is not None else OBSERVATION_PLACEHOLDER
         if tool_use:
@@ -197,7 +202,24 @@ async def _agent_openings(config: Any, args: argparse.Namespace, source: Optiona
     return openings[0], openings[1], tools, f"{args.env} reset with seed {args.seed}"
 
 
+def _spiral_opening(config: Any, args: argparse.Namespace):
+    """SPIRAL's turn prompt around a real observation: its first game reset with ``--seed`` (the seat
+    to move sees it), or ``--observation``; no hinted arm."""
+    from ..selfplay.sources.spiral_games import TextArenaGame, turn_prompt
+
+    spiral = config.selfplay.spiral
+    observation, where = args.observation, "--observation"
+    if observation is None:
+        seat, observation = TextArenaGame(spiral.games[0], args.seed, spiral).observation()
+        where = f"TextArena's {spiral.games[0]} reset with seed {args.seed}, seat {seat} to move"
+    return [{"role": "user", "content": turn_prompt(observation)}], None, None, where
+
+
 def _action(sp: Any, reply: str, tokenizer: Any, tools: Any) -> Any:
+    if sp.env_source == "spiral":  # the move SPIRAL's player hands TextArena
+        from ..selfplay.sources.spiral_games import action_of
+
+        return action_of(reply)
     if sp.domain != "tool_use":
         from ..agent.actions import parse_action
 
@@ -263,7 +285,8 @@ def describe(prompts: Prompts) -> str:
         messages = getattr(prompts, key)
         lines.append(f"\n=== {title} ===")
         if messages is None:
-            why = prompts.designer_record.get("why") if key == "designer" else "give --env"
+            why = prompts.designer_record.get("why") if key == "designer" else (
+                prompts.hinted_why if key == "agent_with_hint" else "give --env")
             lines.append(f"(none: {why})")
             continue
         if key == "designer" and prompts.designer_record:
