@@ -216,3 +216,32 @@ def test_spade_prompts_shows_spirals_turn_prompt_on_a_real_game(capsys):
     assert "Kuhn Poker" in turn["content"] and turn["content"].endswith("within \\boxed{}.")
     assert shown["agent_with_hint"] is None and shown["designer"] is None and shown["action"] == "[bet]"
     assert "reset with seed 3" in shown["observation_from"]
+
+
+class FirstFreeCell(ScriptedEngine):
+    """TicTacToe: the lowest free cell."""
+
+    def reply_ids(self, prompt: str) -> list[int]:
+        cells = re.findall(r"'\[(\d)\]'", prompt.rsplit("Available Moves:", 1)[-1])
+        return self.text_ids(f"\\boxed{{{cells[0] if cells else 4}}}")
+
+
+class Refuser(ScriptedEngine):
+    """Simple Negotiation: never trades."""
+
+    def reply_ids(self, prompt: str) -> list[int]:
+        return self.text_ids("No deal. \\boxed{Deny}")
+
+
+def test_tictactoe_and_negotiation_play_to_their_end(tmp_path):
+    games, source, _ = two_seat_games(FirstFreeCell, tmp_path, games=["tic_tac_toe"], games_per_step=1)
+    envs = asyncio.run(source.next_set(0)).envs
+    seat0, seat1 = asyncio.run(games.play(0, envs, with_hint=False)).nohint[envs[0].env_id]
+    # seat 0 opens and takes 0, 1, 2 while seat 1 takes 3, 4: the top row wins on move 7
+    assert (seat0.episode_return, seat1.episode_return, seat0.turns, seat1.turns) == (1.0, -1.0, 4, 3)
+    assert seat0.turn_log[-1].observation == "game over (terminated): seat 0 1, seat 1 -1"
+    games, source, _ = two_seat_games(Refuser, tmp_path, games=["simple_negotiation"], games_per_step=1)
+    envs = asyncio.run(source.next_set(0)).envs
+    seat0, seat1 = asyncio.run(games.play(0, envs, with_hint=False)).nohint[envs[0].env_id]
+    assert (seat0.episode_return, seat1.episode_return) == (0.0, 0.0)  # nothing traded: a draw
+    assert seat0.end_reason == seat1.end_reason == "terminated" and seat0.turns + seat1.turns > 2
