@@ -176,6 +176,10 @@ def test_the_source_scores_with_role_baselines_and_keeps_them_in_its_state(tmp_p
                                      where="selfplay"), run_dir=tmp_path, seed=11)
     z = grpo.advantages(envs[0], mine)
     assert sum(z) == pytest.approx(0.0, abs=1e-9) and grpo.baselines.values == {}
+    # SPIRAL's own ablation: the return itself
+    raw = SpiralSource(from_mapping(SelfPlaySettings, {"env_source": "spiral", "spiral": {"advantage": "none"}},
+                                    where="selfplay"), run_dir=tmp_path, seed=11)
+    assert raw.advantages(envs[0], mine) == [p.episode_return for p in mine] and raw.baselines.values == {}
 
 
 def test_two_seats_of_tictactoe_and_negotiation_get_real_observations():

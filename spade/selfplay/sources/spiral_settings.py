@@ -12,8 +12,9 @@ Advantages (``advantage``): ``rae``, SPIRAL's role-conditioned advantage estimat
 moving average of the return per (game, seat) and trains each seat's turns on its return minus
 that average as it stood before the game (``rae_decay`` is the average's decay, 0.95 in the
 released code, ``train_spiral.py:79``; the averages start at 0, ``spiral/utils.py:18-31``).
-``grpo`` is the ablation: the z-score of each return among the step's plays of the same game, as
-every other source is scored.
+``grpo`` is the ablation issue 44 asks for: the z-score of each return among the step's plays of the
+same game, as every other source is scored. ``none`` is SPIRAL's own ablation
+(``use_role_baseline False``): the raw return is the advantage.
 
 An invalid move (``invalid_move``): ``loss`` scores it as TextArena does with no error allowed
 (the mover -1, the other seat +1); ``released`` is the released code's shaping, the mover -1.5 and
@@ -37,7 +38,7 @@ GAMES: dict[str, tuple[str, str]] = {
     "tic_tac_toe": ("TicTacToe-v0-raw", "first_last"),
     "simple_negotiation": ("SimpleNegotiation-v0-raw", "history"),  # 10 turns, as SimpleNegotiation-v1
 }
-ADVANTAGES: tuple[str, ...] = ("rae", "grpo")
+ADVANTAGES: tuple[str, ...] = ("rae", "grpo", "none")
 INVALID_MOVES: tuple[str, ...] = ("loss", "released")
 
 
@@ -47,7 +48,8 @@ class SpiralSettings:
 
     games: tuple[str, ...] = ("kuhn_poker",)  # TextArena games to play: kuhn_poker, tic_tac_toe, simple_negotiation
     games_per_step: int = 16      # games of each configured game per step (both seats of each train)
-    advantage: Literal["rae", "grpo"] = "rae"  # rae: return less its (game, seat) moving average; grpo: z-scores
+    # rae: return less its (game, seat) moving average; grpo: z-scores of the step; none: the raw return
+    advantage: Literal["rae", "grpo", "none"] = "rae"
     rae_decay: float = 0.95       # the moving average's weight on its old value
     invalid_move: Literal["loss", "released"] = "loss"  # loss: mover -1, other +1; released: -1.5 / +0.5
     max_turns: int = 50           # turns of both seats before a game is cut and scored as a draw

@@ -7,7 +7,8 @@ plays are the source's own (:class:`~spade.selfplay.plays.two_seat_player.TwoSea
 seats of ``games_per_step`` games per game), offered to the orchestrator by :meth:`step_player`,
 and so are the advantages (:meth:`advantages`): SPIRAL's role-conditioned baselines
 (:class:`~spade.selfplay.rewards.role_baselines.RoleBaselines`), or the z-scores every other
-source gets (``advantage: grpo``). The step's samples are then ordinary agent samples.
+source gets (``advantage: grpo``), or the raw returns (``none``, SPIRAL's own ablation). The step's
+samples are then ordinary agent samples.
 
 Figures (``spiral/<game>/...``, after the plays): per seat the mean return, the win and draw
 shares, and with RAE the baseline after the step; the player adds the games' endings.
@@ -75,7 +76,7 @@ class SpiralSource:
 
     def advantages(self, env: EnvSpec, plays: Sequence[Play]) -> list[float]:
         """One advantage per play of ``env`` this step (plays in game order, seat 0 first): return
-        less its (game, seat) baseline with RAE, else the z-score among the step's plays."""
+        less its (game, seat) baseline with RAE, the z-score among the step's plays (grpo) or the return."""
         returns = [p.episode_return for p in plays]
         figures = self.last_metrics
         for seat in (0, 1):
@@ -87,6 +88,8 @@ class SpiralSource:
                 figures[f"{stem}/draw_share"] = sum(r == 0 for r in mine) / len(mine)
         if self.config.advantage == "grpo":
             return agent_advantages(returns)
+        if self.config.advantage == "none":
+            return list(returns)
         ordered = sorted(range(len(plays)), key=lambda i: plays[i].index)
         by_order = self.baselines.advantages(env.skill, [(seat_of(plays[i]), returns[i]) for i in ordered])
         advantages = [0.0] * len(plays)
