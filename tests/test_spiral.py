@@ -249,3 +249,22 @@ def test_tictactoe_and_negotiation_play_to_their_end(tmp_path):
     seat0, seat1 = asyncio.run(games.play(0, envs, with_hint=False)).nohint[envs[0].env_id]
     assert (seat0.episode_return, seat1.episode_return) == (0.0, 0.0)  # nothing traded: a draw
     assert seat0.end_reason == seat1.end_reason == "terminated" and seat0.turns + seat1.turns > 2
+
+
+def test_zero_advantage_seats_are_left_out_when_asked(tmp_path):
+    from types import SimpleNamespace
+
+    from spade.selfplay.orchestrator import Orchestrator, StepOutput
+    from spade.selfplay.step import Step
+
+    for drop, samples in ((True, 0), (False, 2)):
+        # nobody trades: every seat draws (0), and with raw returns every advantage is 0
+        games, source, settings = two_seat_games(Refuser, tmp_path, games=["simple_negotiation"], games_per_step=1,
+                                                 advantage="none", drop_zero_advantage=drop)
+        envs = asyncio.run(source.next_set(0)).envs
+        plays = asyncio.run(games.play(0, envs, with_hint=False))
+        out = StepOutput(Step(0))
+        Orchestrator.score_agent_plays(SimpleNamespace(settings=settings, source=source), out, plays)
+        assert len({(t.env_id, t.index) for t in out.agent_samples}) == samples  # seats that train
+    with pytest.raises(ConfigError, match=re.escape("selfplay.spiral.drop_zero_advantage")):
+        from_mapping(SelfPlaySettings, {"spiral": {"drop_zero_advantage": "yes"}}, where="selfplay")

@@ -112,6 +112,7 @@ def test_the_recipes_load_with_spirals_settings(name, games, per_game):
     assert sp.env_source == "spiral" and not sp.designer_enabled and not sp.train_designer and sp.g_hint == 0
     assert (sp.spiral.games, sp.spiral.advantage, sp.spiral.rae_decay, sp.spiral.invalid_move, sp.spiral.max_turns) \
         == (games, "rae", 0.95, "released", 50)
+    assert sp.spiral.drop_zero_advantage
     assert sp.envs_per_set == len(games) and sp.spiral.games_per_step * len(games) == 12  # ~128 moves a step
     assert (agent.temperature, agent.top_p, agent.top_k, agent.max_tokens) == (1.0, 1.0, None, 4096)
     assert sp.max_context_tokens == 12800 and recipe.run.steps == 400 and recipe.loss.kl_coef == 0.0

@@ -232,7 +232,7 @@ class Orchestrator:
                 # one sequence per play, or one per turn (agent_sample_form per_turn), each with the play's
                 # advantage, the turns weighted to be one episode in the loss and the batch
                 trainable = episode_weights([t for t in play.training_trajectories if t.trainable])
-                if not trainable:
+                if not trainable or advantage is None:  # None: the source leaves the play out (SPIRAL's filter)
                     continue
                 if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
                     masked += 1

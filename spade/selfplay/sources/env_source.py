@@ -15,7 +15,8 @@ A source may also have ``metrics() -> dict[str, float]`` (merged into the step's
 ``observe``; RLVE's levels) and ``async close()`` (called when the run ends; RLVE's workers).
 A source that plays and scores its own way (``spiral``: both seats of a two-player game, its
 role-conditioned baselines) has ``step_player(player)`` (the step's plays, in place of the
-orchestrator's) and ``advantages(env, plays) -> list[float]`` (in place of the z-scores).
+orchestrator's) and ``advantages(env, plays) -> list[float | None]`` (in place of the z-scores; None
+leaves that play out of training).
 
 A source's ``state_dict()`` is JSON and goes into the orchestrator's checkpointed state, so a resumed
 run draws and schedules exactly what the interrupted run would have.

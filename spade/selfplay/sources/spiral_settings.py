@@ -16,6 +16,10 @@ released code, ``train_spiral.py:79``; the averages start at 0, ``spiral/utils.p
 same game, as every other source is scored. ``none`` is SPIRAL's own ablation
 (``use_role_baseline False``): the raw return is the advantage.
 
+``drop_zero_advantage`` leaves out a seat whose advantage is exactly 0 (the released
+``filter_zero_adv``, on by default there, ``train_spiral.py:75-77``): it adds nothing to the policy
+gradient, only tokens to the loss's average.
+
 An invalid move (``invalid_move``): ``loss`` scores it as TextArena does with no error allowed
 (the mover -1, the other seat +1); ``released`` is the released code's shaping, the mover -1.5 and
 the other seat +0.5 (``train_spiral.py:322-325``).
@@ -51,6 +55,7 @@ class SpiralSettings:
     # rae: return less its (game, seat) moving average; grpo: z-scores of the step; none: the raw return
     advantage: Literal["rae", "grpo", "none"] = "rae"
     rae_decay: float = 0.95       # the moving average's weight on its old value
+    drop_zero_advantage: bool = False  # leave out seats whose advantage is exactly 0 (the release: true)
     invalid_move: Literal["loss", "released"] = "loss"  # loss: mover -1, other +1; released: -1.5 / +0.5
     max_turns: int = 50           # turns of both seats before a game is cut and scored as a draw
 
@@ -74,6 +79,8 @@ class SpiralSettings:
         decay = self.rae_decay
         require(isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0.0 < decay < 1.0,
                 key("rae_decay"), f"must be a number in (0, 1), got {decay!r}")
+        require(isinstance(self.drop_zero_advantage, bool), key("drop_zero_advantage"),
+                f"must be true or false, got {self.drop_zero_advantage!r}")
         require(self.invalid_move in INVALID_MOVES, key("invalid_move"),
                 f"{self.invalid_move!r} is not allowed; choose one of: {', '.join(INVALID_MOVES)}")
 

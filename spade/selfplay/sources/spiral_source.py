@@ -74,9 +74,10 @@ class SpiralSource:
 
         return TwoSeatGames(self.settings, player)
 
-    def advantages(self, env: EnvSpec, plays: Sequence[Play]) -> list[float]:
+    def advantages(self, env: EnvSpec, plays: Sequence[Play]) -> list[float | None]:
         """One advantage per play of ``env`` this step (plays in game order, seat 0 first): return
-        less its (game, seat) baseline with RAE, the z-score among the step's plays (grpo) or the return."""
+        less its (game, seat) baseline with RAE, the z-score among the step's plays (grpo) or the return;
+        with ``drop_zero_advantage`` a play whose advantage is exactly 0 gets None (left out)."""
         returns = [p.episode_return for p in plays]
         figures = self.last_metrics
         for seat in (0, 1):
@@ -87,9 +88,9 @@ class SpiralSource:
                 figures[f"{stem}/win_share"] = sum(r > 0 for r in mine) / len(mine)
                 figures[f"{stem}/draw_share"] = sum(r == 0 for r in mine) / len(mine)
         if self.config.advantage == "grpo":
-            return agent_advantages(returns)
+            return self._kept(agent_advantages(returns))
         if self.config.advantage == "none":
-            return list(returns)
+            return self._kept(list(returns))
         ordered = sorted(range(len(plays)), key=lambda i: plays[i].index)
         by_order = self.baselines.advantages(env.skill, [(seat_of(plays[i]), returns[i]) for i in ordered])
         advantages = [0.0] * len(plays)
@@ -97,7 +98,12 @@ class SpiralSource:
             advantages[i] = advantage
         for seat in (0, 1):
             figures[f"spiral/{env.skill}/seat{seat}/baseline"] = self.baselines.baseline(env.skill, seat)
-        return advantages
+        return self._kept(advantages)
+
+    def _kept(self, advantages: list[float]) -> list[float | None]:
+        if not self.config.drop_zero_advantage:
+            return list(advantages)
+        return [None if advantage == 0.0 else advantage for advantage in advantages]
 
     def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
         """A new step's figures start (the plays' figures come with :meth:`advantages`)."""
