@@ -276,7 +276,8 @@ def _run_train(args: argparse.Namespace) -> int:
         _checked(preflight, config, RunDirError)
         if _rank() == 0:  # the sandbox lives on rank 0; exit 3 naming the missing layer, nothing written
             sandbox_self_test(config)
-        if args.run_dir is not None and RunDir(args.run_dir).config_path.exists():
+        # rank 0 alone: it writes the directory, and another rank that starts later would find its config
+        if _rank() == 0 and args.run_dir is not None and RunDir(args.run_dir).config_path.exists():
             raise UsageError(f"{args.run_dir} already holds a run ({CONFIG_FILE} exists): continue it with "
                              f"'spade train --resume {args.run_dir}' or choose another --run-dir")
         if args.check:
