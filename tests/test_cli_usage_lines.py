@@ -182,3 +182,13 @@ def test_score_takes_embedded_as_every_command_does(tmp_path):
         logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
     assert scored[0] is None
     assert scored[1:] == pytest.approx([float(logp[i, ids[i + 1]]) for i in range(len(ids) - 1)], abs=1e-3)
+
+
+def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {hf_dir: embedded}\n")
+    proc = spade("train", "--config", str(SMOKE), "--run-dir", str(run))
+    one_usage_line(proc, f"{run} already holds a run", f"spade train --resume {run}")
+    assert (run / "config.yaml").read_text() == "model: {hf_dir: embedded}\n"
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
