@@ -213,3 +213,16 @@ def test_the_challengers_own_check_with_the_document(tmp_path: Path, check_reply
         [rejection] = regen.rejections
         assert rejection.kind is ErrorKind.UNGROUNDED and "answers its own question" in rejection.message
         assert regen.penalised[0].trajectory is challenger.trajectories[0]
+
+
+@pytest.mark.parametrize("form, expected", [("centred", [0.5, -0.5, 0.5, -0.5]), ("zscore", [1.0, -1.0, 1.0, -1.0])])
+def test_the_reasoners_advantages(tmp_path: Path, form, expected):
+    from types import SimpleNamespace
+
+    source = SpiceSource(settings(spice={"reasoner_advantage": form}), corpus=OneDocument(), generator=Replies([]),
+                         run_dir=tmp_path, seed=0)
+    plays = [SimpleNamespace(episode_return=r) for r in (1.0, 0.0, 1.0, 0.0)]
+    assert source.advantages(None, plays) == pytest.approx(expected)
+    assert source.advantages(None, [SimpleNamespace(episode_return=1.0)] * 3) == [0.0, 0.0, 0.0]
+    with pytest.raises(ConfigError, match=r"selfplay\.spice\.reasoner_advantage"):
+        settings(spice={"reasoner_advantage": "rae"})

@@ -40,7 +40,8 @@ def test_spice_recipe_has_the_published_settings(name):
     assert (rewards.designer_reward, rewards.sv_target, rewards.sv_sigma) == ("solver_variance", 0.25, 0.1)
     assert 2 * rewards.sv_sigma ** 2 == pytest.approx(0.02)
     assert rewards.failed_hint == "hint_return_zero" and rewards.advantage_cap == 1.0
-    assert sp.spice == SpiceSettings(mcq_share=0.5, options=4, invalid_penalty=-0.1, grounding="quote")
+    assert sp.spice == SpiceSettings(mcq_share=0.5, options=4, invalid_penalty=-0.1, grounding="quote",
+                                     reasoner_advantage="centred")
     # the engine and layout of the spade run of that size
     assert (config.engine, config.parallel) == (spade.engine, spade.parallel)
     # every number the recipe sets says where it comes from

@@ -20,6 +20,9 @@ solver_variance``, ``sv_target`` 0.25, ``sv_sigma`` 0.1); a question that is not
   Challenger's own check: the model (designer sampling, a call that is not trained) answers the
   question with the document in view, and the question is valid only when that answer matches
   the one it stated (the quote is checked too); ``none``: format and answer checks only.
+* ``reasoner_advantage``: ``centred`` (SPICE's Dr. GRPO: each answer's return less the mean of its
+  question's answers, not divided by their standard deviation) or ``zscore`` (spade's GRPO
+  advantage, divided by it). The Challenger's are centred either way (designer advantages).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ...config import require
 
 _WHERE = "selfplay.spice"
 GROUNDINGS: tuple[str, ...] = ("quote", "self_answer", "none")
+REASONER_ADVANTAGES: tuple[str, ...] = ("centred", "zscore")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class SpiceSettings:
     grounding: Literal["quote", "self_answer", "none"] = "quote"
     min_quote_words: int = 5       # the shortest evidence that counts (grounding quote)
     skill: str = "spice"   # the skill every question is filed under (designer advantages are centred per skill)
+    # the Reasoner's advantages: centred (SPICE's Dr. GRPO: a return less its question's mean) or zscore (spade's GRPO)
+    reasoner_advantage: Literal["centred", "zscore"] = "centred"
 
     def __post_init__(self) -> None:
         def key(name: str) -> str:
@@ -64,6 +70,8 @@ class SpiceSettings:
                 and self.min_quote_words >= 1, key("min_quote_words"),
                 f"must be an integer >= 1, got {self.min_quote_words!r}")
         require(isinstance(self.skill, str) and bool(self.skill.strip()), key("skill"), "must be a non-empty name")
+        require(self.reasoner_advantage in REASONER_ADVANTAGES, key("reasoner_advantage"),
+                f"{self.reasoner_advantage!r} is not allowed; choose one of: {', '.join(REASONER_ADVANTAGES)}")
 
     def kind_of(self, draw: float) -> str:
         """The question kind of a slot whose uniform draw in [0, 1) is ``draw``."""

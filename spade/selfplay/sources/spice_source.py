@@ -19,6 +19,9 @@ design, and its Challenger call still trains, with the fixed reward ``invalid_pe
 (:class:`~.designer_source.PenalisedDesign`): SPICE penalises invalid questions rather than
 dropping them. A call that produced nothing (timeout, prompt too long) has no sample to penalise.
 
+The Reasoner's advantages are the source's own (:meth:`SpiceSource.advantages`, the hook the
+orchestrator asks every source for): Dr. GRPO's centred returns by default.
+
 Figures (``metrics()``): after a regeneration ``spice/challenger_questions``, ``..._valid``,
 ``..._valid_share``, ``..._mcq``, ``..._free_form``; after each step's plays
 ``spice/reasoner_accuracy`` (mean of the no-hint returns), ``spice/reasoner_variance_mean`` (the
@@ -33,7 +36,7 @@ import asyncio
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ...config import ConfigError
 from ...designer.corpus import Corpus, Document, attempt_rng
@@ -43,6 +46,7 @@ from ...designer.spice_prompts import (challenger_messages, parse_challenger_rep
 from ...envs.protocol import ErrorKind, Stage
 from ...envs.spice import (QuestionSpec, SpiceSandbox, answers_match, boxed_answer, letter_of, math_answer_parses,
                            question_text)
+from ..rewards.advantages import agent_advantages
 from ..rewards.designer_rewards import SolverVarianceReward
 from ..seeds import derive_seed
 from ..settings import SelfPlaySettings
@@ -185,6 +189,15 @@ class SpiceSource:
         said = "no boxed answer" if answer is None else f"{answer[:40]!r}"
         return Verdict(None, ErrorKind.UNGROUNDED,
                        f"with the document, the Challenger answers its own question with {said}, not {spec.answer!r}")
+
+    def advantages(self, env: EnvSpec, plays: Sequence[Any]) -> list[float | None]:
+        """The Reasoner's advantages of one question's answers (``selfplay.spice.reasoner_advantage``):
+        centred on their mean (Dr. GRPO, SPICE's), or z-scored (spade's GRPO)."""
+        returns = [float(play.episode_return) for play in plays]
+        if self.config.reasoner_advantage == "zscore" or not returns:
+            return list(agent_advantages(returns))
+        mean = math.fsum(returns) / len(returns)
+        return [r - mean for r in returns]
 
     def observe(self, step: int, envs: list[EnvSpec], nohint_returns: dict[str, list[float]]) -> None:
         groups = [nohint_returns[env.env_id] for env in envs if nohint_returns.get(env.env_id)]
