@@ -281,6 +281,9 @@ def _tool_blend(size: str) -> dict:
         "selfplay.sampling.screen.max_tokens": (16384, f"{ARGS}:538-541 --spade-env-validator-max-tokens"),
         "selfplay.sampling.screen.temperature": (0.3, "spade/core/types.py:188 env_validator_temperature: float = 0.3"),
         "selfplay.sampling.screen.timeout_s": (120.0, "spade/core/corpus_orchestrator.py:166-169 timeout=120"),
+        # the validator call, like the hint's, passes no top-p and no top-k: the adapter's 0.9, no top-k
+        "selfplay.sampling.screen.top_p": (0.9, "spade/slime/model_adapter.py:155 top_p: float = 0.9"),
+        "selfplay.sampling.screen.top_k": (None, "spade/core/env_validator.py:157-163 temperature=self.temperature"),
         "selfplay.mask_truncated": (True, f"{TB}:202 --spade-compact-filter"),
         "selfplay.drop_equal_return_groups": (False, f"{TB}:150-162 ROLLOUT_ARGS"),
         "selfplay.tool_mask_malformed_calls": (True, f"{TB}:272 SPADE_MASK_MALFORMED_TOOLCALL"),

@@ -8,6 +8,8 @@ keys gave)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from pathlib import Path
 
@@ -133,7 +135,12 @@ def test_a_run_whose_snapshot_has_the_flat_keys_resumes(tmp_path, capsys, monkey
     run.create(yaml.safe_dump(_old_snapshot(config), sort_keys=False))
     assert "agent_max_tokens" in run.config_path.read_text()
     assert main(["train", "--resume", str(run.root), "--check"]) == 0
-    assert from_dict(yaml.safe_load(capsys.readouterr().out)) == config
+    # the flat keys had no top-p / top-k of the screen's own: such a run's screen sampled at the shared ones
+    sp = config.selfplay
+    screen = dataclasses.replace(sp.sampling.screen, top_p=sp.sampling.agent.top_p, top_k=sp.sampling.agent.top_k)
+    expected = dataclasses.replace(config, selfplay=dataclasses.replace(
+        sp, sampling=dataclasses.replace(sp.sampling, screen=screen)))
+    assert from_dict(yaml.safe_load(capsys.readouterr().out)) == expected
 
 
 # --------------------------------------------------------------------------- every recipe, as before
@@ -142,7 +149,10 @@ def test_a_run_whose_snapshot_has_the_flat_keys_resumes(tmp_path, capsys, monkey
 # designer, hint, screen and the hinted arm: the values the flat keys gave each recipe
 DEFAULT = {"designer": (0.6, 0.95, 20, 16384, 300.0), "agent": (0.6, 0.95, 20, 8192, None),
            "hint": (0.3, 0.95, 20, 4096, 120.0), "screen": (0.3, 0.95, 20, 16384, 120.0), "thinking": ("auto",) * 4}
-RELEASED_HINT = {"hint": (0.3, 0.9, None, 4096, 120.0)}  # hint_sampling: released
+# the released validator call passes no top-p / top-k either: the paper recipes' screen took 0.9 and
+# no top-k after the move (it had kept spade's 0.95 / 20 until then)
+RELEASED_SCREEN = {"screen": (0.3, 0.9, None, 16384, 120.0)}
+RELEASED_HINT = {"hint": (0.3, 0.9, None, 4096, 120.0), **RELEASED_SCREEN}  # hint_sampling: released
 DESIGNER_8B = {"designer": (0.6, 0.95, 20, 20000, 300.0)}
 OWN_8B = {**DESIGNER_8B, "thinking": ("auto", "off", "off", "auto")}
 PAPER_8B = {**DESIGNER_8B, **RELEASED_HINT, "thinking": ("off",) * 4}
@@ -150,7 +160,7 @@ RLVE_AGENT = {"agent": (1.0, 0.95, 20, 8192, None)}
 SMOKE = {"designer": (0.6, 0.95, 20, 560, 900.0), "agent": (0.6, 0.95, 20, 96, None),
          "hint": (0.3, 0.95, 20, 48, 300.0), "screen": (0.3, 0.95, 20, 16384, 300.0)}
 OWN_TOOL_HINT = {"hint": (0.3, 0.95, 20, 2048, 120.0)}
-PAPER_TOOL_HINT = {"hint": (0.3, 0.9, None, 2048, 120.0)}
+PAPER_TOOL_HINT = {"hint": (0.3, 0.9, None, 2048, 120.0), **RELEASED_SCREEN}
 BEFORE = {
     "learn/fixed.yaml": {"agent": (0.6, 0.95, 20, 48, None)},
     "learn/selfplay.yaml": SMOKE,
@@ -183,7 +193,7 @@ BEFORE = {
     "recipes/paper/baseline_fixed_rlve_8b.yaml": {**PAPER_8B, **RLVE_AGENT},
     "recipes/paper/tool_use_base.yaml": PAPER_TOOL_HINT,
     "recipes/paper/tool_use_30b_a3b.yaml": PAPER_TOOL_HINT,
-    "recipes/paper/tool_use_4b.yaml": {"hint": (0.3, 0.9, None, 512, 120.0)},
+    "recipes/paper/tool_use_4b.yaml": {"hint": (0.3, 0.9, None, 512, 120.0), **RELEASED_SCREEN},
     "recipes/paper/tool_use_8b.yaml": {**PAPER_8B, **PAPER_TOOL_HINT, "thinking": ("off", "off", "off", "auto")},
 }
 
