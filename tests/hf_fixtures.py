@@ -33,9 +33,9 @@ def _llama(tied: bool):
 
 
 def _qwen3():
-    from transformers import Qwen3Config
+    from support.models import qwen3_config
 
-    return Qwen3Config(head_dim=16, tie_word_embeddings=False, rope_theta=1e6, **COMMON)
+    return qwen3_config(VOCAB, max_position_embeddings=128, rope_theta=1e6)  # COMMON's shapes
 
 
 def _qwen3_moe():

@@ -23,8 +23,6 @@ import json
 import os
 import re
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,6 +32,7 @@ from spade.eval.acebench import (ACEBENCH_SAMPLING, CATEGORIES, AceBenchAgent, A
 from spade.eval.runner import format_table, read_records, read_summary, run_suite
 from spade.eval.suites import BenchmarkOptions, benchmark_names, build_benchmarks
 from spade.eval.types import BenchmarkUnavailable, SamplingSettings
+from support.http import JsonHandler, LocalServer, chat_completion
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -163,7 +162,7 @@ TURN_SCRIPT = ["[turn_on_wifi()]", "[get_earliest_message_id()]", "[delete_messa
 USER_LINE = "Please send Frank my lunch invitation."
 
 
-class Scripted(BaseHTTPRequestHandler):
+class Scripted(JsonHandler):
     """Agent and user endpoint: the agent's step is the number of execution results in the history
     ACEBench sends it; the user (model 'scripted-user') speaks one line."""
 
@@ -171,7 +170,7 @@ class Scripted(BaseHTTPRequestHandler):
     step_script: list[str] = STEP_SCRIPT
 
     def do_POST(self):  # noqa: N802 (http.server's name)
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        body = self.read_json()
         type(self).requests.append(body)
         if body["model"] == "scripted-user":
             text = USER_LINE
@@ -180,29 +179,14 @@ class Scripted(BaseHTTPRequestHandler):
             script = TURN_SCRIPT if USER_LINE in history else type(self).step_script
             step = len(re.findall(r"(?m)^execution", history))
             text = script[min(step, len(script) - 1)]
-        data = json.dumps({"id": "s", "object": "chat.completion", "created": 0, "model": body["model"],
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": text}}],
-                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(200, chat_completion(body["model"], text, "s"))
 
 
 @pytest.fixture
 def scripted():
     Scripted.requests, Scripted.step_script = [], STEP_SCRIPT
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with LocalServer(Scripted) as server:
+        yield f"{server.url}/v1"
 
 
 class _Engine:
@@ -272,10 +256,9 @@ def test_hand_worked_trajectories_pass_acebench_and_a_wrong_one_fails(scripted, 
 
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory):
-    import torch
     from chat_templates import bpe_tokenizer
-    from hf_fixtures import randomize_
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+    from support.models import save_tiny_qwen3
+    from transformers import AutoTokenizer
 
     from spade.eval.runner import ChatModel
     from spade.rollout.hf.engine import HFEngine
@@ -285,12 +268,7 @@ def tiny_chat_model(tmp_path_factory):
     template = ("{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
                 "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
     tokenizer = bpe_tokenizer(template)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         max_position_embeddings=32768, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    randomize_(AutoModelForCausalLM.from_config(config).eval()).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tiny_qwen3(directory, tokenizer, size="1x32", max_position_embeddings=32768, randomize=True)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     engine = CountingEngine(HFEngine(directory, tokenizer, device="cpu", dtype="float32", max_batch_size=4,
                                      max_context_tokens=32768))

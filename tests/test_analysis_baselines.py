@@ -29,6 +29,7 @@ import pytest
 from spade.cli import main
 from spade.run.console import run_summary, step_line
 from spade.run.progress import Progress
+from support.configs import SANDBOX_LIMITS, example_envs, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240
@@ -39,54 +40,49 @@ NOT_FOR_RLVE = {"vendi", "map", "program_size", "formula_reveal", "state_gating"
 
 
 def _tiny_model(directory: Path) -> None:
-    import torch
     from chat_templates import bpe_tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import save_tiny_qwen3
 
     tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tiny_qwen3(directory, tokenizer, special_ids=True)
 
 
-COMMON = """
-model: {{hf_dir: {hf}, dtype: float32}}
-optimizer: {{lr: 1.0e-3}}
-engine: {{max_batch_size: 8}}
-run: {{steps: 2, checkpoint_every: 10, seed: 7, micro_batch_tokens: 2048}}
-"""
-RLVE = """
-selfplay:
-  env_source: rlve
-  k: 1
-  envs_per_set: 4
-  g_nohint: 2
-  g_hint: 0
-  sampling: {{agent: {{temperature: 1.0, max_tokens: 16}}}}
-  use_corpus: false
-  use_memory: false
-  train_designer: false
-  max_context_tokens: 1024
-  rlve: {{environments: [Multiplication, Sudoku], workers: 1, accuracy_samples: 2, initial_difficulty: 2}}
-"""
-FIXED_POOL = """
-selfplay:
-  env_source: fixed_pool
-  fixed_env_dir: {pool}
-  k: 1
-  envs_per_set: 2
-  g_nohint: 2
-  g_hint: 2
-  use_corpus: false
-  sampling: {{agent: {{max_tokens: 12}}, hint: {{max_tokens: 12}}}}
-  max_turns: 2
-  max_context_tokens: 1024
-sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
-"""
+def _config(hf: Path, selfplay: dict) -> dict:
+    return {
+        "model": {"hf_dir": hf, "dtype": "float32"},
+        "optimizer": {"lr": 0.001},
+        "engine": {"max_batch_size": 8},
+        "run": {"steps": 2, "checkpoint_every": 10, "seed": 7, "micro_batch_tokens": 2048},
+        "selfplay": selfplay,
+        **({"sandbox": SANDBOX_LIMITS} if selfplay["env_source"] == "fixed_pool" else {}),
+    }
+
+
+RLVE = {
+    "env_source": "rlve",
+    "k": 1,
+    "envs_per_set": 4,
+    "g_nohint": 2,
+    "g_hint": 0,
+    "sampling": {"agent": {"temperature": 1.0, "max_tokens": 16}},
+    "use_corpus": False,
+    "use_memory": False,
+    "train_designer": False,
+    "max_context_tokens": 1024,
+    "rlve": {"environments": ["Multiplication", "Sudoku"], "workers": 1, "accuracy_samples": 2,
+             "initial_difficulty": 2},
+}
+FIXED_POOL = {
+    "env_source": "fixed_pool",
+    "k": 1,
+    "envs_per_set": 2,
+    "g_nohint": 2,
+    "g_hint": 2,
+    "use_corpus": False,
+    "sampling": {"agent": {"max_tokens": 12}, "hint": {"max_tokens": 12}},
+    "max_turns": 2,
+    "max_context_tokens": 1024,
+}
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +90,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     """Both runs, trained side by side (each a ``spade train`` process with a hard timeout: tests/prewarmed.py)."""
     work = tmp_path_factory.mktemp("baselines")
     _tiny_model(work / "hf")
-    pool = work / "pool"
-    pool.mkdir()
-    for name in POOL:
-        shutil.copy(ROOT / "examples" / "envs" / name, pool / name)
-    configs = {"fixed_pool": COMMON.format(hf=work / "hf") + FIXED_POOL.format(pool=pool),
-               "rlve": COMMON.format(hf=work / "hf") + RLVE.format()}
-    for name, text in configs.items():
-        (work / f"{name}.yaml").write_text(text)
+    pool = example_envs(work / "pool", POOL)
+    configs = {"fixed_pool": _config(work / "hf", {**FIXED_POOL, "fixed_env_dir": pool}),
+               "rlve": _config(work / "hf", RLVE)}
+    for name, config in configs.items():
+        write_config(work / f"{name}.yaml", config)
     with ThreadPoolExecutor(len(configs)) as pool_of_two:  # prewarmed.run kills a run past its timeout
         done = dict(zip(configs, pool_of_two.map(
             lambda name: prewarmed.run(["train", "--config", str(work / f"{name}.yaml"), "--run-dir", str(work / name)],

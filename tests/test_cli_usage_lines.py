@@ -35,18 +35,11 @@ def one_usage_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
 @pytest.fixture(scope="module")
 def plain_template_model(tmp_path_factory) -> Path:
     """A tiny Qwen3 whose chat template renders no tool calls (ChatML only)."""
-    import torch
     from chat_templates import bpe_tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import save_tiny_qwen3
 
     directory = tmp_path_factory.mktemp("plain_template")
-    tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_tiny_qwen3(directory, bpe_tokenizer(), size="1x32", max_position_embeddings=512)
 
 
 # ---------------------------------------------------------------------------- missing inputs

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import prewarmed
@@ -36,6 +35,7 @@ from spade.selfplay.sources.endpoint import EndpointSettings
 from spade.selfplay.seeds import derive_seed
 from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
+from support.http import JsonHandler, LocalServer, chat_completion
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,19 +66,9 @@ class CannedEndpoint:
         self._lock = threading.Lock()
         endpoint = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _send(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+            _send = JsonHandler.send_json
 
             def _authorised(self) -> bool:
                 header = self.headers.get("Authorization")
@@ -97,7 +87,7 @@ class CannedEndpoint:
                                                                  "owned_by": "test"}]})
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                body = self.read_json(default={})
                 if self.path != "/v1/chat/completions":
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 if not self._authorised():
@@ -114,28 +104,20 @@ class CannedEndpoint:
                                                       "code": "context_length_exceeded"}})
                 if fault in ("500", "429"):
                     return self._send(int(fault), {"error": {"message": f"injected {fault}"}})
-                self._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": reply(body["messages"])}}],
-                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                self._send(200, chat_completion(body["model"], reply(body["messages"]), "chatcmpl-1"))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server = LocalServer(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return f"{self.server.url}/v1"
 
     def requests_with(self, system: str) -> list[dict]:
         return [body for body in self.chat if body["messages"][0]["content"] == system]
 
     def close(self) -> None:
         self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        self.server.close(join_timeout_s=10)
 
 
 def reply(messages: list[dict]) -> str:
@@ -422,18 +404,13 @@ def test_orchestrator_steps_train_the_agent_only(endpoint, sandbox, tokenizer, t
     """Three steps with k=2 (regenerations at 0 and 2): the agent plays on our engine and gets its
     samples, the memory records every environment, and no designer sample is ever made (the
     delay buffer holds nothing to release)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from spade.rollout import HFEngine
     from spade.selfplay.orchestrator import Orchestrator
+    from support.models import tiny_qwen3
 
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=8192,
-                         tie_word_embeddings=False)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    engine = HFEngine((Qwen3ForCausalLM(config).eval(), tokenizer), eos_token_ids=(eos,))
+    engine = HFEngine((tiny_qwen3(tokenizer, size="1x32", max_position_embeddings=8192), tokenizer),
+                      eos_token_ids=(eos,))
     sampling = SamplingSettings().replace(designer=dict(max_tokens=900), hint=dict(max_tokens=90), agent=dict(max_tokens=8))
     settings = designer_settings(endpoint.url, envs_per_set=1, k=2, g_nohint=2, g_hint=1, sampling=sampling,
                                  max_turns=2)
@@ -477,18 +454,10 @@ def spade_serve(tmp_path_factory):
     import urllib.error
     import urllib.request
 
-    import torch
-    from hf_fixtures import randomize_
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import save_tiny_qwen3
 
     directory = tmp_path_factory.mktemp("frontier_model")
-    tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=2048,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    randomize_(AutoModelForCausalLM.from_config(config).eval()).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tiny_qwen3(directory, bpe_tokenizer(), size="1x32", max_position_embeddings=2048, randomize=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -59,21 +59,16 @@ def test_real_sglang_top_logprobs(server, scorer):  # noqa: F811
 
 def test_hf_engine_constrained_on_cuda():
     import jsonschema
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
     from chat_templates import bpe_tokenizer
-    from hf_fixtures import randomize_
     from spade.rollout.engine import Constraint, GenerationRequest, SamplingParams
     from spade.rollout.hf.engine import HFEngine
+    from support.models import tiny_qwen3
 
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
                                                "k": {"enum": ["a", "b"]}},
               "required": ["n", "k"], "additionalProperties": False}
     tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
-    torch.manual_seed(0)
-    engine = HFEngine((randomize_(AutoModelForCausalLM.from_config(config)), tokenizer), device="cuda",
+    engine = HFEngine((tiny_qwen3(tokenizer, max_position_embeddings=1024, randomize=True), tokenizer), device="cuda",
                       eos_token_ids=[tokenizer.eos_token_id])
     prompt = tuple(tokenizer("hello there", add_special_tokens=False)["input_ids"])
     requests = [GenerationRequest(prompt, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=600,

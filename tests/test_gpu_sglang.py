@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.configs import example_envs, write_config
+
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,18 +110,13 @@ def random_state(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
 def qwen3_dir(tmp_path_factory) -> Path:
     """A small random Qwen3 in bf16 with weights that give peaked next-token distributions, so
     that log-probs tell one set of weights from another."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    from hf_fixtures import randomize_
+    from support.models import save_tiny_qwen3
 
     directory = tmp_path_factory.mktemp("sglang_qwen3")
-    config = Qwen3Config(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
-                         rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False, torch_dtype="bfloat16",
-                         eos_token_id=2, bos_token_id=1)
-    torch.manual_seed(0)
-    randomize_(AutoModelForCausalLM.from_config(config)).to(torch.bfloat16).save_pretrained(directory)
-    return directory
+    return save_tiny_qwen3(directory, 4096, dtype=torch.bfloat16, randomize=True, hidden_size=512,
+                           intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                           head_dim=64, max_position_embeddings=4096, rope_theta=1e6, torch_dtype="bfloat16",
+                           eos_token_id=2, bos_token_id=1)
 
 
 class Scorer:
@@ -407,37 +404,37 @@ def test_spade_train_on_one_gpu_with_a_colocated_sglang_server(tmp_path, sglang_
     CUDA IPC), two steps on a fixed pool of example games with a small random Qwen3. The run must
     complete with a real update and no restart, and the weight sync time is printed."""
     import json
-    import shutil
-
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
     from chat_templates import bpe_tokenizer
+    from support.models import save_tiny_qwen3
 
     hf = tmp_path / "hf"
-    tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-                         rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False, torch_dtype="bfloat16",
-                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(hf)
-    tokenizer.save_pretrained(hf)
-    envs = tmp_path / "envs"
-    envs.mkdir()
-    for name in ("hidden_sequence.py", "remainder_oracle.py"):
-        shutil.copy(ROOT / "examples" / "envs" / name, envs / name)
+    save_tiny_qwen3(hf, bpe_tokenizer(), dtype=torch.bfloat16, special_ids=True, hidden_size=256, intermediate_size=512,
+                    head_dim=64, max_position_embeddings=4096, rope_theta=1e6, torch_dtype="bfloat16")
+    envs = example_envs(tmp_path / "envs")
     cfg = tmp_path / "gpu.yaml"
-    cfg.write_text(f"""
-model: {{hf_dir: {hf}, dtype: bfloat16}}
-selfplay: {{k: 2, envs_per_set: 2, g_nohint: 4, g_hint: 4, designer_enabled: false, fixed_env_dir: {envs},
-           use_corpus: false, max_turns: 2, max_context_tokens: 1024,
-           sampling: {{designer: {{top_k: null, top_p: 1.0}}, agent: {{temperature: 1.0, max_tokens: 24, top_k: null, top_p: 1.0}},
-                       hint: {{max_tokens: 16, top_k: null, top_p: 1.0}}, screen: {{top_k: null, top_p: 1.0}}}}}}
-engine:
-  kind: sglang
-  sglang: {{mem_fraction: 0.3, start_timeout_s: 600}}
-run: {{steps: 2, checkpoint_every: 2, micro_batch_tokens: 4096}}
-""")
+    write_config(cfg, {
+        "model": {"hf_dir": hf, "dtype": "bfloat16"},
+        "selfplay": {
+            "k": 2,
+            "envs_per_set": 2,
+            "g_nohint": 4,
+            "g_hint": 4,
+            "designer_enabled": False,
+            "fixed_env_dir": envs,
+            "use_corpus": False,
+            "max_turns": 2,
+            "max_context_tokens": 1024,
+            "sampling": {
+                "designer": {"top_k": None, "top_p": 1.0},
+                "agent": {"temperature": 1.0, "max_tokens": 24, "top_k": None, "top_p": 1.0},
+                "hint": {"max_tokens": 16, "top_k": None, "top_p": 1.0},
+                "screen": {"top_k": None, "top_p": 1.0},
+            },
+        },
+        "engine": {"kind": "sglang", "sglang": {"mem_fraction": 0.3, "start_timeout_s": 600}},
+        "run": {"steps": 2, "checkpoint_every": 2, "micro_batch_tokens": 4096},
+    })
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "spade", "train", "--config", str(cfg), "--run-dir", str(run)],
                           cwd=ROOT, capture_output=True, text=True, timeout=840)

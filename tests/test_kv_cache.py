@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+from transformers import DynamicCache, Qwen3ForCausalLM
 
 from spade.rollout.hf import prefix_attention
 from spade.rollout.hf.kv_cache import GrowingLayer, SharedPrefix, decode_cache, row_attention_bias
 from spade.rollout.hf.prefix_attention import SHARED_PREFIX_ATTENTION, enable_shared_prefix_attention, \
     shared_prefix_attention
-from test_rollout_engine import COMMON, tiny_model
+from support.models import qwen3_config
+from test_rollout_engine import VOCAB, tiny_model
 
 
 def kv(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,9 +58,10 @@ def test_growing_layer_row_selection_repeat_and_crop():
 
 
 def test_decode_cache_uses_transformers_cache_for_sliding_layers():
-    full = Qwen3Config(head_dim=16, **COMMON)
+    full = qwen3_config(VOCAB, max_position_embeddings=128)
     assert all(isinstance(layer, GrowingLayer) for layer in decode_cache(full).layers)
-    sliding = Qwen3Config(head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1, **COMMON)
+    sliding = qwen3_config(VOCAB, max_position_embeddings=128, use_sliding_window=True, sliding_window=8,
+                           max_window_layers=1)
     assert isinstance(decode_cache(sliding), DynamicCache)
 
 
@@ -133,7 +135,7 @@ def test_shared_prefix_attention_is_enabled_only_where_it_is_exact():
     eager = tiny_model("qwen3")
     eager.config._attn_implementation = "eager"
     assert not enable_shared_prefix_attention(eager)
-    sliding = Qwen3ForCausalLM(Qwen3Config(head_dim=16, use_sliding_window=True, sliding_window=8,
-                                           max_window_layers=1, **COMMON))
+    sliding = Qwen3ForCausalLM(qwen3_config(VOCAB, max_position_embeddings=128, use_sliding_window=True,
+                                            sliding_window=8, max_window_layers=1))
     assert not enable_shared_prefix_attention(sliding)
     assert sliding.config._attn_implementation == "sdpa"

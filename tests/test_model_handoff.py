@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import stat
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 import prewarmed
 import pytest
 import torch
+from support.configs import SANDBOX_LIMITS, example_envs, write_config
 from test_train_loop import tiny_hf  # noqa: F401  (the tiny Qwen3 of the train-loop tests)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,20 +33,27 @@ TIMEOUT_S = 300
 @pytest.fixture(scope="module")
 def trained_run(tiny_hf, tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("handoff")
-    envs = work / "envs"
-    envs.mkdir()
-    for name in ("hidden_sequence.py", "remainder_oracle.py"):
-        shutil.copy(ROOT / "examples" / "envs" / name, envs / name)
+    envs = example_envs(work / "envs")
     config = work / "tiny.yaml"
-    config.write_text(f"""
-model: {{hf_dir: {tiny_hf}, dtype: bfloat16}}
-optimizer: {{lr: 1.0e-2}}
-selfplay: {{k: 2, envs_per_set: 2, g_nohint: 2, g_hint: 2, designer_enabled: false, fixed_env_dir: {envs},
-           use_corpus: false, sampling: {{agent: {{max_tokens: 8}}, hint: {{max_tokens: 8}}}}, max_turns: 2, max_context_tokens: 1024}}
-sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
-engine: {{max_batch_size: 4}}
-run: {{steps: 1, checkpoint_every: 1, seed: 3, micro_batch_tokens: 2048}}
-""")
+    write_config(config, {
+        "model": {"hf_dir": tiny_hf, "dtype": "bfloat16"},
+        "optimizer": {"lr": 0.01},
+        "selfplay": {
+            "k": 2,
+            "envs_per_set": 2,
+            "g_nohint": 2,
+            "g_hint": 2,
+            "designer_enabled": False,
+            "fixed_env_dir": envs,
+            "use_corpus": False,
+            "sampling": {"agent": {"max_tokens": 8}, "hint": {"max_tokens": 8}},
+            "max_turns": 2,
+            "max_context_tokens": 1024,
+        },
+        "sandbox": SANDBOX_LIMITS,
+        "engine": {"max_batch_size": 4},
+        "run": {"steps": 1, "checkpoint_every": 1, "seed": 3, "micro_batch_tokens": 2048},
+    })
     run = work / "run"
     done = prewarmed.run(["train", "--config", str(config), "--run-dir", str(run)], timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]

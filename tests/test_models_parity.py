@@ -17,7 +17,6 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
-    Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
@@ -37,12 +36,14 @@ from spade.models.weight_map import (
 )
 
 from hf_fixtures import COMMON, VOCAB, randomize_  # noqa: E402  (the tiny shapes shared by every model test)
+from support.models import qwen3_config  # noqa: E402
 
 MODELS = {
     "llama-tied": (LlamaForCausalLM, lambda: LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, **COMMON)),
     "llama-untied": (LlamaForCausalLM, lambda: LlamaConfig(tie_word_embeddings=False, rope_theta=5e5, **COMMON)),
-    "qwen3": (Qwen3ForCausalLM, lambda: Qwen3Config(head_dim=16, tie_word_embeddings=False, rope_theta=1e6, **COMMON)),
-    "qwen3-tied": (Qwen3ForCausalLM, lambda: Qwen3Config(head_dim=24, tie_word_embeddings=True, **COMMON)),
+    "qwen3": (Qwen3ForCausalLM, lambda: qwen3_config(VOCAB, max_position_embeddings=128, rope_theta=1e6)),
+    "qwen3-tied": (Qwen3ForCausalLM, lambda: qwen3_config(VOCAB, max_position_embeddings=128, head_dim=24,
+                                                          tie_word_embeddings=True)),
     "qwen3-moe": (
         Qwen3MoeForCausalLM,
         lambda: Qwen3MoeConfig(

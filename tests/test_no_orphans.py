@@ -15,7 +15,6 @@ a ``spawn_main`` Manager (~330 MB) behind, reparented to PID 1.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
+from support.configs import example_envs, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG_ENV = "SPADE_TEST_ORPHAN_TAG"
@@ -37,42 +36,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> Path:
     from chat_templates import bpe_tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import save_tiny_qwen3
 
     work = tmp_path_factory.mktemp("orphans")
     hf = work / "hf"
     tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(hf)
-    tokenizer.save_pretrained(hf)
-    envs = work / "envs"
-    envs.mkdir()
-    for name in ("hidden_sequence.py", "remainder_oracle.py"):
-        shutil.copy(ROOT / "examples" / "envs" / name, envs / name)
+    save_tiny_qwen3(hf, tokenizer, special_ids=True)
+    envs = example_envs(work / "envs")
     path = work / "tiny.yaml"
-    path.write_text(f"""
-model: {{hf_dir: {hf}, dtype: float32}}
-selfplay:
-  k: 2
-  envs_per_set: 2
-  g_nohint: 2
-  g_hint: 2
-  designer_enabled: false
-  fixed_env_dir: {envs}
-  use_corpus: false
-  sampling:
-    designer: {{max_tokens: 8}}
-    agent: {{max_tokens: 8}}
-    hint: {{max_tokens: 8}}
-  max_turns: 1
-  max_context_tokens: 1024
-engine: {{max_batch_size: 8}}
-run: {{steps: 4, checkpoint_every: 1, seed: 7, micro_batch_tokens: 2048}}
-""")
+    write_config(path, {
+        "model": {"hf_dir": hf, "dtype": "float32"},
+        "selfplay": {
+            "k": 2,
+            "envs_per_set": 2,
+            "g_nohint": 2,
+            "g_hint": 2,
+            "designer_enabled": False,
+            "fixed_env_dir": envs,
+            "use_corpus": False,
+            "sampling": {"designer": {"max_tokens": 8}, "agent": {"max_tokens": 8}, "hint": {"max_tokens": 8}},
+            "max_turns": 1,
+            "max_context_tokens": 1024,
+        },
+        "engine": {"max_batch_size": 8},
+        "run": {"steps": 4, "checkpoint_every": 1, "seed": 7, "micro_batch_tokens": 2048},
+    })
     return path
 
 

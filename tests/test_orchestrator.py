@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from chat_templates import bpe_tokenizer
 from spade.config import ConfigError, from_mapping
@@ -29,6 +28,7 @@ from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEng
 from spade.selfplay.orchestrator import Orchestrator, StepOutput, StepPlays
 from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
+from support.models import tiny_qwen3
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_SOURCE = (ROOT / "examples" / "envs" / "remainder_oracle.py").read_text()
@@ -76,19 +76,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def engine(tokenizer):
     """A tiny random Qwen3 whose end-of-turn token is made likely, so agent replies end and vary."""
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
-                         tie_word_embeddings=False)
-    model = Qwen3ForCausalLM(config).eval()
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    head = torch.nn.Linear(64, len(tokenizer), bias=True)
-    with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight)
-        head.bias.zero_()
-        head.bias[eos] = 3.0
-    model.lm_head = head
-    engine = HFEngine((model, tokenizer), eos_token_ids=(eos,))
+    model = tiny_qwen3(tokenizer, max_position_embeddings=8192, eos_bias=3.0)
+    engine = HFEngine((model, tokenizer), eos_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
     yield engine
     engine.close()
 

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from spade.selfplay.sources.designer_source import EnvSpec, save_set
 from spade.envs.pool_files import read_manifest
 from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
 from spade.selfplay.settings import SelfPlaySettings
+from support.http import JsonHandler, LocalServer, chat_completion
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "envs").glob("*.py"))
@@ -41,21 +41,11 @@ TIMEOUT_S = 180
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
     from chat_templates import bpe_tokenizer
+    from support.models import save_tiny_qwen3
 
     directory = tmp_path_factory.mktemp("tiny_designer")
-    tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=8192,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_tiny_qwen3(directory, bpe_tokenizer(), size="1x32", max_position_embeddings=8192, special_ids=True)
 
 
 def test_a_local_model_designer_attempts_are_rejected_counted_and_continued(tiny_hf, tmp_path, capsys):
@@ -91,24 +81,13 @@ class FakeEndpoint:
         self.release = threading.Event()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _send(self, data: dict) -> None:
-                body = json.dumps(data).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JsonHandler):
             def do_GET(self):
-                self._send({"object": "list", "data": [{"id": "fake", "object": "model", "created": 0,
-                                                        "owned_by": "test"}]})
+                self.send_json(200, {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0,
+                                                                 "owned_by": "test"}]})
 
             def do_POST(self):
-                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                request = self.read_json()
                 system = request["messages"][0]["content"]
                 if HINT_SYSTEM[:60] in system:
                     outer.hint_calls += 1
@@ -122,20 +101,14 @@ class FakeEndpoint:
                         return
                     source = EXAMPLES[number % len(EXAMPLES)].read_text()
                     text = f"Here is the game.\n```python\n{source}\n```"
-                self._send({"id": "c", "object": "chat.completion", "created": 0, "model": request["model"],
-                            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                         "finish_reason": "stop"}],
-                            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                self.send_json(200, chat_completion(request["model"], text))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.server = LocalServer(Handler)
+        self.url = f"{self.server.url}/v1"
 
     def close(self) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 def generate_cmd(url: str, out: Path, n: int) -> list[str]:

@@ -331,20 +331,15 @@ def test_the_baseline_recipe_refuses_to_start_without_a_pool(tmp_path):
 def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(sandbox, tmp_path):
     """Through the orchestrator's own state (what the trainer checkpoints): a run resumed after
     step 1 plays the sets the straight run played at steps 2 and 3."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from chat_templates import bpe_tokenizer
     from spade.rollout import HFEngine
     from spade.selfplay.orchestrator import Orchestrator
+    from support.models import tiny_qwen3
 
     directory = tmp_path / "pool"
     write_pool(directory, [SKILLS[i % 2] for i in range(5)])
     tokenizer = bpe_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                         head_dim=16, max_position_embeddings=4096)).eval()
+    model = tiny_qwen3(tokenizer, size="1x32", max_position_embeddings=4096)
     engine = HFEngine((model, tokenizer), eos_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
     settings = SelfPlaySettings(envs_per_set=2, k=1, g_nohint=1, g_hint=0, max_turns=1,
                                 sampling=SamplingSettings().replace(agent={"max_tokens": 4}),

@@ -33,6 +33,7 @@ from spade.envs.rlve import ANSWER_INSTRUCTION, ProblemSpec, RLVESandbox, RLVEWo
 from spade.selfplay.sources.rlve_settings import RLVESettings
 from spade.selfplay.sources.rlve_source import RLVESource
 from spade.selfplay.settings import SelfPlaySettings
+from support.configs import write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # rlve-gym runs only in worker processes (it reseeds global random state): found, not imported here
@@ -338,38 +339,32 @@ def test_a_sigkilled_parent_takes_its_real_worker_with_it():
 
 
 def test_spade_train_two_steps_with_rlve(tmp_path):
-    import torch
     from chat_templates import bpe_tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import save_tiny_qwen3
 
     hf = tmp_path / "hf"
     tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(hf)
-    tokenizer.save_pretrained(hf)
+    save_tiny_qwen3(hf, tokenizer, special_ids=True)
     path = tmp_path / "tiny.yaml"
-    path.write_text(f"""
-model: {{hf_dir: {hf}, dtype: float32}}
-optimizer: {{lr: 1.0e-3}}
-selfplay:
-  env_source: rlve
-  k: 1
-  envs_per_set: 2
-  g_nohint: 2
-  g_hint: 0
-  sampling: {{agent: {{temperature: 1.0, max_tokens: 24}}}}
-  use_corpus: false
-  use_memory: false
-  train_designer: false
-  max_context_tokens: 1024
-  rlve: {{environments: [Multiplication], workers: 1, accuracy_samples: 2}}
-engine: {{max_batch_size: 4}}
-run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 2048}}
-""")
+    write_config(path, {
+        "model": {"hf_dir": hf, "dtype": "float32"},
+        "optimizer": {"lr": 0.001},
+        "selfplay": {
+            "env_source": "rlve",
+            "k": 1,
+            "envs_per_set": 2,
+            "g_nohint": 2,
+            "g_hint": 0,
+            "sampling": {"agent": {"temperature": 1.0, "max_tokens": 24}},
+            "use_corpus": False,
+            "use_memory": False,
+            "train_designer": False,
+            "max_context_tokens": 1024,
+            "rlve": {"environments": ["Multiplication"], "workers": 1, "accuracy_samples": 2},
+        },
+        "engine": {"max_batch_size": 4},
+        "run": {"steps": 2, "checkpoint_every": 1, "seed": 7, "micro_batch_tokens": 2048},
+    })
     run_dir = tmp_path / "run"
     tag = uuid.uuid4().hex
     proc = prewarmed.run(["train", "--config", str(path), "--run-dir", str(run_dir)], cwd=ROOT, timeout=240,

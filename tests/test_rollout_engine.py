@@ -12,16 +12,15 @@ import threading
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from megatron_fixtures import megatron_world  # noqa: F401  (fixture)
+from hf_fixtures import COMMON, VOCAB  # the tiny shapes shared by every model test
 from spade.rollout import EngineClosed, GenerationRequest, GenerationResult, HFEngine, SamplingParams
+from support.models import qwen3_config, tiny_qwen3
 
-VOCAB = 200  # not a multiple of 128: Megatron pads the vocabulary
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6)
 MODELS = {
-    "qwen3": (Qwen3ForCausalLM, lambda: Qwen3Config(head_dim=16, tie_word_embeddings=False, rope_theta=1e6, **COMMON)),
+    "qwen3": (Qwen3ForCausalLM, lambda: qwen3_config(VOCAB, max_position_embeddings=128, rope_theta=1e6)),
     "llama-tied": (LlamaForCausalLM, lambda: LlamaConfig(tie_word_embeddings=True, rope_theta=1e4, **COMMON)),
     "qwen3-moe": (Qwen3MoeForCausalLM, lambda: Qwen3MoeConfig(
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
@@ -263,9 +262,7 @@ def test_loads_a_model_directory(tmp_path):
     from chat_templates import bpe_tokenizer
 
     tokenizer = bpe_tokenizer()
-    config = Qwen3Config(head_dim=16, **{**COMMON, "vocab_size": 512})
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    tiny_qwen3(512, max_position_embeddings=128).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     engine = HFEngine(str(tmp_path), max_batch_size=2)
     assert engine.eos_token_ids == {tokenizer.eos_token_id}

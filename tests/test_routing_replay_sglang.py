@@ -15,13 +15,13 @@ import json
 import numpy as np
 import pytest
 
-from hf_fixtures import save_tiny_hf
 from sglang_standin import standin_argv
 from spade.rl.routing_record import RoutingShape
 from spade.rollout.engine import GenerationRequest, SamplingParams
 from spade.rollout.sglang.engine import SGLangEngine
 from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 from spade.rollout.sglang.protocol import SGLangProtocolError, generate_payload, parse_generate_response
+from support.models import tiny_hf_dir_fixture
 from test_routing_replay_capture import reference_routing
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,9 +29,7 @@ pytestmark = pytest.mark.timeout(180)
 PROMPT = (3, 9, 4, 17, 25)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_hf("qwen3-moe", tmp_path_factory.mktemp("moe") / "model")
+model_dir = tiny_hf_dir_fixture("qwen3-moe")  # a module fixture: the tiny model saved once
 
 
 @pytest.fixture(scope="module")

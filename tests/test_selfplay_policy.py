@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import textwrap
 
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-
 from chat_templates import bpe_tokenizer
 from spade.agent.prompts import first_user_message
 from spade.envs.runner import EndReason, play_episode
 from spade.rollout import HFEngine, SamplingParams
 from spade.rollout.conversation import ChatFormat
 from spade.selfplay.plays.policy import EnginePolicy
+from support.models import tiny_qwen3
 
 ECHO = textwrap.dedent('''
     class EchoEnv:
@@ -31,17 +29,8 @@ ECHO = textwrap.dedent('''
 
 def tiny_engine(tokenizer, eos_bias: float = 0.0) -> HFEngine:
     """A random tiny Qwen3; ``eos_bias`` is added to end-of-turn's logit so replies end (several turns)."""
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         tie_word_embeddings=False)
-    model = Qwen3ForCausalLM(config).eval()
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if eos_bias:
-        model.lm_head.bias = torch.nn.Parameter(torch.zeros(config.vocab_size))
-        with torch.no_grad():
-            model.lm_head.bias[eos] = eos_bias
-    return HFEngine((model, tokenizer), eos_token_ids=(eos,))
+    model = tiny_qwen3(tokenizer, max_position_embeddings=512, eos_bias=eos_bias)
+    return HFEngine((model, tokenizer), eos_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),))
 
 
 def play(sandbox, tokenizer, engine, sampling, max_context_tokens=400):

@@ -67,20 +67,11 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    import torch
     from chat_templates import bpe_tokenizer
-    from hf_fixtures import randomize_
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import save_tiny_qwen3
 
     directory = tmp_path_factory.mktemp("serve_model")
-    tokenizer = bpe_tokenizer(TOOLS_TEMPLATE)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=1024, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    randomize_(AutoModelForCausalLM.from_config(config).eval()).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_tiny_qwen3(directory, bpe_tokenizer(TOOLS_TEMPLATE), max_position_embeddings=1024, randomize=True)
 
 
 @pytest.fixture(scope="module")

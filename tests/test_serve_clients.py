@@ -104,17 +104,12 @@ def _start(service):
 def real(tmp_path_factory):
     import torch
     from chat_templates import bpe_tokenizer
-    from hf_fixtures import randomize_
     from spade.cli.serve import ServeOptions, build_service
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import tiny_qwen3
 
     directory = tmp_path_factory.mktemp("clients_model")
     tokenizer = bpe_tokenizer(TOOLS_TEMPLATE)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=1024, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = randomize_(AutoModelForCausalLM.from_config(config).eval())
+    model = tiny_qwen3(tokenizer, max_position_embeddings=1024, randomize=True)
     with torch.no_grad():  # <|im_end|> reads residual dimension 0, which every embedding carries
         model.model.embed_tokens.weight[:, 0] = 50.0
         model.lm_head.weight[:, 0] = 0.0

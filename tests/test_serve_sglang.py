@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from hf_fixtures import save_tiny_hf
 from sglang_standin import standin_argv
 from spade.rollout.engine import GenerationRequest, SamplingParams, join_chunks
 from spade.rollout.sglang.launcher import ServerLauncher, free_port, sglang_argv
 from spade.rollout.sglang.engine import SGLangEngine
+from support.models import tiny_hf_dir_fixture
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,9 +30,7 @@ REQUESTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_hf("qwen3", tmp_path_factory.mktemp("stream") / "model")
+model_dir = tiny_hf_dir_fixture("qwen3")  # a module fixture: the tiny model saved once
 
 
 @pytest.fixture(scope="module")

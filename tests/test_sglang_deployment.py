@@ -16,7 +16,7 @@ import prewarmed
 import pytest
 import torch
 
-from hf_fixtures import save_tiny_hf, tiny_model
+from hf_fixtures import tiny_model
 from sglang_standin import SERVER_SCRIPT
 from spade.rollout.engine import GenerationRequest, SamplingParams
 from spade.rollout.hf.engine import HFEngine
@@ -33,6 +33,7 @@ from spade.rollout.sglang.deployment import (
 from spade.rollout.sglang.engine import SGLangEngine
 from spade.rollout.sglang.settings import SGLangSection
 from spade.rollout.sglang.weight_transport import push_weights_by_ipc
+from support.models import tiny_hf_dir_fixture
 
 T = TypeVar("T")
 
@@ -182,9 +183,7 @@ class Harness:
         return get(self.url(index), "/get_server_info")["standin"]["generates"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny_hf("qwen3", tmp_path_factory.mktemp("deployment") / "model")
+model_dir = tiny_hf_dir_fixture("qwen3")  # a module fixture: the tiny model saved once
 
 
 @pytest.fixture(scope="module")

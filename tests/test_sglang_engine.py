@@ -10,16 +10,15 @@ sleeps, order what the engine sees.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from spade.rollout.engine import EngineClosed, GenerationRequest, SamplingParams
 from spade.rollout.sglang.engine import NoHealthyServer, SGLangEngine
+from support.http import JsonHandler, LocalServer
 
 
 class FakeSGLang:
@@ -33,20 +32,12 @@ class FakeSGLang:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *a):
-                pass
-
             def _reply(self, code, obj):
-                body = b"" if obj is None else json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
                 try:
-                    self.wfile.write(body)
+                    self.send_json(code, obj)
                 except OSError:  # the client went away (engine closed)
                     pass
 
@@ -54,8 +45,7 @@ class FakeSGLang:
                 self._reply(200, None)
 
             def do_POST(self):
-                n = int(self.headers.get("Content-Length", 0))
-                payload = json.loads(self.rfile.read(n) or b"null")
+                payload = self.read_json()
                 with fake.lock:
                     fake.log.append((fake.name, self.path, payload))
                     fail = fake.fail_next > 0
@@ -96,17 +86,13 @@ class FakeSGLang:
                     },
                 })
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.server = LocalServer(Handler)
+        self.url = self.server.url
 
     def stop(self):
         if self.hold is not None:
             self.hold.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
 
 
 @pytest.fixture

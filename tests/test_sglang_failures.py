@@ -15,13 +15,14 @@ from typing import Any, Awaitable, TypeVar
 import pytest
 import torch
 
-from hf_fixtures import save_tiny_hf, tiny_model
+from hf_fixtures import tiny_model
 from sglang_standin import standin_launcher
 from spade.rollout.sglang import protocol as proto
 from spade.rollout.sglang import weight_transport
 from spade.rollout.engine import GenerationRequest, SamplingParams
 from spade.rollout.hf.engine import HFEngine
 from spade.rollout.sglang.engine import NoHealthyServer, SGLangEngine
+from support.models import tiny_hf_dir_fixture
 
 pytestmark = pytest.mark.timeout(180)
 T = TypeVar("T")
@@ -75,9 +76,7 @@ class Servers:
         return self.request(index, "/spade_standin/log")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny_hf("qwen3", tmp_path_factory.mktemp("failures") / "model")
+model_dir = tiny_hf_dir_fixture("qwen3")  # a module fixture: the tiny model saved once
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, TypeVar
 import pytest
 import torch
 
-from hf_fixtures import save_tiny_hf, tiny_model
+from hf_fixtures import tiny_model
 from sglang_standin import standin_argv, standin_launcher
 from spade.rollout.sglang import control_protocol as control
 from spade.rollout.sglang import protocol as proto
@@ -27,6 +27,7 @@ from spade.rollout.hf.engine import HFEngine
 from spade.rollout.sglang.launcher import sglang_argv
 from spade.rollout.sglang.engine import SGLangEngine
 from spade.rollout.sglang.weight_transport import serialize_named_tensors
+from support.models import tiny_hf_dir_fixture
 
 pytestmark = pytest.mark.timeout(120)
 T = TypeVar("T")
@@ -57,9 +58,7 @@ class Harness:
             return json.loads(r.read())
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny_hf("qwen3", tmp_path_factory.mktemp("standin") / "model")
+model_dir = tiny_hf_dir_fixture("qwen3")  # a module fixture: the tiny model saved once
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,6 @@ import asyncio
 import dataclasses
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from spade.eval.runner import ChatModel, EvalError, format_table, read_records, 
 from spade.eval.suites import BenchmarkOptions, benchmark_names, build_benchmarks
 from spade.eval.tau2_bench import TAU2_SAMPLING, Tau2Bench, Tau2Settings, package_version, tau2_python
 from spade.eval.types import BenchmarkUnavailable, SamplingSettings
+from support.http import JsonHandler, LocalServer, chat_completion
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -134,22 +133,16 @@ class CountingEngine:
 
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory):
-    import torch
     from chat_templates import bpe_tokenizer
-    from hf_fixtures import randomize_
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+    from support.models import save_tiny_qwen3
+    from transformers import AutoTokenizer
 
     from spade.rollout.hf.engine import HFEngine
 
     _tau2_python()
     directory = tmp_path_factory.mktemp("tau2_model")
     tokenizer = bpe_tokenizer(TOOLS_CHATML)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         max_position_embeddings=16384, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    randomize_(AutoModelForCausalLM.from_config(config).eval()).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tiny_qwen3(directory, tokenizer, size="1x32", max_position_embeddings=16384, randomize=True)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     engine = CountingEngine(HFEngine(directory, tokenizer, device="cpu", dtype="float32", max_batch_size=4,
                                      max_context_tokens=16384))
@@ -157,40 +150,25 @@ def tiny_chat_model(tmp_path_factory):
     engine.inner.close()
 
 
-class ScriptedUser(BaseHTTPRequestHandler):
+class ScriptedUser(JsonHandler):
     """An OpenAI-style chat endpoint playing tau2's user: one request, then the stop token."""
 
     requests: list[dict] = []
 
     def do_POST(self):  # noqa: N802 (http.server's name)
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        body = self.read_json()
         type(self).requests.append(body)
         # The user simulator sees its own earlier turns as "assistant" messages.
         spoken = sum(1 for m in body["messages"] if m["role"] == "assistant")
         text = "Please create a task titled Important Meeting for user_1." if spoken == 0 else STOP
-        data = json.dumps({"id": "u", "object": "chat.completion", "created": 0, "model": body["model"],
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": text}}],
-                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(200, chat_completion(body["model"], text, "u"))
 
 
 @pytest.fixture
 def scripted_user():
     ScriptedUser.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedUser)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", ScriptedUser.requests
-    server.shutdown()
-    server.server_close()
+    with LocalServer(ScriptedUser) as server:
+        yield f"{server.url}/v1", ScriptedUser.requests
 
 
 def _tau2_files(out: Path, domain: str) -> tuple[dict, dict]:

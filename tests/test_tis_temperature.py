@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from chat_templates import bpe_tokenizer
-from hf_fixtures import COMMON, randomize_
 from megatron_fixtures import megatron_world  # noqa: F401  (fixture)
 from spade.config import ConfigError
 from spade.envs.protocol import ResetResult, StepResult
@@ -103,13 +102,10 @@ def test_micro_batches_carry_each_samples_temperature():
 
 
 def _tiny_pair(vocab_size: int, seed: int = 0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from support.models import tiny_qwen3
 
-    torch.manual_seed(seed)
-    config = Qwen3Config(head_dim=16, tie_word_embeddings=False, rope_theta=1e6,
-                         **{**COMMON, "vocab_size": vocab_size, "max_position_embeddings": 1024})
-    hf_model = randomize_(Qwen3ForCausalLM(config).eval())
-    spec = read_model_spec(config)
+    hf_model = tiny_qwen3(vocab_size, seed=seed, randomize=True, max_position_embeddings=1024, rope_theta=1e6)
+    spec = read_model_spec(hf_model.config)
     init_parallel(ParallelLayout(), seed=1234)
     model = build_model(spec, ParallelLayout(), options=FP32, hf_state=checkpoint_state(hf_model, spec))
     return hf_model, model

@@ -36,6 +36,7 @@ from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEng
 from test_external_designer import MODEL, CannedEndpoint
 from test_train_loop import metrics, run_spade
 from test_train_tool_use import FIXTURES, tool_hf  # noqa: F401  (the tiny Qwen3 with the Qwen3 template)
+from support.configs import SANDBOX_LIMITS, write_config
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,31 +104,33 @@ def tool_endpoint(monkeypatch):
 
 def _designed_config(work: Path, hf: Path, url: str) -> Path:
     path = work / "designed.yaml"
-    path.write_text(f"""
-model: {{hf_dir: {hf}, dtype: float32}}
-optimizer: {{lr: 1.0e-3}}
-selfplay:
-  domain: tool_use
-  k: 2
-  sampling:
-    designer: {{max_tokens: 64, top_k: null, top_p: 1.0}}
-    agent: {{temperature: 1.0, max_tokens: 12, top_k: null, top_p: 1.0}}
-    hint: {{max_tokens: 64, top_k: null, top_p: 1.0}}
-    screen: {{top_k: null, top_p: 1.0}}
-  envs_per_set: 2
-  g_nohint: 2
-  g_hint: 2
-  max_attempts: 2
-  use_corpus: true
-  train_designer: false
-  designer_endpoint: {{url: '{url}', model: {MODEL}, api_key_env: null, backoff_s: 0.0}}
-  max_turns: 2
-  max_context_tokens: 4096
-sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
-corpus: {{paths: [examples/corpus/demo.jsonl.gz], max_words: 4000}}
-engine: {{max_batch_size: 1}}
-run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 4096}}
-""")
+    write_config(path, {
+        "model": {"hf_dir": hf, "dtype": "float32"},
+        "optimizer": {"lr": 0.001},
+        "selfplay": {
+            "domain": "tool_use",
+            "k": 2,
+            "sampling": {
+                "designer": {"max_tokens": 64, "top_k": None, "top_p": 1.0},
+                "agent": {"temperature": 1.0, "max_tokens": 12, "top_k": None, "top_p": 1.0},
+                "hint": {"max_tokens": 64, "top_k": None, "top_p": 1.0},
+                "screen": {"top_k": None, "top_p": 1.0},
+            },
+            "envs_per_set": 2,
+            "g_nohint": 2,
+            "g_hint": 2,
+            "max_attempts": 2,
+            "use_corpus": True,
+            "train_designer": False,
+            "designer_endpoint": {"url": url, "model": MODEL, "api_key_env": None, "backoff_s": 0.0},
+            "max_turns": 2,
+            "max_context_tokens": 4096,
+        },
+        "sandbox": SANDBOX_LIMITS,
+        "corpus": {"paths": ["examples/corpus/demo.jsonl.gz"], "max_words": 4000},
+        "engine": {"max_batch_size": 1},
+        "run": {"steps": 2, "checkpoint_every": 1, "seed": 7, "micro_batch_tokens": 4096},
+    })
     return path
 
 
@@ -229,24 +232,19 @@ def test_orchestrator_screens_through_our_engine(sandbox, tmp_path):
     """Regeneration with the designer on our engine: the screen's "no" (the first verdict) rejects
     its candidate with ``screen_rejected``, its "yes" admits; the designer's samples are kept for
     the delayed reward, the agent's are scored; the hinted arm plays the step plan."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from spade.designer.memory import Memory, memory_path
     from spade.envs.protocol import ErrorKind, Stage
     from spade.rollout import HFEngine
     from spade.selfplay.orchestrator import Orchestrator
     from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
     from spade.selfplay.step import Step
+    from support.models import tiny_qwen3
 
     tokenizer = bpe_tokenizer((FIXTURES / "qwen3_hybrid.jinja").read_text())
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=32768,
-                         tie_word_embeddings=False)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     script = ToolDesignerScript(["no"])
-    real = HFEngine((Qwen3ForCausalLM(config).eval(), tokenizer), eos_token_ids=(eos,))
+    real = HFEngine((tiny_qwen3(tokenizer, size="1x32", max_position_embeddings=32768), tokenizer),
+                    eos_token_ids=(eos,))
     engine = ScriptedToolDesigner(real, tokenizer, script)
     settings = SelfPlaySettings(domain="tool_use", envs_per_set=2, k=2, g_nohint=2, g_hint=1, max_attempts=2,
                                 sampling=SamplingSettings().replace(designer={"max_tokens": 64}, agent={"max_tokens": 8},

@@ -36,20 +36,10 @@ RUN_TIMEOUT_S = 240
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory) -> Path:
     from chat_templates import bpe_tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import save_tiny_qwen3
 
     directory = tmp_path_factory.mktemp("tiny_qwen3")
-    tokenizer = bpe_tokenizer()
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                         rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False,
-                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_tiny_qwen3(directory, bpe_tokenizer(), special_ids=True, rope_theta=1e6)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.configs import SANDBOX_LIMITS, write_config
 from test_train_loop import RUN_TIMEOUT_S, checkpoint_tensors, metrics, run_spade, spade_cmd, without_time
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,18 +79,12 @@ def tool_hf(tmp_path_factory) -> Path:
     often stop early and often hold an answer."""
     from chat_templates import bpe_tokenizer
     from tokenizers import AddedToken
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from support.models import tiny_qwen3
 
     directory = tmp_path_factory.mktemp("tiny_qwen3_tools")
     tokenizer = bpe_tokenizer((FIXTURES / "qwen3_hybrid.jinja").read_text())
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<answer>", "</answer>")])
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=32768,
-                         rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False,
-                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    model = tiny_qwen3(tokenizer, max_position_embeddings=32768, special_ids=True, rope_theta=1e6)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] += 4.0
         for token, scale in (("<|im_end|>", 0.5), ("<answer>", 0.6), ("</answer>", 0.6)):
@@ -102,32 +97,33 @@ def tool_hf(tmp_path_factory) -> Path:
 
 
 def _config(work: Path, hf: Path, envs: Path, *, designer: bool) -> Path:
-    selfplay_extra = ("  designer_enabled: true\n  max_attempts: 1\n  use_corpus: true\n" if designer else
-                      f"  designer_enabled: false\n  fixed_env_dir: {envs}\n  use_corpus: false\n")
-    path = work / ("designer.yaml" if designer else "fixed.yaml")
-    path.write_text(f"""
-model: {{hf_dir: {hf}, dtype: float32}}
-optimizer: {{lr: 1.0e-3}}
-selfplay:
-  domain: tool_use
-  k: 2
-  sampling:
-    designer: {{max_tokens: 16, top_k: null, top_p: 1.0}}
-    agent: {{temperature: 1.0, max_tokens: 12, top_k: null, top_p: 1.0}}
-    hint: {{max_tokens: 12, top_k: null, top_p: 1.0}}
-    screen: {{top_k: null, top_p: 1.0}}
-  envs_per_set: {2 if designer else len(TOOL_EXAMPLES) + 1}   # the fixed pool: its whole six, every set
-  g_nohint: 2
-  g_hint: 2
-{selfplay_extra}  max_turns: 2
-  max_context_tokens: {16384 if designer else 4096}
-  admission_probes: false   # QuickAnswerEnv accepts any answer on purpose (the probes would reject it)
-sandbox: {{load_timeout_s: 10.0, reset_timeout_s: 5.0, step_timeout_s: 5.0, memory_limit_mb: 256}}
-corpus: {{paths: [examples/corpus/demo.jsonl.gz], max_words: 4000}}
-engine: {{max_batch_size: 1}}   # batch-invariant rollout log-probs: exact resume down to the last bit
-run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 4096}}
-""")
-    return path
+    pool = ({"designer_enabled": True, "max_attempts": 1, "use_corpus": True} if designer else
+            {"designer_enabled": False, "fixed_env_dir": envs, "use_corpus": False})
+    return write_config(work / ("designer.yaml" if designer else "fixed.yaml"), {
+        "model": {"hf_dir": hf, "dtype": "float32"},
+        "optimizer": {"lr": 0.001},
+        "selfplay": {
+            "domain": "tool_use",
+            "k": 2,
+            "sampling": {
+                "designer": {"max_tokens": 16, "top_k": None, "top_p": 1.0},
+                "agent": {"temperature": 1.0, "max_tokens": 12, "top_k": None, "top_p": 1.0},
+                "hint": {"max_tokens": 12, "top_k": None, "top_p": 1.0},
+                "screen": {"top_k": None, "top_p": 1.0},
+            },
+            "envs_per_set": 2 if designer else len(TOOL_EXAMPLES) + 1,  # the fixed pool: its whole six, every set
+            "g_nohint": 2,
+            "g_hint": 2,
+            **pool,
+            "max_turns": 2,
+            "max_context_tokens": 16384 if designer else 4096,
+            "admission_probes": False,  # QuickAnswerEnv accepts any answer on purpose (the probes would reject it)
+        },
+        "sandbox": SANDBOX_LIMITS,
+        "corpus": {"paths": ["examples/corpus/demo.jsonl.gz"], "max_words": 4000},
+        "engine": {"max_batch_size": 1},  # batch-invariant rollout log-probs: exact resume down to the last bit
+        "run": {"steps": 2, "checkpoint_every": 1, "seed": 7, "micro_batch_tokens": 4096},
+    })
 
 
 @pytest.fixture(scope="module")
