@@ -14,7 +14,10 @@ from hypothesis import settings as hypothesis_settings
 
 from spade.envs.sandbox.client import SandboxService
 from spade.envs.sandbox.config import SandboxConfig
+from support.paths import add_test_dirs
 from xdist_schedule import longest_files_first
+
+add_test_dirs()  # tests/<package>/ folders: test modules import each other by base name
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent

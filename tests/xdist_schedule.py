@@ -5,7 +5,8 @@ the next file when it runs dry, so the files are handed out longest first: a lon
 would leave the other worker idle while it runs. The figures are seconds per file on 2 cores
 (CPU time of the file's process and its subprocesses, or its wall time where it mostly waits),
 measured in a full run on two workers (2026-12-05, night) with tools/pytest_file_times.py, which also
-prints this table; a file not listed counts as 0 and keeps its place in the usual (alphabetical)
+prints this table; files are keyed by base name, wherever under tests/ they live (tests/<package>/),
+so base names stay unique (tests/test_xdist_schedule.py checks it); a file not listed counts as 0 and keeps its place in the usual (alphabetical)
 order. Stale figures only cost time, never a verdict: the order of the tests inside a file is
 unchanged, and a plain (serial) run is not reordered at all.
 """

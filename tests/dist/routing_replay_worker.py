@@ -22,6 +22,9 @@ import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from support.paths import add_test_dirs  # noqa: E402
+
+add_test_dirs()  # the test modules it imports may live in tests/<package>/
 
 from spade.models import ParallelLayout, RankCoords  # noqa: E402
 from spade.models.builder import BuildOptions, naming_for  # noqa: E402

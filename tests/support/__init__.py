@@ -3,5 +3,6 @@
 - ``support.models``: the one builder of tiny random Qwen3 models (``tiny_qwen3``, ``save_tiny_qwen3``)
   and the ``model_dir`` fixture family (``tiny_hf_dir_fixture``);
 - ``support.configs``: run configs written from a dict (``write_config``), not f-string YAML;
-- ``support.http``: hand-rolled HTTP fakes (a local server answering from a handler).
+- ``support.http``: hand-rolled HTTP fakes (a local server answering from a handler);
+- ``support.paths``: the test folders (tests/ and tests/<package>/), all put on sys.path.
 """
