@@ -4,7 +4,7 @@
 The model is what sentence-transformers builds from the package's ``modules.json``: the BERT
 encoder, mean pooling over the attention mask, L2 normalisation, inputs cut at
 ``max_seq_length`` (256) word pieces. Doing those three steps here gives the same vectors
-(tests/test_analysis_diversity.py compares) without loading sentence-transformers' own stack.
+(tests/analysis/test_analysis_diversity.py compares) without loading sentence-transformers' own stack.
 
 What is embedded is the environment's source code (the designer's output); the first 256 word
 pieces are its docstring, constants and the start of the class, which is where generated

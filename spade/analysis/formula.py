@@ -1,6 +1,6 @@
 """Formula reveal (SPEC 6: the share of physics environments whose opening observation states the
 governing formula; 25% early -> 5% late). Two documented heuristics, each tested on positive and
-negative examples (tests/test_analysis_detectors.py):
+negative examples (tests/analysis/test_analysis_detectors.py):
 
 ``is_physics(source, class_name)``
     The environment is physics-flavoured when its source and class name together use at least

@@ -31,7 +31,7 @@ from spade.run.console import run_summary, step_line
 from spade.run.progress import Progress
 from support.configs import SANDBOX_LIMITS, example_envs, write_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240
 POOL = ("hidden_sequence.py", "remainder_oracle.py", "switchboard.py")
 if importlib.util.find_spec("Gym") is None:  # found, not imported: rlve-gym reseeds global random state

@@ -14,7 +14,7 @@ import pytest
 
 from spade.analysis.run_reader import read_run, read_runs, run_names, signature
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "envs"
 PREAMBLE = ("You are playing an interactive text game. Read the situation below, think it through, and reply with "
             "exactly one action per turn. Put the action inside \\boxed{...}; only the last box in your reply counts. "
