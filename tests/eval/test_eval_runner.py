@@ -23,8 +23,8 @@ from spade.eval.types import SamplingSettings
 
 from eval_helpers import ByteTokenizer, ScriptedEngine
 
-FIXTURES = Path(__file__).parent / "fixtures" / "eval"
-ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "eval"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _answers(prompt: str, seed: int) -> str:
@@ -194,7 +194,7 @@ def test_report_renders_every_paper_row_with_per_column_cells(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from hf_fixtures import make_tokenizer, save_tiny_hf
 
     directory = tmp_path_factory.mktemp("tiny")

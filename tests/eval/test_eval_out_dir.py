@@ -10,7 +10,7 @@ from spade.cli import main
 
 from test_eval_runner import tiny_model  # noqa: F401 - the fixture
 
-FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "eval"
 
 
 def test_out_whose_parents_do_not_exist_is_created(tiny_model, tmp_path):

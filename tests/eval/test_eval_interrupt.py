@@ -18,8 +18,8 @@ import pytest
 
 from test_eval_runner import tiny_model  # noqa: F401 - the fixture
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "eval"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

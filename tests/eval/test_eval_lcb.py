@@ -23,7 +23,7 @@ from spade.eval.code_judge import ProgramTest, judge, judge_config
 from spade.eval.livecodebench import LiveCodeBench, decode_tests
 from spade.eval.types import EvalItem, ItemRecord, SampleRecord
 
-FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "eval"
 
 
 def test_release_encoding_of_private_tests_decodes_without_objects():

@@ -23,8 +23,8 @@ from spade.eval.types import ItemRecord
 
 from test_eval_protocol import _sent
 
-FIXTURES = Path(__file__).parent / "fixtures" / "eval"
-ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "eval"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _score(bench, item, reply):

@@ -16,7 +16,7 @@ from spade.eval.types import BenchmarkUnavailable, SamplingSettings
 
 from pathlib import Path
 
-FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "eval"
 
 
 def test_last_boxed_balances_braces():

@@ -22,7 +22,7 @@ from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEng
 
 from eval_helpers import ByteTokenizer
 
-FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "eval"
 
 
 class RecordingEngine(RolloutEngine):
