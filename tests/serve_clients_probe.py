@@ -1,4 +1,4 @@
-"""Run by tests/test_serve_clients.py with .venv-serve-clients' python (the OpenAI Agents SDK and
+"""Run by tests/serve/test_serve_clients.py with .venv-serve-clients' python (the OpenAI Agents SDK and
 inspect-ai are not in .venv). ``python serve_clients_probe.py agents|inspect SPEC_JSON`` drives the
 real client against a running ``spade serve`` and prints one JSON line per run."""
 

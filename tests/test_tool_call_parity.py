@@ -5,7 +5,7 @@ out by hand from the detector's rules (the citation names the file and function 
 ``sglang==0.5.23`` wheel, ``sglang/srt/function_call/``). The first test checks our parser against
 those expectations. The second runs the same outputs through SGLang's own detector classes, from
 the wheel ``make sglang-src`` installs (``tests/sglang_source.py``; its import chain's packages are
-pinned in requirements/sglang-test.txt). ``tests/test_tool_call_differential.py`` compares the two
+pinned in requirements/sglang-test.txt). ``tests/serve/test_tool_call_differential.py`` compares the two
 on generated replies.
 """
 

@@ -37,7 +37,7 @@ from test_serve import MODEL_NAME, TOOLS_TEMPLATE
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = Path(os.environ.get("SPADE_SERVE_CLIENTS_PYTHON", ROOT / ".venv-serve-clients" / "bin" / "python"))
 PROBE = ROOT / "tests" / "serve_clients_probe.py"
 

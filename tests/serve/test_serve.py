@@ -26,7 +26,7 @@ from spade.rollout.engine import GenerationChunk, GenerationResult, RolloutEngin
 
 import openai  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 90
 MODEL_NAME = "tiny-qwen3"
 
