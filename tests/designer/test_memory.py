@@ -320,7 +320,7 @@ def test_not_a_memory_database(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------
 # Seeding (selfplay.memory_seed_dir)
 
-SEED_DIR = Path(__file__).resolve().parent.parent / "examples" / "seed_envs"
+SEED_DIR = Path(__file__).resolve().parents[2] / "examples" / "seed_envs"
 
 
 def test_seed_records_one_per_example_and_skill() -> None:

@@ -16,7 +16,7 @@ from spade.run.preflight import check_real_corpus, paper_recipe
 from spade.run.run_dir import RunDirError
 from spade.train_config import from_dict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "examples" / "corpus" / "demo.jsonl.gz")
 
 

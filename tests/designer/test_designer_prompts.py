@@ -127,7 +127,7 @@ def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tm
     from spade.selfplay.sources.designer_source import DesignerRound
     from spade.selfplay.settings import SelfPlaySettings
 
-    seed_dir = Path(__file__).resolve().parent.parent / "examples" / "seed_envs"
+    seed_dir = Path(__file__).resolve().parents[2] / "examples" / "seed_envs"
     examples = sorted(p.read_text() for p in seed_dir.glob("*.py"))
     assert len(examples) == 2
     tokenizer = bpe_tokenizer()
@@ -257,7 +257,7 @@ def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
     from spade.selfplay.settings import SelfPlaySettings
 
     tokenizer = bpe_tokenizer()
-    corpus = Corpus(CorpusSettings(paths=(str(Path(__file__).resolve().parent.parent / "examples" / "corpus"
+    corpus = Corpus(CorpusSettings(paths=(str(Path(__file__).resolve().parents[2] / "examples" / "corpus"
                                               / "demo.jsonl.gz"),), max_words=50))
 
     class Recorder(RolloutEngine):

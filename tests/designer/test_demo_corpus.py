@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spade.designer.corpus import Corpus, CorpusSettings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = ROOT / "examples" / "corpus"
 CORPUS = CORPUS_DIR / "demo.jsonl.gz"
 MANIFEST = CORPUS_DIR / "demo.manifest.json"

@@ -11,7 +11,7 @@ import pytest
 
 from spade.designer.memory import Memory, MemoryRecord, memory_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"env_id", "skill", "step", "win_rate", "regret", "class_name"}
 
 
