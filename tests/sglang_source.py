@@ -149,7 +149,7 @@ _LOADED: list[str] = []  # the sys.path entry and module names load() added, for
 def load() -> SGLang:
     """SGLang's modules (see the module docstring). They stay in ``sys.modules`` (SGLang imports
     some of its own modules lazily) until ``unload()``; a test module calls that when it is done,
-    so the rest of the test process sees no ``sglang`` (``tests/test_runtime_versions.py`` checks
+    so the rest of the test process sees no ``sglang`` (``tests/rollout/test_runtime_versions.py`` checks
     that this venv has none)."""
     present = None if _LOADED else sys.modules.get("sglang")
     if present is not None:  # a real installation already imported (the GPU image): use it as it is

@@ -1,7 +1,7 @@
 """The GPU half of ``spade serve``'s top log-probs and constrained decoding (the CPU suite runs them
 against the hf engine on CPU and the SGLang stand-in: tests/serve/test_serve_top_logprobs.py,
-tests/test_sglang_top_logprobs.py, tests/serve/test_constrained_decoding.py,
-tests/test_sglang_constrained.py).
+tests/rollout/test_sglang_top_logprobs.py, tests/serve/test_constrained_decoding.py,
+tests/rollout/test_sglang_constrained.py).
 
 * Real SGLang (test_gpu_sglang's server and scorer): ``top_logprobs_num`` comes back as
   ``meta_info.output_top_logprobs`` and every alternative's log-prob equals transformers' at the

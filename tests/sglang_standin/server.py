@@ -554,7 +554,7 @@ class Standin:
         ``weight_version`` at :2508-2511; ``completion_tokens``, ``cached_tokens`` at :2556-2557)
         and, with ``return_logprob``, ``add_logprob_to_meta_info`` (:2868-2869) whose triples are
         ``detokenize_logprob_tokens``' ``(logprob, token_id, None)`` (:3104-3108). A subset of
-        SGLang's keys: ``tests/test_sglang_upstream.py`` checks them against that source. With
+        SGLang's keys: ``tests/rollout/test_sglang_upstream.py`` checks them against that source. With
         ``top_logprobs_num``, ``meta_info.output_top_logprobs``: per output token a list of
         ``(logprob, token_id, None)``, most likely first (``detokenize_top_logprobs_tokens``).
         With ``return_routed_experts`` on a server started with ``--enable-return-routed-experts``,

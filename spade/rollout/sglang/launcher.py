@@ -333,7 +333,7 @@ def sglang_argv(
     ``--model-path`` (``model.py``), ``--tp-size``, ``--ep-size``, ``--dp-size`` (``parallel.py``),
     ``--mem-fraction-static`` (``schedule.py``), ``--enable-memory-saver`` (``exec_.py``),
     ``--host``, ``--port``, ``--skip-tokenizer-init`` (``serving.py``), and ``--base-gpu-id``
-    (``device.py``), which the deployment passes in ``extra_args``. ``tests/test_sglang_upstream.py``
+    (``device.py``), which the deployment passes in ``extra_args``. ``tests/rollout/test_sglang_upstream.py``
     parses the command line of every SGLang recipe with that release's own ``ServerArgs`` parser. ``python -m
     sglang.launch_server`` still works in 0.5.23 (it warns that ``sglang serve`` is the
     recommended entry point). Keep ``dp == 1`` when weights are synced: 0.5.23 refuses

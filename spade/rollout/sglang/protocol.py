@@ -6,7 +6,7 @@ globals a serialized tensor payload may name.
 
 Everything here was written by reading SGLang's source, none of it copied. It was checked against
 the source of the release spade pins, the ``sglang==0.5.23`` wheel from PyPI (paths below are inside
-that package, ``sglang/...``), and ``tests/test_sglang_upstream.py`` keeps it so with that wheel's
+that package, ``sglang/...``), and ``tests/rollout/test_sglang_upstream.py`` keeps it so with that wheel's
 own code (``make sglang-src``): every route and method in ``ENDPOINTS`` is in its HTTP server's
 route table, every body the client sends parses into the route's ``io_struct`` request with no
 unknown key, and the ``meta_info`` keys read here are keys its tokenizer manager writes:

@@ -43,7 +43,7 @@ from spade.rollout.sglang.engine import SGLangEngine
 from spade.rollout.sglang.weight_transport import BroadcastWeightSender, IpcWeightUpdater
 from spade.train_config import load_train_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HOLD_TOKENS = 77  # a /generate asking for this many tokens is held until the client gives up on it
 SERVER_TP = 2  # what the recording servers report in /get_server_info
 
@@ -620,7 +620,7 @@ def test_the_recording_engines_answers_have_sglangs_keys(route_table):
 
 
 def test_the_hand_written_answers_of_test_sglang_protocol_have_sglangs_layout(sg):
-    """The bodies ``tests/test_sglang_protocol.py`` parses were written by hand from SGLang's
+    """The bodies ``tests/rollout/test_sglang_protocol.py`` parses were written by hand from SGLang's
     source: their keys are keys SGLang writes, their finish reasons keys of ``FINISH_*.to_json()``,
     and the sampling keys it lists are those of SGLang's /generate schema gate."""
     import test_sglang_protocol as hand

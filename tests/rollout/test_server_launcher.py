@@ -268,7 +268,7 @@ def test_free_port_and_argv_builders():
     assert extra_argv(None) == []
 
 
-# Whether SGLang 0.5.23 knows the flags sglang_argv emits: tests/test_sglang_upstream.py parses
+# Whether SGLang 0.5.23 knows the flags sglang_argv emits: tests/rollout/test_sglang_upstream.py parses
 # them with that release's own ServerArgs parser.
 
 
@@ -284,7 +284,7 @@ def test_server_dies_with_the_process_that_launched_it(standin, tmp_path):
     pid_file = tmp_path / "server.pid"
     owner = textwrap.dedent(f"""
         import asyncio, sys
-        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from spade.rollout.sglang.launcher import ServerLauncher
         async def main():
             launcher = ServerLauncher([sys.executable, {str(script)!r}, "--port", "{port}"], port={port},

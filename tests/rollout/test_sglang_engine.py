@@ -2,7 +2,7 @@
 
 SGLang cannot run without a GPU, so each "server" here is a ThreadingHTTPServer on 127.0.0.1
 answering /generate with responses of the shape tokenizer_manager.py builds (see
-tests/test_sglang_protocol.py) and recording every control call. A test that needs a request to be
+tests/rollout/test_sglang_protocol.py) and recording every control call. A test that needs a request to be
 in flight holds it at the server (``hold``) and waits for its arrival (``arrived``): events, not
 sleeps, order what the engine sees.
 """

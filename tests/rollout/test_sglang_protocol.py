@@ -2,7 +2,7 @@
 
 SGLang itself needs a GPU, so these are literal JSON bodies written from the code that builds them
 in the pinned release, the ``sglang==0.5.23`` wheel (paths are inside that package).
-``tests/test_sglang_upstream.py`` checks them against that wheel's code: their keys are keys SGLang
+``tests/rollout/test_sglang_upstream.py`` checks them against that wheel's code: their keys are keys SGLang
 writes, and ``SGLANG_SAMPLING_KEYS`` is its /generate schema's list. The servers
 run with ``--skip-tokenizer-init`` (``launcher.sglang_argv``), so finished results carry no
 ``"text"``.
