@@ -4,12 +4,12 @@ old path) against every episode in one sandbox request (the ``probe`` request, t
     python benchmarks/admission_probes.py [--rounds R] [--json]
 
 Candidates: the seed games and the six ``examples/envs/`` (all admitted) and the exploit corpus of
-``tests/test_degenerate_probes.py`` (all rejected). Each round opens every candidate twice in the
+``tests/envs/test_degenerate_probes.py`` (all rejected). Each round opens every candidate twice in the
 real sandbox service and times the probe stage alone on each path (the same settings and run turn
 budget, 25); the two reports must be identical (the script stops otherwise). It prints the median
 and p90 per candidate of each path, for admitted and rejected candidates, and the ratio of the
 medians. The per-call path lives here only, as the reference the one-request path is checked
-against (``tests/test_degenerate_probes.py`` imports it for the same check); since issue 40 it
+against (``tests/envs/test_degenerate_probes.py`` imports it for the same check); since issue 40 it
 drives the same loop (:func:`spade.envs.sandbox.runtime.probe_play.play`) through one sandbox call
 per reset and step, so the check is on the sandbox path, not on a second copy of the loop.
 """

@@ -1,4 +1,4 @@
-"""Run by tests/test_verifiers_env.py with .venv-verifiers' python (verifiers is not in .venv).
+"""Run by tests/envs/test_verifiers_env.py with .venv-verifiers' python (verifiers is not in .venv).
 
 Plays each scripted reply list through SpadePoolEnv.run with a scripted interaction standing in
 for verifiers' agent, and prints one JSON line per episode: the reward, the turns and the actions."""

@@ -35,7 +35,7 @@ from spade.selfplay.sources.rlve_source import RLVESource
 from spade.selfplay.settings import SelfPlaySettings
 from support.configs import write_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # rlve-gym runs only in worker processes (it reseeds global random state): found, not imported here
 if importlib.util.find_spec("Gym") is None:
     raise ImportError("rlve-gym is not installed (make setup installs it)")

@@ -28,7 +28,7 @@ from spade.envs.tool_use.replies import UNKNOWN_TOOL_NAMES, read_tool_turn
 pytestmark = pytest.mark.timeout(600)
 
 PARSER = Qwen3ToolCallParser()
-GAME = (Path(__file__).resolve().parent.parent / "examples" / "envs" / "hidden_sequence.py").read_text()
+GAME = (Path(__file__).resolve().parents[2] / "examples" / "envs" / "hidden_sequence.py").read_text()
 
 # every JSON-schema type a parameter can have, so the XML form types each value differently
 TYPED_ENV = '''

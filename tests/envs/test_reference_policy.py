@@ -22,7 +22,7 @@ from spade.designer.skills import Skill
 # (at most 6 guesses, within the 8 guesses the game allows whatever the run's turn budget).
 # ``{policy}`` is the method's body. The feedback avoids the comparison words the probes' own
 # bisection reads (issue 40), so that this file tests the reference stage alone; a game a blind
-# bisection wins is rejected before it (tests/test_degenerate_probes.py).
+# bisection wins is rejected before it (tests/envs/test_degenerate_probes.py).
 HUNT = '''
 import random
 import re

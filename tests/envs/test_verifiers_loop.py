@@ -29,7 +29,7 @@ from test_verifiers_env import GAME
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("SPADE_VERIFIERS_VENV", ROOT / ".venv-verifiers"))
 SEEDS = 2
 ACTIONS = ["\\boxed{x}", "\\boxed{x}", "\\boxed{end 0.75}"]

@@ -18,7 +18,7 @@ from gymnasium.utils.env_checker import check_env
 import spade.envs.gym as spade_gym
 from spade.envs.gym import DesignedEnv, DesignedEnvError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV_DIR = ROOT / "examples" / "envs"
 _spec = importlib.util.spec_from_file_location("example_solvers_gym", ROOT / "examples" / "solvers.py")
 solvers = importlib.util.module_from_spec(_spec)

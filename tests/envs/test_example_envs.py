@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-ENV_DIR = pathlib.Path(__file__).resolve().parent.parent / "examples" / "envs"
+ENV_DIR = pathlib.Path(__file__).resolve().parents[2] / "examples" / "envs"
 _solvers_spec = importlib.util.spec_from_file_location("example_solvers", ENV_DIR.parent / "solvers.py")
 _solvers = importlib.util.module_from_spec(_solvers_spec)
 _solvers_spec.loader.exec_module(_solvers)

@@ -23,7 +23,7 @@ from spade.selfplay.settings import SelfPlaySettings
 from conftest import EXAMPLE_ENVS
 from test_admission import GOOD
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED_GAMES = sorted((ROOT / "examples" / "seed_envs").glob("*.py"))
 
 
@@ -260,7 +260,7 @@ BISECTABLE = re.sub(r"\n *if self\.turn >= 5:.*\n *return \"out of guesses\".*",
 def test_a_guessing_game_a_blind_bisection_always_wins_is_rejected(sandbox):
     """The tests' own guessing game without its guess limit, under a run budget of 25 turns: a
     binary search that reads only the comparison words wins every seed (issue 40); with its limit
-    of five guesses it is admitted (tests/test_admission.py)."""
+    of five guesses it is admitted (tests/envs/test_admission.py)."""
     assert BISECTABLE != GOOD
     verdict = verdict_for(sandbox, BISECTABLE, max_turns=25)
     assert verdict.error.kind is ErrorKind.DEGENERATE_WIN

@@ -3,7 +3,7 @@
 Runs tests/verifiers_env_probe.py with .venv-verifiers' python (``make verifiers``); skips when
 that venv is absent. The reference for each episode is SPEC 1.3's return computed by hand for a
 scripted game, and the same actions replayed through spade's Gymnasium env in this process.
-verifiers' own rollout loop against ``spade serve`` is tests/test_verifiers_loop.py."""
+verifiers' own rollout loop against ``spade serve`` is tests/envs/test_verifiers_loop.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = Path(os.environ.get("SPADE_VERIFIERS_PYTHON", ROOT / ".venv-verifiers" / "bin" / "python"))
 
 GAME = '''

@@ -15,7 +15,7 @@ from conftest import ROOT
 from spade.envs.tool_use.local import example_paths, load_trusted, scripted_calls
 
 TIMEOUT = 120
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 TOOL_EXAMPLES = example_paths()
 BANKING = ROOT / "examples" / "envs" / "tool_use" / "banking.py"
 GAME = ROOT / "examples" / "envs" / "hidden_sequence.py"

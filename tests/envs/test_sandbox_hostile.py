@@ -37,7 +37,7 @@ from spade.envs.sandbox.launcher import MOUNT_ROOT, RUNTIME_DIR
 SECRET = f"spade-secret-{uuid.uuid4().hex}"
 os.environ["SPADE_TEST_SECRET"] = SECRET
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PREFIX = Path(os.path.realpath(sys.base_prefix))
 RUNTIME_INSIDE = f"{MOUNT_ROOT}/runtime"  # where the sandbox sees RUNTIME_DIR
 QUICK_TIMEOUTS = dict(load_timeout_s=1.5, reset_timeout_s=1.5, step_timeout_s=1.5)

@@ -22,7 +22,7 @@ from spade.rollout.conversation import ChatFormat
 from spade.rollout.engine import GenerationResult, SamplingParams
 from spade.selfplay.plays.policy import EnginePolicy
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 TEMPLATES = {"qwen3_hybrid": (FIXTURES / "qwen3_hybrid.jinja").read_text(),
              "qwen3_thinking_2507": (FIXTURES / "qwen3_thinking_2507.jinja").read_text()}
 TOOLS = [{"type": "function", "function": {"name": "set_mode", "description": "Set the mode.", "parameters": {

@@ -26,10 +26,10 @@ from spade.envs.protocol import ErrorKind, Stage
 from spade.envs.sandbox.runtime.probe_play import play
 from spade.envs.winnability import WinnabilitySettings
 
-CORPUS = Path(__file__).resolve().parent / "fixtures" / "probe_corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "probe_corpus"
 EXPLOITS = sorted((CORPUS / "exploit").glob("*.py"))
 HONEST = sorted((CORPUS / "honest").glob("*.py"))
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEPT = [*sorted((ROOT / "examples" / "envs").glob("*.py")), *sorted((ROOT / "examples" / "seed_envs").glob("*.py"))]
 
 

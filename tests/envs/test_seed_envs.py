@@ -12,7 +12,7 @@ import pytest
 
 from spade.envs.admission import admit
 
-SEED_DIR = Path(__file__).resolve().parent.parent / "examples" / "seed_envs"
+SEED_DIR = Path(__file__).resolve().parents[2] / "examples" / "seed_envs"
 SEEDS = sorted(SEED_DIR.glob("*.py"))
 BOX = re.compile(r"\\boxed\{[^}]*\}")
 
