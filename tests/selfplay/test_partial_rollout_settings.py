@@ -1,6 +1,6 @@
 """selfplay.partial_rollouts (issue 26): the setting loads nested, is off by default, names its key in
 every error, and ``enabled: true`` is refused by the orchestrator where carrying is not built (tool use;
-the refill of flat groups). The carrying itself: tests/test_partial_rollouts.py."""
+the refill of flat groups). The carrying itself: tests/selfplay/test_partial_rollouts.py."""
 
 import pytest
 
@@ -43,7 +43,7 @@ def test_only_the_30b_variants_leave_the_synchronous_schedule():
 
     from spade.train_config import load_train_config as load_config
 
-    recipes = Path(__file__).resolve().parents[1] / "examples" / "recipes"
+    recipes = Path(__file__).resolve().parents[2] / "examples" / "recipes"
     configs = {p.name: load_config(p) for p in recipes.glob("*.yaml")}
     partial = sorted(name for name, c in configs.items() if c.selfplay.partial_rollouts.enabled)
     overlap = sorted(name for name, c in configs.items() if c.run.overlap)

@@ -35,7 +35,7 @@ from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 from spade.train_config import from_dict, load_train_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HYBRID = (ROOT / "tests" / "fixtures" / "qwen3_hybrid.jinja").read_text()
 RECIPES = ROOT / "examples" / "recipes"
 THINK_ON_PROMPT = "<|im_start|>assistant\n"

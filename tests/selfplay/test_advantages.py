@@ -153,7 +153,7 @@ def test_designer_advantage_weight_of_the_recipes(recipe, k, expected):
 
     from spade.train_config import load_train_config
 
-    config = load_train_config(Path(__file__).resolve().parents[1] / recipe)
+    config = load_train_config(Path(__file__).resolve().parents[2] / recipe)
     sp = config.selfplay
     assert (sp.k, sp.envs_per_set, sp.g_nohint) == (k, 24, 16)
     assert designer_advantage_weight(sp.rewards, sp.envs_per_set * sp.g_nohint, sp.envs_per_set, sp.k) == expected

@@ -39,7 +39,7 @@ from support.http import JsonHandler, LocalServer, chat_completion
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV_SOURCE = (ROOT / "examples" / "envs" / "remainder_oracle.py").read_text()
 SEED_DIR = ROOT / "examples" / "seed_envs"
 HINT = "Ask about  the remainder first;\n answer with \\boxed{}."

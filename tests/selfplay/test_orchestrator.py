@@ -30,7 +30,7 @@ from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 from support.models import tiny_qwen3
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_SOURCE = (ROOT / "examples" / "envs" / "remainder_oracle.py").read_text()
 COIN_SOURCE = '''
 import random

@@ -24,7 +24,7 @@ from spade.config import ConfigError
 from spade.selfplay.plays.player import PlayRequest
 from spade.selfplay.plays.rollout_shards import ShardChannel, ShardLayout, ShardServer, split_requests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_shards_sit_one_per_node_of_equal_size():

@@ -39,7 +39,7 @@ from test_train_tool_use import FIXTURES, tool_hf  # noqa: F401  (the tiny Qwen3
 from support.configs import SANDBOX_LIMITS, write_config
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {path.stem: path.read_text() for path in sorted((ROOT / "examples" / "envs" / "tool_use").glob("*.py"))}
 BY_DOMAIN = {"banking": "banking", "retail orders": "retail_orders", "travel booking": "travel_booking",
              "support tickets": "support_tickets", "smart home": "smart_home"}

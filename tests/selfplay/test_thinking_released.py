@@ -29,7 +29,7 @@ from spade.selfplay.step import Step
 from spade.selfplay.plays.turn_samples import episode_weights
 from spade.train_config import from_dict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HYBRID = (ROOT / "tests" / "fixtures" / "qwen3_hybrid.jinja").read_text()
 THINK_ON_PROMPT = "<|im_start|>assistant\n"
 THINK_OFF_PROMPT = "<|im_start|>assistant\n<think>\n\n</think>\n\n"

@@ -1,7 +1,7 @@
 """Partial rollouts (issue 26): carried plays' state, stop and continue, groups kept whole, resume.
 
 Real parts throughout: the bubblewrap sandbox, the HFEngine on a tiny random Qwen3 (the fixture of
-tests/test_orchestrator.py), the tokenizer of tests/chat_templates.py. ``StopAfterCalls`` wraps the
+tests/selfplay/test_orchestrator.py), the tokenizer of tests/chat_templates.py. ``StopAfterCalls`` wraps the
 real engine only to set the step's stop event after a given number of completed requests, so a play
 is stopped at a known turn; every token still comes from the real engine.
 """
