@@ -22,7 +22,7 @@ from spade.selfplay.sources.pool_settings import PoolSettings
 from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SKILLS = [skill.name for skill in GAME_SKILLS]
 EXAMPLES = {  # the example environments and the skill each was written for (examples/envs/README.md)
     "remainder_oracle": "Mathematical Reasoning", "liars_island": "Logical Deduction",

@@ -21,7 +21,7 @@ from spade.pool.export import COLUMNS, EXPORT_INFO, schema
 from spade.selfplay.settings import SelfPlaySettings
 from spade.selfplay.plays.trajectory_log import TrajectoryLog
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {path.stem: path.read_text() for path in sorted((ROOT / "examples" / "envs").glob("*.py"))}
 
 

@@ -29,7 +29,7 @@ from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
 from spade.selfplay.settings import SelfPlaySettings
 from support.http import JsonHandler, LocalServer, chat_completion
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "envs").glob("*.py"))
 SKILLS = [skill.name for skill in GAME_SKILLS]
 HINT = "Probe before you answer."
