@@ -3,7 +3,7 @@
 The reading is that of SGLang 0.5.23's reasoning parser (``sglang/srt/parser/reasoning_parser.py``,
 ``BaseReasoningFormatDetector.detect_and_parse`` with the ``Qwen3Detector`` and
 ``DeepSeekR1Detector`` settings), checked against that code by
-``tests/test_reasoning_differential.py``:
+``tests/agent/test_reasoning_differential.py``:
 
 * A reply is in reasoning when it starts inside it (``inside``: the prompt left a ``<think>`` open,
   ``prompt_opens_reasoning``; ``deepseek-r1`` always, as DeepSeek-R1 writes no opening tag) or when

@@ -10,7 +10,7 @@ before the first ``</think>`` is ``reasoning_content``, the text after it ``cont
 stripped of whitespace; no ``</think>`` while inside reasoning means the reply was cut there, so
 all of it is reasoning and ``content`` is empty; a reply with no ``<think>`` in it (and whose
 prompt did not open one) is all ``content``; tool calls are parsed from ``content`` only. These rules
-are checked against SGLang's own parser by tests/test_reasoning_differential.py.
+are checked against SGLang's own parser by tests/agent/test_reasoning_differential.py.
 """
 
 from __future__ import annotations

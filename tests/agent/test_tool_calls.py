@@ -1,4 +1,4 @@
-"""The tool-call parser (SGLang's qwen25 / qwen3_coder rules; tests/test_tool_call_parity.py has the
+"""The tool-call parser (SGLang's qwen25 / qwen3_coder rules; tests/agent/test_tool_call_parity.py has the
 case table against the detectors): Qwen3's JSON form, the XML parameter form, several calls, malformed
 blocks reported as errors (never raised), and text without calls."""
 
