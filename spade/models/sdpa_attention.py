@@ -11,7 +11,7 @@ the backward pass; on CUDA it picks flash or memory-efficient attention.
 
 Same mathematics as the unfused path (softmax of ``q k^T * scale`` under the causal mask, times
 ``v``), accumulated in a different order: outputs agree within fp32 rounding (checked in
-``tests/test_sdpa_attention.py`` against the unfused module and Hugging Face's logits).
+``tests/models/test_sdpa_attention.py`` against the unfused module and Hugging Face's logits).
 
 Supported as upstream's local attention is used here: causal self-attention, no sliding window,
 the vanilla softmax, no packed sequences (THD needs Transformer Engine), no attention bias. Anything

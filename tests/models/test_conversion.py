@@ -22,7 +22,7 @@ import torch
 import hf_fixtures as hx
 from megatron_fixtures import ensure_megatron_world, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools"
 sys.path.insert(0, str(TOOLS))
 

@@ -26,7 +26,7 @@ from megatron_patches._util import original_of
 
 pytestmark = pytest.mark.usefixtures("megatron_world")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU patches stand down on CUDA")
 
 
