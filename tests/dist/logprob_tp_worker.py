@@ -1,4 +1,4 @@
-"""Worker for tests/test_logprobs.py: vocab-parallel token_logprobs against the single-rank result.
+"""Worker for tests/rl/test_logprobs.py: vocab-parallel token_logprobs against the single-rank result.
 
 Run with ``torchrun --nproc_per_node 2 tests/dist/logprob_tp_worker.py``. Every rank builds the
 same fp64 inputs, computes the TP=1 reference on the full vocabulary, then the TP result on its

@@ -241,7 +241,7 @@ def test_switch_values_and_errors():
     for clash in ({"domain": "tool_use"}, {"partial_rollouts": PartialRolloutSettings(enabled=True)}):
         with pytest.raises(ConfigError, match=r"selfplay\.agent_sample_form: per_turn with .*allowed: sequence"):
             SelfPlaySettings(agent_sample_form="per_turn", **clash)
-    # the released batch cut and fault fill keep and copy whole episodes (tests/test_per_episode_loss.py)
+    # the released batch cut and fault fill keep and copy whole episodes (tests/rl/test_per_episode_loss.py)
     released = SelfPlaySettings(agent_sample_form="per_turn", batch=BatchRules(cut_to_global_batch=True),
                                 plays=PlayRules(env_faults="retry_then_drop"))
     assert released.batch.cut_to_global_batch and released.plays.drops_faults

@@ -14,7 +14,7 @@ import torch
 
 from spade.rl.logprobs import logprobs_from_logits, token_logprobs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TP_WORKER = ROOT / "tests" / "dist" / "logprob_tp_worker.py"
 
 
