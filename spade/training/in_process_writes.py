@@ -12,7 +12,7 @@ view would write the whole buffer), so a save held a second copy of the training
 of peak RSS for SmolLM2-135M in bf16 (``benchmarks/main_job_memory.py``, the checkpoint phase).
 Here the plan holds placeholders; the writer resolves one tensor, copies it to a compact CPU tensor
 if it has to, writes it and lets it go, so a save adds at most its largest tensor. The files hold
-the same tensors in the same order (tests/test_checkpoint.py compares the bytes of both ways).
+the same tensors in the same order (tests/training/test_checkpoint.py compares the bytes of both ways).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ time in the backward pass; full recompute keeps only each recomputed group's inp
   (``grad_reduce_in_fp32``), Adam moments plus fp32 main parameters for bf16 models (divided over
   data-parallel ranks with the distributed optimizer);
 * saved activations of the decoder layers, per token and layer (bf16 elements, from what autograd
-  keeps in the local spec, checked on CPU in ``tests/test_memory_plan.py``):
+  keeps in the local spec, checked on CPU in ``tests/training/test_memory_plan.py``):
   4 h (norm and linear inputs) + 3 q + 3 kv (the fused qkv output, rotated q and k, the attention
   context) + 5 f (SwiGLU), with h, q = heads * head_dim, kv = kv heads * head_dim, f = FFN size;
   torch's composite RMSNorm (used when its fused kernel cannot run, e.g. fp32 norm weights on bf16

@@ -1,4 +1,4 @@
-"""Worker for tests/test_checkpoint_first_step.py: checkpoints saved before the optimizer's first
+"""Worker for tests/training/test_checkpoint_first_step.py: checkpoints saved before the optimizer's first
 step, on 2 ranks.
 
 Run as ``torchrun --nproc_per_node 2 tests/dist/checkpoint_first_step_worker.py WORK``; ``WORK``

@@ -40,7 +40,7 @@ from spade.training.batching import default_packing
 from test_models_parity import VOCAB, checkpoint_state, tiny_hf
 
 FP32 = BuildOptions(params_dtype=torch.float32)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------ helpers

@@ -31,7 +31,7 @@ from spade.training.memory_plan import (GIB, MemoryPlanError, MicroBatchShape, R
                                         activation_bytes_per_token_layer, check_fits, estimate_step_memory,
                                         parameter_count)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_mfu  # noqa: E402
 

@@ -230,7 +230,7 @@ def test_routing_replay_is_on_in_every_30b_a3b_recipe_and_off_elsewhere():
 
     from spade.train_config import load_train_config
 
-    recipes = sorted(path for path in (Path(__file__).resolve().parents[1] / "examples").rglob("*.yaml")
+    recipes = sorted(path for path in (Path(__file__).resolve().parents[2] / "examples").rglob("*.yaml")
                      if "paper" not in path.parts)
     seen = {"rollout": 0, "off": 0}
     for path in recipes:
