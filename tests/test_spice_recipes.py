@@ -13,13 +13,13 @@ from spade.selfplay.sources.spice_settings import SpiceSettings
 from spade.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = ROOT / "examples" / "recipes"
-PAIRS = {"spice_qwen3_4b_base_8gpu.yaml": ("qwen3_4b_games_8gpu.yaml", "models/Qwen3-4B-Base"),
-         "spice_qwen3_8b_base_8gpu.yaml": ("qwen3_8b_games_8gpu.yaml", "models/Qwen3-8B-Base")}
+RECIPES = ROOT / "examples" / "recipes" / "spice"
+PAIRS = {"qwen3_4b_base_8gpu.yaml": ("../qwen3_4b_games_8gpu.yaml", "models/Qwen3-4B-Base"),
+         "qwen3_8b_base_8gpu.yaml": ("../qwen3_8b_games_8gpu.yaml", "models/Qwen3-8B-Base")}
 
 
 def test_every_recipe_is_listed():
-    assert {p.name for p in RECIPES.glob("spice_*.yaml")} == set(PAIRS)
+    assert {p.name for p in RECIPES.glob("*.yaml")} == set(PAIRS)
 
 
 @pytest.mark.parametrize("name", sorted(PAIRS))

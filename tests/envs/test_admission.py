@@ -178,7 +178,8 @@ def test_source_that_is_not_text_is_a_syntax_error_in_plain_words(sandbox, tmp_p
 
     assert main(["env", "check", "--isolation", "unsafe-local", str(path)]) == 1
     out = capsys.readouterr().out
-    assert out == f"{path}: rejected at syntax: syntax_error: {verdict.error.message}\n"
+    assert out == f"{path}: rejected at syntax: syntax_error: {verdict.error.message}\n" \
+                  "checked 1: 0 admitted, 1 rejected (syntax_error 1)\n"
     assert main(["env", "run", "--isolation", "unsafe-local", str(path), "--actions", "x"]) == 2
     assert says in capsys.readouterr().err
 

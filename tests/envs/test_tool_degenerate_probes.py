@@ -233,7 +233,7 @@ def test_env_check_prints_the_tool_probes_one_line_per_family(tmp_path, capsys):
     exploit = tmp_path / "reads.py"
     exploit.write_text(EXPLOITS["one repeated call completes everything"][0])
     banking = next(p for p in example_paths() if p.stem == "banking")
-    assert main(["env", "check", str(banking), str(exploit)]) == 1
+    assert main(["env", "check", "-v", str(banking), str(exploit)]) == 1
     admitted, rejected = capsys.readouterr().out.split(f"{exploit}: ")
     assert "ok   degenerate_probe" in admitted
     for family, best in (("done", ANSWER_DONE), ("repeat", "repeat_"), ("once", "once_"), ("chain", "chain_tools")):
