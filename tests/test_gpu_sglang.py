@@ -1,5 +1,5 @@
 """The GPU half of the SGLang path: what the CPU suite runs against the stand-in
-(tests/rollout/test_sglang_standin.py, tests/test_train_loop.py), here on CUDA against a real SGLang
+(tests/rollout/test_sglang_standin.py, tests/run/test_train_loop.py), here on CUDA against a real SGLang
 server, through the same spade entry points.
 
 * CUDA-IPC hand-over (no SGLang needed): tensors packed into a bucket on the GPU and serialized by

@@ -1,7 +1,7 @@
 """``train_steps`` after a first Ctrl-C (``spade.run.stop``): the step in progress ends, its
 checkpoint is written out of schedule and the run stops naming it; on the last step the run just
 ends. A recording trainer stands in for the model: the loop's schedule is what is under test
-(the real command: tests/test_train_interrupt.py)."""
+(the real command: tests/run/test_train_interrupt.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import prewarmed
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "examples" / "smoke_cpu.yaml"
 TIMEOUT_S = 120
 

@@ -29,7 +29,7 @@ def test_default_keeps_the_last_two_and_the_smoke_run_one():
     from pathlib import Path
 
     assert from_dict({}).run.keep_checkpoints == 2
-    smoke = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples/smoke_cpu.yaml").read_text())
+    smoke = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples/smoke_cpu.yaml").read_text())
     assert smoke["run"]["keep_checkpoints"] == 1
 
 

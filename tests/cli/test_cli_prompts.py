@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted([*(ROOT / "examples" / "recipes").glob("*.yaml"), *(ROOT / "examples" / "recipes" / "paper").glob("*.yaml")])
 GAME = ROOT / "examples" / "envs" / "foggy_grid.py"
 TOOL_ENV = ROOT / "examples" / "envs" / "tool_use" / "smart_home.py"

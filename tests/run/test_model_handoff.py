@@ -26,7 +26,7 @@ import torch
 from support.configs import SANDBOX_LIMITS, example_envs, write_config
 from test_train_loop import tiny_hf  # noqa: F401  (the tiny Qwen3 of the train-loop tests)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 

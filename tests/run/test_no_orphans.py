@@ -26,7 +26,7 @@ import psutil
 import pytest
 from support.configs import example_envs, write_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TAG_ENV = "SPADE_TEST_ORPHAN_TAG"
 RUN_TIMEOUT_S = 300
 

@@ -2,7 +2,7 @@
 best is marked best in ``checkpoints/best`` and survives ``run.keep_checkpoints``; the file is the
 comparison's whole state, so a resumed run continues it. The checkpoint directories are stand-ins
 (recording, marking and pruning read only names, ``latest`` and ``best``); the trainer's own call
-site is exercised end to end by tests/test_train_loop.py::test_in_loop_evaluation_logs_held_out_scores."""
+site is exercised end to end by tests/run/test_train_loop.py::test_in_loop_evaluation_logs_held_out_scores."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ import torch
 from support.configs import SANDBOX_LIMITS, write_config
 from test_train_loop import RUN_TIMEOUT_S, checkpoint_tensors, metrics, run_spade, spade_cmd, without_time
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 TOOL_EXAMPLES = sorted((ROOT / "examples" / "envs" / "tool_use").glob("*.py"))
 
 # A tool environment that accepts any final answer: the tiny model below writes <answer>...</answer>

@@ -16,7 +16,7 @@ import pytest
 
 from spade.train_config import load_train_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "examples" / "recipes"
 SCALE_OUT_RECIPES = sorted([*RECIPES.glob("*_8gpu.yaml"), *RECIPES.glob("*_multinode.yaml")])
 LAUNCH_SCRIPTS = sorted((ROOT / "examples" / "launch").glob("*.sh"))

@@ -28,7 +28,7 @@ import prewarmed
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 RUN_TIMEOUT_S = 240
 

@@ -114,7 +114,7 @@ def test_a_checkpoint_opens_as_the_engine_of_its_weights(tmp_path):
     import torch
     from megatron_fixtures import ensure_megatron_world
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import convert_hf_to_mcore
     from _common import run as run_tool
 

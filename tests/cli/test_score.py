@@ -19,7 +19,7 @@ import hf_fixtures as hx
 import prewarmed
 from megatron_fixtures import ensure_megatron_world
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120
 TOL = 1e-4
 

@@ -27,7 +27,7 @@ from spade.train_config import load_train_config
 from spade.training.advantage_control import shuffle_advantages, shuffle_seed
 from spade.training.train_step import LossSettings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "learn" / "fixed.yaml"
 GAMES = ROOT / "examples" / "learn" / "games"
 
