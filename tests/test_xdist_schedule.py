@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import xdist_schedule
-from support.paths import test_files
+from support import paths
 from xdist_schedule import SECONDS, longest_files_first
 
 TESTS = Path(__file__).resolve().parent
@@ -43,7 +43,7 @@ def test_a_plain_run_keeps_the_collected_order(monkeypatch):
 def test_every_timed_file_exists():
     """A renamed or deleted file would silently lose its place in the order. The table keys by base
     name, wherever the file lives under tests/ (tests/<package>/), so base names stay unique."""
-    names = [path.name for path in test_files()]
+    names = [path.name for path in paths.test_files()]
     assert len(names) == len(set(names)), sorted({name for name in names if names.count(name) > 1})
     assert [name for name in SECONDS if name not in names] == []
     assert Path(xdist_schedule.__file__).parent == TESTS
