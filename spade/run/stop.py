@@ -6,7 +6,10 @@ before). The first SIGINT sets :attr:`GracefulStop.requested` and prints at once
 in the words of ``describe`` (the trainer's: the step in progress and the time left, from the
 measured step and checkpoint times); ``spade.run.loops.train_steps`` checkpoints after that step
 and ends the run. A second SIGINT, or the first one while ``describe`` has no step to name (the
-model is still loading), raises ``KeyboardInterrupt`` as Python's own handler would.
+model is still loading), raises ``KeyboardInterrupt`` as Python's own handler would. A signal
+handler's exception can land in a finalizer or a weakref callback, where Python prints it and drops
+it ("Exception ignored in ..."); so a stop-now is also remembered (:attr:`GracefulStop.now`), and
+the trainer raises it again at its next stage change or step end (:meth:`GracefulStop.raise_if_now`).
 
 Standard library only.
 """
@@ -36,6 +39,7 @@ class GracefulStop:
         # what will happen (the step and about how long), or None while no step runs yet
         self.describe: Callable[[], Optional[str]] = lambda: None
         self._previous = None
+        self.now = False  # a stop-now was raised (and may have been dropped: module docstring)
 
     def install(self) -> bool:
         """Become the SIGINT handler (main thread only); returns whether it was installed."""
@@ -51,10 +55,19 @@ class GracefulStop:
 
     def on_sigint(self, signum, frame) -> None:  # noqa: ARG002
         if self.requested:
-            raise KeyboardInterrupt
+            self._stop_now()
         what = self.describe()
         if what is None:
-            raise KeyboardInterrupt
+            self._stop_now()
         self.requested = True
         self.stream.write(f"\nspade train: Ctrl-C: {what}; Ctrl-C again to stop now\n")
         self.stream.flush()
+
+    def raise_if_now(self) -> None:
+        """Raise the stop-now again where it is safe to: a signal handler's raise may have been dropped."""
+        if self.now:
+            raise KeyboardInterrupt
+
+    def _stop_now(self) -> None:
+        self.now = True
+        raise KeyboardInterrupt

@@ -247,7 +247,7 @@ class Trainer:
                                          play_engine=self.rollout.play_engine, device=self.ctx.device,
                                          final_step=cfg.run.steps - 1)
         self.orchestrator.on_phase = self.phase_memory.mark
-        self.orchestrator.on_stage = self.progress.phase  # designing, admitting, hinting, playing
+        self.orchestrator.on_stage = self.stage  # designing, admitting, hinting, playing
 
     def _shard_server(self) -> Any:
         from ..rollout.conversation import thinking_template_kwargs
@@ -376,7 +376,15 @@ class Trainer:
                                   f"part (eval.every = {every} is not a multiple of run.checkpoint_every = "
                                   f"{run.checkpoint_every})")
 
+    def stage(self, name: str, detail: Optional[str] = None, **counters: Any) -> None:
+        """The orchestrator's stage change: shown, and a place where a dropped stop-now is raised again."""
+        if self.stop is not None:
+            self.stop.raise_if_now()
+        self.progress.phase(name, detail, **counters)
+
     def stop_requested(self) -> bool:
+        if self.stop is not None:
+            self.stop.raise_if_now()
         return self.stop is not None and self.stop.requested
 
     def stop_notice(self) -> Optional[str]:

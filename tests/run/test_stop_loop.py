@@ -53,3 +53,36 @@ def test_a_stop_during_the_last_step_ends_the_run_as_it_would_have():
     trainer = Recorder(checkpoint_every=4, stop_during=2)
     assert asyncio.run(train_steps(trainer, Synchronous(), Step(0), Step(3))) == 3
     assert trainer.events == ["step 0", "step 1", "step 2", "checkpoint 3"]
+
+
+
+def test_a_stop_now_dropped_in_a_weakref_callback_is_raised_again_at_the_next_safe_point(monkeypatch):
+    """A signal handler's exception raised while a weakref callback runs is printed and dropped by
+    Python; the trainer's stage changes and step ends raise it again (seen in a loaded CI run)."""
+    import io
+    import signal
+    import sys
+    import weakref
+
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+
+    class Thing:
+        pass
+
+    stop = GracefulStop(stream=io.StringIO())
+    stop.describe = lambda: "stopping after step 0's checkpoint"
+    assert stop.install()
+    try:
+        stop.on_sigint(signal.SIGINT, None)  # the first Ctrl-C: recorded, nothing raised
+        assert stop.requested and not stop.now
+        stop.raise_if_now()  # nothing to raise yet
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _: signal.raise_signal(signal.SIGINT))  # the second Ctrl-C lands here
+        del thing  # the callback runs: the handler's KeyboardInterrupt is raised inside it and dropped
+        assert ref() is None and dropped == [KeyboardInterrupt]
+        assert stop.now
+        with pytest.raises(KeyboardInterrupt):
+            stop.raise_if_now()
+    finally:
+        stop.uninstall()
