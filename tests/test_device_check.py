@@ -242,7 +242,7 @@ def test_the_gpu_machine_has_or_is_carried_every_package_the_gpu_path_imports():
     files = [path for folder in device_stages.GPU_PATH_SOURCES for path in (ROOT / folder).rglob("*.py")]
     files += [ROOT / name for name in (*device_stages.gpu_test_files(), *device_stages.OWN_STAGE_TEST_FILES)]
     owners = metadata.packages_distributions()
-    local = {p.stem for p in (ROOT / "tests").glob("*.py")} | {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()}
+    local = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()}
     local |= {"spade", "megatron_patches", "gpu_mfu"}
     uncovered = {}
     for name, importers in device_stages.imported_top_level_names(files).items():

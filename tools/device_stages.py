@@ -277,6 +277,9 @@ def unimportable_names() -> dict[str, list[str]]:
     files += [REPO / name for name in (*gpu_test_files(), *OWN_STAGE_TEST_FILES)]
     search = [str(REPO), str(REPO / "tests")]
     sys.path[:0] = [entry for entry in search if entry not in sys.path]
+    from support.paths import add_test_dirs  # tests/support: the test modules also live in tests/<package>/
+
+    add_test_dirs()
     missing = {}
     for name, importers in imported_top_level_names(files).items():
         if name in sys.stdlib_module_names or name in ABSENT_BY_DESIGN or name == "__future__":
@@ -896,7 +899,7 @@ OWN_STAGE_TEST_FILES = ("tests/test_gpu_routing_replay.py",)  # run by the routi
 
 def gpu_test_files() -> list[str]:
     """The test files with GPU-marked tests, less those a stage of their own runs."""
-    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
                   if "mark.gpu" in p.read_text() and str(p.relative_to(REPO)) not in OWN_STAGE_TEST_FILES)
 
 
