@@ -37,7 +37,7 @@ test: setup sglang-src tau2 browser verifiers serve-clients device-mirror
 
 setup: system-packages $(STAMP)
 
-# Headless Chromium for tests/test_explorer.py (the explorer's pages in a real browser): installed
+# Headless Chromium for tests/analysis/test_explorer.py (the explorer's pages in a real browser): installed
 # from Debian's packages when missing and root, else the command to install it.
 browser:
 	@if command -v chromium >/dev/null 2>&1; then :; \
@@ -113,7 +113,7 @@ $(DEVICE_STAMP): requirements/device_machine.txt requirements.txt requirements/c
 	touch $(DEVICE_STAMP)
 
 # The real clients of spade serve (the OpenAI Agents SDK, inspect-ai; requirements/serve_clients.txt,
-# every version pinned) in their own venv, for tests/test_serve_clients.py (docs/serving.md). About 1 min.
+# every version pinned) in their own venv, for tests/serve/test_serve_clients.py (docs/serving.md). About 1 min.
 SERVE_CLIENTS_VENV ?= .venv-serve-clients
 SERVE_CLIENTS_STAMP := $(SERVE_CLIENTS_VENV)/.installed
 
