@@ -151,7 +151,7 @@ SECONDS: dict[str, float] = {
     "test_sdpa_attention.py": 0,
     "test_routing_replay_capture.py": 0,
     "test_partial_rollout_settings.py": 0,
-    "test_layers.py": 0,
+    "test_package_layers.py": 0,
     "test_reference_policy.py": 0,
     "test_rejection_metrics.py": 0,
     "test_designer_prompts.py": 0,

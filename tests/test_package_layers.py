@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SPADE = Path(__file__).resolve().parents[2] / "spade"
+SPADE = Path(__file__).resolve().parents[1] / "spade"
 MAX_LINES = 700
 
 # top to bottom; a part may import the parts of any lower layer, none of its own layer or above
