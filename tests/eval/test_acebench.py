@@ -32,6 +32,7 @@ from spade.eval.acebench import (ACEBENCH_SAMPLING, CATEGORIES, AceBenchAgent, A
 from spade.eval.runner import format_table, read_records, read_summary, run_suite
 from spade.eval.suites import BenchmarkOptions, benchmark_names, build_benchmarks
 from spade.eval.types import BenchmarkUnavailable, SamplingSettings
+from support.engines import CountingEngine
 from support.http import JsonHandler, LocalServer, chat_completion
 
 pytestmark = pytest.mark.timeout(300)
@@ -274,21 +275,6 @@ def tiny_chat_model(tmp_path_factory):
                                      max_context_tokens=32768))
     yield ChatModel(engine, tokenizer, concurrency=2, max_context_tokens=32768)
     engine.inner.close()
-
-
-class CountingEngine:
-    """The hf engine, counting the generations it is asked for."""
-
-    def __init__(self, engine) -> None:
-        self.inner = engine
-        self.calls = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    async def generate(self, request):
-        self.calls += 1
-        return await self.inner.generate(request)
 
 
 def _spoken_turns(transcript: Path) -> int:

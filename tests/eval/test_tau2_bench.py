@@ -30,6 +30,7 @@ from spade.eval.runner import ChatModel, EvalError, format_table, read_records, 
 from spade.eval.suites import BenchmarkOptions, benchmark_names, build_benchmarks
 from spade.eval.tau2_bench import TAU2_SAMPLING, Tau2Bench, Tau2Settings, package_version, tau2_python
 from spade.eval.types import BenchmarkUnavailable, SamplingSettings
+from support.engines import CountingEngine
 from support.http import JsonHandler, LocalServer, chat_completion
 
 pytestmark = pytest.mark.timeout(240)
@@ -114,21 +115,6 @@ def _tau2_python() -> str:
     except BenchmarkUnavailable as exc:
         pytest.fail(f"end-to-end tau2 needs its venv (make tau2 builds it; .ci/run does): {exc}")
     return str(python)
-
-
-class CountingEngine:
-    """The hf engine, counting the generations it is asked for."""
-
-    def __init__(self, engine) -> None:
-        self.inner = engine
-        self.calls = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    async def generate(self, request):
-        self.calls += 1
-        return await self.inner.generate(request)
 
 
 @pytest.fixture(scope="module")
