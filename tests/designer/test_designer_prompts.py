@@ -23,9 +23,34 @@ from spade.designer.prompts import (
     hint_messages,
 )
 from spade.designer.skills import GAME_SKILLS, Skill
+from spade.rollout.engine import GenerationResult, RolloutEngine
 
 SKILL = GAME_SKILLS[0]
 MEMORY = "## Environments from your memory\nan example"
+
+
+class PromptRecorder(RolloutEngine):
+    """An engine that records each prompt it is sent and answers with a reply that is not code (the
+    candidate is rejected at the syntax stage)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prompts = []
+
+    @property
+    def weight_version(self):
+        return 0
+
+    async def generate(self, request):
+        self.prompts.append(self.tokenizer.decode(list(request.prompt_ids)))
+        ids = self.tokenizer.encode("no code here (", add_special_tokens=False)
+        return GenerationResult(ids, [-1.0] * len(ids), "stop", 0)
+
+    async def update_weights(self, named_tensors, version):
+        pass
+
+    def close(self):
+        pass
 
 
 def user_of(request: DesignerRequest, **kwargs) -> str:
@@ -123,7 +148,6 @@ def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tm
     from spade.designer.memory import Memory, format_memory_block, load_seed_records, memory_path
     from spade.designer.skills import SkillSettings
     from spade.rollout.conversation import ChatFormat
-    from spade.rollout.engine import GenerationResult, RolloutEngine
     from spade.selfplay.sources.designer_source import DesignerRound
     from spade.selfplay.settings import SelfPlaySettings
 
@@ -132,29 +156,10 @@ def test_memory_seeding_puts_exactly_the_seed_examples_in_the_designer_prompt(tm
     assert len(examples) == 2
     tokenizer = bpe_tokenizer()
 
-    class Recorder(RolloutEngine):
-        def __init__(self):
-            self.prompts = []
-
-        @property
-        def weight_version(self):
-            return 0
-
-        async def generate(self, request):
-            self.prompts.append(tokenizer.decode(list(request.prompt_ids)))
-            ids = tokenizer.encode("no code here (", add_special_tokens=False)
-            return GenerationResult(ids, [-1.0] * len(ids), "stop", 0)  # rejected at the syntax stage
-
-        async def update_weights(self, named_tensors, version):
-            pass
-
-        def close(self):
-            pass
-
     def prompts_of(seed_dir_setting, run):
         settings = SelfPlaySettings(envs_per_set=2, max_attempts=2, memory_seed_dir=seed_dir_setting,
                                     max_context_tokens=8192, skills=SkillSettings(window=1))
-        engine = Recorder()
+        engine = PromptRecorder(tokenizer)
         with Memory(memory_path(run)) as memory:
             round_ = DesignerRound(settings, sandbox=None, engine=engine, tokenizer=tokenizer,
                                    chat_format=ChatFormat(tokenizer), corpus=None, memory=memory, run_dir=run, seed=1)
@@ -252,7 +257,6 @@ def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
     from chat_templates import bpe_tokenizer
     from spade.designer.corpus import Corpus, CorpusSettings
     from spade.rollout.conversation import ChatFormat
-    from spade.rollout.engine import GenerationResult, RolloutEngine
     from spade.selfplay.sources.designer_source import DesignerRound
     from spade.selfplay.settings import SelfPlaySettings
 
@@ -260,27 +264,8 @@ def test_designer_round_builds_the_prompt_the_settings_name(tmp_path):
     corpus = Corpus(CorpusSettings(paths=(str(Path(__file__).resolve().parents[2] / "examples" / "corpus"
                                               / "demo.jsonl.gz"),), max_words=50))
 
-    class Recorder(RolloutEngine):
-        def __init__(self):
-            self.prompts = []
-
-        @property
-        def weight_version(self):
-            return 0
-
-        async def generate(self, request):
-            self.prompts.append(tokenizer.decode(list(request.prompt_ids)))
-            ids = tokenizer.encode("no code here (", add_special_tokens=False)
-            return GenerationResult(ids, [-1.0] * len(ids), "stop", 0)  # rejected at the syntax stage
-
-        async def update_weights(self, named_tensors, version):
-            pass
-
-        def close(self):
-            pass
-
     def prompts_of(name, **settings):
-        engine = Recorder()
+        engine = PromptRecorder(tokenizer)
         round_ = DesignerRound(SelfPlaySettings(envs_per_set=1, max_attempts=1, max_context_tokens=8192,
                                                 use_memory=False, **settings),
                                sandbox=None, engine=engine, tokenizer=tokenizer, chat_format=ChatFormat(tokenizer),
