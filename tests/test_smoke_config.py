@@ -26,7 +26,7 @@ def test_recipes_keep_the_paper_settings_and_do_not_seed_the_memory(recipe: Path
     config = load_train_config(recipe)
     sp = config.selfplay
     if sp.env_source == "spice":
-        pytest.skip("SPICE's recipes carry SPICE's published settings (tests/test_spice_recipes.py)")
+        pytest.skip("SPICE's recipes carry their own settings (tests/test_spice_recipes.py)")
     assert sp.memory_seed_dir is None
     rlve = sp.env_source == "rlve"  # the RLVE baseline's released batch and temperature (tests/test_rlve_recipes.py)
     roles = sp.sampling

@@ -1,11 +1,11 @@
 """The SPICE Challenger's prompt and the reading of its reply (``selfplay.env_source: spice``).
 
-SPICE (arXiv 2510.24684, section 3) has the Challenger read one corpus document and pose a
-question with a verifiable answer, either multiple choice or free form (an integer or an
-expression), which a Reasoner then answers without the document. The wording here is this
-project's own; the structure follows the paper: the document, the kind of question wanted, the
-requirement that the question stand on its own (the Reasoner never sees the document) and have
-one checkable answer, and a fixed reply format.
+SPICE (arXiv 2510.24684) has the Challenger read one corpus document and pose a question with a
+verifiable answer, either multiple choice or free form (an integer or an expression), which a
+Reasoner then answers without the document. The wording here is this project's own (the paper's
+template was not available to us): the document, the kind of question wanted, the requirement
+that the question stand on its own (the Reasoner never sees the document) and have one
+checkable answer, and a fixed reply format.
 
 The reply format: ``<question>``, for multiple choice ``<options>`` (one option a line, ``A)``,
 ``B)``, ...), ``<answer>`` (the option letter, or the expression) and ``<evidence>`` (a sentence

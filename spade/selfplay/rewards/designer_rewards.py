@@ -232,13 +232,16 @@ class SolverVarianceReward:
     """SPICE's challenger reward applied to an environment (``solver_variance``).
 
     SPICE (Liu et al. 2025, "SPICE: Self-Play In Corpus Environments Improves Reasoning",
-    arXiv 2510.24684, its Challenger reward) scores a generated task by the variance ``var`` of
-    the Reasoner's 0/1 results over its attempts with a Gaussian centred on 0.25, the largest
-    variance a 0/1 outcome can have (half the attempts right)::
+    arXiv 2510.24684, its Challenger reward) scores a generated task by a Gaussian-shaped
+    function of the variance ``var`` of the Reasoner's 0/1 results over its attempts, highest
+    when half the attempts are right (a variance of 0.25, the largest a 0/1 outcome can have).
+    Here::
 
-        r = exp(-(var - 0.25)^2 / (2 * 0.01))
+        r = exp(-(var - target)^2 / (2 * sigma^2))
 
-    so ``target = 0.25`` and ``sigma = 0.1`` here (both config keys: ``sv_target``, ``sv_sigma``).
+    with ``target = 0.25`` and ``sigma = 0.1`` (config keys ``sv_target``, ``sv_sigma``); the
+    width was written from memory of the paper and is not verified against its text
+    (docs/fidelity.md, "SPICE").
     ``var`` is the population variance of every no-hint return of the environment's window (the
     plays the plateau reads); a window of identical returns gives ``exp(-target^2 / (2 sigma^2))``.
     Returns in [-1, 1] can have a variance above 0.25; it is scored by the same Gaussian. SPICE's

@@ -83,7 +83,7 @@ class RewardSettings:
     wp_fast_alpha: float = 0.5
     wp_slow_alpha: float = 0.1
     wp_scale: float = 0.2
-    # solver_variance (SPICE: target 0.25, 2 * sigma^2 = 2 * 0.01)
+    # solver_variance (SPICE: a Gaussian of the variance, peak 0.25 = half right; sigma 0.1 not verified)
     sv_target: float = 0.25
     sv_sigma: float = 0.1
 

@@ -7,13 +7,16 @@ Challenger is the designer role and its question a one-turn environment the agen
 Reasoner) plays ``g_nohint`` times (:mod:`.spice_source`). The Challenger's reward is the
 Gaussian of the Reasoner group's correctness variance (``selfplay.rewards.designer_reward:
 solver_variance``, ``sv_target`` 0.25, ``sv_sigma`` 0.1); a question that is not valid gets
-``invalid_penalty`` instead.
+``invalid_penalty`` instead. The paper's setup section was not available to check these numbers
+against (docs/fidelity.md, "SPICE"): the defaults below are this project's, some written from
+memory of the paper.
 
 * ``mcq_share``: the share of slots asking for a multiple-choice question (the rest ask for a
   free-form answer, an integer or expression checked with ``math-verify``). SPICE trains on both
-  kinds together; 0.5 (this project's reading: the paper does not state a mix).
-* ``options``: options of a multiple-choice question (4, the paper's).
-* ``invalid_penalty``: the Challenger's reward for an invalid question (SPICE's rho, -0.1).
+  kinds together; 0.5 (this project's choice: no mix is known from the paper).
+* ``options``: options of a multiple-choice question (4; the paper's count is not verified).
+* ``invalid_penalty``: the Challenger's reward for an invalid question (SPICE penalises one with a
+  small negative reward; -0.1 is remembered, not verified against the paper's text).
 * ``grounding``: what makes a question valid beyond its format. ``quote`` (default): the reply's
   ``<evidence>`` (at least ``min_quote_words`` words) must occur in the document, spade's
   deterministic stand-in for "the answer is supported by the document"; ``self_answer``: the
@@ -43,8 +46,8 @@ class SpiceSettings:
     """``selfplay.spice``: the Challenger's question kinds, validity checks and penalty."""
 
     mcq_share: float = 0.5         # share of slots asking for a multiple-choice question (the rest: free form)
-    options: int = 4               # options of a multiple-choice question (SPICE: 4)
-    invalid_penalty: float = -0.1  # the Challenger's reward for an invalid question (SPICE's rho)
+    options: int = 4               # options of a multiple-choice question
+    invalid_penalty: float = -0.1  # the Challenger's reward for an invalid question (SPICE's rho; value not verified)
     # quote: the reply's evidence must occur in the document; self_answer: that, and the model answering its own
     # question with the document in view must give the stated answer; none: neither
     grounding: Literal["quote", "self_answer", "none"] = "quote"
