@@ -27,7 +27,7 @@ from test_train_loop import assert_same_run, checkpoint_tensors, metrics, run_sp
 from spade.cli import main
 from spade.envs.spice import QuestionSpec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WITH_ANSWER = "<question>What is 2+2?</question><answer>4</answer>"
 NO_ANSWER = "<question>What is 2+2?</question>"
 RIGHT, WRONG = "\\boxed{4}", "\\boxed{5}"
