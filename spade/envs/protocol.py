@@ -51,6 +51,10 @@ class ErrorKind(str, enum.Enum):
     REFERENCE_LOST = "reference_lost"  # the game's own reference_policy() does not win it (issue 23)
     REFERENCE_MISSING = "reference_missing"  # required, but the class has no reference_policy() (issue 23)
     UNWINNABLE = "unwinnable"  # what the designer offered (solution() actions, reference_policy) does not win (issue 40)
+    # designed two-seat games (spade.envs.two_seat_probes, issue 44)
+    ONE_SIDED = "one_sided"  # one seat never wins on the rules against the probe policies
+    ALWAYS_DRAW = "always_draw"  # no seat ever wins on the rules: every game drawn, cut or forfeited
+    NEVER_ENDS = "never_ends"  # no probe game ends within the turn budget
     # SPICE questions (spade.selfplay.sources.spice_source, issue 44)
     INVALID_QUESTION = "invalid_question"  # no question, no checkable answer, or malformed options
     UNGROUNDED = "ungrounded"  # the evidence the Challenger gave is not in its document

@@ -14,7 +14,8 @@ around every call into TextArena (which never awaits), so a game is a function o
 The prompt of a turn is SPIRAL's (the released ``qwen3`` template's user message: the task line,
 the observation, the request to reason and box the answer); the action is the last ``\\boxed{}``
 of the reply put in TextArena's ``[action]`` form as the released ``extract_action`` does: a short
-answer without brackets gets them, whitespace is collapsed.
+answer without brackets gets them, whitespace is collapsed (:func:`spade.envs.two_seat.action_of`,
+also the move format of the designed two-seat games).
 """
 
 from __future__ import annotations
@@ -24,29 +25,16 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ...agent.actions import boxed_contents
+from ...envs.two_seat import action_of  # noqa: F401  (the move format is the two-seat contract's)
 from .spiral_settings import GAMES, SpiralSettings
 
 TASK_LINE = "You are playing a two-player zero-sum game. Make valid actions to win."
 REASONING_REQUEST = "Please reason step by step, and put your final answer within \\boxed{}."
-SHORT_ACTION_WORDS = 5  # an answer of at most this many words without brackets gets them
 
 
 def turn_prompt(observation: str) -> str:
     """The user message of one turn (the chat template adds the rest)."""
     return f"{TASK_LINE}\nObservation: {observation}\n{REASONING_REQUEST}"
-
-
-def action_of(reply: str) -> str:
-    r"""The move in ``reply``: its last ``\boxed{}`` (``\text{}`` unwrapped), else the whole reply,
-    in ``[move]`` form when it is a short answer without brackets."""
-    boxes = boxed_contents(reply)
-    text = boxes[-1].strip() if boxes else reply.strip()
-    if text.startswith("\\text{") and text.endswith("}"):
-        text = text[len("\\text{"):-1]
-    if "[" not in text and "]" not in text and len(text.split()) <= SHORT_ACTION_WORDS:
-        text = f"[{text}]"
-    return " ".join(text.split())
 
 
 @dataclass
