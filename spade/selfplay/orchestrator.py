@@ -321,7 +321,8 @@ class Orchestrator:
                                run_dir=self.run_dir, seed=self.seed)
         if settings.env_source == "spiral":
             from .sources.spiral_source import SpiralSource
-            return SpiralSource(settings, run_dir=self.run_dir, seed=self.seed)
+            return SpiralSource(settings, run_dir=self.run_dir, seed=self.seed, sandbox=sandbox,
+                                generator=self.designer.designer_generator)
         return self.designer
 
     async def close(self) -> None:

@@ -16,6 +16,10 @@ return still counts (the role baselines take it in). Seeds: game ``g`` of enviro
 step ``s`` resets with ``derive_seed(seed, "spiral-game", s, e, g)`` and each seat samples from
 its own derived seed, so a step is a function of the run seed.
 
+A designed game (``selfplay.spiral.designed``, spade's extension) is played the same way: each
+game opens its code in a fresh sandboxed process (:class:`~spade.selfplay.sources.spiral_designed.DesignedGame`,
+the player's sandbox), closed when the game ends; a fault of the game in play ends it as a draw.
+
 This is a step player in the sense of :mod:`.step_plays` (``play``, ``end_set``,
 ``step_metrics``, ``state_dict``): nothing is carried between steps, no hinted arm.
 """
@@ -30,6 +34,7 @@ from ...envs.runner import EndReason, Message, StopEpisode, Turn
 from ..seeds import derive_seed
 from ..settings import SelfPlaySettings
 from ..sources.designer_source import EnvSpec
+from ..sources.spiral_designed import DESIGNED_PREFIX, DesignedGame, is_designed
 from ..sources.spiral_games import TextArenaGame, action_of, turn_prompt
 from .play_record import Play
 from .player import Player
@@ -39,7 +44,8 @@ from .turn_samples import PerTurnPolicy, play_trajectories
 SEATS = (0, 1)
 # how a game's end reads as a play's end_reason (an invalid move ends the game like any last move)
 END_REASONS = {"terminated": EndReason.TERMINATED.value, "invalid_move": EndReason.TERMINATED.value,
-               "truncated": EndReason.TRUNCATED.value, "context_full": EndReason.POLICY_STOPPED.value}
+               "truncated": EndReason.TRUNCATED.value, "context_full": EndReason.POLICY_STOPPED.value,
+               "env_error": EndReason.ENV_ERROR.value}
 
 
 class TwoSeatGames:
@@ -69,7 +75,20 @@ class TwoSeatGames:
         """Game ``g`` of ``env`` at ``step``: both seats' plays, and (game, how it ended, turns)."""
         s, p = self.settings, self.player
         reset_seed = derive_seed(p.seed, "spiral-game", step, env.env_id, g)
-        game = TextArenaGame(env.skill, reset_seed, s.spiral)
+        game: TextArenaGame | DesignedGame
+        if is_designed(env):
+            game = await DesignedGame.open(p.sandbox, env, reset_seed, s.spiral)
+        else:
+            game = TextArenaGame(env.skill, reset_seed, s.spiral)
+        try:
+            return await self._play_to_end(game, step, env, g, reset_seed)
+        finally:
+            if isinstance(game, DesignedGame):
+                await game.close()
+
+    async def _play_to_end(self, game: TextArenaGame | DesignedGame, step: int, env: EnvSpec, g: int,
+                           reset_seed: int) -> tuple[list[Play], tuple[str, str, int]]:
+        s, p = self.settings, self.player
         samplings = {seat: s.engine_sampling(p.stop_token_ids,
                                              derive_seed(p.seed, "spiral-agent", step, env.env_id, g, seat))
                      for seat in SEATS}
@@ -90,7 +109,8 @@ class TwoSeatGames:
                     break
                 reply = stop.response  # cut by its token limit: played as it stands
             action = action_of(reply)
-            done = game.play(seat, action)
+            # a designed game steps in the sandbox
+            done = await game.play(seat, action) if isinstance(game, DesignedGame) else game.play(seat, action)
             turns[seat].append(Turn(reply, action, "", 0.0, done, False))
             last = seat
         end = game.end
@@ -113,7 +133,9 @@ class TwoSeatGames:
         for name in sorted({game for game, _, _ in self._ends}):
             ends = [(end, n) for game, end, n in self._ends if game == name]
             metrics[f"spiral/{name}/games"] = float(len(ends))
-            for reason in ("invalid_move", "truncated", "context_full"):
+            designed = ("env_error",) if name.startswith(DESIGNED_PREFIX) else ()  # a designed game's faults
+            reasons = ("invalid_move", "truncated", "context_full") + designed
+            for reason in reasons:
                 metrics[f"spiral/{name}/{reason}_share"] = sum(end == reason for end, _ in ends) / len(ends)
             metrics[f"spiral/{name}/moves_mean"] = sum(n for _, n in ends) / len(ends)
         return metrics

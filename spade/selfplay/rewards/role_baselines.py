@@ -14,7 +14,7 @@ checkpoint through the SPIRAL source, so a resumed run continues with the same b
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 STATE_VERSION = 1
 
@@ -41,6 +41,11 @@ class RoleBaselines:
     def advantages(self, game: str, seat_returns: Iterable[tuple[int, float]]) -> list[float]:
         """One advantage per ``(seat, return)``, in order (each updating its seat's baseline)."""
         return [self.advantage(game, seat, ret) for seat, ret in seat_returns]
+
+    def keep_only(self, keep: Callable[[str], bool]) -> None:
+        """Forget the baselines of every game ``keep`` says no to (designed games that left the set)."""
+        self.values = {key: value for key, value in self.values.items() if keep(key[0])}
+        self.updates = {key: n for key, n in self.updates.items() if keep(key[0])}
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "decay": self.decay,

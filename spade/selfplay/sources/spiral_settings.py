@@ -20,6 +20,14 @@ same game, as every other source is scored. ``none`` is SPIRAL's own ablation
 ``filter_zero_adv``, on by default there, ``train_spiral.py:75-77``): it adds nothing to the policy
 gradient, only tokens to the loss's average.
 
+Designed games (``designed``, spade's extension, not SPIRAL's; off in SPIRAL's reproduction
+recipes): with ``designed.enabled`` each regeneration also asks the designer for ``designed.games``
+two-player zero-sum games of its own (:mod:`spade.designer.two_seat_prompts`), admits them in the
+sandbox by the two-seat rule (:mod:`spade.envs.two_seat_admission`: each seat wins on the rules
+against the other seat's degenerate policies, no content-free reply beats the legal-move players)
+and plays them beside (or, with ``games: []``, instead of) TextArena's, with the same player and
+advantages (:mod:`spade.selfplay.sources.spiral_designed`).
+
 An invalid move (``invalid_move``): ``loss`` scores it as TextArena does with no error allowed
 (the mover -1, the other seat +1); ``released`` is the released code's shaping, the mover -1.5 and
 the other seat +0.5 (``train_spiral.py:322-325``).
@@ -27,7 +35,7 @@ the other seat +0.5 (``train_spiral.py:322-325``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ...config import require
@@ -47,6 +55,35 @@ INVALID_MOVES: tuple[str, ...] = ("loss", "released")
 
 
 @dataclass(frozen=True)
+class DesignedGameSettings:
+    """``selfplay.spiral.designed``: two-player games the designer writes (spade's extension, module docstring)."""
+
+    enabled: bool = False          # off: SPIRAL's own games only (its reproduction recipes)
+    games: int = 1                 # designed games in each set (one designer slot each)
+    max_attempts: int = 4          # designer calls per slot before the slot stays empty for the set
+    probe_seeds: int = 4           # reset seeds of admission's round robin, drawn per candidate
+    probe_steps: int = 20_000      # moves over the whole round robin (the games after them are not played)
+    degenerate_share: float = 0.9  # a content-free reply winning this share on each seat is rejected
+    admission_timeout_s: float = 300.0  # one candidate's admission, all stages
+
+    def __post_init__(self) -> None:
+        def key(name: str) -> str:
+            return f"{_WHERE}.designed.{name}"
+
+        require(isinstance(self.enabled, bool), key("enabled"), f"must be true or false, got {self.enabled!r}")
+        for name in ("games", "max_attempts", "probe_seeds", "probe_steps"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key(name),
+                    f"must be an integer >= 1, got {value!r}")
+        share = self.degenerate_share
+        require(isinstance(share, (int, float)) and not isinstance(share, bool) and 0.0 < share <= 1.0,
+                key("degenerate_share"), f"must be a number in (0, 1], got {share!r}")
+        timeout = self.admission_timeout_s
+        require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0,
+                key("admission_timeout_s"), f"must be a number > 0, got {timeout!r}")
+
+
+@dataclass(frozen=True)
 class SpiralSettings:
     """``selfplay.spiral``: which games, how many a step, and how their returns become advantages."""
 
@@ -58,14 +95,17 @@ class SpiralSettings:
     drop_zero_advantage: bool = False  # leave out seats whose advantage is exactly 0 (the release: true)
     invalid_move: Literal["loss", "released"] = "loss"  # loss: mover -1, other +1; released: -1.5 / +0.5
     max_turns: int = 50           # turns of both seats before a game is cut and scored as a draw
+    designed: DesignedGameSettings = field(default_factory=DesignedGameSettings)  # spade's extension: off
 
     def __post_init__(self) -> None:
         def key(name: str) -> str:
             return f"{_WHERE}.{name}"
 
         games = self.games
-        require(not isinstance(games, str) and len(games) > 0, key("games"),
-                f"must be a non-empty list of game names ({', '.join(GAMES)}), got {games!r}")
+        require(isinstance(self.designed, DesignedGameSettings), key("designed"), "must be a designed-games section")
+        require(not isinstance(games, str) and (len(games) > 0 or self.designed.enabled), key("games"),
+                f"must be a non-empty list of game names ({', '.join(GAMES)}) unless designed.enabled is true, "
+                f"got {games!r}")
         unknown = [g for g in games if g not in GAMES]
         require(not unknown, key("games"),
                 f"{unknown[0] if unknown else ''!r} is not a game; choose from: {', '.join(GAMES)}")

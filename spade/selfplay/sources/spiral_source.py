@@ -10,6 +10,12 @@ and so are the advantages (:meth:`advantages`): SPIRAL's role-conditioned baseli
 source gets (``advantage: grpo``), or the raw returns (``none``, SPIRAL's own ablation). The step's
 samples are then ordinary agent samples.
 
+With ``selfplay.spiral.designed.enabled`` (spade's extension, not SPIRAL's) each regeneration also
+asks the designer for two-player games of its own (:mod:`.spiral_designed`): the admitted ones join
+the set after TextArena's, skill ``designed_<slot>``, their code as the source; their role
+baselines are kept per designed environment (a new game starts from 0, as each of SPIRAL's games
+did) and dropped once the game leaves the set.
+
 Figures (``spiral/<game>/...``, after the plays): per seat the mean return, the win and draw
 shares, and with RAE the baseline after the step; the player adds the games' endings.
 
@@ -27,6 +33,7 @@ from ..rewards.advantages import agent_advantages
 from ..rewards.role_baselines import RoleBaselines
 from ..settings import SelfPlaySettings
 from .designer_source import EnvSpec, RegenerationResult, save_set
+from .spiral_designed import DesignedGames, is_designed
 from .spiral_settings import GAMES
 
 STATE_VERSION = 1
@@ -47,7 +54,8 @@ def game_source(name: str) -> str:
 class SpiralSource:
     """An :class:`~spade.selfplay.sources.env_source.EnvSource` of SPIRAL's games (module docstring)."""
 
-    def __init__(self, settings: SelfPlaySettings, *, run_dir: Path, seed: int):
+    def __init__(self, settings: SelfPlaySettings, *, run_dir: Path, seed: int, sandbox: Any = None,
+                 generator: Any = None):
         if settings.rollout_shards != 1:
             raise ConfigError(f"selfplay.rollout_shards: {settings.rollout_shards} with env_source: spiral; allowed: 1 "
                               "(the games are played on rank 0)")
@@ -60,13 +68,25 @@ class SpiralSource:
         self.seed = seed
         self.baselines = RoleBaselines(self.config.rae_decay)
         self.last_metrics: dict[str, float] = {}
+        self.designed: DesignedGames | None = None
+        if self.config.designed.enabled:
+            if sandbox is None or generator is None:
+                raise ConfigError("selfplay.spiral.designed.enabled: true needs the run's sandbox and designer "
+                                  "generator; allowed here: false")
+            self.designed = DesignedGames(settings, sandbox=sandbox, generator=generator, run_dir=self.run_dir,
+                                          seed=seed)
 
     async def next_set(self, step: int) -> RegenerationResult:
         envs = [EnvSpec(env_id=f"spiral-{step:06d}-{name}", slot=slot, skill=name, source=game_source(name), hint="",
                         class_name=GAMES[name][0], max_turns=self.config.max_turns, generated_step=step)
                 for slot, name in enumerate(self.config.games)]
+        result = RegenerationResult(envs=envs)
+        if self.designed is not None:
+            designed, result.rejections, result.attempts = await self.designed.design(step, len(envs))
+            envs += designed
+            self.baselines.keep_only(lambda game: game in GAMES or game in {env.env_id for env in designed})
         save_set(self.run_dir, step, envs)
-        return RegenerationResult(envs=envs)
+        return result
 
     def step_player(self, player: Any) -> Any:
         """The step's plays: both seats of every game (the orchestrator's ``player`` lends its engine)."""
@@ -92,12 +112,13 @@ class SpiralSource:
         if self.config.advantage == "none":
             return self._kept(list(returns))
         ordered = sorted(range(len(plays)), key=lambda i: plays[i].index)
-        by_order = self.baselines.advantages(env.skill, [(seat_of(plays[i]), returns[i]) for i in ordered])
+        game = env.env_id if is_designed(env) else env.skill  # a designed game's baselines are its own
+        by_order = self.baselines.advantages(game, [(seat_of(plays[i]), returns[i]) for i in ordered])
         advantages = [0.0] * len(plays)
         for i, advantage in zip(ordered, by_order):
             advantages[i] = advantage
         for seat in (0, 1):
-            figures[f"spiral/{env.skill}/seat{seat}/baseline"] = self.baselines.baseline(env.skill, seat)
+            figures[f"spiral/{env.skill}/seat{seat}/baseline"] = self.baselines.baseline(game, seat)
         return self._kept(advantages)
 
     def _kept(self, advantages: list[float]) -> list[float | None]:

@@ -1,7 +1,7 @@
 """SPIRAL's pieces without a model: the role baselines (RAE) on a hand-computed example, the
 settings' errors, the move taken out of a reply, real TextArena games played on both seats by a
 scripted engine (returns, turn samples, seeds), the source's advantages and its checkpointed state.
-The run through ``spade train`` is tests/test_spiral_train.py."""
+The run through ``spade train`` is tests/run/test_spiral_train.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from spade.selfplay.sources.spiral_settings import SpiralSettings
 from spade.selfplay.sources.spiral_source import SpiralSource, seat_of
 from scripted_engine import ScriptedEngine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_rae_matches_a_hand_computed_example():

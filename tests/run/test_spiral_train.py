@@ -2,7 +2,10 @@
 TextArena's real Kuhn Poker for 2 steps, its seats' turns trained with role-conditioned advantages by
 the real Megatron step. Checked: the per-seat figures, a real gradient (the weights move between
 the two checkpoints), the role baselines in the checkpoint and restored on resume, ``spade
-analyze`` reading the run, and both recipes (SPIRAL's published settings, the CPU smoke) loading."""
+analyze`` reading the run, and both recipes (SPIRAL's published settings, the CPU smoke) loading.
+With ``selfplay.spiral.designed`` on (spade's extension), a run whose designer is a canned
+OpenAI-compatible endpoint answering with a hand-written TicTacToe: admitted in the real sandbox,
+played on both seats by the tiny model and trained."""
 
 from __future__ import annotations
 
@@ -12,10 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from spade.designer.two_seat_prompts import TWO_SEAT_SYSTEM
 from spade.train_config import load_train_config
+from support.http import JsonHandler, LocalServer, chat_completion
+from support.two_seat_games import tic_tac_toe
 from test_train_loop import checkpoint_tensors, metrics, run_spade, tiny_hf  # noqa: F401  (fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +118,7 @@ def test_the_recipes_load_with_spirals_settings(name, games, per_game):
     assert sp.env_source == "spiral" and not sp.designer_enabled and not sp.train_designer and sp.g_hint == 0
     assert (sp.spiral.games, sp.spiral.advantage, sp.spiral.rae_decay, sp.spiral.invalid_move, sp.spiral.max_turns) \
         == (games, "rae", 0.95, "released", 50)
-    assert sp.spiral.drop_zero_advantage
+    assert sp.spiral.drop_zero_advantage and not sp.spiral.designed.enabled  # SPIRAL's games only
     assert sp.envs_per_set == len(games) and sp.spiral.games_per_step * len(games) == 12  # ~128 moves a step
     assert (agent.temperature, agent.top_p, agent.top_k, agent.max_tokens) == (1.0, 1.0, None, 4096)
     assert sp.max_context_tokens == 12800 and recipe.run.steps == 400 and recipe.loss.kl_coef == 0.0
@@ -121,3 +127,77 @@ def test_the_recipes_load_with_spirals_settings(name, games, per_game):
     smoke = load_train_config(ROOT / "examples" / "spiral_smoke_cpu.yaml", [])
     assert smoke.selfplay.env_source == "spiral" and smoke.model.hf_dir == "embedded"
     assert smoke.engine.kind == "hf" and smoke.run.steps == 2
+
+
+class CannedDesigner:
+    """An OpenAI-compatible endpoint (``GET /v1/models``, ``POST /v1/chat/completions``) that
+    answers every two-seat designer request with the honest TicTacToe."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(JsonHandler):
+            def do_GET(self):
+                self.send_json(200, {"object": "list", "data": [{"id": "canned", "object": "model", "created": 0,
+                                                                 "owned_by": "test"}]})
+
+            def do_POST(self):
+                body = self.read_json(default={})
+                outer.requests.append(body)
+                system = body["messages"][0]["content"]
+                text = f"```python\n{tic_tac_toe()}\n```" if system == TWO_SEAT_SYSTEM else "no"
+                self.send_json(200, chat_completion(body["model"], text))
+
+        self.server = LocalServer(Handler)
+
+
+@pytest.fixture(scope="module")
+def designed_run(tiny_hf, tmp_path_factory):  # noqa: F811  (fixture)
+    canned = CannedDesigner()
+    directory = tmp_path_factory.mktemp("spiral_designed")
+    config = directory / "spiral_designed.yaml"
+    config.write_text(f"""
+model: {{hf_dir: {tiny_hf}, dtype: float32}}
+optimizer: {{lr: 1.0e-3}}
+selfplay:
+  env_source: spiral
+  k: 1
+  envs_per_set: 1
+  g_hint: 0
+  sampling: {{agent: {{temperature: 1.0, top_p: 1.0, top_k: null, max_tokens: 12}}}}
+  max_context_tokens: 2048
+  use_corpus: false
+  use_memory: false
+  train_designer: false
+  designer_endpoint: {{url: "{canned.server.url}/v1", model: canned, api_key_env: null}}
+  spiral: {{games: [], games_per_step: 2, advantage: rae, max_turns: 20, designed: {{enabled: true, games: 1}}}}
+engine: {{max_batch_size: 1}}
+run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 4096}}
+""")
+    run = directory / "run"
+    try:
+        run_spade("--config", str(config), "--run-dir", str(run))
+    finally:
+        canned.server.close()
+    return run, canned
+
+
+def test_spade_train_plays_and_trains_a_designed_game(designed_run):
+    run, canned = designed_run
+    assert [r["messages"][0]["content"] for r in canned.requests] == [TWO_SEAT_SYSTEM, TWO_SEAT_SYSTEM]  # k: 1
+    records = metrics(run)
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        assert record["spiral/designed_0/games"] == 2.0 and record["agent/episodes"] == 4.0  # 2 games x 2 seats
+        for seat in (0, 1):
+            assert f"spiral/designed_0/seat{seat}/baseline" in record
+        assert record["agent/samples"] > 0 and record["train/grad_norm"] > 0
+    before = checkpoint_tensors(run / "checkpoints" / "step_1")
+    after = checkpoint_tensors(run / "checkpoints" / "step_2")
+    weights = [k for k in before if k.startswith(("embedding.", "decoder.", "output_layer."))]
+    assert weights and any(not torch.equal(before[k], after[k]) for k in weights)
+    saved = sorted((run / "envs").glob("step_*/spiral-*-designed_0.py"))
+    assert len(saved) == 2 and "class TicTacToeEnv" in saved[0].read_text()
+    kept = [json.loads(line) for line in (run / "trajectories" / "step_000000.jsonl").read_text().splitlines()]
+    assert any("Tic-tac-toe" in e["opening"] for e in kept if e["kind"] == "episode" and e["turns"])
