@@ -136,7 +136,8 @@ async def admit_two_seat(sandbox: Sandbox, response: str, settings: SeatProbeSet
         replay = await _staged(play_match(env, (legal_first, legal_first), SMOKE_SEED, settings.turns, record=again),
                                Stage.DETERMINISM)
         if again != transcript or replay != smoke_match:
-            turn = next((i for i, (a, b) in enumerate(zip(again, transcript)) if a != b), min(len(again), len(transcript)))
+            turn = next((i for i, (a, b) in enumerate(zip(again, transcript)) if a != b),
+                        min(len(again), len(transcript)))
             raise _reject(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
                           f"the same seed ({SMOKE_SEED}) and the same moves gave a different game the second time "
                           f"(first difference at move {turn + 1})")

@@ -19,11 +19,14 @@ each game cut at the turn budget. From the results (:meth:`SeatProbeReport.verdi
   that its win condition can be reached by this seat);
 * ``one_sided``: exactly one seat can win; ``always_draw``: neither can (every game was drawn, cut,
   or won only by a forfeit); when no game ended on its own within the budget, ``never_ends``;
-* ``degenerate_win``: a content-free policy (constant, copy or random) on some seat wins at least
-  ``degenerate_share`` of its games against the legal-move players on the other seat: a reply that
-  knows nothing of the game beats players that make legal moves, so the game pays for something
-  other than skill (a secret in the observation, a reply that wins outright). The legal policies
-  themselves are not judged so (one of them may well beat the others: TicTacToe's first mover).
+* ``degenerate_win``: a content-free policy (constant, copy or random) wins at least
+  ``degenerate_share`` of its games against the legal-move players on the other seat, *on each
+  seat*: a reply that knows nothing of the game beats players that make legal moves whichever seat
+  it has, so the game pays for something other than skill (a secret both seats can read, a reply
+  that wins outright). On one seat only is not enough: a copied number can be a strong legal move
+  for the seat that moves first (TicTacToe's last cell listed), and the first mover may be the
+  same seat on every probe seed. So a leak that only one seat can read is not caught here. The
+  legal policies themselves are not judged so (one of them may well beat the others).
 
 A fault of the environment on the way (a crash, a contract break) ends the probing: admission
 rejects the game with that fault.
@@ -114,28 +117,30 @@ class SeatProbeReport:
 
     def share_against_legal(self, policy: str, seat: int) -> tuple[float, int]:
         """``policy`` on ``seat``: its win share over its games against the legal players, and how many."""
-        games = [m for m in self.matches if m.policies[seat] == policy and self.families[m.policies[1 - seat]] == "legal"]
+        games = [m for m in self.matches
+                 if m.policies[seat] == policy and self.families[m.policies[1 - seat]] == "legal"]
         return (sum(m.winner == seat for m in games) / len(games) if games else 0.0), len(games)
 
-    def degenerate_winner(self) -> tuple[str, int, float, int] | None:
-        """The first content-free policy and seat that beat the legal players often enough."""
-        for seat in SEATS:
-            for policy, family in self.families.items():
-                if family in CONTENT_FREE:
-                    share, games = self.share_against_legal(policy, seat)
-                    if games and share >= self.degenerate_share:
-                        return policy, seat, share, games
+    def degenerate_winner(self) -> tuple[str, tuple[float, float], int] | None:
+        """The first content-free policy that beats the legal players often enough on each seat:
+        (its name, its win share on seat 0 and on seat 1, games on each seat)."""
+        for policy, family in self.families.items():
+            if family in CONTENT_FREE:
+                (share0, games0), (share1, games1) = (self.share_against_legal(policy, seat) for seat in SEATS)
+                if games0 and games1 and min(share0, share1) >= self.degenerate_share:
+                    return policy, (share0, share1), min(games0, games1)
         return None
 
     def verdict(self) -> EnvError | None:
         """The rejection the round robin calls for (module docstring), or None: admitted."""
         found = self.degenerate_winner()
         if found is not None:
-            policy, seat, share, games = found
+            policy, shares, games = found
             return EnvError(ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE,
-                            f"the probe policy '{policy}' of family '{self.families[policy]}' on seat {seat} wins "
-                            f"{share:.0%} of its {games} games against the legal-move players on seat {1 - seat}: "
-                            "a reply that knows nothing of the game beats players that make legal moves")
+                            f"the probe policy '{policy}' of family '{self.families[policy]}' wins {shares[0]:.0%} "
+                            f"(seat 0) and {shares[1]:.0%} (seat 1) of its {games} games a seat against the "
+                            "legal-move players on the other seat: a reply that knows nothing of the game beats "
+                            "players that make legal moves")
         winners = [seat for seat in SEATS if self.wins_on_rules(seat)]
         if len(winners) == 2:
             return None

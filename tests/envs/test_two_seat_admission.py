@@ -34,6 +34,10 @@ def test_an_honest_game_is_admitted_with_wins_on_the_rules_for_both_seats(sandbo
     assert all(report.wins_on_rules(seat) for seat in (0, 1))
     assert report.to_json()["verdict"] is None
     assert set(verdict.timings_ms) >= {"load", "smoke", "determinism", "degenerate_probe"}
+    # and on other runs' probe seeds too (a copied number can be TicTacToe's strong last cell)
+    for seed_base in (1, 7, 11):
+        again = admitted(sandbox, tic_tac_toe("honest"), SeatProbeSettings(turns=20, seed_base=seed_base))
+        assert again.admitted, (seed_base, again.error)
 
 
 @pytest.mark.parametrize("variant, kind, stage, words", [
@@ -56,10 +60,12 @@ def test_the_contract_is_checked_at_smoke_and_determinism(sandbox):
     assert (verdict.error.kind, verdict.error.stage) == (ErrorKind.BAD_RETURN, Stage.SMOKE)
     assert "Valid moves" in verdict.error.message
     # rewards that are not zero-sum break the contract when the first game ends
-    verdict = admitted(sandbox, tic_tac_toe().replace("rewards[mover], rewards[1 - mover] = 1, -1", "rewards[mover] = 1"))
+    not_zero_sum = tic_tac_toe().replace("rewards[mover], rewards[1 - mover] = 1, -1", "rewards[mover] = 1")
+    verdict = admitted(sandbox, not_zero_sum)
     assert verdict.error.kind is ErrorKind.BAD_RETURN and "summing to 0" in verdict.error.message
     # a game that is not a function of its seed: it counts its resets and shows the count
-    counting = tic_tac_toe().replace("self.moves = 0\n", "self.moves = 0\n        self.games = getattr(self, 'games', 0) + 1\n")
+    counting = tic_tac_toe().replace("self.moves = 0\n",
+                                     "self.moves = 0\n        self.games = getattr(self, 'games', 0) + 1\n")
     counting = counting.replace('f"Tic-tac-toe. You', 'f"Game {self.games}. Tic-tac-toe. You')
     assert "Game {self.games}" in counting and "self.games = getattr" in counting
     verdict = admitted(sandbox, counting)
