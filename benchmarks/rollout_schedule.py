@@ -67,7 +67,7 @@ from spade.envs.sandbox.config import SandboxConfig  # noqa: E402
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine  # noqa: E402
 from spade.selfplay.orchestrator import Orchestrator  # noqa: E402
 from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings  # noqa: E402
-from spade.selfplay.settings import SamplingSettings, SelfPlaySettings  # noqa: E402
+from spade.selfplay.settings import PlayRules, SamplingSettings, SelfPlaySettings  # noqa: E402
 from spade.selfplay.step import Step  # noqa: E402
 
 SCHEDULES = (("sync", False, False), ("partial", True, False), ("overlap", False, True),
@@ -287,7 +287,7 @@ def settings_for(args: argparse.Namespace, pool: str, *, partial: bool) -> SelfP
     return SelfPlaySettings(
         envs_per_set=envs, g_nohint=args.g_nohint, g_hint=0, k=args.steps + 1, max_turns=args.max_turns,
         sampling=SamplingSettings().replace(agent={"max_tokens": args.cap + 64}), max_context_tokens=args.max_turns * (args.cap + 64) + 4096,
-        max_concurrent_episodes=args.max_concurrent_episodes, env_source="fixed_pool", designer_enabled=False,
+        plays=PlayRules(max_concurrent=args.max_concurrent_episodes), env_source="fixed_pool", designer_enabled=False,
         fixed_env_dir=pool, use_memory=False, use_corpus=False, train_designer=False,
         partial_rollouts=partial_settings)
 

@@ -114,7 +114,7 @@ async def worker(args: argparse.Namespace) -> None:
     from spade.selfplay.plays.player import Player
     from spade.selfplay.plays.rollout_shards import (ShardChannel, ShardLayout, ShardServer, ShardedPlayer,
                                                      shard_player)
-    from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
+    from spade.selfplay.settings import PlayRules, SamplingSettings, SelfPlaySettings
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -123,7 +123,7 @@ async def worker(args: argparse.Namespace) -> None:
     settings = SelfPlaySettings(envs_per_set=args.envs, g_nohint=args.group, g_hint=0, max_turns=args.max_turns,
                                 sampling=SamplingSettings().replace(agent={"max_tokens": args.cap + 64}),
                                 max_context_tokens=args.max_turns * (args.cap + 64) + 4096,
-                                max_concurrent_episodes=args.max_concurrent_episodes, use_memory=False,
+                                plays=PlayRules(max_concurrent=args.max_concurrent_episodes), use_memory=False,
                                 use_corpus=False, train_designer=False)
     service = await SandboxService.start(SandboxConfig(isolation=args.isolation))
     engine = SimulatedEngine(tokenizer, eos_id=eos, median=args.median_tokens, sigma=args.sigma, cap=args.cap,

@@ -4,7 +4,7 @@
 
 What runs. The real :class:`~spade.selfplay.orchestrator.Orchestrator` ``run_step`` at the paper's
 batch sizes (24 environments per set, 16 no-hint + 16 hinted plays per environment, 25 turns,
-k = 4, ``max_concurrent_episodes`` 64), for one regeneration step (step 0: designer calls,
+k = 4, ``plays.max_concurrent`` 64), for one regeneration step (step 0: designer calls,
 admission in the sandbox, hints, hinted and no-hint plays, memory) and one ordinary step (step 1:
 no-hint plays), through the real sandbox service (bubblewrap, default pool), the real corpus
 (``examples/corpus/demo.jsonl.gz``), memory, token-exact conversations and sample building, with
@@ -367,7 +367,7 @@ def report(args: argparse.Namespace, settings: SelfPlaySettings, tokenizer_name:
     add(f"machine: {platform.node()} / {os.cpu_count()} CPUs / Python {platform.python_version()}")
     add(f"tokenizer: {tokenizer_name}")
     add(f"settings: envs_per_set={settings.envs_per_set} g_nohint={settings.g_nohint} g_hint={settings.g_hint} "
-        f"max_turns={settings.max_turns} k={settings.k} max_concurrent_episodes={settings.max_concurrent_episodes} "
+        f"max_turns={settings.max_turns} k={settings.k} plays.max_concurrent={settings.plays.max_concurrent} "
         f"(scale {args.scale:g})")
     add(f"sandbox: {context['isolation']}, pool_size={context['sandbox_pool_size']} (started in "
         f"{context['sandbox_start_s']:.2f} s, not counted); corpus: {context['corpus']}")
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         data = {"command": shlex.join([sys.executable] + sys.argv), "tokenizer": tokenizer_name,
                 "settings": {"envs_per_set": settings.envs_per_set, "g_nohint": settings.g_nohint,
                              "g_hint": settings.g_hint, "max_turns": settings.max_turns, "k": settings.k,
-                             "max_concurrent_episodes": settings.max_concurrent_episodes, "scale": args.scale},
+                             "max_concurrent_episodes": settings.plays.max_concurrent, "scale": args.scale},
                 "rates": {"engine_tokens_per_s": args.engine_tokens_per_s,
                           "train_tokens_per_s": args.train_tokens_per_s},
                 "context": context, "steps": [f.__dict__ for f in figures], "window": win,

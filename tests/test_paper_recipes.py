@@ -55,18 +55,18 @@ def _released_code() -> dict:
         "selfplay.sampling.agent.top_p": (0.95, f"{ARGS}:70-72 --spade-actor-top-p"),
         "selfplay.sampling.agent.top_k": (20, f"{ARGS}:76-78 --spade-actor-top-k"),
         "selfplay.sampling.designer.timeout_s": (300.0, "spade/core/corpus_orchestrator.py:129 timeout=300"),
-        "selfplay.admission_timeout_s": (60.0, f"{ORCH}:86 VALIDATE_GAME_TIMEOUT = 60"),
+        "selfplay.admission.timeout_s": (60.0, f"{ORCH}:86 VALIDATE_GAME_TIMEOUT = 60"),
         "selfplay.sampling.hint.timeout_s": (120.0, "spade/core/hint_generator.py:256 timeout=120"),
         "sandbox.load_timeout_s": (30.0, f"{ORCH}:27 ENV_STEP_TIMEOUT = 30"),
         "sandbox.reset_timeout_s": (30.0, f"{ORCH}:27 ENV_STEP_TIMEOUT = 30"),
         "sandbox.step_timeout_s": (30.0, f"{ORCH}:27 ENV_STEP_TIMEOUT = 30"),
         "selfplay.rewards.advantage_cap": (50.0, f"{ARGS}:245-247 --spade-max-env-reward-scale"),
         # admission: reset() and three unchecked actions, nothing else
-        "selfplay.admission_paper_exact": (True, "spade/core/utils/game_files.py:11-23 def validate_game"),
-        "selfplay.admission_determinism": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
-        "selfplay.admission_probes": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
-        "selfplay.require_reference_policy": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
-        "selfplay.admission_smoke_test": ("released", "spade/core/utils/game_files.py:11-23 def validate_game"),
+        "selfplay.admission.paper_exact": (True, "spade/core/utils/game_files.py:11-23 def validate_game"),
+        "selfplay.admission.determinism": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
+        "selfplay.admission.probes": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
+        "selfplay.admission.reference_policy": (False, "spade/core/utils/game_files.py:11-23 def validate_game"),
+        "selfplay.admission.smoke_test": ("released", "spade/core/utils/game_files.py:11-23 def validate_game"),
         # the time bounds: a hinted reply, a no-hint play, the designer calls of a set
         "selfplay.plays.hint_turn_timeout_s": (300.0, f"{ORCH}:28 ACTOR_TURN_TIMEOUT = 300"),
         "selfplay.plays.nohint_play_timeout_s": (300.0, f"{ORCH}:1521 per_game_timeout = 300"),
@@ -158,7 +158,7 @@ def _switches(f: str, *, gbs: int, template: int, corpus_check: str, global_batc
         "selfplay.plays.tool_mask_scope": ("tool_call_block", f"{ORCH}:924-926 SPADE_MASK_MALFORMED_TOOLCALL"),
         "selfplay.plays.released_loader_names": (True, "spade/core/envs/synthetic_game_env.py:43 _COMMON_STDLIB_INJECTIONS"),
         "sandbox.offer_numpy": (True, "spade/core/envs/synthetic_game_env.py:43-104 \"np\": np"),
-        "selfplay.tool_admission.schema_gate": (False, f"{ORCH}:1137-1138 validate_game_async"),
+        "selfplay.admission.tool_use.schema_gate": (False, f"{ORCH}:1137-1138 validate_game_async"),
         "corpus.document_spacing": ("released", "spade/core/corpus.py:110-116 \" \".join(words[: self.max_doc_tokens])"),
         "corpus.require_real": (True, corpus_check),
         "eval.protocol": ("in_loop", "eval_configs/eval_aime_avg32.yaml:3-7 n_samples_per_eval_prompt: 32"),
@@ -189,8 +189,8 @@ def _games(f: str, n: dict) -> dict:
         "selfplay.use_memory": (True, f"{f}:{n['memory']} --spade-use-env-memory"),
         "selfplay.use_corpus": (True, f"{f}:{n['corpus'] - 1} --spade-corpus-file"),
         "selfplay.train_designer": (True, f"{f}:{n['no_train']} NO_PROPOSER_TRAIN:-0"),
-        "selfplay.mask_truncated": (False, f"{f}:{n['spade_args']} SPADE_ARGS=("),
-        "selfplay.drop_equal_return_groups": (False, f"{ROLLOUT}:688"),
+        "selfplay.plays.mask_truncated": (False, f"{f}:{n['spade_args']} SPADE_ARGS=("),
+        "selfplay.plays.drop_equal_return_groups": (False, f"{ROLLOUT}:688"),
         "selfplay.rewards.designer_reward": ("regret_plateau", f"{f}:{n['blend']} --spade-env-reward-variant blend"),
         "selfplay.rewards.plateau_weight": (0.6, f"{f}:{n['blend'] + 1} --spade-plateau-weight"),
         "selfplay.rewards.regret_weight": (0.4, f"{f}:{n['blend'] + 2} --spade-regret-weight"),
@@ -232,7 +232,7 @@ GAMES_8B = {
     "selfplay.sampling.screen.thinking": ("off", f"{G8}:88 \"enable_thinking\":false"),
     "selfplay.sampling.designer.thinking": ("off", "spade/core/corpus_orchestrator.py:113 self.model.apply_template(messages)"),
     "selfplay.sampling.agent.hinted_thinking": ("off", f"{G8}:88 \"enable_thinking\":false"),
-    "selfplay.agent_sample_form": ("per_turn", "spade/slime/trajectory_converter.py:80-81 def fan_out_thinking_sample"),
+    "selfplay.plays.sample_form": ("per_turn", "spade/slime/trajectory_converter.py:80-81 def fan_out_thinking_sample"),
     "loss.kl_coef": (0.005, f"{G8}:186 KL_COEF:-0.005"),
     "loss.sample_mean_denominator": (192, KL_RESCALE),  # KL on: no rescale, slime divides by 192
     "selfplay.sampling.designer.max_tokens": (20000, f"{G8}:97 --spade-env-max-tokens 20000"),
@@ -284,10 +284,10 @@ def _tool_blend(size: str) -> dict:
         # the validator call, like the hint's, passes no top-p and no top-k: the adapter's 0.9, no top-k
         "selfplay.sampling.screen.top_p": (0.9, "spade/slime/model_adapter.py:155 top_p: float = 0.9"),
         "selfplay.sampling.screen.top_k": (None, "spade/core/env_validator.py:157-163 temperature=self.temperature"),
-        "selfplay.mask_truncated": (True, f"{TB}:202 --spade-compact-filter"),
-        "selfplay.drop_equal_return_groups": (False, f"{TB}:150-162 ROLLOUT_ARGS"),
-        "selfplay.tool_mask_malformed_calls": (True, f"{TB}:272 SPADE_MASK_MALFORMED_TOOLCALL"),
-        "selfplay.tool_admission.model_screen": (True, f"{TB}:185 --spade-use-env-validator"),
+        "selfplay.plays.mask_truncated": (True, f"{TB}:202 --spade-compact-filter"),
+        "selfplay.plays.drop_equal_return_groups": (False, f"{TB}:150-162 ROLLOUT_ARGS"),
+        "selfplay.plays.tool_mask_malformed_calls": (True, f"{TB}:272 SPADE_MASK_MALFORMED_TOOLCALL"),
+        "selfplay.admission.tool_use.model_screen": (True, f"{TB}:185 --spade-use-env-validator"),
         "selfplay.memory_capacity": (200, f"{TB}:207 --spade-env-memory-max-size 200"),
         "selfplay.use_memory": (True, f"{TB}:206 --spade-use-env-memory"),
         "selfplay.use_corpus": (True, f"{TB}:203 --spade-corpus-file"),
@@ -318,7 +318,7 @@ TOOL_8B = {
     "selfplay.sampling.screen.thinking": ("off", f"{TB}:161 \"enable_thinking\":false"),
     "selfplay.sampling.designer.thinking": ("off", "spade/core/corpus_orchestrator.py:113 self.model.apply_template(messages)"),
     "selfplay.sampling.agent.hinted_thinking": ("auto", f"{ORCH}:1839-1841 Hinted tool-use plays must follow the native tool-call path"),
-    "selfplay.agent_sample_form": ("sequence", f"{ORCH}:1839-1841 native tool-call path"),
+    "selfplay.plays.sample_form": ("sequence", f"{ORCH}:1839-1841 native tool-call path"),
     "selfplay.sampling.designer.max_tokens": (20000, f"{TB}:23 ENV_MAX_TOKENS:-20000"),
 }
 TOOL_30B = {
@@ -349,11 +349,11 @@ TOOL_4B = {
     "selfplay.max_context_tokens": (32768, f"{T4}:77 --spade-max-context-length 32768"),
     "selfplay.max_turns": (25, f"{T4}:78 --spade-max-turns 25"),
     "selfplay.difficulty": ("medium", f"{T4}:83 --spade-game-difficulty medium"),
-    "selfplay.drop_equal_return_groups": (True, f"{T4}:67 check_reward_nonzero_std"),
-    "selfplay.refill_equal_groups": (0, f"{T4}:67 check_reward_nonzero_std"),
-    "selfplay.mask_truncated": (True, f"{T4}:102 --spade-compact-filter"),
-    "selfplay.tool_mask_malformed_calls": (True, f"{T4}:184 SPADE_MASK_MALFORMED_TOOLCALL"),
-    "selfplay.tool_admission.model_screen": (True, f"{T4}:104 --spade-use-env-validator"),
+    "selfplay.plays.drop_equal_return_groups": (True, f"{T4}:67 check_reward_nonzero_std"),
+    "selfplay.plays.refill_equal_groups": (0, f"{T4}:67 check_reward_nonzero_std"),
+    "selfplay.plays.mask_truncated": (True, f"{T4}:102 --spade-compact-filter"),
+    "selfplay.plays.tool_mask_malformed_calls": (True, f"{T4}:184 SPADE_MASK_MALFORMED_TOOLCALL"),
+    "selfplay.admission.tool_use.model_screen": (True, f"{T4}:104 --spade-use-env-validator"),
     "selfplay.memory_capacity": (200, f"{T4}:105 --spade-env-memory-max-size 200"),
     "selfplay.use_memory": (True, f"{T4}:103 --spade-use-env-memory"),
     "selfplay.use_corpus": (True, f"{T4}:99 --spade-corpus-file"),
@@ -418,7 +418,7 @@ def _fixed_gpt55(size: str, kl: float, kl_line: int, name_line: int, tp: int, sg
 
 FIXED_4B = _fixed_gpt55("4b", 0.0, 43, 42, tp=46, sglang=57)
 FIXED_8B = {**_fixed_gpt55("8b", 0.005, 66, 65, tp=69, sglang=80),
-            "selfplay.agent_sample_form": ("per_turn", f"{F}:220-221 --spade-actor-enable-thinking")}
+            "selfplay.plays.sample_form": ("per_turn", f"{F}:220-221 --spade-actor-enable-thinking")}
 FIXED_30B = _fixed_gpt55("30b", 0.0, 89, 88, tp=92, sglang=105)
 
 
@@ -468,7 +468,7 @@ def _rlve(size: str, shift: int, *, kl: int, eval_line: int, lr: int, eps: int, 
 RLVE_4B = _rlve("4b", 1, kl=134, eval_line=151, lr=160, eps=137, tp=118, sglang=168)
 RLVE_8B = {**_rlve("8b", 0, kl=133, eval_line=150, lr=159, eps=136, tp=117, sglang=167),
            "model.thinking": ("on", "cmd/games/train_fixed_rlve_8b.sh:90 \"enable_thinking\":true"),
-           "selfplay.agent_sample_form": ("sequence", "spade/slime/fixed_env_rollout.py:446-453 trajectory_to_slime_sample")}
+           "selfplay.plays.sample_form": ("sequence", "spade/slime/fixed_env_rollout.py:446-453 trajectory_to_slime_sample")}
 RLVE_30B = _rlve("30b", 0, kl=135, eval_line=152, lr=161, eps=138, tp=117, sglang=172)
 
 A = "cmd/ablations"
@@ -537,10 +537,10 @@ SWITCHES: dict[str, tuple] = {
     "selfplay.plays.reset_seeds": ("paired", "independent"),
     "selfplay.agent_game_prompt": ("spade", "paper"),
     "corpus.require_real": (False, True),
-    "selfplay.admission_probes": (True, False),                # degenerate-policy probes (issue 23)
-    "selfplay.admission_determinism": (True, False),           # determinism stage (SPEC 3.5)
-    "selfplay.admission_paper_exact": (False, True),
-    "selfplay.admission_smoke_test": ("paper", "released"),    # SPEC 3.4's checked smoke test
+    "selfplay.admission.probes": (True, False),                # degenerate-policy probes (issue 23)
+    "selfplay.admission.determinism": (True, False),           # determinism stage (SPEC 3.5)
+    "selfplay.admission.paper_exact": (False, True),
+    "selfplay.admission.smoke_test": ("paper", "released"),    # SPEC 3.4's checked smoke test
 }
 # spade's designer games and tool-use recipes (the baselines vary one of them and keep these too)
 OWN_RECIPES = sorted(p.name for p in OWN.glob("*.yaml")

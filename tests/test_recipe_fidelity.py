@@ -29,13 +29,13 @@ def _load(name: str):
 def test_tool_use_gives_no_loss_to_episodes_cut_by_a_budget(name):
     # cmd/tool_use/_train_spade_blend.sh passes --spade-compact-filter: every trajectory that did not
     # terminate gets an all-zero loss mask (spade/slime/spade_rollout.py)
-    assert _load(name).selfplay.mask_truncated is True
+    assert _load(name).selfplay.plays.mask_truncated is True
 
 
 @pytest.mark.parametrize("name", GAMES_SGLANG)
 def test_games_train_on_every_episode(name):
     # cmd/games/train_spade_{4b,8b,30b}.sh do not pass --spade-compact-filter
-    assert _load(name).selfplay.mask_truncated is False
+    assert _load(name).selfplay.plays.mask_truncated is False
 
 
 @pytest.mark.parametrize("name", GAMES_SGLANG + TOOL_SGLANG)
@@ -109,4 +109,4 @@ def test_only_the_designer_and_the_agent_think_in_the_8b_runs(name):
 @pytest.mark.parametrize("name", ["games_base.yaml", "tool_use_base.yaml", *GAMES_SGLANG, *TOOL_SGLANG])
 def test_admission_keeps_the_determinism_stage(name):
     # beyond the paper (SPEC 3.5), kept on in the recipes; false restores the paper's admission
-    assert _load(name).selfplay.admission_determinism is True
+    assert _load(name).selfplay.admission.determinism is True

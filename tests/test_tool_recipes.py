@@ -26,9 +26,10 @@ MODELS = {
     "tool_use_qwen3_8b_8gpu.yaml": "Qwen3-8B",
     "tool_use_qwen3_30b_a3b_8gpu.yaml": "Qwen3-30B-A3B-Instruct-2507",
 }
-# what tool use changes in selfplay (everything else equals the games recipe); mask_truncated: the
-# released tool-use scripts pass --spade-compact-filter, the games scripts do not
-TOOL_SELFPLAY = {"domain": "tool_use", "k": 8, "mask_truncated": True}
+# what tool use changes in selfplay (everything else equals the games recipe); plays.mask_truncated:
+# the released tool-use scripts pass --spade-compact-filter, the games scripts do not
+TOOL_SELFPLAY = {"domain": "tool_use", "k": 8}
+TOOL_PLAYS = {"mask_truncated": True}
 TOOL_SAMPLING = {"hint": {"max_tokens": 2048}}  # and the hint's budget
 # engine keys a tool recipe sets apart from its games recipe: the released tool-use 30B script gives
 # SGLang 0.85 of the GPU (cmd/tool_use/_train_spade_blend.sh), the games one 0.7
@@ -56,7 +57,7 @@ def test_tool_recipe_has_every_spec_number(name):
     assert roles.designer.max_tokens == (20000 if "8b" in name else 16384)
     assert (roles.agent.max_tokens, roles.hint.max_tokens) == (8192, 2048)
     assert (sp.max_turns, sp.max_context_tokens, sp.memory_capacity) == (25, 32768, 200)
-    assert (roles.designer.timeout_s, sp.admission_timeout_s, roles.hint.timeout_s) == (300.0, 60.0, 120.0)
+    assert (roles.designer.timeout_s, sp.admission.timeout_s, roles.hint.timeout_s) == (300.0, 60.0, 120.0)
     assert (config.sandbox.load_timeout_s, config.sandbox.reset_timeout_s, config.sandbox.step_timeout_s) == \
         (30.0, 30.0, 30.0)
     assert sp.rewards.advantage_cap == 50.0
@@ -67,10 +68,10 @@ def test_tool_recipe_has_every_spec_number(name):
     for regeneration in range(6):
         assert sp.skills.active("tool_use", regeneration) == six
     # the tool stages as in the paper: the model screen asked, diagnostics reported, not rejected
-    ta = sp.tool_admission
+    ta = sp.admission.tool_use
     assert (ta.min_tools, ta.max_tools, ta.model_screen) == (3, 8, True)
     assert not (ta.reject_true_at_reset or ta.reject_unchangeable or ta.reject_trivial)
-    assert sp.tool_mask_malformed_calls
+    assert sp.plays.tool_mask_malformed_calls
     assert config.corpus.max_words == 4000 and config.corpus.paths
     assert all(Path(p).is_file() for p in config.corpus.paths)
     assert (config.run.steps, config.run.checkpoint_every) == (400, 16)
@@ -95,9 +96,10 @@ def test_tool_recipe_differs_from_the_games_recipe_only_in_tool_use(name):
     assert {k: v for k, v in vars(tools.loss).items() if k != "kl_coef"} == \
         {k: v for k, v in vars(games.loss).items() if k != "kl_coef"}
     changed = {key for key, value in vars(tools.selfplay).items() if getattr(games.selfplay, key) != value}
-    assert changed == {*TOOL_SELFPLAY, "sampling"}, changed
+    assert changed == {*TOOL_SELFPLAY, "sampling", "plays"}, changed
     for key, value in TOOL_SELFPLAY.items():
         assert getattr(tools.selfplay, key) == value
+    assert tools.selfplay.plays == dataclasses.replace(games.selfplay.plays, **TOOL_PLAYS)
     assert tools.selfplay.sampling == games.selfplay.sampling.replace(**TOOL_SAMPLING)
 
 

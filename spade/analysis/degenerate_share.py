@@ -4,8 +4,8 @@ A degenerate policy knows nothing of the environment: the games probes' constant
 replies (:mod:`spade.envs.degenerate_probes`), or answering done / calling one tool over and over
 in a tool environment (:mod:`spade.envs.tool_use.degenerate_probes`). Where does the verdict come from:
 
-* **admission** (recorded): a run whose resolved config had ``selfplay.admission_probes`` true and
-  ``admission_paper_exact`` false probed every candidate and rejected the ones a probe policy won
+* **admission** (recorded): a run whose resolved config had ``selfplay.admission.probes`` true and
+  ``admission.paper_exact`` false probed every candidate and rejected the ones a probe policy won
   (``rejected/…`` with kind ``degenerate_win``), so none of its admitted environments is won (a
   tool environment's saved ``tool_report`` also carries every policy's scores);
 * **probe** (after the fact, ``spade analyze --probe``): a run made with the probes off, or before
@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_SEED_COUNT, DEFAULT_THRESHOLD, ProbeSettings, run_probes
 from ..envs.protocol import EnvFault, InfrastructureFault
 from ..envs.tool_use.degenerate_probes import run_tool_probes
+from ..selfplay.admission_settings import MOVED_ADMISSION_KEYS
 from .sources import RLVE
 
 CONCURRENCY = 4
@@ -54,21 +55,34 @@ def _selfplay(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return selfplay if isinstance(selfplay, Mapping) else {}
 
 
-def probes_at_admission(config: Mapping[str, Any]) -> bool:
-    """Whether the run's admission ran the probes: ``admission_probes`` written true (a config
-    written before the key existed had none) and ``admission_paper_exact`` not true."""
+def _admission(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's ``selfplay.admission`` values by their names there; a config written before the
+    section had them as flat ``selfplay`` keys (``admission_probes``, ``degenerate_threshold``, ...)."""
     selfplay = _selfplay(config)
-    return selfplay.get("admission_probes") is True and selfplay.get("admission_paper_exact") is not True
+    nested = selfplay.get("admission")
+    out = dict(nested) if isinstance(nested, Mapping) else {}
+    for old, new in MOVED_ADMISSION_KEYS.items():
+        name = new.removeprefix("admission.")
+        if old in selfplay and name not in out:
+            out[name] = selfplay[old]
+    return out
+
+
+def probes_at_admission(config: Mapping[str, Any]) -> bool:
+    """Whether the run's admission ran the probes: ``admission.probes`` written true (a config
+    written before the key existed had none) and ``admission.paper_exact`` not true."""
+    admission = _admission(config)
+    return admission.get("probes") is True and admission.get("paper_exact") is not True
 
 
 def probe_settings(config: Mapping[str, Any]) -> ProbeSettings:
     """The run's threshold, step budget, seeds a round and run seed (the defaults where its config
     has none), so that each environment plays the seeds its admission would have drawn; no time
     limit beyond the default: after the fact nothing waits on admission."""
-    selfplay = _selfplay(config)
-    threshold = selfplay.get("degenerate_threshold")
-    steps = selfplay.get("degenerate_probe_steps")
-    count = selfplay.get("degenerate_probe_seeds")
+    admission = _admission(config)
+    threshold = admission.get("probe_threshold")
+    steps = admission.get("probe_steps")
+    count = admission.get("probe_seeds")
     run = config.get("run")
     seed = run.get("seed") if isinstance(run, Mapping) else None
     return ProbeSettings(threshold=float(threshold) if isinstance(threshold, (int, float)) else DEFAULT_THRESHOLD,

@@ -3,7 +3,7 @@
 
 Counted over every turn of every kept trajectory of the environment (both arms, every step of its
 window), rewards rounded to 6 decimals. Only a bounded sample of plays is kept
-(``selfplay.keep_trajectories`` per arm per step), so this is a lower bound on what the
+(``selfplay.plays.keep_trajectories`` per arm per step), so this is a lower bound on what the
 environment can emit; environments without kept trajectories have no value.
 """
 

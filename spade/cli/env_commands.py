@@ -8,7 +8,7 @@ Tool environments (a class that subclasses ``ToolUseBaseEnv``) are recognised by
   time and the tool report (criteria true at reset, unchangeable by any probe call, met by any first call; the
   reset gate's errors). There is no model here, so the model screen is not asked (no verdict counts
   as accept, as in training); ``--reject`` turns diagnostics into rejections as the
-  ``selfplay.tool_admission`` switches do.
+  ``selfplay.admission.tool_use`` switches do.
 * ``run --actions`` takes the agent's raw responses (text with ``<tool_call>`` blocks, or
   ``<answer>...</answer>``) and plays them through the training loop
   (:func:`spade.envs.runner.play_tool_episode`) with the parser training would choose from the

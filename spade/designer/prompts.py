@@ -68,7 +68,7 @@ class DesignerRequest:
     memory_block: str = ""  # "" when memory is empty or disabled
     difficulty: str = "medium"
     max_turns: int = 25  # the run's turn budget (selfplay.max_turns); the concepts prompt quotes it
-    reference_policy: bool = False  # ask for a reference_policy() method (selfplay.require_reference_policy)
+    reference_policy: bool = False  # ask for a reference_policy() method (selfplay.admission.reference_policy)
     rules: str = "spade"  # selfplay.designer_prompt_rules: "spade" or "released" (DESIGNER_RULES)
 
 
@@ -201,7 +201,7 @@ GAME_SPEC_NO_DOCUMENT = GAME_SPEC.replace("\n\n" + _GROUNDING, "")
 
 _CLOSING = "Write the complete module in one ```python block."
 
-# selfplay.require_reference_policy (spade's addition, issue 23; off in the paper recipes): the class
+# selfplay.admission.reference_policy (spade's addition, issue 23; off in the paper recipes): the class
 # proves its game winnable; admission plays the method and admits only when it wins.
 REFERENCE_POLICY_SPEC = """## Reference policy (required)
 Add a method `reference_policy(self, observation)` to the class. Given the latest observation (the \

@@ -137,18 +137,18 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
     stages (:mod:`spade.envs.tool_use.admission`); ``require_tool_env`` (the tool-use domain)
     rejects any other class at ``load``. ``screen`` is the model screen (None: not asked).
     ``determinism`` False leaves out the determinism stage, this project's addition (SPEC 3.5;
-    ``selfplay.admission_determinism``). ``probes`` are the settings of
+    ``selfplay.admission.determinism``). ``probes`` are the settings of
     the degenerate-policy probes (another addition, :mod:`spade.envs.degenerate_probes`); None
-    leaves them out (``selfplay.admission_probes``, ``selfplay.admission_paper_exact``). ``reference``
+    leaves them out (``selfplay.admission.probes``, ``selfplay.admission.paper_exact``). ``reference``
     are the settings of the reference-policy stage (:mod:`spade.envs.reference_policy`;
-    ``selfplay.require_reference_policy``); None, the default, leaves it out. ``code_extraction`` is how
+    ``selfplay.admission.reference_policy``); None, the default, leaves it out. ``code_extraction`` is how
     the code is taken out of the response (``selfplay.code_extraction``, :func:`extract_code`).
     ``winnability`` are the settings of the winnability stage (:mod:`spade.envs.winnability`;
-    ``selfplay.winnability_gate``); None, the default, leaves it out. It plays on the probes' seeds
+    ``selfplay.admission.winnability_gate``); None, the default, leaves it out. It plays on the probes' seeds
     for this candidate (:meth:`ProbeSettings.seeds_for`).
 
     Infrastructure faults are raised, not turned into a rejection: the candidate is not to blame.
-    ``smoke_test`` ``"released"`` (``selfplay.admission_smoke_test``) runs the released code's smoke
+    ``smoke_test`` ``"released"`` (``selfplay.admission.smoke_test``) runs the released code's smoke
     test (:mod:`spade.envs.released_smoke`) instead of the paper's (``seed``, ``probe_actions``).
     """
     timer = _Timer()
@@ -259,7 +259,7 @@ async def _reference_stage(env: SandboxedEnv, settings: ReferenceSettings, max_t
         error = fault.error
         if error.kind is ErrorKind.REFERENCE_MISSING:
             raise _Rejection(EnvError(ErrorKind.REFERENCE_MISSING, Stage.REFERENCE_POLICY,
-                                      f"{error.message}: selfplay.require_reference_policy asks every game for one"
+                                      f"{error.message}: selfplay.admission.reference_policy asks every game for one"
                                       )) from None
         raise _Rejection(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY,
                                   f"the environment failed before its reference policy could win ({error.kind.value}: "

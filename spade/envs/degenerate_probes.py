@@ -64,11 +64,11 @@ def derive_probe_seeds(seed_base: int, code: str, count: int) -> tuple[int, ...]
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """``threshold``: a policy whose mean return reaches it wins (``selfplay.degenerate_threshold``;
+    """``threshold``: a policy whose mean return reaches it wins (``selfplay.admission.probe_threshold``;
     a search family needs :data:`SEARCH_THRESHOLD`); ``seeds``: the reset seeds each policy plays,
     empty (the default) for ``seed_count`` seeds drawn per candidate from ``seed_base`` (the run's
-    seed) and its code (``selfplay.degenerate_probe_seeds``); ``max_steps``: ``step`` calls over all
-    probes (``selfplay.degenerate_probe_steps``); ``max_seconds``: wall-clock time over all probes (a
+    seed) and its code (``selfplay.admission.probe_seeds``); ``max_steps``: ``step`` calls over all
+    probes (``selfplay.admission.probe_steps``); ``max_seconds``: wall-clock time over all probes (a
     game with slow steps is then judged on the policies played, not timed out of admission)."""
 
     threshold: float = DEFAULT_THRESHOLD

@@ -1,15 +1,15 @@
 """Admission's ``reference_policy`` stage: the designer proves its game winnable (issue 23).
 
-With ``selfplay.require_reference_policy`` on, the games designer prompt asks for a method
+With ``selfplay.admission.reference_policy`` on, the games designer prompt asks for a method
 ``reference_policy(self, observation) -> str`` beside ``reset`` and ``step``
 (:data:`spade.designer.prompts.REFERENCE_POLICY_SPEC`). After the degenerate-policy probes, the
 sandboxed child plays it on the probes' seeds, in one ``probe`` request through the same loop
 (:mod:`spade.envs.sandbox.runtime.probe_play`: each reply read by ``parse_action``, each episode
 scored by ``episode_return``, the turn budget and the step and time budgets of the probes). The
 game is admitted only when the mean return over every seed reaches ``min_return``
-(``selfplay.reference_min_return``, default 0.9); otherwise it is rejected as ``reference_lost``,
+(``selfplay.admission.reference_min_return``, default 0.9); otherwise it is rejected as ``reference_lost``,
 and a class without the method as ``reference_missing``. spade's addition, off by default and in
-the paper recipes; ``selfplay.admission_paper_exact`` turns it off too.
+the paper recipes; ``selfplay.admission.paper_exact`` turns it off too.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ DEFAULT_MIN_RETURN = 0.9
 @dataclass(frozen=True)
 class ReferenceSettings:
     """``min_return``: the mean return over ``seeds`` the reference policy must reach
-    (``selfplay.reference_min_return``); ``seeds`` empty (the run's settings): admission plays the
+    (``selfplay.admission.reference_min_return``); ``seeds`` empty (the run's settings): admission plays the
     candidate's first round of probe seeds (issue 40); ``max_steps`` / ``max_seconds``: its step and
     time budgets (the probes' own)."""
 

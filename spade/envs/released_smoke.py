@@ -1,4 +1,4 @@
-"""The released code's admission smoke test (``selfplay.admission_smoke_test: released``).
+"""The released code's admission smoke test (``selfplay.admission.smoke_test: released``).
 
 The released trainer (spade-rl/spade 9b2b813) admits a generated game with ``validate_game``
 (``core/utils/game_files.py:11-23``), run in a thread with a 60 s bound (``VALIDATE_GAME_TIMEOUT``,

@@ -15,8 +15,8 @@ is rejected as ``unwinnable`` when something was offered and nothing won. When t
 only a description (``solution()`` returns prose, raises ``NotImplementedError``, or is missing, and
 no ``reference_policy``), the verdict is **unproven**: admitted under ``unproven: admit`` (the
 default, as today's contract allows a description), rejected as ``unwinnable`` under ``reject``.
-``selfplay.winnability_gate`` turns the stage on (spade's GPU recipes), ``selfplay.winnability_unproven``
-picks the rule; ``admission_paper_exact`` turns it off.
+``selfplay.admission.winnability_gate`` turns the stage on (spade's GPU recipes), ``selfplay.admission.winnability_unproven``
+picks the rule; ``selfplay.admission.paper_exact`` turns it off.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ WON, LOST, UNPROVEN = "won", "lost", "unproven"
 @dataclass(frozen=True)
 class WinnabilitySettings:
     """``min_return``: the mean return over every seed a proof must reach
-    (``selfplay.reference_min_return``); ``unproven``: what a game whose designer offered no
-    playable proof gets (``selfplay.winnability_unproven``); the step and time budgets are the probes'."""
+    (``selfplay.admission.reference_min_return``); ``unproven``: what a game whose designer offered no
+    playable proof gets (``selfplay.admission.winnability_unproven``); the step and time budgets are the probes'."""
 
     min_return: float = DEFAULT_MIN_RETURN
     unproven: Unproven = "admit"
@@ -82,7 +82,7 @@ class WinnabilityReport:
         """Why the game is rejected as ``unwinnable``."""
         if self.verdict == UNPROVEN:
             return (f"no playable proof that the game can be won ({self.why_unproven()}); "
-                    "selfplay.winnability_unproven: reject asks every game for one")
+                    "selfplay.admission.winnability_unproven: reject asks every game for one")
         parts = []
         for result in self.offered():
             parts.append(f"{result.policy} reaches a mean return of {result.mean_return:.3f} over seeds {result.seeds} "

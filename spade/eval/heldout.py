@@ -11,8 +11,8 @@ the same problems with the same sampling seeds (a paired comparison).
 **The evaluator.** :func:`evaluate_heldout` opens each environment in the sandbox for each seed and
 plays one episode with a fresh :class:`~spade.selfplay.plays.policy.EnginePolicy`, as a training no-hint
 play does (``selfplay.sampling.agent``: temperature, top-p, top-k, token budget; ``max_turns``, ``max_context_tokens``, ``agent_game_prompt``, ``action_extraction``), at most
-``max_concurrent_episodes`` at a time. An environment fault scores 0, as in training; a sandbox
-failure is retried ``max_play_retries`` times and then left out (counted in ``dropped``).
+``plays.max_concurrent`` at a time. An environment fault scores 0, as in training; a sandbox
+failure is retried ``plays.max_retries`` times and then left out (counted in ``dropped``).
 """
 
 from __future__ import annotations
@@ -126,12 +126,12 @@ async def evaluate_heldout(engine: RolloutEngine, tokenizer: Any, settings: Self
     s = settings
     chat_format = chat_format or ChatFormat(tokenizer, None)
     stop_ids = end_of_turn_stop_ids(chat_format, tokenizer)
-    semaphore = asyncio.Semaphore(s.max_concurrent_episodes)
+    semaphore = asyncio.Semaphore(s.plays.max_concurrent)
 
     async def one(env: HeldOutEnv, index: int, seed: int) -> HeldOutEpisode | None:
         sampling = s.engine_sampling(stop_ids, derive_seed(sample_seed, "heldout", env.name, index))
         async with semaphore:
-            for _ in range(s.max_play_retries + 1):
+            for _ in range(s.plays.max_retries + 1):
                 policy = EnginePolicy(engine, tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                                       chat_format=chat_format)
                 try:

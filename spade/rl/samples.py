@@ -198,7 +198,7 @@ class TrainSample:
     ``loss_weight`` and ``count_weight`` (defaults 1.0 and 1) say how the sample enters a
     ``sample_mean`` loss (``spade.rl.loss.policy_loss``): its token mean times ``loss_weight`` is
     summed, and the step divides by the sum of ``count_weight`` over its samples. The turn samples
-    of one episode (``selfplay.agent_sample_form: per_turn``) share one count and weigh their
+    of one episode (``selfplay.plays.sample_form: per_turn``) share one count and weigh their
     token means by their loss tokens, so the episode is one token mean over all its turns
     (``spade.selfplay.plays.turn_samples.episode_weights``). Other aggregations ignore both.
     """

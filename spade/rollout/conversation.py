@@ -41,7 +41,7 @@ importance ratios compare like with like. The price: later turns see a history t
 not have produced (Qwen3 learned with earlier reasoning removed) and the context grows by every
 turn's reasoning. The alternative, as the paper's released code forms its samples, re-renders the
 history at every turn (earlier reasoning removed) both to generate and as that turn's sample
-prompt, one sample per assistant turn; ``selfplay.agent_sample_form: per_turn`` plays that way
+prompt, one sample per assistant turn; ``selfplay.plays.sample_form: per_turn`` plays that way
 (``spade.selfplay.plays.turn_samples``: one fresh Conversation per turn, earlier completions re-tokenised
 from their text by the template).
 
@@ -316,7 +316,7 @@ class Conversation:
 
     def mask_last_completion(self) -> None:
         """Take the last completion out of the loss (mask 0), e.g. a malformed tool call when
-        ``selfplay.tool_mask_malformed_calls`` is on. Its tokens stay in the sequence."""
+        ``selfplay.plays.tool_mask_malformed_calls`` is on. Its tokens stay in the sequence."""
         if self.turns == 0:
             raise RuntimeError("nothing has been generated yet")
         end = self._last_start + len(self._last_generated)

@@ -18,7 +18,7 @@
    regeneration step first finishes the carried groups, then plays everything to the end.
 3. :meth:`~Orchestrator.score_agent_plays`: per environment, advantages are the z-scores of its
    no-hint returns of this step; one sample per no-hint play that generated anything. Stabilisers
-   (off by default): ``drop_equal_return_groups`` leaves out environments whose returns are all
+   (off by default, ``selfplay.plays``): ``drop_equal_return_groups`` leaves out environments whose returns are all
    equal, after up to ``refill_equal_groups`` extra rounds of ``g_nohint`` plays of just those
    environments; ``mask_truncated`` leaves out samples of episodes cut by a budget (the returns
    still count in the group's mean and std).
@@ -84,7 +84,7 @@ from .step_figures import mean, regeneration_figures, step_figures
 from .trajectories import role_logprob_temperature
 
 STATE_VERSION = 1
-# How an episode cut by a budget ends (``mask_truncated``): the environment truncated it, the turn
+# How an episode cut by a budget ends (``plays.mask_truncated``): the environment truncated it, the turn
 # budget ran out, or the policy stopped (context or reply token budget spent).
 TRUNCATED_ENDS = frozenset({"truncated", "turn_budget", "policy_stopped"})
 
@@ -121,7 +121,7 @@ class Orchestrator:
                  shards: ShardChannel | None = None, play_engine: RolloutEngine | None = None,
                  device: torch.device | None = None, final_step: int | None = None):
         refuse_unsupported(settings.partial_rollouts, domain=settings.domain,
-                           refill_equal_groups=settings.refill_equal_groups)  # before anything is built
+                           refill_equal_groups=settings.plays.refill_equal_groups)  # before anything is built
         self.settings = settings
         self.final_step = final_step  # the run's last step (batch.release_at_final_step); None: unknown
         self.memory = memory
@@ -154,7 +154,7 @@ class Orchestrator:
         self.buffer = DesignerBuffer(settings.k, settings.rewards)
         self.pending_samples: dict[str, Trajectory] = {}  # sample_ref (env_id) -> the designer's trajectory
         self.last_step: int | None = None
-        self.trajectory_log = TrajectoryLog(self.run_dir, settings.keep_trajectories)
+        self.trajectory_log = TrajectoryLog(self.run_dir, settings.plays.keep_trajectories)
         self.on_phase: Callable[[str], None] = no_phase  # told when the designer batch ends (peak RSS)
         self.on_stage: Callable[..., None] = no_stage  # the step's phase by name (the trainer's progress line)
         self.designer.stages.report = lambda name, detail: self.on_stage(name, detail=detail)
@@ -223,18 +223,18 @@ class Orchestrator:
         for env, origin, env_plays in groups:
             env_id = env.env_id
             returns = [p.episode_return for p in env_plays]
-            if s.drop_equal_return_groups and env_plays and all_equal(returns):
+            if s.plays.drop_equal_return_groups and env_plays and all_equal(returns):
                 dropped_groups += 1
                 continue
             own_advantages = getattr(self.source, "advantages", None)  # SPIRAL's role-conditioned baselines
             advantages = own_advantages(env, env_plays) if own_advantages is not None else agent_advantages(returns)
             for play, advantage in zip(env_plays, advantages):
-                # one sequence per play, or one per turn (agent_sample_form per_turn), each with the play's
+                # one sequence per play, or one per turn (plays.sample_form per_turn), each with the play's
                 # advantage, the turns weighted to be one episode in the loss and the batch
                 trainable = episode_weights([t for t in play.training_trajectories if t.trainable])
                 if not trainable or advantage is None:  # None: the source leaves the play out (SPIRAL's filter)
                     continue
-                if s.mask_truncated and play.end_reason in TRUNCATED_ENDS:
+                if s.plays.mask_truncated and play.end_reason in TRUNCATED_ENDS:
                     masked += 1
                     continue
                 out.samples += [trajectory.replace(
@@ -246,9 +246,9 @@ class Orchestrator:
             filled = fill_round_robin(agents, len(groups) * s.nohint_plays(len(groups)))  # the plays asked for
             out.metrics["agent/fault_fill"] = float(len(filled) - len(agents))
             out.samples[:] = [t for episode in filled for t in episode] + others
-        if s.drop_equal_return_groups:
+        if s.plays.drop_equal_return_groups:
             out.metrics["agent/dropped_equal_groups"] = float(dropped_groups)
-        if s.mask_truncated:
+        if s.plays.mask_truncated:
             out.metrics["agent/masked_truncated"] = float(masked)
 
     def release_designer_rewards(self, out: StepOutput, plays: StepPlays, regenerate: bool) -> None:
@@ -405,7 +405,7 @@ class Orchestrator:
 
 
 def _agent_episodes(samples: list[Trajectory]) -> int:
-    """The agent count of the designer weight: the samples, or with ``agent_sample_form: per_turn``
+    """The agent count of the designer weight: the samples, or with ``plays.sample_form: per_turn``
     the episodes they come from (copies of the fault fill included), as the released weight counts
     episodes before the thinking fan-out into turn samples (``slime/spade_rollout.py:597-603``;
     fan-out at ``:879-895``)."""

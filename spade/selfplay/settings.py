@@ -14,7 +14,7 @@ memory of that update all double relative to the paper's code (each sample is up
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Sequence
 
 from ..config import require
@@ -23,17 +23,17 @@ from ..agent.prompts import GAME_PROMPTS
 from ..designer.extract import CODE_EXTRACTIONS
 from ..designer.prompts import DESIGNER_RULES, DIFFICULTIES, HINT_LENGTHS, PROMPT_ORDERS
 from ..designer.skills import DOMAINS, Domain, SkillSettings
-from ..envs.degenerate_probes import DEFAULT_MAX_STEPS, DEFAULT_SEED_COUNT, DEFAULT_THRESHOLD, ProbeSettings
-from ..envs.reference_policy import DEFAULT_MIN_RETURN, ReferenceSettings
-from ..envs.winnability import UNPROVEN_RULES, WinnabilitySettings
-from ..envs.tool_use.admission import ToolAdmissionSettings
+from ..envs.degenerate_probes import ProbeSettings
+from ..envs.reference_policy import ReferenceSettings
+from ..envs.winnability import WinnabilitySettings
 from ..rollout.engine import SamplingParams
+from .admission_settings import MOVED_ADMISSION_KEYS, AdmissionSettings
 from .sampling_settings import MOVED_SAMPLING_KEYS, RoleSampling, SamplingSettings
 from .sources.endpoint import EndpointSettings
 from .rewards.reward_settings import RewardSettings
 from .plays.partial_rollout_settings import PartialRolloutSettings
 from .batch_rules import BatchRules
-from .plays.play_rules import PlayRules
+from .plays.play_rules import MOVED_PLAY_KEYS, PlayRules
 from .sources.pool_settings import PoolSettings
 from .sources.rlve_settings import RLVESettings
 from .sources.spice_settings import SpiceSettings, check_spice_selfplay
@@ -42,11 +42,9 @@ from .sources.spiral_settings import SpiralSettings
 Difficulty = Literal["easy", "medium", "hard"]
 EnvSourceName = Literal["designer", "fixed_pool", "rlve", "spice", "spiral"]
 ENV_SOURCES: tuple[str, ...] = ("designer", "fixed_pool", "rlve", "spice", "spiral")
-AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
-SMOKE_TESTS: tuple[str, ...] = ("paper", "released")
 
 _WHERE = "selfplay"
-__all__ = ["RoleSampling", "SamplingSettings", "SelfPlaySettings"]
+__all__ = ["AdmissionSettings", "PlayRules", "RoleSampling", "SamplingSettings", "SelfPlaySettings"]
 
 
 @dataclass(frozen=True)
@@ -61,9 +59,11 @@ class SelfPlaySettings:
     neither makes designer calls or designer samples.
     """
 
-    # The flat sampling keys of older spades (designer_temperature, agent_max_tokens, top_p, ...):
-    # each still loads, at its place in ``sampling`` (spade.selfplay.sampling_settings).
-    MOVED_KEYS: ClassVar[dict[str, Any]] = MOVED_SAMPLING_KEYS
+    # The flat keys of older spades: the sampling keys (designer_temperature, agent_max_tokens,
+    # top_p, ...), the admission keys (admission_probes, degenerate_threshold, the tool_admission
+    # section, ...) and the play keys (max_concurrent_episodes, agent_sample_form, ...): each still
+    # loads, at its place in ``sampling``, ``admission`` or ``plays``.
+    MOVED_KEYS: ClassVar[dict[str, Any]] = {**MOVED_SAMPLING_KEYS, **MOVED_ADMISSION_KEYS, **MOVED_PLAY_KEYS}
 
     domain: Domain = "games"
     k: int = 4                       # regeneration interval (tool use: 8)
@@ -74,12 +74,13 @@ class SelfPlaySettings:
     # How each role samples: temperature, top_p, top_k, max_tokens, timeout_s and thinking of the
     # designer, agent, hint and tool-use screen calls (spade.selfplay.sampling_settings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    # How a candidate environment is admitted: the smoke test, spade's added stages (determinism,
+    # degenerate-policy probes, winnability, reference policy) and their numbers
+    # (spade.selfplay.admission_settings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     max_turns: int = 25               # an environment's own smaller max_turns wins
     max_context_tokens: int = 32768   # agent episodes; also caps designer and hint calls
     difficulty: Difficulty = "medium"
-    max_concurrent_episodes: int = 64
-    max_play_retries: int = 3         # retries of a play (or an admission) after an InfrastructureFault
-    admission_timeout_s: float = 60.0  # validation of one candidate
     # A bound on the designer attempts and admission of a whole set (null: none); the released code
     # gives them 900 s together and keeps nothing of a set that runs over (core/orchestrator.py:1459-1472)
     set_generation_timeout_s: float | None = None
@@ -89,46 +90,6 @@ class SelfPlaySettings:
     # A cap on the hint's characters after cleaning; None (the released code: the parsed reply is
     # kept whole, core/hint_generator.py) lets the token budget sampling.hint.max_tokens bind alone.
     hint_max_chars: int | None = None
-    # What a no-hint play becomes for training (spade.selfplay.plays.turn_samples): "sequence" (one
-    # token-exact sample per episode, every turn's reasoning kept) or "per_turn" (the released 8B
-    # thinking actor: each turn's prompt is the template's rendering of the messages so far, earlier
-    # reasoning dropped, one sample per turn, each with the episode's advantage). Games only.
-    agent_sample_form: Literal["sequence", "per_turn"] = "sequence"
-    # Admission's determinism stage (two resets with one seed give one first observation): this
-    # project's addition to the paper's checks (SPEC 3.5). false leaves it out (admission_paper_exact:
-    # every addition out).
-    admission_determinism: bool = True
-    # Admission's degenerate-policy probes (spade.envs.degenerate_probes; games only): cheap policies
-    # that know nothing of the game (constant replies, the first observation's numbers and words,
-    # random short replies) play it on three seeds; one whose mean return reaches
-    # degenerate_threshold rejects it (degenerate_win). spade's addition, on in every recipe;
-    # degenerate_probe_steps caps the step calls all probes of one candidate make.
-    admission_probes: bool = True
-    degenerate_threshold: float = DEFAULT_THRESHOLD
-    degenerate_probe_steps: int = DEFAULT_MAX_STEPS
-    # seeds per round of the probes, drawn per candidate from run.seed and its code (issue 40)
-    degenerate_probe_seeds: int = DEFAULT_SEED_COUNT
-    # Winnability (spade.envs.winnability; games only, issue 40): the actions solution() returns and
-    # an optional reference_policy() are played on the probes' seeds; when something was offered and
-    # nothing reaches reference_min_return the game is rejected (unwinnable). winnability_unproven:
-    # what a game whose designer offered only a description gets (admit | reject). spade's addition,
-    # off here and in the paper recipes, on in spade's GPU recipes.
-    winnability_gate: bool = False
-    winnability_unproven: Literal["admit", "reject"] = "admit"
-    # Optional winnability proof (spade.envs.reference_policy; games designed in the run only): the
-    # designer prompt asks for a reference_policy(observation) method, and admission plays it on the
-    # probes' seeds after the probes; a mean return below reference_min_return rejects the game
-    # (reference_lost; no method: reference_missing). spade's addition, off here and in the paper recipes.
-    require_reference_policy: bool = False
-    reference_min_return: float = DEFAULT_MIN_RETURN
-    # true: every admission gate the paper lacks is off (determinism, the probes and the reference
-    # policy, whatever their own switches say): the paper's admission exactly, for a reproduction row.
-    admission_paper_exact: bool = False
-    # Admission's smoke test: "paper" (SPEC 3.4: reset(seed=42), three checked probe actions,
-    # reset(seed=123)) or "released" (the released validate_game, spade.envs.released_smoke: the
-    # loader's checked actions, then reset() and "1", "2", "test" unchecked, all within 60 s).
-    admission_smoke_test: Literal["paper", "released"] = "paper"
-    keep_trajectories: int = 4        # episodes kept on disk per arm per env per step (0: returns only)
     memory_capacity: int = 200
     use_corpus: bool = True
     # The games designer prompt when use_corpus is false: "concepts" (the paper's code: example game
@@ -179,14 +140,8 @@ class SelfPlaySettings:
     partial_rollouts: PartialRolloutSettings = field(default_factory=PartialRolloutSettings)
     # Rollout shards (issue 26; spade.selfplay.plays.rollout_shards): the no-hint and hinted plays of a
     # step spread over this many processes (one per node), each with its own sandbox service and
-    # engine; max_concurrent_episodes is then per shard. 1 = every play on global rank 0.
+    # engine; plays.max_concurrent is then per shard. 1 = every play on global rank 0.
     rollout_shards: int = 1
-    # Stabilisers (off in the paper's games recipes): leave out the agent samples of an environment
-    # whose no-hint returns are all equal (zero advantage, nothing to learn), and give a sample
-    # whose episode was cut by the token or turn budget no loss (the paper's tool-use runs did).
-    drop_equal_return_groups: bool = False
-    refill_equal_groups: int = 0      # extra rounds of g_nohint plays for an all-equal group before it is dropped
-    mask_truncated: bool = False
     # Example environments (*.py, optional NAME.json) stored in the memory before the first
     # regeneration, one record per skill, so the first designer prompts carry two worked examples
     # in the memory block (designer.memory.load_seed_records); ignored with use_memory false.
@@ -194,17 +149,14 @@ class SelfPlaySettings:
     memory_seed_dir: str | None = None
     rewards: RewardSettings = field(default_factory=RewardSettings)
     skills: SkillSettings = field(default_factory=SkillSettings)
-    # Tool use: whether the tokens of a malformed tool call carry loss. Default True = masked
-    # (mask 0), as the paper's code did: the -0.1 format penalty still reaches the episode's return
-    # only through the return rule, and the garbled call itself is not reinforced or punished.
-    tool_mask_malformed_calls: bool = True
-    tool_admission: ToolAdmissionSettings = field(default_factory=ToolAdmissionSettings)
     # How a step's batch is sized and assembled (spade.selfplay.batch_rules): plays per environment,
     # the cut to the global batch, the release of waiting designer samples at the last step.
     batch: BatchRules = field(default_factory=BatchRules)
-    # How plays run where spade and the released code differ (spade.selfplay.plays.play_rules): reset
-    # seeds of the two arms, environment faults, the hinted arm's budgets, the tool-use mask scope,
-    # the released loader's names for designed games. Defaults: spade's behaviour.
+    # How plays run (spade.selfplay.plays.play_rules): how many at once and how often retried, the
+    # trajectories kept, what a play becomes for training, the stabilisers, the tool-use mask; and
+    # where spade and the released code differ: reset seeds of the two arms, environment faults, the
+    # hinted arm's budgets, the tool-use mask scope, the released loader's names for designed games,
+    # play timeouts. Defaults: spade's behaviour.
     plays: PlayRules = field(default_factory=PlayRules)
 
     def engine_sampling(self, stop_token_ids: Sequence[int], seed: int | None) -> SamplingParams:
@@ -224,7 +176,7 @@ class SelfPlaySettings:
         require(self.domain in DOMAINS, key("domain"), f"{self.domain!r} is not allowed; choose one of: "
                 f"{', '.join(DOMAINS)}")
         for name in ("k", "envs_per_set", "g_nohint", "max_attempts", "max_turns", "max_context_tokens",
-                     "max_concurrent_episodes", "memory_capacity", "rollout_shards", "hint_attempts"):
+                     "memory_capacity", "rollout_shards", "hint_attempts"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key(name),
                     f"must be an integer >= 1, got {value!r}")
@@ -232,44 +184,13 @@ class SelfPlaySettings:
                 and not isinstance(self.hint_max_chars, bool) and self.hint_max_chars >= 1), key("hint_max_chars"),
                 f"must be an integer >= 1 or null (no cap), got {self.hint_max_chars!r}")
         require(isinstance(self.sampling, SamplingSettings), key("sampling"), "must be a sampling section")
-        require(isinstance(self.admission_determinism, bool), key("admission_determinism"),
-                f"must be true or false, got {self.admission_determinism!r}")
-        require(self.admission_smoke_test in SMOKE_TESTS, key("admission_smoke_test"),
-                f"{self.admission_smoke_test!r} is not allowed; choose one of: {', '.join(SMOKE_TESTS)}")
-        require(isinstance(self.degenerate_probe_seeds, int) and not isinstance(self.degenerate_probe_seeds, bool)
-                and 1 <= self.degenerate_probe_seeds <= 64, key("degenerate_probe_seeds"),
-                f"must be an integer from 1 to 64, got {self.degenerate_probe_seeds!r}")
-        require(self.winnability_unproven in UNPROVEN_RULES, key("winnability_unproven"),
-                f"must be one of: {', '.join(UNPROVEN_RULES)}; got {self.winnability_unproven!r}")
-        for name in ("admission_probes", "admission_paper_exact", "require_reference_policy", "winnability_gate"):
-            require(isinstance(getattr(self, name), bool), key(name),
-                    f"must be true or false, got {getattr(self, name)!r}")
-        require(isinstance(self.degenerate_threshold, (int, float)) and not isinstance(self.degenerate_threshold, bool)
-                and 0.0 < self.degenerate_threshold <= 1.0, key("degenerate_threshold"),
-                f"must be a number in (0, 1] (a mean episode return, clipped to [-1, 1]), got {self.degenerate_threshold!r}")
-        minimum = self.reference_min_return
-        require(isinstance(minimum, (int, float)) and not isinstance(minimum, bool) and 0.0 < minimum <= 1.0,
-                key("reference_min_return"),
-                f"must be a number in (0, 1] (a mean episode return, clipped to [-1, 1]), got {minimum!r}")
-        require(isinstance(self.degenerate_probe_steps, int) and not isinstance(self.degenerate_probe_steps, bool)
-                and self.degenerate_probe_steps >= 1, key("degenerate_probe_steps"),
-                f"must be an integer >= 1, got {self.degenerate_probe_steps!r}")
+        require(isinstance(self.admission, AdmissionSettings), key("admission"), "must be an admission section")
+        require(isinstance(self.plays, PlayRules), key("plays"), "must be a plays section")
         require(isinstance(self.g_hint, int) and not isinstance(self.g_hint, bool) and self.g_hint >= 0,
                 key("g_hint"), f"must be an integer >= 0, got {self.g_hint!r}")
-        require(isinstance(self.keep_trajectories, int) and not isinstance(self.keep_trajectories, bool)
-                and self.keep_trajectories >= 0, key("keep_trajectories"),
-                f"must be an integer >= 0, got {self.keep_trajectories!r}")
-        require(isinstance(self.refill_equal_groups, int) and not isinstance(self.refill_equal_groups, bool)
-                and self.refill_equal_groups >= 0, key("refill_equal_groups"),
-                f"must be an integer >= 0, got {self.refill_equal_groups!r}")
-        require(self.refill_equal_groups == 0 or self.drop_equal_return_groups, key("refill_equal_groups"),
-                "refills only the groups drop_equal_return_groups would drop: switch that on too")
-        require(isinstance(self.max_play_retries, int) and self.max_play_retries >= 0, key("max_play_retries"),
-                f"must be an integer >= 0, got {self.max_play_retries!r}")
         bound = self.set_generation_timeout_s
         require(bound is None or (isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0),
                 key("set_generation_timeout_s"), f"must be a number of seconds > 0 or null (no bound), got {bound!r}")
-        require(self.admission_timeout_s > 0, key("admission_timeout_s"), f"must be > 0, got {self.admission_timeout_s}")
         require(self.difficulty in DIFFICULTIES, key("difficulty"),
                 f"{self.difficulty!r} is not allowed; choose one of: {', '.join(DIFFICULTIES)}")
         require(self.no_corpus_prompt in ("concepts", "corpus_without_document"), key("no_corpus_prompt"),
@@ -281,11 +202,9 @@ class SelfPlaySettings:
                               ("hint_length", tuple(HINT_LENGTHS))):
             require(getattr(self, name) in allowed, key(name),
                     f"{getattr(self, name)!r} is not allowed; choose one of: {', '.join(allowed)}")
-        require(self.agent_sample_form in AGENT_SAMPLE_FORMS, key("agent_sample_form"),
-                f"{self.agent_sample_form!r} is not allowed; choose one of: {', '.join(AGENT_SAMPLE_FORMS)}")
-        require(self.agent_sample_form == "sequence" or self.domain == "games", key("agent_sample_form"),
+        require(self.plays.sample_form == "sequence" or self.domain == "games", key("plays.sample_form"),
                 "per_turn with domain tool_use; allowed: sequence (the released tool-use episodes are one sequence)")
-        require(self.agent_sample_form == "sequence" or not self.partial_rollouts.enabled, key("agent_sample_form"),
+        require(self.plays.sample_form == "sequence" or not self.partial_rollouts.enabled, key("plays.sample_form"),
                 "per_turn with partial_rollouts.enabled: true; allowed: sequence with partial rollouts (a carried "
                 "play keeps one sequence), or partial_rollouts.enabled: false")
         require(self.env_source in ENV_SOURCES, key("env_source"),
@@ -301,7 +220,6 @@ class SelfPlaySettings:
         require(isinstance(self.rewards, RewardSettings), key("rewards"), "must be a rewards section")
         require(isinstance(self.skills, SkillSettings), key("skills"), "must be a skills section")
         require(isinstance(self.batch, BatchRules), key("batch"), "must be a batch section")
-        require(isinstance(self.plays, PlayRules), key("plays"), "must be a plays section")
         require(not (self.plays.drops_faults and self.partial_rollouts.enabled), key("plays.env_faults"),
                 "retry_then_drop with partial_rollouts.enabled: true; allowed: score_zero with partial rollouts "
                 "(a carried play cannot be played again from its start), or partial_rollouts.enabled: false")
@@ -324,38 +242,29 @@ class SelfPlaySettings:
         except ValueError as exc:
             require(False, key("skills"), str(exc))
 
-    @property
-    def admission_checks_determinism(self) -> bool:
-        """The determinism stage runs (its switch on, the paper-exact switch off)."""
-        return self.admission_determinism and not self.admission_paper_exact
-
-    def tool_admission_settings(self) -> ToolAdmissionSettings:
-        """The tool-use stages' switches; ``admission_paper_exact`` turns the schema gate off too."""
-        if self.admission_paper_exact and self.tool_admission.schema_gate:
-            return replace(self.tool_admission, schema_gate=False)
-        return self.tool_admission
-
     def admission_probe_settings(self) -> ProbeSettings | None:
         """The degenerate-policy probes' settings, or None when they are off."""
-        if self.admission_paper_exact or not self.admission_probes:
+        a = self.admission
+        if not a.runs_probes:
             return None
         # a quarter of the candidate's admission time at most: a game with slow steps is judged on the
         # policies played by then instead of timing out of admission
-        return ProbeSettings(threshold=float(self.degenerate_threshold), max_steps=self.degenerate_probe_steps,
-                             max_seconds=self.admission_timeout_s / 4, seed_count=self.degenerate_probe_seeds)
+        return ProbeSettings(threshold=float(a.probe_threshold), max_steps=a.probe_steps,
+                             max_seconds=a.timeout_s / 4, seed_count=a.probe_seeds)
 
     def admission_winnability_settings(self) -> WinnabilitySettings | None:
         """The winnability stage's settings (games only), or None when it is off."""
-        if not self.winnability_gate or self.admission_paper_exact or self.domain != "games":
+        a = self.admission
+        if not a.winnability_gate or a.paper_exact or self.domain != "games":
             return None
-        return WinnabilitySettings(min_return=float(self.reference_min_return), unproven=self.winnability_unproven,
-                                   max_steps=self.degenerate_probe_steps, max_seconds=self.admission_timeout_s / 4)
+        return WinnabilitySettings(min_return=float(a.reference_min_return), unproven=a.winnability_unproven,
+                                   max_steps=a.probe_steps, max_seconds=a.timeout_s / 4)
 
     @property
     def asks_reference_policy(self) -> bool:
         """The games designer prompt asks for a reference_policy() method and admission plays it
         (the switch on, the paper-exact switch off, games the designer writes in this run)."""
-        return (self.require_reference_policy and not self.admission_paper_exact and self.domain == "games"
+        return (self.admission.reference_policy and not self.admission.paper_exact and self.domain == "games"
                 and self.env_source == "designer")
 
     def admission_reference_settings(self) -> ReferenceSettings | None:
@@ -363,5 +272,6 @@ class SelfPlaySettings:
         candidate's own probe seeds), or None when it is off."""
         if not self.asks_reference_policy:
             return None
-        return ReferenceSettings(min_return=float(self.reference_min_return), seeds=(),
-                                 max_steps=self.degenerate_probe_steps, max_seconds=self.admission_timeout_s / 4)
+        a = self.admission
+        return ReferenceSettings(min_return=float(a.reference_min_return), seeds=(),
+                                 max_steps=a.probe_steps, max_seconds=a.timeout_s / 4)

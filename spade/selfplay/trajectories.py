@@ -6,7 +6,7 @@ plays of the same environment in the same step (SPEC 1.3). By default a multi-tu
 sample: with a thinking model every turn's ``<think>`` reasoning stays in it as generated, though
 the chat template would drop earlier turns' reasoning on re-rendering, so the sample is exactly the
 sequence the engine conditioned on (see ``spade.rollout.conversation``). The released 8B form, one
-sample per turn with the play's advantage, is ``selfplay.agent_sample_form: per_turn``
+sample per turn with the play's advantage, is ``selfplay.plays.sample_form: per_turn``
 (``spade.selfplay.plays.turn_samples``).
 
 Designer trajectories: one per admitted environment, the designer call's prompt and whole

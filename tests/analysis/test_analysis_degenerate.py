@@ -46,7 +46,7 @@ def _analysis(runs, probed=None):
 
 
 def test_a_run_without_probes_is_unknown_until_probed_after_the_fact(tmp_path, sandbox_config):
-    run = read_run(games_run(tmp_path, "old", ""))  # a config from before the probes: no admission_probes key
+    run = read_run(games_run(tmp_path, "old", ""))  # a config from before the probes: no admission.probes key
     recorded = recorded_verdicts([run])
     assert all(v.won is None for v in recorded.values())
     data = _analysis([run])
@@ -72,16 +72,24 @@ def test_a_run_whose_admission_probed_reads_its_record(tmp_path):
     today: what was recorded is what counts), and the rejections for it are counted per step."""
     rejected = [{"step": 0, "slot": 1, "attempt": i, "kind": "degenerate_win", "stage": "degenerate_probe",
                  "message": "the probe policy 'boxed_0' wins"} for i in range(2)]
-    run = read_run(games_run(tmp_path, "new", "  admission_probes: true\n  admission_paper_exact: false\n", rejected))
+    run = read_run(games_run(tmp_path, "new", "  admission: {probes: true, paper_exact: false}\n", rejected))
     data = _analysis([run])
     first, second = data["runs"][0]["steps"]
     assert (first["degenerate_known"], first["degenerate_won"], first["rejected_degenerate_win"]) == (2, 0, 2)
     assert first["degenerate_share"] == 0.0 and first["degenerate_from"] == "admission"
     assert (second["degenerate_known"], second["rejected_degenerate_win"]) == (1, 0)
     assert data["runs"][0]["whole_run"]["rejected_degenerate_win"] == 2
-    # paper-exact admission ran no probes, whatever admission_probes said
-    exact = read_run(games_run(tmp_path, "exact", "  admission_probes: true\n  admission_paper_exact: true\n"))
+    # paper-exact admission ran no probes, whatever admission.probes said
+    exact = read_run(games_run(tmp_path, "exact", "  admission: {probes: true, paper_exact: true}\n"))
     assert all(v.won is None for v in recorded_verdicts([exact]).values())
+    # a run written before the admission section: its flat keys say the same
+    flat = read_run(games_run(tmp_path, "flat", "  admission_probes: true\n  admission_paper_exact: false\n", rejected))
+    def verdicts(r):
+        return [(v.won, v.source) for v in recorded_verdicts([r]).values()]
+
+    assert verdicts(flat) == verdicts(run) and verdicts(run)[0] == (False, "admission")
+    flat_exact = read_run(games_run(tmp_path, "flat_exact", "  admission_probes: true\n  admission_paper_exact: true\n"))
+    assert all(v.won is None for v in recorded_verdicts([flat_exact]).values())
 
 
 def test_tool_runs_recorded_and_probed(tmp_path, sandbox_config):
@@ -90,7 +98,7 @@ def test_tool_runs_recorded_and_probed(tmp_path, sandbox_config):
             _env("s000000-e01", 0, 1, exploit, "ProbeTargetEnv")]
     run_dir = make_run(tmp_path, "tools", envs)
     (run_dir / "config.yaml").write_text("selfplay:\n  k: 2\n  domain: tool_use\n  max_turns: 12\n"
-                                         "  admission_probes: false\n")
+                                         "  admission: {probes: false}\n")
     run = read_run(run_dir)
     probed = run_probes_after_the_fact([run], sandbox_config, only_unknown=recorded_verdicts([run]))
     assert probed["tools:0:s000000-e01"].won is True and probed["tools:0:s000000-e01"].policy == "repeat_read"
@@ -106,7 +114,7 @@ def test_tool_runs_recorded_and_probed(tmp_path, sandbox_config):
 
 
 def test_cli_probe_flag(tmp_path, capsys):
-    run = games_run(tmp_path, "cli", "  admission_probes: false\n")
+    run = games_run(tmp_path, "cli", "  admission: {probes: false}\n")
     out = tmp_path / "out"
     args = ["analyze", str(run), "--out", str(out), "--embedding", "hashing", "--no-gating", "--no-plots"]
     assert main(args) == 0

@@ -90,7 +90,7 @@ CASES: dict[str, Case] = {
 }
 
 
-# turn samples of four episodes (indices into LENGTHS), as selfplay.agent_sample_form per_turn gives them
+# turn samples of four episodes (indices into LENGTHS), as selfplay.plays.sample_form per_turn gives them
 EPISODES = ((0, 1, 2), (3,), (4, 5), (6, 7))
 
 

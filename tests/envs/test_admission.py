@@ -185,22 +185,23 @@ def test_source_that_is_not_text_is_a_syntax_error_in_plain_words(sandbox, tmp_p
 
 
 def test_determinism_stage_is_a_switch_and_off_restores_the_paper(sandbox):
-    """``selfplay.admission_determinism`` (on by default): off, the paper's stages alone run (SPEC
+    """``selfplay.admission.determinism`` (on by default): off, the paper's stages alone run (SPEC
     3.4), so a first observation that ignores the seed is admitted and no determinism stage is timed;
     the switch reaches admission through ``admit_candidate``, as the designer round and the pool call it."""
     from spade.selfplay.sources.designer_source import admit_candidate
-    from spade.selfplay.settings import SelfPlaySettings
+    from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 
     source = "import random\n" + GOOD.replace("{self.rng.random():.6f}", "{random.random():.6f}")
     paper = verdict_for(sandbox, source, determinism=False)
     assert paper.admitted, paper.error
     assert "determinism" not in paper.timings_ms and "smoke" in paper.timings_ms
-    assert SelfPlaySettings().admission_determinism is True
+    assert SelfPlaySettings().admission.determinism is True
+    paper = SelfPlaySettings(admission=AdmissionSettings(determinism=False))
     on = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(), source))
     assert (on.error.kind, on.error.stage) == (ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM)
-    off = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(admission_determinism=False), source))
+    off = sandbox.run(admit_candidate(sandbox.service, paper, source))
     assert off.admitted, off.error
     # the smoke test itself (the paper's) still rejects what it always did
     broken = source.replace("self.turn = 0\n", "self.turn = 0\n        assert seed != 123\n")
-    rejected = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(admission_determinism=False), broken))
+    rejected = sandbox.run(admit_candidate(sandbox.service, paper, broken))
     assert (rejected.error.kind, rejected.error.stage) == (ErrorKind.RESET_ERROR, Stage.SMOKE)

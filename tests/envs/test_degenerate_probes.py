@@ -18,7 +18,7 @@ import pytest
 from spade.envs.admission import admit
 from spade.envs.degenerate_probes import PROBE_SEEDS, SEARCH_THRESHOLD, ProbeSettings, probe_policies, run_probes
 from spade.envs.protocol import ErrorKind, Stage
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 
 from conftest import EXAMPLE_ENVS
 from test_admission import GOOD
@@ -321,22 +321,23 @@ def _played_seeds(verdict, policy: str) -> list[int]:
 
 
 def test_switches_reach_admission_through_admit_candidate(sandbox):
-    """``selfplay.admission_probes`` false, or ``selfplay.admission_paper_exact`` true (which also
+    """``selfplay.admission.probes`` false, or ``selfplay.admission.paper_exact`` true (which also
     drops the determinism stage), admits the exploitable game as the paper's admission would;
-    ``selfplay.degenerate_threshold`` is the threshold."""
+    ``selfplay.admission.probe_threshold`` is the threshold."""
     from spade.selfplay.sources.designer_source import admit_candidate
 
     source = EXPLOITS["any action on the last turn"][0]
 
-    def run(**settings):
-        return sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(**settings), source), timeout=120)
+    def run(**admission):
+        return sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(admission=AdmissionSettings(**admission)),
+                                           source), timeout=120)
 
     assert run().error.kind is ErrorKind.DEGENERATE_WIN
-    off = run(admission_probes=False)
+    off = run(probes=False)
     assert off.admitted and "degenerate_probe" not in off.timings_ms and "determinism" in off.timings_ms
-    exact = run(admission_paper_exact=True)
+    exact = run(paper_exact=True)
     assert exact.admitted and set(exact.timings_ms) == {"extract", "syntax", "load", "smoke"}
-    graded = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(degenerate_threshold=0.05), GRADED),
+    graded = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(admission=AdmissionSettings(probe_threshold=0.05)), GRADED),
                          timeout=120)
     assert graded.error.kind is ErrorKind.DEGENERATE_WIN
 
@@ -356,25 +357,27 @@ def test_the_time_budget_stops_the_probes_of_a_slow_game(sandbox):
 
 
 @pytest.mark.parametrize("settings, says", [
-    (dict(degenerate_threshold=0.0), "selfplay.degenerate_threshold"),
-    (dict(degenerate_threshold=1.5), "selfplay.degenerate_threshold"),
-    (dict(admission_probes="yes"), "selfplay.admission_probes"),
-    (dict(admission_paper_exact=1), "selfplay.admission_paper_exact"),
-    (dict(degenerate_probe_steps=0), "selfplay.degenerate_probe_steps"),
+    (dict(probe_threshold=0.0), "selfplay.admission.probe_threshold"),
+    (dict(probe_threshold=1.5), "selfplay.admission.probe_threshold"),
+    (dict(probes="yes"), "selfplay.admission.probes"),
+    (dict(paper_exact=1), "selfplay.admission.paper_exact"),
+    (dict(probe_steps=0), "selfplay.admission.probe_steps"),
 ])
 def test_bad_switch_values_name_the_key(settings, says):
-    from spade.config import ConfigError
+    from spade.config import ConfigError, from_mapping
 
     with pytest.raises(ConfigError, match=re.escape(says)):
-        SelfPlaySettings(**settings)
+        AdmissionSettings(**settings)
+    with pytest.raises(ConfigError, match=re.escape(says)):  # loaded from a config, the same full key
+        from_mapping(SelfPlaySettings, {"admission": settings}, where="selfplay")
 
 
 def test_defaults_are_on_with_threshold_one_half():
     s = SelfPlaySettings()
-    assert s.admission_probes and not s.admission_paper_exact and s.degenerate_threshold == 0.5
-    assert s.admission_probe_settings() == ProbeSettings(threshold=0.5, max_seconds=s.admission_timeout_s / 4)
+    assert s.admission.probes and not s.admission.paper_exact and s.admission.probe_threshold == 0.5
+    assert s.admission_probe_settings() == ProbeSettings(threshold=0.5, max_seconds=s.admission.timeout_s / 4)
     assert s.admission_probe_settings().seed_count == 8 and not s.admission_probe_settings().seeds
-    assert SelfPlaySettings(admission_paper_exact=True).admission_probe_settings() is None
+    assert SelfPlaySettings(admission=AdmissionSettings(paper_exact=True)).admission_probe_settings() is None
 
 
 def test_env_check_prints_each_familys_best_policy(tmp_path):

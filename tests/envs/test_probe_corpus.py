@@ -163,9 +163,9 @@ def test_rejections_are_counted_per_family_as_step_metrics(sandbox):
     """What the designer round reports after a regeneration (DesignerRound.metrics): each games
     family's degenerate_win rejections (0 for the families that won nothing) and the unwinnable ones."""
     from spade.selfplay.sources.designer_source import GateCounts, admit_candidate
-    from spade.selfplay.settings import SelfPlaySettings
+    from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 
-    settings = SelfPlaySettings(winnability_gate=True, max_turns=25)
+    settings = SelfPlaySettings(admission=AdmissionSettings(winnability_gate=True), max_turns=25)
     counts = GateCounts(settings)
     for name in ("correction_prints_answer", "debug_quote_later", "quiz_always_a", "never_terminates"):
         source = (CORPUS / "exploit" / f"{name}.py").read_text()
@@ -173,7 +173,7 @@ def test_rejections_are_counted_per_family_as_step_metrics(sandbox):
     metrics = counts.metrics()
     assert metrics["env/rejected_degenerate_win_copy"] == 2.0 and metrics["env/rejected_degenerate_win_option"] == 1.0
     assert metrics["env/rejected_degenerate_win_bisect"] == 0.0 and metrics["env/rejected_unwinnable"] == 1.0
-    off = GateCounts(SelfPlaySettings(admission_paper_exact=True))
+    off = GateCounts(SelfPlaySettings(admission=AdmissionSettings(paper_exact=True)))
     assert off.metrics() == {} and GateCounts(None).metrics() == {}
 
 
@@ -250,8 +250,10 @@ def test_after_the_fact_probes_draw_the_runs_own_seeds():
     the run's seed and seeds a round from its config, the environment's code."""
     from spade.analysis.degenerate_share import probe_settings
 
-    settings = probe_settings({"run": {"seed": 1234}, "selfplay": {"degenerate_probe_seeds": 6}})
+    settings = probe_settings({"run": {"seed": 1234}, "selfplay": {"admission": {"probe_seeds": 6}}})
     assert (settings.seed_base, settings.seed_count) == (1234, 6)
+    # a run written before the admission section: its flat key
+    assert probe_settings({"selfplay": {"degenerate_probe_seeds": 5}}).seed_count == 5
     admitted = ProbeSettings(seed_base=1234, seed_count=6).for_candidate("code")
     assert settings.for_candidate("code").seeds == admitted.seeds
     assert probe_settings({}).seed_base == 0 and probe_settings({"run": {"seed": True}}).seed_base == 0

@@ -1,6 +1,6 @@
-"""Admission's optional winnability proof (issue 23): with ``selfplay.require_reference_policy``
+"""Admission's optional winnability proof (issue 23): with ``selfplay.admission.reference_policy``
 the designer prompt asks for ``reference_policy(observation)`` and admission plays it on the
-probes' seeds, admitting only when it wins (mean return >= ``selfplay.reference_min_return``)."""
+probes' seeds, admitting only when it wins (mean return >= ``selfplay.admission.reference_min_return``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from spade.envs.admission import admit
 from spade.envs.degenerate_probes import PROBE_SEEDS
 from spade.envs.protocol import ErrorKind, Stage
 from spade.envs.reference_policy import ReferenceSettings
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 from spade.designer.skills import Skill
 
 # A hidden number from 1 to 50, told left / right on the number line; the reference policy bisects
@@ -121,14 +121,15 @@ def test_a_class_without_the_method_is_rejected_as_reference_missing(sandbox):
 def test_the_settings_reach_admission_through_admit_candidate(sandbox):
     from spade.selfplay.sources.designer_source import admit_candidate
 
-    def run(**settings):
-        return sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(**settings), HUNT), timeout=120)
+    def run(**admission):
+        return sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(admission=AdmissionSettings(**admission)),
+                                           HUNT), timeout=120)
 
-    assert run(require_reference_policy=True).error.kind is ErrorKind.REFERENCE_MISSING
-    assert run().admitted and run(require_reference_policy=True, admission_paper_exact=True).admitted
+    assert run(reference_policy=True).error.kind is ErrorKind.REFERENCE_MISSING
+    assert run().admitted and run(reference_policy=True, paper_exact=True).admitted
     # in a run the reference policy plays the candidate's own first round of probe seeds (issue 40)
-    won = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(require_reference_policy=True), HUNT + BISECT,
-                                      run_seed=5), timeout=120)
+    won = sandbox.run(admit_candidate(sandbox.service, SelfPlaySettings(admission=AdmissionSettings(reference_policy=True)),
+                                      HUNT + BISECT, run_seed=5), timeout=120)
     assert won.admitted and won.reference_report.won
     assert won.reference_report.seeds == won.probe_report.seeds[:8] and len(set(won.reference_report.seeds)) == 8
 
@@ -138,29 +139,29 @@ def test_the_switch_reaches_the_prompt_and_admission():
     off = SelfPlaySettings()
     assert not off.asks_reference_policy and off.admission_reference_settings() is None
     assert REFERENCE_POLICY_SPEC not in designer_messages(request)[-1]["content"]
-    on = SelfPlaySettings(require_reference_policy=True, reference_min_return=0.8)
+    on = SelfPlaySettings(admission=AdmissionSettings(reference_policy=True, reference_min_return=0.8))
     assert on.asks_reference_policy
     assert on.admission_reference_settings() == ReferenceSettings(min_return=0.8, seeds=(),
-                                                                  max_seconds=on.admission_timeout_s / 4)
+                                                                  max_seconds=on.admission.timeout_s / 4)
     asked = DesignerRequest(skill=request.skill, document="A text.", reference_policy=True)
     for prompt in (designer_messages(asked), designer_messages(asked, no_corpus="concepts", rng=random.Random(0)),
                    designer_messages(asked, order="shared_prefix")):
         assert "reference_policy(self, observation)" in prompt[-1]["content"]
     # the paper-exact switch turns it off, prompt and stage
-    exact = SelfPlaySettings(require_reference_policy=True, admission_paper_exact=True)
+    exact = SelfPlaySettings(admission=AdmissionSettings(reference_policy=True, paper_exact=True))
     assert not exact.asks_reference_policy and exact.admission_reference_settings() is None
 
 
 @pytest.mark.parametrize("settings, says", [
-    (dict(require_reference_policy="yes"), "selfplay.require_reference_policy"),
-    (dict(reference_min_return=0.0), "selfplay.reference_min_return"),
-    (dict(reference_min_return=1.5), "selfplay.reference_min_return"),
+    (dict(reference_policy="yes"), "selfplay.admission.reference_policy"),
+    (dict(reference_min_return=0.0), "selfplay.admission.reference_min_return"),
+    (dict(reference_min_return=1.5), "selfplay.admission.reference_min_return"),
 ])
 def test_bad_values_name_the_key(settings, says):
     from spade.config import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(says)):
-        SelfPlaySettings(**settings)
+        AdmissionSettings(**settings)
 
 
 def test_the_rejections_count_per_step_as_their_own_metrics(tmp_path):
@@ -170,7 +171,7 @@ def test_the_rejections_count_per_step_as_their_own_metrics(tmp_path):
     record = {"step": 0, "slot": 0, "attempt": 0, "skill": "Logical Deduction"}
     rejection = write_rejection(tmp_path, record, ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY, "lost", "")
     metrics: dict[str, float] = {}
-    metrics.update(regeneration_figures(SelfPlaySettings(require_reference_policy=True),
+    metrics.update(regeneration_figures(SelfPlaySettings(admission=AdmissionSettings(reference_policy=True)),
                                         RegenerationResult(attempts=1, rejections=[rejection])))
     assert metrics["env/rejected_reference_lost"] == 1.0 and metrics["env/rejected_reference_missing"] == 0.0
     off: dict[str, float] = {}

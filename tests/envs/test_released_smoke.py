@@ -1,4 +1,4 @@
-"""``selfplay.admission_smoke_test: released`` (issue 39): the released ``validate_game``
+"""``selfplay.admission.smoke_test: released`` (issue 39): the released ``validate_game``
 (``core/utils/game_files.py:11-23`` with the loader's check it runs) against the paper's smoke test,
 on games built to tell them apart, in the real sandbox."""
 
@@ -49,11 +49,11 @@ def _admit(sandbox, source: str, smoke_test: str):
 
 
 def test_key_default_and_values():
-    assert SelfPlaySettings().admission_smoke_test == "paper"
-    assert from_mapping(SelfPlaySettings, {"admission_smoke_test": "released"},
-                        where="selfplay").admission_smoke_test == "released"
-    with pytest.raises(ConfigError, match=r"selfplay\.admission_smoke_test.*paper, released"):
-        from_mapping(SelfPlaySettings, {"admission_smoke_test": "strict"}, where="selfplay")
+    assert SelfPlaySettings().admission.smoke_test == "paper"
+    assert from_mapping(SelfPlaySettings, {"admission": {"smoke_test": "released"}},
+                        where="selfplay").admission.smoke_test == "released"
+    with pytest.raises(ConfigError, match=r"selfplay\.admission\.smoke_test.*paper, released"):
+        from_mapping(SelfPlaySettings, {"admission": {"smoke_test": "strict"}}, where="selfplay")
 
 
 def test_unchecked_probe_faults_are_ignored_as_released(sandbox):

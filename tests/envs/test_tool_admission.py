@@ -164,21 +164,21 @@ def test_a_tool_crashing_during_the_probes_is_named_by_stage(harness):
 
 
 def test_determinism_switch_reaches_tool_environments(harness):
-    """A tool environment goes through the same determinism stage; ``selfplay.admission_determinism``
+    """A tool environment goes through the same determinism stage; ``selfplay.admission.determinism``
     false (the paper's admission) admits one whose first message ignores the seed."""
     from spade.selfplay.sources.designer_source import admit_candidate
-    from spade.selfplay.settings import SelfPlaySettings
+    from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 
     source = env_with().replace("return self._user_messages[0], {}",
                                 "return self._user_messages[0] + str(__import__('random').random()), {}")
     assert source.count("__import__('random')") == 1
 
-    def admitted(**settings):
-        sp = SelfPlaySettings(domain="tool_use", max_turns=20, **settings)
+    def admitted(**admission):
+        sp = SelfPlaySettings(domain="tool_use", max_turns=20, admission=AdmissionSettings(**admission))
         return harness.run(admit_candidate(harness.service, sp, source), timeout=120)
 
     on = admitted()
     assert (on.error.kind, on.error.stage) == (ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM)
-    off = admitted(admission_determinism=False)
+    off = admitted(determinism=False)
     assert off.admitted and off.tool_use, off.error
     assert "determinism" not in off.timings_ms and "tool_schema" in off.timings_ms

@@ -17,7 +17,7 @@ from spade.envs.degenerate_probes import ProbeSettings
 from spade.envs.protocol import ErrorKind, Stage
 from spade.envs.tool_use.degenerate_probes import ANSWER_DONE, observed_arguments, tool_probe_policies
 from spade.envs.tool_use.local import example_paths
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 
 
 @pytest.fixture(scope="module")
@@ -182,12 +182,12 @@ def test_the_games_switches_govern_the_tool_probes(harness):
 
     source = EXPLOITS["one repeated call completes everything"][0]
 
-    def verdict(**settings):
-        sp = SelfPlaySettings(domain="tool_use", max_turns=12, **settings)
+    def verdict(**admission):
+        sp = SelfPlaySettings(domain="tool_use", max_turns=12, admission=AdmissionSettings(**admission))
         return harness.run(admit_candidate(harness.service, sp, source), timeout=120)
 
     assert verdict().error.kind is ErrorKind.DEGENERATE_WIN
-    for off in ({"admission_probes": False}, {"admission_paper_exact": True}):
+    for off in ({"probes": False}, {"paper_exact": True}):
         admitted = verdict(**off)
         assert admitted.admitted and admitted.tool_report.probes is None, off
         assert "degenerate_probe" not in admitted.timings_ms

@@ -1,7 +1,7 @@
 """Admission's winnability stage (issue 40) through the real sandbox: what the designer offered as
 proof that its game can be won (``solution()`` actions, an optional ``reference_policy``) is played
 on the candidate's probe seeds; offered and lost rejects as ``unwinnable``, only a description is
-``unproven`` (admitted or rejected by ``selfplay.winnability_unproven``)."""
+``unproven`` (admitted or rejected by ``selfplay.admission.winnability_unproven``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from spade.envs.degenerate_probes import ProbeSettings
 from spade.envs.protocol import ErrorKind, Stage
 from spade.envs.sandbox.runtime.probe_play import NothingToPlay, solution_actions
 from spade.envs.winnability import WinnabilitySettings
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 
 # Open a three-digit lock, one digit a turn, told how many are right so far; the win ends the episode.
 LOCK = textwrap.dedent('''
@@ -132,16 +132,19 @@ def test_solution_actions_reads_lists_and_boxed_text():
 
 def test_the_switches():
     assert SelfPlaySettings().admission_winnability_settings() is None
-    on = SelfPlaySettings(winnability_gate=True, winnability_unproven="reject", reference_min_return=0.8)
+    gate = AdmissionSettings(winnability_gate=True)
+    on = SelfPlaySettings(admission=AdmissionSettings(winnability_gate=True, winnability_unproven="reject",
+                                                      reference_min_return=0.8))
     assert on.admission_winnability_settings() == WinnabilitySettings(
-        min_return=0.8, unproven="reject", max_steps=on.degenerate_probe_steps, max_seconds=on.admission_timeout_s / 4)
-    assert SelfPlaySettings(winnability_gate=True, admission_paper_exact=True).admission_winnability_settings() is None
-    assert SelfPlaySettings(winnability_gate=True, domain="tool_use").admission_winnability_settings() is None
+        min_return=0.8, unproven="reject", max_steps=on.admission.probe_steps, max_seconds=on.admission.timeout_s / 4)
+    exact = AdmissionSettings(winnability_gate=True, paper_exact=True)
+    assert SelfPlaySettings(admission=exact).admission_winnability_settings() is None
+    assert SelfPlaySettings(admission=gate, domain="tool_use").admission_winnability_settings() is None
     from spade.config import ConfigError
 
-    with pytest.raises(ConfigError, match="selfplay.winnability_unproven.*admit, reject"):
-        SelfPlaySettings(winnability_unproven="maybe")
-    with pytest.raises(ConfigError, match="selfplay.winnability_gate"):
-        SelfPlaySettings(winnability_gate="yes")
-    with pytest.raises(ConfigError, match="selfplay.degenerate_probe_seeds"):
-        SelfPlaySettings(degenerate_probe_seeds=0)
+    with pytest.raises(ConfigError, match=r"selfplay\.admission\.winnability_unproven.*admit, reject"):
+        AdmissionSettings(winnability_unproven="maybe")
+    with pytest.raises(ConfigError, match=r"selfplay\.admission\.winnability_gate"):
+        AdmissionSettings(winnability_gate="yes")
+    with pytest.raises(ConfigError, match=r"selfplay\.admission\.probe_seeds"):
+        AdmissionSettings(probe_seeds=0)

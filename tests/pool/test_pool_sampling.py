@@ -19,7 +19,7 @@ from spade.config import ConfigError
 from spade.envs.pool_files import append_manifest, read_manifest
 from spade.selfplay.sources.fixed_pool import FixedPool, read_pool
 from spade.selfplay.sources.pool_settings import PoolSettings
-from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -345,7 +345,7 @@ def test_the_orchestrator_checkpoints_the_draw_and_a_resume_draws_the_same_sets(
                                 sampling=SamplingSettings().replace(agent={"max_tokens": 4}),
                                 max_context_tokens=4096, env_source="fixed_pool", fixed_env_dir=str(directory),
                                 use_corpus=False, use_memory=False, train_designer=False,
-                                admission_probes=False,  # the trivial pool games pay any reply
+                                admission=AdmissionSettings(probes=False),  # the trivial pool games pay any reply
                                 skills=SkillSettings(skills=tuple(SKILLS[:2]), window=2))
 
     def orchestrator(run: str) -> Orchestrator:

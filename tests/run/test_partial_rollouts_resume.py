@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * RUN_TIMEOUT_S + 60)]
 @pytest.fixture
 def partial_config(graded_config, tmp_path) -> Path:
     text = graded_config.read_text()
-    text = text.replace("selfplay:\n", "selfplay:\n  max_concurrent_episodes: 1\n"
+    text = text.replace("selfplay:\n", "selfplay:\n  plays: {max_concurrent: 1}\n"
                         "  partial_rollouts: {enabled: true, complete_fraction: 0.5, max_carry_steps: 1}\n", 1)
     assert "partial_rollouts" in text and "\n  k: 2\n" in text and "g_nohint: 2" in text
     path = tmp_path / "partial.yaml"

@@ -343,7 +343,7 @@ def graded_config(tiny_hf, train_config, tmp_path_factory) -> Path:
     assert text.count("top_k: null") == 4
     # LongAnswerEnv rewards length by design (a graded return for a real gradient): admission's
     # long-reply probes rightly call it degenerate, so this pool is admitted without the probes
-    text = text.replace("\n  k: 2\n", "\n  k: 2\n  admission_probes: false\n")
+    text = text.replace("\n  k: 2\n", "\n  k: 2\n  admission: {probes: false}\n")
     path.write_text(text)
     return path
 

@@ -117,7 +117,7 @@ def _config(work: Path, hf: Path, envs: Path, *, designer: bool) -> Path:
             **pool,
             "max_turns": 2,
             "max_context_tokens": 16384 if designer else 4096,
-            "admission_probes": False,  # QuickAnswerEnv accepts any answer on purpose (the probes would reject it)
+            "admission": {"probes": False},  # QuickAnswerEnv accepts any answer on purpose (the probes would reject it)
         },
         "sandbox": SANDBOX_LIMITS,
         "corpus": {"paths": ["examples/corpus/demo.jsonl.gz"], "max_words": 4000},

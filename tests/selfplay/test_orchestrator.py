@@ -26,7 +26,7 @@ from spade.rl.samples import Role
 from spade.rollout import HFEngine
 from spade.rollout.engine import GenerationRequest, GenerationResult, RolloutEngine
 from spade.selfplay.orchestrator import Orchestrator, StepOutput, StepPlays
-from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 from support.models import tiny_qwen3
 
@@ -63,7 +63,8 @@ def tiny_settings(**overrides) -> SelfPlaySettings:
     values = dict(envs_per_set=2, k=2, g_nohint=2, g_hint=2, max_attempts=2, sampling=TINY_SAMPLING,
                   max_turns=3, max_context_tokens=8192,
                   skills=SkillSettings(window=1),  # one active skill: both slots share it
-                  admission_probes=False)  # CoinEnv pays a constant reply half the time: these tests are not about admission
+                  # CoinEnv pays a constant reply half the time: these tests are not about admission
+                  admission=AdmissionSettings(probes=False))
     values.update(overrides)
     return SelfPlaySettings(**values)
 

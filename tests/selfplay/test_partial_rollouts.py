@@ -24,6 +24,7 @@ from spade.selfplay.sources.designer_source import EnvSpec
 from spade.selfplay.orchestrator import Orchestrator
 from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
 from spade.selfplay.plays.play_record import Play
+from spade.selfplay.plays.play_rules import PlayRules
 from spade.selfplay.plays.player import Player
 from spade.selfplay.step import Step
 from test_orchestrator import TINY_SAMPLING, engine, tiny_settings, tokenizer  # noqa: F401  (module fixtures)
@@ -105,7 +106,7 @@ def _spec(env_id: str, source: str) -> EnvSpec:
 
 
 def _settings(**overrides):
-    values = dict(sampling=TINY_SAMPLING.replace(agent={"max_tokens": 24}), max_turns=3, max_concurrent_episodes=1,
+    values = dict(sampling=TINY_SAMPLING.replace(agent={"max_tokens": 24}), max_turns=3, plays=PlayRules(max_concurrent=1),
                   partial_rollouts=PartialRolloutSettings(enabled=True, complete_fraction=0.5, max_carry_steps=1))
     values.update(overrides)
     return tiny_settings(**values)
@@ -150,7 +151,7 @@ def test_carried_group_round_trips_through_json(engine, tokenizer):
 
 def test_enabled_is_refused_where_carrying_is_not_built(tmp_path):
     for overrides, key in ((dict(domain="tool_use"), "selfplay.domain"),
-                           (dict(drop_equal_return_groups=True, refill_equal_groups=1), "refill_equal_groups")):
+                           (dict(plays=PlayRules(drop_equal_return_groups=True, refill_equal_groups=1)), "plays.refill_equal_groups")):
         settings = _settings(**overrides)
         with pytest.raises(ConfigError, match=key):
             Orchestrator(settings, sandbox=None, engine=None, tokenizer=None, corpus=None, memory=None,
@@ -192,7 +193,7 @@ def test_a_stopped_play_continues_exactly_and_across_a_weight_update(sandbox, en
     """A play stopped after its first reply, carried through JSON and continued, is token for token
     the uninterrupted play (same seeds, same weights); after a weight update its later tokens carry
     the new version."""
-    settings = _settings(max_concurrent_episodes=4)
+    settings = _settings(plays=PlayRules(max_concurrent=4))
     env = _spec("long", LONG)
 
     def player(real):
@@ -314,7 +315,7 @@ def test_concurrent_plays_are_each_trained_aborted_or_carried_once(sandbox, engi
     """Four plays at a time: which plays are stopped mid-episode depends on timing, so this checks what
     must hold whatever the timing: groups train whole, with distinct indices, and every play started
     is trained, aborted or still carried, exactly once."""
-    orch = _orchestrator(sandbox, engine, tokenizer, tmp_path / "run", _pool(tmp_path), max_concurrent_episodes=4)
+    orch = _orchestrator(sandbox, engine, tokenizer, tmp_path / "run", _pool(tmp_path), plays=PlayRules(max_concurrent=4))
     seen: set[tuple[str, int, int]] = set()
     completed = aborted = 0.0
     for n in range(4):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from spade.selfplay.sources.designer_source import EnvSpec, RegenerationResult
 from spade.selfplay.step_figures import regeneration_figures
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 
 from test_degenerate_probes import FREE_LUNCH
@@ -24,7 +24,7 @@ def _pool(tmp_path):
 
 def test_a_step_with_a_degenerate_game_rejected_logs_the_counter(sandbox, engine, tokenizer, tmp_path):  # noqa: F811
     orch = make(sandbox, engine, tokenizer, tmp_path / "run", None, designer_enabled=False,
-                fixed_env_dir=str(_pool(tmp_path)), admission_probes=True)
+                fixed_env_dir=str(_pool(tmp_path)), admission=AdmissionSettings(probes=True))
     out = sandbox.run(orch.run_step(Step(0)), timeout=180)
     m = out.metrics
     assert m["env/admitted"] == 1 and m["env/rejected"] == 1 and m["env/rejected_degenerate_win"] == 1
@@ -38,8 +38,8 @@ def test_the_counter_is_zero_while_the_probes_are_on_and_absent_when_off():
         return out
 
     assert metrics()["env/rejected_degenerate_win"] == 0.0
-    assert "env/rejected_degenerate_win" not in metrics(admission_probes=False)
-    assert "env/rejected_degenerate_win" not in metrics(admission_paper_exact=True)
+    assert "env/rejected_degenerate_win" not in metrics(admission=AdmissionSettings(probes=False))
+    assert "env/rejected_degenerate_win" not in metrics(admission=AdmissionSettings(paper_exact=True))
     assert "env/rejected_degenerate_win" not in metrics(env_source="rlve")
 
 

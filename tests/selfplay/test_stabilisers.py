@@ -1,4 +1,4 @@
-"""The GRPO stabilisers of the self-play step (``selfplay.drop_equal_return_groups``,
+"""The GRPO stabilisers of the self-play step (``selfplay.plays.drop_equal_return_groups``,
 ``refill_equal_groups``, ``mask_truncated``) and the ``env_source`` switch, on a fixed pool played
 by the real sandbox and a real tiny model (the engine and tokenizer fixtures of test_orchestrator).
 
@@ -16,7 +16,7 @@ import pytest
 from spade.config import ConfigError
 from spade.selfplay.orchestrator import TRUNCATED_ENDS
 from spade.selfplay.sources.fixed_pool import FixedPool
-from spade.selfplay.settings import SelfPlaySettings
+from spade.selfplay.settings import PlayRules, SelfPlaySettings
 from spade.selfplay.step import Step
 from spade.selfplay.plays.trajectory_log import step_file
 from test_orchestrator import COIN_SOURCE, engine, make, tokenizer  # noqa: F401  (fixtures)
@@ -68,10 +68,10 @@ def test_settings_validation_names_the_keys():
         SelfPlaySettings(env_source="static")
     with pytest.raises(ConfigError, match=r"selfplay\.fixed_env_dir"):
         SelfPlaySettings(env_source="fixed_pool")
-    with pytest.raises(ConfigError, match=r"selfplay\.refill_equal_groups.*drop_equal_return_groups"):
-        SelfPlaySettings(refill_equal_groups=1)
-    with pytest.raises(ConfigError, match=r"selfplay\.refill_equal_groups"):
-        SelfPlaySettings(drop_equal_return_groups=True, refill_equal_groups=-1)
+    with pytest.raises(ConfigError, match=r"selfplay\.plays\.refill_equal_groups.*drop_equal_return_groups"):
+        PlayRules(refill_equal_groups=1)
+    with pytest.raises(ConfigError, match=r"selfplay\.plays\.refill_equal_groups"):
+        PlayRules(drop_equal_return_groups=True, refill_equal_groups=-1)
 
 
 def test_fixed_pool_source_is_chosen(sandbox, engine, tokenizer, tmp_path):
@@ -89,7 +89,7 @@ def test_drop_equal_return_groups(sandbox, engine, tokenizer, tmp_path):
     pool = _pool(tmp_path, win=ALWAYS_WIN, coin=COIN_SOURCE)
     run_dir = tmp_path / "run"
     orch = make(sandbox, engine, tokenizer, run_dir, None, env_source="fixed_pool", fixed_env_dir=str(pool),
-                g_nohint=4, drop_equal_return_groups=True)
+                g_nohint=4, plays=PlayRules(drop_equal_return_groups=True))
     out = sandbox.run(orch.run_step(Step(0)), timeout=180)
     returns = _returns(run_dir, 0)
     assert returns["fixed-win"] == [1.0] * 4
@@ -103,7 +103,7 @@ def test_refill_plays_more_of_the_equal_groups_only(sandbox, engine, tokenizer, 
     pool = _pool(tmp_path, win=ALWAYS_WIN, coin=COIN_SOURCE)
     run_dir = tmp_path / "run"
     orch = make(sandbox, engine, tokenizer, run_dir, None, env_source="fixed_pool", fixed_env_dir=str(pool),
-                g_nohint=2, drop_equal_return_groups=True, refill_equal_groups=2)
+                g_nohint=2, plays=PlayRules(drop_equal_return_groups=True, refill_equal_groups=2))
     out = sandbox.run(orch.run_step(Step(0)), timeout=180)
     returns = _returns(run_dir, 0)
     assert returns["fixed-win"] == [1.0] * 6  # g_nohint plays, then two refill rounds of g_nohint
@@ -124,7 +124,7 @@ def test_mask_truncated(sandbox, engine, tokenizer, tmp_path):
     unmasked = sandbox.run(plain.run_step(Step(0)), timeout=180)
     assert len(unmasked.agent_samples) == 2  # every play generated something and is trainable
     masked_orch = make(sandbox, engine, tokenizer, tmp_path / "b", None, env_source="fixed_pool",
-                       fixed_env_dir=str(pool), mask_truncated=True)
+                       fixed_env_dir=str(pool), plays=PlayRules(mask_truncated=True))
     masked = sandbox.run(masked_orch.run_step(Step(0)), timeout=180)
     episodes = [json.loads(line) for line in step_file(tmp_path / "b", 0).read_text().splitlines()]
     ends = [e["end_reason"] for e in episodes if e.get("kind") == "episode"]

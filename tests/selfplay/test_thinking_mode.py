@@ -31,7 +31,7 @@ from spade.run.preflight import preflight
 from spade.run.run_dir import RunDirError
 from spade.selfplay.orchestrator import Orchestrator
 from spade.selfplay.plays.policy import EnginePolicy
-from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 from spade.train_config import from_dict, load_train_config
 
@@ -208,12 +208,12 @@ class ScriptedModel(RolloutEngine):
 
 @pytest.mark.parametrize("setting", ["on", "off"])
 def test_step_prompts_and_samples_with_thinking(sandbox, tokenizer, tmp_path, setting):
-    # admission_probes off: any reply holding "B" wins the scripted game, which the degenerate probes
+    # admission.probes off: any reply holding "B" wins the scripted game, which the degenerate probes
     # rightly reject; this test is about the prompts' and samples' chat format, not admission
     sampling = SamplingSettings().replace(designer=dict(max_tokens=64), agent=dict(max_tokens=64), hint=dict(max_tokens=64))
     settings = SelfPlaySettings(envs_per_set=1, k=2, g_nohint=2, g_hint=1, max_attempts=1, sampling=sampling,
                                 max_turns=4, max_context_tokens=16384,
-                                skills=SkillSettings(window=1), admission_probes=False)
+                                skills=SkillSettings(window=1), admission=AdmissionSettings(probes=False))
     model = ScriptedModel(tokenizer, thinking=setting == "on")
     orch = Orchestrator(settings, sandbox=sandbox.service, engine=model, tokenizer=tokenizer, corpus=None,
                         memory=None, run_dir=tmp_path, seed=7,

@@ -1,5 +1,5 @@
 """Issue 39, Qwen3-8B thinking as released: the designer's and the hinted arm's own thinking
-switches, and the per-turn form of a thinking agent's episode (``selfplay.agent_sample_form``).
+switches, and the per-turn form of a thinking agent's episode (``selfplay.plays.sample_form``).
 
 The tokenizer carries the real hybrid Qwen3 template (tests/fixtures/qwen3_hybrid.jinja): when it
 renders history it keeps only the answer of assistant turns before the latest user message. The
@@ -24,7 +24,7 @@ from spade.selfplay.batch_rules import BatchRules
 from spade.selfplay.orchestrator import Orchestrator, _agent_episodes
 from spade.selfplay.plays.partial_rollout_settings import PartialRolloutSettings
 from spade.selfplay.plays.play_rules import PlayRules
-from spade.selfplay.settings import SamplingSettings, SelfPlaySettings
+from spade.selfplay.settings import AdmissionSettings, SamplingSettings, SelfPlaySettings
 from spade.selfplay.step import Step
 from spade.selfplay.plays.turn_samples import episode_weights
 from spade.train_config import from_dict
@@ -102,10 +102,10 @@ class ScriptedModel(RolloutEngine):
 
 
 def run_step(sandbox, tokenizer, tmp_path, **overrides):
-    # admission_probes off: any reply holding "C" wins the scripted game, which the degenerate probes
+    # admission.probes off: any reply holding "C" wins the scripted game, which the degenerate probes
     # rightly reject; these tests are about the samples' chat format, not admission
     settings = SelfPlaySettings(**{**dict(envs_per_set=1, k=2, g_nohint=2, g_hint=1, max_attempts=1,
-                                          admission_probes=False,
+                                          admission=AdmissionSettings(probes=False),
                                           sampling=SamplingSettings().replace(designer={"max_tokens": 256},
                                                                               agent={"max_tokens": 64},
                                                                               hint={"max_tokens": 64}),
@@ -128,7 +128,7 @@ def ending(tokenizer, prompt: list[int]) -> str:
 
 
 def test_per_turn_thinking_episode_is_one_sample_per_turn(sandbox, tokenizer, tmp_path):
-    model, out = run_step(sandbox, tokenizer, tmp_path, agent_sample_form="per_turn")
+    model, out = run_step(sandbox, tokenizer, tmp_path, plays=PlayRules(sample_form="per_turn"))
     episodes: dict[str, list[tuple[list[int], list[int], str]]] = {}
     for role, affinity, prompt, generated, text in model.calls:
         if role == "agent":
@@ -176,9 +176,8 @@ def test_per_turn_thinking_episode_is_one_sample_per_turn(sandbox, tokenizer, tm
 
 def test_per_turn_step_under_the_released_cut_and_fault_fill(sandbox, tokenizer, tmp_path):
     """Both plays survive (no fill); the cut to a global batch of 1 keeps one whole episode."""
-    _, out = run_step(sandbox, tokenizer, tmp_path, agent_sample_form="per_turn",
-                      batch=BatchRules(global_batch=1, cut_to_global_batch=True),
-                      plays=PlayRules(env_faults="retry_then_drop"))
+    _, out = run_step(sandbox, tokenizer, tmp_path, batch=BatchRules(global_batch=1, cut_to_global_batch=True),
+                      plays=PlayRules(sample_form="per_turn", env_faults="retry_then_drop"))
     samples = [s for s in out.samples if s.role is Role.AGENT]
     assert len(samples) == 3 and len({s.index for s in samples}) == 1
     assert [s.count_weight for s in samples] == [1, 0, 0] and out.metrics["agent/fault_fill"] == 0.0
@@ -186,7 +185,7 @@ def test_per_turn_step_under_the_released_cut_and_fault_fill(sandbox, tokenizer,
 
 def test_sequence_form_stays_the_default(sandbox, tokenizer, tmp_path):
     """Default: one sample per play, every turn's reasoning kept in it as generated."""
-    assert SelfPlaySettings().agent_sample_form == "sequence"
+    assert SelfPlaySettings().plays.sample_form == "sequence"
     model, out = run_step(sandbox, tokenizer, tmp_path)
     samples = [s for s in out.samples if s.role is Role.AGENT]
     assert len(samples) == 2
@@ -234,16 +233,17 @@ def test_switch_values_and_errors():
         with pytest.raises(ConfigError, match=rf"selfplay\.sampling\.{role}\.{key}: 'yes' is not allowed; "
                                               "choose one of: auto, on, off"):
             from_dict({"selfplay": {"sampling": {role: {key: "yes"}}}})
-    assert from_dict({"selfplay": {"agent_sample_form": "per_turn"}}).selfplay.agent_sample_form == "per_turn"
-    with pytest.raises(ConfigError, match=r"selfplay\.agent_sample_form: 'turns' is not allowed; choose one of: "
+    per_turn = {"selfplay": {"plays": {"sample_form": "per_turn"}}}
+    assert from_dict(per_turn).selfplay.plays.sample_form == "per_turn"
+    with pytest.raises(ConfigError, match=r"selfplay\.plays\.sample_form: 'turns' is not allowed; choose one of: "
                                           r"sequence, per_turn"):
-        from_dict({"selfplay": {"agent_sample_form": "turns"}})
+        from_dict({"selfplay": {"plays": {"sample_form": "turns"}}})
     for clash in ({"domain": "tool_use"}, {"partial_rollouts": PartialRolloutSettings(enabled=True)}):
-        with pytest.raises(ConfigError, match=r"selfplay\.agent_sample_form: per_turn with .*allowed: sequence"):
-            SelfPlaySettings(agent_sample_form="per_turn", **clash)
+        with pytest.raises(ConfigError, match=r"selfplay\.plays\.sample_form: per_turn with .*allowed: sequence"):
+            SelfPlaySettings(plays=PlayRules(sample_form="per_turn"), **clash)
     # the released batch cut and fault fill keep and copy whole episodes (tests/rl/test_per_episode_loss.py)
-    released = SelfPlaySettings(agent_sample_form="per_turn", batch=BatchRules(cut_to_global_batch=True),
-                                plays=PlayRules(env_faults="retry_then_drop"))
+    released = SelfPlaySettings(batch=BatchRules(cut_to_global_batch=True),
+                                plays=PlayRules(sample_form="per_turn", env_faults="retry_then_drop"))
     assert released.batch.cut_to_global_batch and released.plays.drops_faults
 
 

@@ -7,7 +7,7 @@
 2. ``reset_gate``: reject when some criterion raises on the freshly reset state under every one of
    seeds 0, 1, 2 (one seed raising is a quirk of that draw; all three is a broken criterion).
 3. ``degenerate_probe`` (spade's addition, issue 23; on with the games probes, off with
-   ``selfplay.admission_probes: false`` or ``admission_paper_exact``): answering done without a tool
+   ``selfplay.admission.probes: false`` or ``admission.paper_exact``): answering done without a tool
    call, or calling one tool over and over, must not complete the instructions
    (:mod:`.degenerate_probes`); a policy that does is named in the ``degenerate_win`` rejection.
 4. ``tool_probes`` (beyond the paper; reported in every verdict, a rejection only when switched on):
@@ -55,7 +55,7 @@ class ToolAdmissionSettings:
     probe_seed: int = 42
     # Stage 1 (tool_schema) and the reset gate's instructions-versus-criteria count: spade's checks.
     # The released validation has neither (it loads, resets and steps the class, then the reset gate
-    # and the model screen, core/orchestrator.py:1137-1176); false, or selfplay.admission_paper_exact,
+    # and the model screen, core/orchestrator.py:1137-1176); false, or selfplay.admission.paper_exact,
     # leaves them out.
     schema_gate: bool = True
 

@@ -26,8 +26,8 @@ class). A policy whose mean score over the seeds reaches the threshold completes
 without doing the work (an answer accepted unconditionally, a criterion that counts calls, steps
 that advance on any call, ...): the environment is rejected as ``degenerate_win``. The turn
 budget, seeds, threshold, step-call and time budgets are the games probes' (``ProbeSettings``),
-and so are the switches that turn both off (``selfplay.admission_probes``,
-``selfplay.admission_paper_exact``). A policy stops being played once the seeds left cannot lift
+and so are the switches that turn both off (``selfplay.admission.probes``,
+``selfplay.admission.paper_exact``). A policy stops being played once the seeds left cannot lift
 its mean to the threshold. Unlike the games probes, an environment fault during a probe (a tool
 that hangs, crashes or overflows on the probe's arguments) is not scored 0 but rejects the
 environment with its kind at this stage, as every tool stage does.

@@ -4,7 +4,7 @@ Status: built for the games domain (``carried_plays.py``, ``Player.play_groups``
 ``partial_plays.py``, all in ``spade/selfplay/plays/``; docs/partial_rollouts.md). ``enabled: false`` (the
 default) is today's synchronous schedule bit for bit. ``enabled: true`` is refused with a
 :class:`~spade.config.ConfigError` naming this key for ``selfplay.domain: tool_use`` (a tool episode's
-calls are not replayed) and with ``refill_equal_groups`` > 0. A stopped play is carried from its last
+calls are not replayed) and with ``selfplay.plays.refill_equal_groups`` > 0. A stopped play is carried from its last
 turn boundary: the reply the engine was writing when the step stopped is cancelled and sampled again
 (same seed, newer weights) when the play continues.
 
@@ -85,5 +85,5 @@ def refuse_unsupported(settings: PartialRolloutSettings, *, domain: str, refill_
         raise ConfigError(f"{_KEY}.enabled: true needs selfplay.domain: games (got {domain!r}): tool episodes "
                           "are not carried across steps; allowed with tool_use: false")
     if refill_equal_groups:
-        raise ConfigError(f"{_KEY}.enabled: true needs selfplay.refill_equal_groups: 0 (got "
-                          f"{refill_equal_groups}); allowed: false, or refill_equal_groups 0")
+        raise ConfigError(f"{_KEY}.enabled: true needs selfplay.plays.refill_equal_groups: 0 (got "
+                          f"{refill_equal_groups}); allowed: false, or plays.refill_equal_groups 0")

@@ -12,7 +12,7 @@ from ...rl.samples import Trajectory
 @dataclass
 class Play:
     """One scored play. ``trajectory`` is the conversation's sequence (None when nothing was generated);
-    with ``selfplay.agent_sample_form: per_turn`` it is the last turn's, and ``turn_samples`` holds
+    with ``selfplay.plays.sample_form: per_turn`` it is the last turn's, and ``turn_samples`` holds
     every turn's prompt + completion (:mod:`.turn_samples`)."""
 
     env_id: str

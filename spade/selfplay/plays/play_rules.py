@@ -1,9 +1,13 @@
-"""How plays are run where spade and the paper's released code differ (``selfplay.plays``).
+"""How plays are run (``selfplay.plays``): how many at a time and how often retried, what a play
+becomes for training, which samples the stabilisers leave out, and where spade and the paper's
+released code differ.
 
-Every key defaults to spade's behaviour; the other value does what the released trainer
-(spade-rl/spade at 9b2b813) does, so a reproduction recipe can select it by name. The released
-file and line of each is in the comment beside it and in docs/fidelity.md ("Plays, environments,
-admission").
+The keys of the first kind carry their comments at their fields below; they were flat ``selfplay``
+keys before this section (:data:`MOVED_PLAY_KEYS`: a config that still uses one loads with a
+warning naming the new key). The keys where spade and the released code differ default to spade's
+behaviour; the other value does what the released trainer (spade-rl/spade at 9b2b813) does, so a
+reproduction recipe can select it by name. The released file and line of each is below and in
+docs/fidelity.md ("Plays, environments, admission").
 
 - ``reset_seeds``: ``paired`` (spade): play ``i`` of the hinted and of the no-hint arm reset their
   environment with one seed, so the regret compares the same draws. ``independent`` (the paper's
@@ -26,7 +30,7 @@ admission").
   turn budget: no context-budget stop, every reply asks for the full ``sampling.agent.max_tokens``, and a
   reply cut by its token limit is played as an action instead of ending the episode.
 - ``tool_mask_scope``: which malformed tool-use replies lose their loss when
-  ``selfplay.tool_mask_malformed_calls`` is on. ``any_format_error`` (spade): every reply the
+  ``selfplay.plays.tool_mask_malformed_calls`` is on. ``any_format_error`` (spade): every reply the
   runner reads as a format error. ``tool_call_block`` (released, ``core/orchestrator.py:924-931``):
   only a reply that holds a ``<tool_call>`` block; prose without a call keeps its loss.
 - ``released_loader_names``: designed games (admission and plays) are loaded with the released
@@ -47,7 +51,7 @@ admission").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence, TypeVar
+from typing import Any, Literal, Sequence, TypeVar
 
 from ...config import require
 
@@ -59,6 +63,8 @@ RESET_SEEDS: tuple[str, ...] = ("paired", "independent")
 ENV_FAULTS: tuple[str, ...] = ("score_zero", "retry_then_drop")
 HINT_ARM_BUDGETS: tuple[str, ...] = ("like_nohint", "released")
 TOOL_MASK_SCOPES: tuple[str, ...] = ("any_format_error", "tool_call_block")
+AgentSampleForm = Literal["sequence", "per_turn"]
+AGENT_SAMPLE_FORMS: tuple[str, ...] = ("sequence", "per_turn")
 # released play_games_async(max_attempts=2): one retry of a play that raised (core/orchestrator.py:1498)
 RELEASED_FAULT_RETRIES = 1
 
@@ -68,6 +74,29 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class PlayRules:
+    # Plays running at once (with rollout shards: per shard)
+    max_concurrent: int = 64
+    # retries of a play (or an admission) after an InfrastructureFault
+    max_retries: int = 3
+    # episodes kept on disk per arm per env per step (0: returns only)
+    keep_trajectories: int = 4
+    # What a no-hint play becomes for training (spade.selfplay.plays.turn_samples): "sequence" (one
+    # token-exact sample per episode, every turn's reasoning kept) or "per_turn" (the released 8B
+    # thinking actor: each turn's prompt is the template's rendering of the messages so far, earlier
+    # reasoning dropped, one sample per turn, each with the episode's advantage). Games only.
+    sample_form: AgentSampleForm = "sequence"
+    # Stabilisers (off in the paper's games recipes): leave out the agent samples of an environment
+    # whose no-hint returns are all equal (zero advantage, nothing to learn); mask_truncated below
+    # is the other.
+    drop_equal_return_groups: bool = False
+    refill_equal_groups: int = 0      # extra rounds of g_nohint plays for an all-equal group before it is dropped
+    # Stabiliser: a sample whose episode was cut by the token or turn budget gets no loss (the
+    # paper's tool-use runs did)
+    mask_truncated: bool = False
+    # Tool use: whether the tokens of a malformed tool call carry loss. Default True = masked
+    # (mask 0), as the paper's code did: the -0.1 format penalty still reaches the episode's return
+    # only through the return rule, and the garbled call itself is not reinforced or punished.
+    tool_mask_malformed_calls: bool = True
     reset_seeds: ResetSeeds = "paired"
     env_faults: EnvFaults = "score_zero"
     hint_arm_budgets: HintArmBudgets = "like_nohint"
@@ -77,7 +106,17 @@ class PlayRules:
     nohint_play_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name, choices in (("reset_seeds", RESET_SEEDS), ("env_faults", ENV_FAULTS),
+        for name, minimum in (("max_concurrent", 1), ("max_retries", 0), ("keep_trajectories", 0),
+                              ("refill_equal_groups", 0)):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, f"{_WHERE}.{name}",
+                    f"must be an integer >= {minimum}, got {value!r}")
+        require(self.refill_equal_groups == 0 or self.drop_equal_return_groups, f"{_WHERE}.refill_equal_groups",
+                "refills only the groups drop_equal_return_groups would drop: switch that on too")
+        for name in ("drop_equal_return_groups", "mask_truncated", "tool_mask_malformed_calls"):
+            require(isinstance(getattr(self, name), bool), f"{_WHERE}.{name}",
+                    f"must be true or false, got {getattr(self, name)!r}")
+        for name, choices in (("sample_form", AGENT_SAMPLE_FORMS), ("reset_seeds", RESET_SEEDS), ("env_faults", ENV_FAULTS),
                               ("hint_arm_budgets", HINT_ARM_BUDGETS), ("tool_mask_scope", TOOL_MASK_SCOPES)):
             value = getattr(self, name)
             require(value in choices, f"{_WHERE}.{name}",
@@ -92,6 +131,20 @@ class PlayRules:
     @property
     def drops_faults(self) -> bool:
         return self.env_faults == "retry_then_drop"
+
+
+# The flat selfplay keys the first fields of this section replaced, with where each value goes now
+# (paths relative to selfplay). spade.config.from_mapping applies this table (SelfPlaySettings.MOVED_KEYS).
+MOVED_PLAY_KEYS: dict[str, Any] = {
+    "max_concurrent_episodes": "plays.max_concurrent",
+    "max_play_retries": "plays.max_retries",
+    "keep_trajectories": "plays.keep_trajectories",
+    "agent_sample_form": "plays.sample_form",
+    "drop_equal_return_groups": "plays.drop_equal_return_groups",
+    "refill_equal_groups": "plays.refill_equal_groups",
+    "mask_truncated": "plays.mask_truncated",
+    "tool_mask_malformed_calls": "plays.tool_mask_malformed_calls",
+}
 
 
 def fill_round_robin(samples: Sequence[T], target: int) -> list[T]:

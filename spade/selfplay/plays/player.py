@@ -5,8 +5,8 @@ Every play opens a fresh sandboxed instance of its environment, runs ``play_epis
 play ``i`` of the hinted and of the no-hint arm reset the environment with the same seed (like for
 like), and sample with different seeds; ``selfplay.plays.reset_seeds: independent`` gives the hinted
 arm its own reset seeds (:func:`spade.selfplay.seeds.reset_seed`). An :class:`InfrastructureFault` (sandbox failure)
-drops the attempt and retries the play, up to ``max_play_retries`` times; a play that never gets
-through is left out, never scored. Plays run concurrently, at most ``max_concurrent_episodes`` at a time.
+drops the attempt and retries the play, up to ``plays.max_retries`` times; a play that never gets
+through is left out, never scored. Plays run concurrently, at most ``plays.max_concurrent`` at a time.
 
 An environment that raises or times out during a play (load, reset, step) ends the play with
 return 0 (``selfplay.plays.env_faults: score_zero``). With ``retry_then_drop`` (the released code,
@@ -143,7 +143,7 @@ class Player:
 
     async def play_all(self, step: int, requests: list[PlayRequest]) -> list[Play]:
         """The scored plays, in the order of ``requests`` (dropped plays left out)."""
-        semaphore = asyncio.Semaphore(self.settings.max_concurrent_episodes)
+        semaphore = asyncio.Semaphore(self.settings.plays.max_concurrent)
         canary = self.settings.plays.drops_faults  # the released canary: play 0 of a group first
         first_done = {(r.env.env_id, r.hinted): asyncio.Event() for r in requests}
 
@@ -174,7 +174,7 @@ class Player:
         (None: never) the others stop and are carried, unless carried ``max_carry_steps`` times
         already: then they are dropped as aborted, like a group whose replay diverged."""
         s = self.settings
-        semaphore = asyncio.Semaphore(s.max_concurrent_episodes)
+        semaphore = asyncio.Semaphore(s.plays.max_concurrent)
         stop = asyncio.Event()
         remaining = [len(group.unfinished) for group in groups]
         complete = [0]
@@ -229,8 +229,8 @@ class Player:
         sampling = s.engine_sampling(self.stop_token_ids, derive_seed(self.seed, "agent", group.origin_step,
                                                                       group.env.env_id, "nohint", carried.index))
         request = PlayRequest(group.env, False, carried.index)
-        for _ in range(s.max_play_retries + 1):
-            policy_class = PerTurnPolicy if s.agent_sample_form == "per_turn" else EnginePolicy
+        for _ in range(s.plays.max_retries + 1):
+            policy_class = PerTurnPolicy if s.plays.sample_form == "per_turn" else EnginePolicy
             policy = policy_class(self.engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                                   chat_format=self.chat_format, stop=stop)
             if carried.conversation is not None:
@@ -262,7 +262,7 @@ class Player:
         sampling = s.engine_sampling(self.stop_token_ids,
                                      derive_seed(self.seed, "agent", step, request.env.env_id, arm, request.index))
         faults = infrastructure = 0
-        while infrastructure <= s.max_play_retries:
+        while infrastructure <= s.plays.max_retries:
             policy = self._policy(sampling, hinted=request.hinted)
             bound = None if request.hinted else s.plays.nohint_play_timeout_s
             try:
@@ -303,7 +303,7 @@ class Player:
         if self.tool_parser is not None and rules.tool_mask_scope == "tool_call_block":
             return scoped_mask_policy(engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                                       chat_format=chat_format)
-        if not hinted and s.agent_sample_form == "per_turn":
+        if not hinted and s.plays.sample_form == "per_turn":
             return PerTurnPolicy(engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
                                  chat_format=chat_format)
         return EnginePolicy(engine, self.tokenizer, sampling, max_context_tokens=s.max_context_tokens,
@@ -342,7 +342,7 @@ class Player:
             if self.tool_parser is not None:
                 return await play_tool_episode(env, policy, parser=self.tool_parser, seed=env_seed,
                                                max_turns=self.settings.max_turns, hint=hint,
-                                               mask_malformed=self.settings.tool_mask_malformed_calls)
+                                               mask_malformed=self.settings.plays.tool_mask_malformed_calls)
             return await play_episode(env, policy, seed=env_seed, max_turns=self.settings.max_turns,
                                       hint=hint, episode=episode, game_prompt=self.settings.agent_game_prompt,
                                       action_extraction=self.settings.action_extraction)

@@ -57,8 +57,8 @@ class StepPlays:
 
 class WholeGroups:
     """Every environment ``g_nohint`` times without the hint and, at a regeneration, ``g_hint``
-    times with it, all to their end; then, with ``drop_equal_return_groups``, up to
-    ``refill_equal_groups`` extra rounds of ``g_nohint`` plays of the environments whose returns
+    times with it, all to their end; then, with ``plays.drop_equal_return_groups``, up to
+    ``plays.refill_equal_groups`` extra rounds of ``g_nohint`` plays of the environments whose returns
     are all equal so far (a stabiliser, off by default)."""
 
     def __init__(self, settings: SelfPlaySettings, player: Player):
@@ -75,14 +75,14 @@ class WholeGroups:
 
     async def _refill(self, step: int, envs: list[EnvSpec], plays: list[Play]) -> list[Play]:
         s = self.settings
-        if not s.drop_equal_return_groups or s.refill_equal_groups == 0:
+        if not s.plays.drop_equal_return_groups or s.plays.refill_equal_groups == 0:
             return []
         by_env: dict[str, list[float]] = {env.env_id: [] for env in envs}
         for play in plays:
             if not play.hinted:
                 by_env[play.env_id].append(play.episode_return)
         extra: list[Play] = []
-        for round_ in range(1, s.refill_equal_groups + 1):
+        for round_ in range(1, s.plays.refill_equal_groups + 1):
             flat = [env for env in envs if all_equal(by_env[env.env_id])]
             if not flat:
                 break

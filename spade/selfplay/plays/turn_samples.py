@@ -1,4 +1,4 @@
-"""The per-turn form of an agent episode (``selfplay.agent_sample_form: per_turn``).
+"""The per-turn form of an agent episode (``selfplay.plays.sample_form: per_turn``).
 
 The released 8B thinking runs (``--spade-actor-enable-thinking``) play a game episode as a series of
 separate prompts: at every turn the messages so far are rendered afresh with the chat template,
@@ -54,7 +54,7 @@ class PerTurnPolicy(EnginePolicy):
 
     async def __call__(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
         if tools:
-            raise ValueError("selfplay.agent_sample_form per_turn is for games; tool episodes stay one sequence")
+            raise ValueError("selfplay.plays.sample_form per_turn is for games; tool episodes stay one sequence")
         self.conversation, self._consumed = None, 0  # the whole message list is this turn's prompt
         base = self.sampling
         if base.seed is not None:  # a new seed each turn, as EnginePolicy derives it from its turn count

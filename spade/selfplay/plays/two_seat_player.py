@@ -2,7 +2,7 @@
 
 A step plays ``selfplay.spiral.games_per_step`` games of every environment of the set (one per
 configured game, :mod:`spade.selfplay.sources.spiral_source`), at most
-``selfplay.max_concurrent_episodes`` games at a time. In a game the seat to move sees TextArena's
+``selfplay.plays.max_concurrent`` games at a time. In a game the seat to move sees TextArena's
 observation in SPIRAL's prompt (:func:`~spade.selfplay.sources.spiral_games.turn_prompt`), one
 fresh prompt per turn as the released actor renders it, and replies; the move is taken out of the
 reply and played. A reply cut by its token limit is played as it stands (its box, if any, is the
@@ -60,7 +60,7 @@ class TwoSeatGames:
         """Nothing outlives its step."""
 
     async def play(self, step: int, envs: list[EnvSpec], *, with_hint: bool) -> StepPlays:
-        semaphore = asyncio.Semaphore(self.settings.max_concurrent_episodes)
+        semaphore = asyncio.Semaphore(self.settings.plays.max_concurrent)
         games = [(env, g) for env in envs for g in range(self.settings.spiral.games_per_step)]
 
         async def bounded(env: EnvSpec, g: int) -> tuple[list[Play], tuple[str, str, int]]:

@@ -426,22 +426,22 @@ class DesignerRound:
 async def admit_candidate(sandbox: Sandbox, settings: SelfPlaySettings, response: str, *,
                           screen: Any = None, run_seed: int = 0) -> AdmissionVerdict | None:
     """Run admission on one designer response (or environment file), retrying an infrastructure
-    failure up to ``max_play_retries`` times; None when the sandbox failed on every try. The
+    failure up to ``plays.max_retries`` times; None when the sandbox failed on every try. The
     probes' seeds are drawn from ``run_seed`` (run.seed) and the candidate's code."""
     probes = settings.admission_probe_settings()
     if probes is not None:
         probes = replace(probes, seed_base=run_seed)
-    for _ in range(settings.max_play_retries + 1):
+    for _ in range(settings.plays.max_retries + 1):
         try:
             return await asyncio.wait_for(
                 admit(sandbox, response, max_turns=settings.max_turns,
                       require_tool_env=settings.domain == "tool_use",
-                      tool_settings=settings.tool_admission_settings(), screen=screen,
-                      determinism=settings.admission_checks_determinism,
+                      tool_settings=settings.admission.tool_settings(), screen=screen,
+                      determinism=settings.admission.checks_determinism,
                       probes=probes, reference=settings.admission_reference_settings(),
-                      code_extraction=settings.code_extraction, smoke_test=settings.admission_smoke_test,
+                      code_extraction=settings.code_extraction, smoke_test=settings.admission.smoke_test,
                       winnability=settings.admission_winnability_settings()),
-                settings.admission_timeout_s)
+                settings.admission.timeout_s)
         except (InfrastructureFault, asyncio.TimeoutError):
             continue
     return None
