@@ -20,7 +20,7 @@ import prewarmed
 import pytest
 import torch
 
-import hf_fixtures as hx
+import support.hf_fixtures as hx
 from megatron_fixtures import ensure_megatron_world, free_port
 from spade.models import ParallelLayout
 

@@ -96,10 +96,10 @@ def needs_gpus(count: int) -> None:
 
 
 def random_state(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
-    """Weights for the served architecture, random and far from flat (see hf_fixtures.randomize_)."""
+    """Weights for the served architecture, random and far from flat (see support.hf_fixtures.randomize_)."""
     from transformers import AutoModelForCausalLM
 
-    from hf_fixtures import randomize_
+    from support.hf_fixtures import randomize_
 
     torch.manual_seed(seed)
     model = randomize_(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16))

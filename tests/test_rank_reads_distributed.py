@@ -17,7 +17,7 @@ from pathlib import Path
 import prewarmed
 import pytest
 
-from hf_fixtures import save_tiny_hf
+from support.hf_fixtures import save_tiny_hf
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "dist" / "rank_read_worker.py"

@@ -155,7 +155,7 @@ def test_engine_check_passes_against_a_working_server(tmp_path):
     """``spade engine check`` launches the server as spade train does (here the tests' SGLang
     stand-in: SGLang needs a GPU) and walks through generation, seeds, an IPC weight update and a
     release/resume: every line ok, exit status 0."""
-    from hf_fixtures import save_tiny_hf
+    from support.hf_fixtures import save_tiny_hf
 
     model = save_tiny_hf("qwen3", tmp_path / "model")
     standin = f"{prewarmed.python()} {ROOT / 'tests' / 'sglang_standin' / 'server.py'}"
@@ -170,7 +170,7 @@ def test_engine_check_passes_against_a_working_server(tmp_path):
 
 
 def test_engine_check_reports_a_server_that_cannot_start(tmp_path):
-    from hf_fixtures import save_tiny_hf
+    from support.hf_fixtures import save_tiny_hf
 
     model = save_tiny_hf("qwen3", tmp_path / "model")
     fake = f"{sys.executable} -c \"import sys; print('CUDA error: no kernel image'); sys.exit(4)\""

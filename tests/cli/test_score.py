@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import hf_fixtures as hx
+import support.hf_fixtures as hx
 import prewarmed
 from megatron_fixtures import ensure_megatron_world
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]
 
-import hf_fixtures as hx  # noqa: E402
+import support.hf_fixtures as hx  # noqa: E402
 from checkpoint_worker import all_equal, rng_draws  # noqa: E402
 from spade.models import ParallelLayout  # noqa: E402
 from spade.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402

@@ -195,7 +195,7 @@ def test_report_renders_every_paper_row_with_per_column_cells(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).parents[1]))
-    from hf_fixtures import make_tokenizer, save_tiny_hf
+    from support.hf_fixtures import make_tokenizer, save_tiny_hf
 
     directory = tmp_path_factory.mktemp("tiny")
     save_tiny_hf("llama-tied", directory)

@@ -19,7 +19,7 @@ import prewarmed
 import pytest
 import torch
 
-import hf_fixtures as hx
+import support.hf_fixtures as hx
 from megatron_fixtures import ensure_megatron_world, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -35,7 +35,7 @@ from spade.models.weight_map import (
     megatron_to_hf,
 )
 
-from hf_fixtures import COMMON, VOCAB, randomize_  # noqa: E402  (the tiny shapes shared by every model test)
+from support.hf_fixtures import COMMON, VOCAB, randomize_  # noqa: E402  (the tiny shapes shared by every model test)
 from support.models import qwen3_config  # noqa: E402
 
 MODELS = {

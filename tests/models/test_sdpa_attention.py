@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import hf_fixtures as hx
+import support.hf_fixtures as hx
 from megatron_fixtures import megatron_world  # noqa: F401
 from spade.models import ParallelLayout, RankCoords, read_model_spec
 from spade.models.builder import BuildOptions, build_gpt_model

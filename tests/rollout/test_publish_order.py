@@ -32,7 +32,7 @@ import pytest
 import torch
 
 import prewarmed
-from hf_fixtures import save_tiny_hf, tiny_model
+from support.hf_fixtures import save_tiny_hf, tiny_model
 from sglang_recording import Call, RecordingEngine, RecordingMemory
 from sglang_standin import SERVER_SCRIPT
 from spade.rollout.engine import GenerationRequest, SamplingParams

@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from megatron_fixtures import megatron_world  # noqa: F401  (fixture)
-from hf_fixtures import COMMON, VOCAB  # the tiny shapes shared by every model test
+from support.hf_fixtures import COMMON, VOCAB  # the tiny shapes shared by every model test
 from spade.rollout import EngineClosed, GenerationRequest, GenerationResult, HFEngine, SamplingParams
 from support.models import qwen3_config, tiny_qwen3
 

@@ -109,7 +109,7 @@ def test_an_engine_set_to_record_routes_every_request_and_refuses_a_dense_model(
 
 
 def test_the_conversation_keeps_the_newest_record_and_the_trajectory_carries_it():
-    from hf_fixtures import make_tokenizer
+    from support.hf_fixtures import make_tokenizer
     from spade.rollout.conversation import Conversation
     from spade.selfplay.trajectories import trajectory_of
 

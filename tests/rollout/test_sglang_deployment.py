@@ -16,7 +16,7 @@ import prewarmed
 import pytest
 import torch
 
-from hf_fixtures import tiny_model
+from support.hf_fixtures import tiny_model
 from sglang_standin import SERVER_SCRIPT
 from spade.rollout.engine import GenerationRequest, SamplingParams
 from spade.rollout.hf.engine import HFEngine

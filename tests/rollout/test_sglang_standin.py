@@ -18,7 +18,7 @@ from typing import Any, Awaitable, TypeVar
 import pytest
 import torch
 
-from hf_fixtures import tiny_model
+from support.hf_fixtures import tiny_model
 from sglang_standin import standin_argv, standin_launcher
 from spade.rollout.sglang import control_protocol as control
 from spade.rollout.sglang import protocol as proto

@@ -153,7 +153,7 @@ def test_duplicate_names_and_bad_bound_rejected():
 
 
 def test_tiny_qwen3_moe_full_state_round_trip():
-    from hf_fixtures import tiny_model
+    from support.hf_fixtures import tiny_model
 
     model = tiny_model("qwen3-moe").to(torch.bfloat16)
     state = list(model.state_dict().items())

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as torch_mp
 
-from hf_fixtures import save_tiny_hf, tiny_model
+from support.hf_fixtures import save_tiny_hf, tiny_model
 from sglang_standin import standin_launcher
 from spade.rollout.sglang import protocol as proto
 from spade.rollout.engine import GenerationRequest, SamplingParams
@@ -313,7 +313,7 @@ IPC_RANK = r"""
 import asyncio, json, os, sys
 import torch
 import torch.distributed as dist
-from hf_fixtures import tiny_model
+from support.hf_fixtures import tiny_model
 from spade.collectives import barrier, broadcast_object, gather_object_to_0
 from spade.rollout.sglang import protocol as proto
 from spade.rollout.sglang.engine import SGLangEngine

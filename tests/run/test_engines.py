@@ -110,7 +110,7 @@ def test_a_checkpoint_opens_as_the_engine_of_its_weights(tmp_path):
     model's own greedy token and log-prob (an independent forward through transformers)."""
     import sys
 
-    import hf_fixtures as hx
+    import support.hf_fixtures as hx
     import torch
     from megatron_fixtures import ensure_megatron_world
 

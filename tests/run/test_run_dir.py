@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import hf_fixtures as hx
+import support.hf_fixtures as hx
 from megatron_fixtures import megatron_world  # noqa: F401  (fixture)
 from spade.models import ParallelLayout
 

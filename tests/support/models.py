@@ -49,7 +49,7 @@ def tiny_qwen3(vocab: Any, *, seed: int = 0, randomize: bool = False, eos_bias: 
     zero but on ``<|im_end|>`` (``vocab`` must then be the tokenizer). ``config``: see ``qwen3_config``."""
     from transformers import AutoModelForCausalLM
 
-    from hf_fixtures import randomize_
+    from support.hf_fixtures import randomize_
 
     model_config = qwen3_config(vocab, **config)
     torch.manual_seed(seed)
@@ -80,7 +80,7 @@ def save_tiny_qwen3(directory: Path, tokenizer, *, dtype: torch.dtype | None = N
 def tiny_hf_dir_fixture(name: str = "qwen3", scope: str = "module"):
     """The ``model_dir`` fixture: hf_fixtures' tiny ``name`` model (and its tokenizer) saved once
     per ``scope``. In a test module: ``model_dir = tiny_hf_dir_fixture("qwen3-moe")``."""
-    from hf_fixtures import save_tiny_hf
+    from support.hf_fixtures import save_tiny_hf
 
     @pytest.fixture(scope=scope)
     def model_dir(tmp_path_factory) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import hf_fixtures as hx
+import support.hf_fixtures as hx
 from megatron_fixtures import megatron_world  # noqa: F401  (fixture)
 from spade.models import ParallelLayout
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import hf_fixtures as hx
+import support.hf_fixtures as hx
 from megatron_fixtures import ensure_megatron_world
 from spade.models import ParallelLayout
 from test_checkpoint_distributed import ROOT, torchrun

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_fixtures import save_tiny_hf
+from support.hf_fixtures import save_tiny_hf
 from spade.models import ParallelLayout, RankCoords, read_model_spec
 from spade.models.weight_map import Split, bindings, hf_to_megatron
 from spade.training import rank_weights
@@ -122,7 +122,7 @@ def test_fused_expert_checkpoint_falls_back_to_a_whole_read(tmp_path):
     """A directory with transformers-5 fused expert tensors has no per-expert names to slice."""
     from safetensors.torch import save_file
 
-    from hf_fixtures import tiny_model
+    from support.hf_fixtures import tiny_model
 
     model = tiny_model("qwen3-moe")
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

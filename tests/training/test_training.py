@@ -444,7 +444,7 @@ def test_overlapped_gradient_reduction_starts_in_the_backward_and_keeps_the_grad
 
     from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
 
-    from hf_fixtures import save_tiny_hf
+    from support.hf_fixtures import save_tiny_hf
     from spade.training.learner import Learner, LearnerOptions
 
     hf_dir = save_tiny_hf("qwen3-moe", tmp_path / "model")
