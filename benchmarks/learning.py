@@ -61,7 +61,7 @@ class Budget:
 
 # measured on 2 cores (docs/learning.md): a step of 48 plays takes about 140 s (40 s playing, 100 s
 # updating), a held-out measurement of 48 episodes about 30 s
-FULL = Budget(steps=10, heldout_per_env=70)
+FULL = Budget(steps=8, heldout_per_env=70)
 QUICK = Budget(steps=3, heldout_per_env=16)
 ARMS = ("learned", "control", "shuffled", "selfplay")
 
