@@ -59,8 +59,8 @@ class Budget:
     resamples: int = 10000
 
 
-# measured on 2 cores (docs/learning.md): a step of 48 plays takes about 140 s (40 s playing, 100 s
-# updating), a held-out measurement of 48 episodes about 30 s
+# measured on 2 quiet cores (docs/learning.md, 2026-12-07): a step of 48 plays takes 114-203 s (25-83 s
+# playing, 88-128 s updating), a held-out measurement of 210 episodes 68-139 s; the full run 48 minutes
 FULL = Budget(steps=8, heldout_per_env=70)
 QUICK = Budget(steps=3, heldout_per_env=16)
 ARMS = ("learned", "control", "shuffled", "selfplay")
