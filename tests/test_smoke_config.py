@@ -66,8 +66,8 @@ def test_the_smoke_run_seeds_the_memory_with_graded_examples():
 def test_bf16_note_only_on_a_cpu_without_native_bf16():
     from spade.run.preflight import cpu_bf16_note
 
-    smoke = load_train_config(SMOKE)
-    assert smoke.model.dtype == "bfloat16"
+    assert load_train_config(SMOKE).model.dtype == "auto"  # fp32 where bf16 would be emulated
+    smoke = load_train_config(SMOKE, ["model.dtype=bfloat16"])
     note = cpu_bf16_note(smoke, cuda=False, native_bf16=False)
     assert note is not None and "model.dtype=float32" in note
     assert cpu_bf16_note(smoke, cuda=False, native_bf16=True) is None
