@@ -21,6 +21,7 @@ SECONDS: dict[str, float] = {
     "test_driver_lifetime.py": 160,  # wall time, mostly waiting on tau2's driver; measured alone (2026-12-07)
     "test_train_loop.py": 98,
     "test_device_check.py": 75,
+    "test_spice_train.py": 66,  # wall time of its tiny spade train runs under nice on a busy machine (2026-12-07)
     "test_train_interrupt.py": 66,  # wall time of three tiny spade train runs, measured alone (2026-12-07)
     "test_cli_usage_lines.py": 40,  # measured alone (2026-12-07), not in the night's run
     "test_resume_kills.py": 37,

@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, TypeVar
 
 from ..designer.extract import extract_code
-from .admission import not_text_error
+from .admission import SMOKE_SEED, not_text_error
 from .protocol import EnvError, EnvFault, EnvInstance, ErrorKind, InfrastructureFault, Sandbox, Stage
 from .two_seat import TwoSeatGame, valid_moves
 from .two_seat_probes import Match, SeatProbeReport, SeatProbeSettings, play_match, run_seat_probes, seat_policies
 
-SMOKE_SEED = 42
 T = TypeVar("T")
 
 

@@ -17,6 +17,7 @@ import torch
 
 from spade.designer.two_seat_prompts import TWO_SEAT_SYSTEM
 from spade.train_config import load_train_config
+from support.configs import write_config
 from support.http import JsonHandler, LocalServer, chat_completion
 from support.two_seat_games import tic_tac_toe
 from test_train_loop import checkpoint_tensors, metrics, run_spade, tiny_hf  # noqa: F401  (fixture)
@@ -24,27 +25,24 @@ from test_train_loop import checkpoint_tensors, metrics, run_spade, tiny_hf  # n
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def spiral_config_dict(model: Path, spiral: dict, **selfplay) -> dict:
+    """The two runs' config: the tiny model on both seats, 2 steps, ``spiral`` as the SPIRAL section."""
+    return {
+        "model": {"hf_dir": model, "dtype": "float32"},
+        "optimizer": {"lr": 1.0e-3},
+        "selfplay": {"env_source": "spiral", "k": 1, "envs_per_set": 1, "g_hint": 0,
+                     "sampling": {"agent": {"temperature": 1.0, "top_p": 1.0, "top_k": None, "max_tokens": 12}},
+                     "max_context_tokens": 2048, "use_corpus": False, "use_memory": False,
+                     "train_designer": False, **selfplay, "spiral": spiral},
+        "engine": {"max_batch_size": 1},
+        "run": {"steps": 2, "checkpoint_every": 1, "seed": 7, "micro_batch_tokens": 4096},
+    }
+
+
 @pytest.fixture(scope="module")
 def spiral_config(tiny_hf, tmp_path_factory) -> Path:  # noqa: F811
-    path = tmp_path_factory.mktemp("spiral_cfg") / "spiral.yaml"
-    path.write_text(f"""
-model: {{hf_dir: {tiny_hf}, dtype: float32}}
-optimizer: {{lr: 1.0e-3}}
-selfplay:
-  env_source: spiral
-  k: 1
-  envs_per_set: 1
-  g_hint: 0
-  sampling: {{agent: {{temperature: 1.0, top_p: 1.0, top_k: null, max_tokens: 12}}}}
-  max_context_tokens: 2048
-  use_corpus: false
-  use_memory: false
-  train_designer: false
-  spiral: {{games: [kuhn_poker], games_per_step: 2, advantage: rae, invalid_move: released}}
-engine: {{max_batch_size: 1}}
-run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 4096}}
-""")
-    return path
+    spiral = {"games": ["kuhn_poker"], "games_per_step": 2, "advantage": "rae", "invalid_move": "released"}
+    return write_config(tmp_path_factory.mktemp("spiral_cfg") / "spiral.yaml", spiral_config_dict(tiny_hf, spiral))
 
 
 @pytest.fixture(scope="module")
@@ -156,25 +154,11 @@ class CannedDesigner:
 def designed_run(tiny_hf, tmp_path_factory):  # noqa: F811  (fixture)
     canned = CannedDesigner()
     directory = tmp_path_factory.mktemp("spiral_designed")
-    config = directory / "spiral_designed.yaml"
-    config.write_text(f"""
-model: {{hf_dir: {tiny_hf}, dtype: float32}}
-optimizer: {{lr: 1.0e-3}}
-selfplay:
-  env_source: spiral
-  k: 1
-  envs_per_set: 1
-  g_hint: 0
-  sampling: {{agent: {{temperature: 1.0, top_p: 1.0, top_k: null, max_tokens: 12}}}}
-  max_context_tokens: 2048
-  use_corpus: false
-  use_memory: false
-  train_designer: false
-  designer_endpoint: {{url: "{canned.server.url}/v1", model: canned, api_key_env: null}}
-  spiral: {{games: [], games_per_step: 2, advantage: rae, max_turns: 20, designed: {{enabled: true, games: 1}}}}
-engine: {{max_batch_size: 1}}
-run: {{steps: 2, checkpoint_every: 1, seed: 7, micro_batch_tokens: 4096}}
-""")
+    spiral = {"games": [], "games_per_step": 2, "advantage": "rae", "max_turns": 20,
+              "designed": {"enabled": True, "games": 1}}
+    endpoint = {"url": f"{canned.server.url}/v1", "model": "canned", "api_key_env": None}
+    config = write_config(directory / "spiral_designed.yaml",
+                          spiral_config_dict(tiny_hf, spiral, designer_endpoint=endpoint))
     run = directory / "run"
     try:
         run_spade("--config", str(config), "--run-dir", str(run))
