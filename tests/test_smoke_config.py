@@ -53,6 +53,7 @@ def test_the_smoke_run_seeds_the_memory_with_graded_examples():
     assert sp.rewards.advantage_agent_samples is None
     from spade.selfplay.sources.designer_source import resolve_seed_dir
 
+    assert sp.admission.winnability_gate  # spade's own configs play the designer's proof (docs/smoke_run.md)
     seeds = load_seed_records(resolve_seed_dir(sp.memory_seed_dir), ["Mathematical Reasoning"])
     assert len(seeds) == 2  # the designer prompt's two positives
     # the paper's sampling settings stay
