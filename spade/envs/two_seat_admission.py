@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, TypeVar
 
 from ..designer.extract import extract_code
-from .admission import SMOKE_SEED, not_text_error
+from .admission import SMOKE_SEED, Rejection, not_text_error
 from .protocol import EnvError, EnvFault, EnvInstance, ErrorKind, InfrastructureFault, Sandbox, Stage
 from .two_seat import TwoSeatGame, valid_moves
 from .two_seat_probes import Match, SeatProbeReport, SeatProbeSettings, play_match, run_seat_probes, seat_policies
@@ -54,12 +54,6 @@ class TwoSeatVerdict:
                 "timings_ms": {stage: round(ms, 3) for stage, ms in self.timings_ms.items()}}
 
 
-class _Rejection(Exception):
-    def __init__(self, error: EnvError):
-        super().__init__(error.message)
-        self.error = error
-
-
 async def _staged(awaitable: Awaitable[T], stage: Stage) -> T:
     """Await a sandbox call; the game's fault becomes a rejection at ``stage``."""
     try:
@@ -69,11 +63,11 @@ async def _staged(awaitable: Awaitable[T], stage: Stage) -> T:
     except EnvFault as fault:
         error = fault.error
         message = error.message if stage is Stage.LOAD else f"{error.stage.value}(): {error.message}"
-        raise _Rejection(EnvError(error.kind, stage, message[:2_000])) from None
+        raise Rejection(EnvError(error.kind, stage, message[:2_000])) from None
 
 
-def _reject(kind: ErrorKind, stage: Stage, message: str) -> _Rejection:
-    return _Rejection(EnvError(kind, stage, message))
+def _reject(kind: ErrorKind, stage: Stage, message: str) -> Rejection:
+    return Rejection(EnvError(kind, stage, message))
 
 
 async def _smoke(env: EnvInstance, turns: int) -> tuple[str, Match, list[tuple[int, str]]]:
@@ -145,8 +139,8 @@ async def admit_two_seat(sandbox: Sandbox, response: str, settings: SeatProbeSet
         lap(Stage.DEGENERATE_PROBE)  # the round robin: degenerate_probe and winnability together
         error = report.verdict()
         if error is not None:
-            raise _Rejection(error)
-    except _Rejection as rejection:
+            raise Rejection(error)
+    except Rejection as rejection:
         return TwoSeatVerdict(False, code, getattr(env, "class_name", None), rejection.error, first, report, timings)
     finally:
         if env is not None:
