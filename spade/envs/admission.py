@@ -78,7 +78,7 @@ class AdmissionVerdict:
         return data
 
 
-class Rejection(Exception):
+class CandidateRejected(Exception):
     """A candidate rejected by an admission stage; ``error`` says which and why."""
 
     def __init__(self, error: EnvError):
@@ -180,7 +180,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
         with timer.stage(Stage.LOAD):
             env = await _staged(service.open(code, max_turns=max_turns), Stage.LOAD)
             if require_tool_env and not getattr(env, "tool_use", False):
-                raise Rejection(EnvError(ErrorKind.NO_ENV_CLASS, Stage.LOAD,
+                raise CandidateRejected(EnvError(ErrorKind.NO_ENV_CLASS, Stage.LOAD,
                                           f"class {env.class_name} does not subclass ToolUseBaseEnv, which a "
                                           "tool-use environment must"))
         with timer.stage(Stage.SMOKE):
@@ -193,7 +193,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
             with timer.stage(Stage.DETERMINISM):
                 again = await _staged(env.reset(seed=seed), Stage.DETERMINISM)
                 if again.observation != first_observation:
-                    raise Rejection(EnvError(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
+                    raise CandidateRejected(EnvError(ErrorKind.NONDETERMINISTIC_RESET, Stage.DETERMINISM,
                                               f"reset(seed={seed}) gave a different first observation the second "
                                               "time"))
         if probes is not None and not getattr(env, "tool_use", False):
@@ -201,7 +201,7 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 probe_report = await _staged(run_probes(env, candidate_probes, max_turns=max_turns),
                                              Stage.DEGENERATE_PROBE)
             if probe_report.winner is not None:
-                raise Rejection(EnvError(ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE,
+                raise CandidateRejected(EnvError(ErrorKind.DEGENERATE_WIN, Stage.DEGENERATE_PROBE,
                                           _win_message(probe_report)))
         if winnability is not None and not getattr(env, "tool_use", False):
             with timer.stage(Stage.WINNABILITY):
@@ -209,14 +209,14 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                 winnability_report = await _staged(proving, Stage.WINNABILITY)
             verdict = winnability_report.verdict
             if verdict != WON and (verdict != UNPROVEN or winnability.unproven == "reject"):
-                raise Rejection(EnvError(ErrorKind.UNWINNABLE, Stage.WINNABILITY, winnability_report.message()))
+                raise CandidateRejected(EnvError(ErrorKind.UNWINNABLE, Stage.WINNABILITY, winnability_report.message()))
         if reference is not None and not getattr(env, "tool_use", False):
             with timer.stage(Stage.REFERENCE_POLICY):
                 if not reference.seeds:  # the run's settings: the candidate's own seeds (issue 40)
                     reference = replace(reference, seeds=candidate_probes.first_round)
                 reference_report = await _reference_stage(env, reference, max_turns, probe_report)
             if not reference_report.won:
-                raise Rejection(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY, reference_report.message()))
+                raise CandidateRejected(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY, reference_report.message()))
         if getattr(env, "tool_use", False):
             current = [Stage.TOOL_SCHEMA]
 
@@ -229,13 +229,13 @@ async def admit(service: SandboxService, response: str, *, max_turns: int | None
                                            screen=screen, clock=clock,
                                            probes=None if probes is None else candidate_probes, max_turns=max_turns)
             except ToolRejection as rejection:
-                raise Rejection(rejection.error) from None
+                raise CandidateRejected(rejection.error) from None
             except InfrastructureFault:
                 raise
             except EnvFault as fault:
-                raise Rejection(EnvError(fault.error.kind, current[0],
+                raise CandidateRejected(EnvError(fault.error.kind, current[0],
                                           f"{fault.error.stage.value}(): {fault.error.message}")) from None
-    except Rejection as rejection:
+    except CandidateRejected as rejection:
         return AdmissionVerdict(False, class_name=env.class_name if env else None, error=rejection.error,
                                 first_observation=first_observation, tool_use=bool(getattr(env, "tool_use", False)),
                                 tool_report=report, probe_report=probe_report, reference_report=reference_report,
@@ -260,10 +260,10 @@ async def _reference_stage(env: SandboxedEnv, settings: ReferenceSettings, max_t
     except EnvFault as fault:
         error = fault.error
         if error.kind is ErrorKind.REFERENCE_MISSING:
-            raise Rejection(EnvError(ErrorKind.REFERENCE_MISSING, Stage.REFERENCE_POLICY,
+            raise CandidateRejected(EnvError(ErrorKind.REFERENCE_MISSING, Stage.REFERENCE_POLICY,
                                       f"{error.message}: selfplay.admission.reference_policy asks every game for one"
                                       )) from None
-        raise Rejection(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY,
+        raise CandidateRejected(EnvError(ErrorKind.REFERENCE_LOST, Stage.REFERENCE_POLICY,
                                   f"the environment failed before its reference policy could win ({error.kind.value}: "
                                   f"{error.message})"[:2_000])) from None
     played = [r.mean_return for r in probes.results if r.mean_return is not None] if probes is not None else []
@@ -290,13 +290,13 @@ async def _staged(awaitable: Any, stage: Stage) -> Any:
     except EnvFault as fault:
         error = fault.error
         message = error.message if stage in (Stage.LOAD,) else f"{error.stage.value}(): {error.message}"
-        raise Rejection(EnvError(error.kind, stage, message)) from None
+        raise CandidateRejected(EnvError(error.kind, stage, message)) from None
 
 
 async def _smoke_test(env: SandboxedEnv, seed: int, probe_actions: tuple[str, ...]) -> str:
     first = await _staged(env.reset(seed=seed), Stage.SMOKE)
     if not first.observation.strip():
-        raise Rejection(EnvError(ErrorKind.BAD_RETURN, Stage.SMOKE, f"reset(seed={seed}) returned an empty observation"))
+        raise CandidateRejected(EnvError(ErrorKind.BAD_RETURN, Stage.SMOKE, f"reset(seed={seed}) returned an empty observation"))
     for action in probe_actions:
         result = await _staged(env.step(action), Stage.SMOKE)
         _check_reward_bound(result, action)
@@ -308,6 +308,6 @@ async def _smoke_test(env: SandboxedEnv, seed: int, probe_actions: tuple[str, ..
 
 def _check_reward_bound(result: StepResult, action: str) -> None:
     if not (math.isfinite(result.reward) and -REWARD_BOUND <= result.reward <= REWARD_BOUND):
-        raise Rejection(EnvError(ErrorKind.BAD_RETURN, Stage.SMOKE,
+        raise CandidateRejected(EnvError(ErrorKind.BAD_RETURN, Stage.SMOKE,
                                   f"step({action!r}) returned reward {result.reward}, outside "
                                   f"[-{REWARD_BOUND:g}, {REWARD_BOUND:g}]"))

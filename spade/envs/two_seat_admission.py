@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, TypeVar
 
 from ..designer.extract import extract_code
-from .admission import SMOKE_SEED, Rejection, not_text_error
+from .admission import SMOKE_SEED, CandidateRejected, not_text_error
 from .protocol import EnvError, EnvFault, EnvInstance, ErrorKind, InfrastructureFault, Sandbox, Stage
 from .two_seat import TwoSeatGame, valid_moves
 from .two_seat_probes import Match, SeatProbeReport, SeatProbeSettings, play_match, run_seat_probes, seat_policies
@@ -63,11 +63,11 @@ async def _staged(awaitable: Awaitable[T], stage: Stage) -> T:
     except EnvFault as fault:
         error = fault.error
         message = error.message if stage is Stage.LOAD else f"{error.stage.value}(): {error.message}"
-        raise Rejection(EnvError(error.kind, stage, message[:2_000])) from None
+        raise CandidateRejected(EnvError(error.kind, stage, message[:2_000])) from None
 
 
-def _reject(kind: ErrorKind, stage: Stage, message: str) -> Rejection:
-    return Rejection(EnvError(kind, stage, message))
+def _reject(kind: ErrorKind, stage: Stage, message: str) -> CandidateRejected:
+    return CandidateRejected(EnvError(kind, stage, message))
 
 
 async def _smoke(env: EnvInstance, turns: int) -> tuple[str, Match, list[tuple[int, str]]]:
@@ -139,8 +139,8 @@ async def admit_two_seat(sandbox: Sandbox, response: str, settings: SeatProbeSet
         lap(Stage.DEGENERATE_PROBE)  # the round robin: degenerate_probe and winnability together
         error = report.verdict()
         if error is not None:
-            raise Rejection(error)
-    except Rejection as rejection:
+            raise CandidateRejected(error)
+    except CandidateRejected as rejection:
         return TwoSeatVerdict(False, code, getattr(env, "class_name", None), rejection.error, first, report, timings)
     finally:
         if env is not None:
